@@ -1,0 +1,34 @@
+// The CPU kernel table.
+#include "tensor/cpu/cpu_kernels.h"
+
+namespace tessera::cpu {
+
+const KernelTable& kernel_table() {
+  static const KernelTable table{
+      .fill = fill,
+      .copy = copy,
+      .arange = arange,
+      .random = random,
+      .unary = unary,
+      .unary_backward = unary_backward,
+      .binary = binary,
+      .where = where,
+      .reduce = reduce,
+      .max_along = max_along,
+      .index_select = index_select,
+      .index_add = index_add,
+      .matmul = matmul,
+      .softmax = softmax,
+      .softmax_backward = softmax_backward,
+      .norm = norm,
+      .norm_backward = norm_backward,
+      .cross_entropy = cross_entropy,
+      .cross_entropy_backward = cross_entropy_backward,
+      .causal_attention = causal_attention,
+      .causal_attention_backward = causal_attention_backward,
+      .dropout = dropout,
+  };
+  return table;
+}
+
+}  // namespace tessera::cpu

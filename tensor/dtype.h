@@ -1,0 +1,84 @@
+// Element types. CPU kernels compute in f32 (f64 for gradient checks); bf16
+// and f16 are storage and communication types, converted with round-to-
+// nearest-even so that a value survives a round trip through the wire format
+// exactly as on GPUs.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace tessera {
+
+enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean };
+
+constexpr int kNumDTypes = 7;
+
+size_t element_size(DType dtype);
+std::string_view dtype_name(DType dtype);
+DType dtype_from_name(std::string_view name);  // throws on an unknown name
+bool is_floating(DType dtype);
+// The type elementwise kernels compute in: f64 for f64, f32 for the other
+// floats, the type itself for integers and bool.
+DType compute_dtype(DType dtype);
+// The result type of a binary op between a and b (float beats int, wider beats
+// narrower, f32 beats bf16/f16 mixes).
+DType promote_types(DType a, DType b);
+
+// 16-bit brain float: the top half of an IEEE f32.
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  explicit BFloat16(float value) : bits(from_float(value)) {}
+  explicit operator float() const {
+    uint32_t word = static_cast<uint32_t>(bits) << 16;
+    float value;
+    std::memcpy(&value, &word, sizeof value);
+    return value;
+  }
+  static uint16_t from_float(float value) {
+    uint32_t word;
+    std::memcpy(&word, &value, sizeof word);
+    if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);  // quiet NaN
+    uint32_t rounding_bias = 0x7fffu + ((word >> 16) & 1u);  // ties to even
+    return static_cast<uint16_t>((word + rounding_bias) >> 16);
+  }
+};
+
+// IEEE 754 binary16.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  explicit Half(float value) : bits(from_float(value)) {}
+  explicit operator float() const { return to_float(bits); }
+  static uint16_t from_float(float value);
+  static float to_float(uint16_t bits);
+};
+
+// Maps a C++ element type to its DType.
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
+template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::bf16; };
+template <> struct dtype_of<Half> { static constexpr DType value = DType::f16; };
+template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
+template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
+template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
+
+// Calls fn with a value of the C++ type of `dtype` (its value is unused;
+// only its type matters): visit_dtype(t.dtype(), [&]<typename T>(T) { ... }).
+template <typename Fn>
+decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(BFloat16{});
+    case DType::f16: return fn(Half{});
+    case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
+    case DType::boolean: return fn(bool{});
+  }
+  return fn(float{});
+}
+
+}  // namespace tessera

@@ -1,0 +1,109 @@
+// The kernel table: what a device must implement for the ops in tensor/ops.h
+// to run on it. Ops check inputs, infer shapes and allocate outputs, then call
+// kernels(device).entry(...). A device is a table: adding CUDA means filling a
+// second one (tensor/cuda/), never touching an op or a call site. Meta has no
+// table: ops on meta return after shape inference.
+//
+// Every entry receives outputs already allocated with their final shape and
+// dtype (contiguous unless stated); inputs are on the same device. Tensor
+// parameters are handles, so `const Tensor& out` is written through.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/philox.h"
+#include "tensor/tensor.h"
+
+namespace tessera {
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu, logical_not
+};
+
+enum class BinaryOp : uint8_t {
+  add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge
+};
+
+enum class ReduceOp : uint8_t { sum, max, min };
+
+enum class RandomDistribution : uint8_t { uniform, normal };
+
+struct KernelTable {
+  // out[...] = value (converted to out's dtype).
+  void (*fill)(const Tensor& out, double value);
+  // dst = src elementwise; same shape (src may be a broadcast view with zero
+  // strides), any strides and dtypes on both sides.
+  void (*copy)(const Tensor& dst, const Tensor& src);
+  // out = start + i * step for flat index i.
+  void (*arange)(const Tensor& out, double start, double step);
+  // out (contiguous) = element [first_index + i] of the sequence, mapped to
+  // [a, b) for uniform or to mean a, std b for normal.
+  void (*random)(const Tensor& out, RandomDistribution distribution, PhiloxKey key, double a, double b,
+                 uint64_t first_index);
+
+  // out = f(x); x has out's shape (any strides, dtype of out, or bool for
+  // logical_not, whose out is bool).
+  void (*unary)(UnaryOp op, const Tensor& out, const Tensor& x);
+  // grad_in = grad_out * f'(saved), where saved is y for tanh/sigmoid and x
+  // otherwise. All of one shape.
+  void (*unary_backward)(UnaryOp op, const Tensor& grad_in, const Tensor& grad_out, const Tensor& saved);
+  // out = a op b; a and b are already expanded to out's shape and converted to
+  // the compute dtype; comparisons write a bool out.
+  void (*binary)(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
+  // out = condition ? a : b, all expanded to out's shape.
+  void (*where)(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b);
+
+  // out (keepdim shape: size 1 on every reduced dim) = reduction of x over
+  // the dims where reduced[d] is true.
+  void (*reduce)(ReduceOp op, const Tensor& out, const Tensor& x, const std::vector<bool>& reduced);
+  // values, indices (i64): max of x along dim and its first index (keepdim shapes).
+  void (*max_along)(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t dim);
+
+  // out = x gathered along dim at index (i32/i64, validated in range).
+  void (*index_select)(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index);
+  // out[index[i]] += source[i] along dim.
+  void (*index_add)(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& source);
+
+  // out = a @ b over the last two dims: a [..., M, K], b [..., K, N], out
+  // [..., M, N] contiguous. Leading (batch) dims are already broadcast to
+  // out's. a and b may have any strides; a kernel uses transposed-GEMM modes
+  // where one of the last two strides is 1, and copies otherwise.
+  void (*matmul)(const Tensor& out, const Tensor& a, const Tensor& b);
+
+  // Row-wise over the last dim of contiguous x.
+  void (*softmax)(const Tensor& out, const Tensor& x, bool log);
+  void (*softmax_backward)(const Tensor& grad_in, const Tensor& grad_out, const Tensor& y, bool log);
+  // x [rows, C] contiguous; weight/bias [C] or undefined; mean may be
+  // undefined (rms_norm). Writes y, mean (layer norm) and rstd [rows].
+  void (*norm)(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+               const Tensor& bias, double eps);
+  // Gradients of norm; grad_weight/grad_bias may be undefined.
+  void (*norm_backward)(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                        const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd);
+  // loss (0-d, f32 or f64 like logits) = mean over kept rows of
+  // logsumexp(logits[n]) - logits[n, target[n]].
+  void (*cross_entropy)(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+  // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / kept, zero on ignored rows.
+  void (*cross_entropy_backward)(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
+                                 const Tensor& targets, int64_t ignore_index);
+  // q, k, v, out: [B, H, T, D] contiguous; logsumexp [B, H, T].
+  void (*causal_attention)(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k,
+                           const Tensor& v);
+  void (*causal_attention_backward)(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                                    const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& logsumexp);
+  // y = x * mask, mask = keep ? 1/(1-p) : 0, keep decided by Philox at each flat index.
+  void (*dropout)(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key);
+};
+
+// The table of `device`; throws tessera::Error for a device this build has no
+// kernels for (cuda without the CUDA build, or meta, which has no data).
+const KernelTable& kernels(Device device);
+
+namespace cpu {
+const KernelTable& kernel_table();  // tensor/cpu/kernel_table.cpp
+}
+
+}  // namespace tessera

@@ -1,0 +1,235 @@
+// The tensor layer's ops: check inputs, infer the output's shape and dtype,
+// allocate it on the inputs' device, and dispatch to that device's kernel
+// table (tensor/kernels.h). On `meta` they stop after shape inference.
+//
+// These functions record no autograd graph. The differentiable versions with
+// the same names live in `tessera::` (autograd/functions.h); backward formulas
+// are written with these.
+//
+// Conventions: dims may be negative (counted from the end); binary ops
+// broadcast like NumPy; every error is a tessera::Error naming the op and the
+// shapes involved.
+#pragma once
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "tensor/philox.h"
+#include "tensor/tensor.h"
+
+namespace tessera::ops {
+
+// ---- creation -------------------------------------------------------------
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+Tensor empty_like(const Tensor& like);  // same shape, dtype, device; contiguous
+Tensor zeros_like(const Tensor& like);
+Tensor ones_like(const Tensor& like);
+Tensor full_like(const Tensor& like, double value);
+// [start, end) in steps of `step` (sign of step must reach end).
+Tensor arange(double start, double end, double step = 1.0, TensorOptions options = {});
+// Copies `values` into a new tensor of `shape` (numel must match), converting
+// to options.dtype.
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, TensorOptions options = {});
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions options = {});
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, TensorOptions options = {.dtype = DType::i64});
+Tensor scalar_tensor(double value, TensorOptions options = {});  // 0-d
+// Uniform [low, high) and normal(mean, std) from Philox: element i of the
+// result is value i of the sequence `key` (see tensor/philox.h).
+Tensor rand(const Shape& shape, PhiloxKey key, TensorOptions options = {});
+Tensor randn(const Shape& shape, PhiloxKey key, TensorOptions options = {});
+// Draw from the calling thread's default generator.
+Tensor rand(const Shape& shape, TensorOptions options = {});
+Tensor randn(const Shape& shape, TensorOptions options = {});
+// Fill in place with elements [first_index, first_index + numel) of the
+// sequence `key`, in the tensor's logical order: a shard fills itself with the
+// values the whole tensor would have at its offsets.
+void uniform_(Tensor& out, PhiloxKey key, double low, double high, uint64_t first_index = 0);
+void normal_(Tensor& out, PhiloxKey key, double mean, double std, uint64_t first_index = 0);
+
+// ---- copies and conversions ---------------------------------------------
+// dst <- src, broadcasting src to dst's shape and converting dtype. Works
+// across devices (cpu <-> meta is shape-only).
+void copy_(Tensor& dst, const Tensor& src);
+void fill_(Tensor& dst, double value);
+void zero_(Tensor& dst);
+Tensor clone(const Tensor& tensor);       // contiguous copy
+Tensor contiguous(const Tensor& tensor);  // the tensor itself when already contiguous
+Tensor to(const Tensor& tensor, DType dtype);    // the tensor itself when dtype matches
+Tensor to(const Tensor& tensor, Device device);  // the tensor itself when device matches
+// A new uninitialised tensor of the same shape and dtype on `device`.
+Tensor to_empty(const Tensor& tensor, Device device);
+
+// ---- views (share storage) ----------------------------------------------
+// view needs compatible strides; reshape copies when it must. One size may be -1.
+Tensor view(const Tensor& tensor, const Shape& shape);
+Tensor reshape(const Tensor& tensor, const Shape& shape);
+Tensor flatten(const Tensor& tensor, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor permute(const Tensor& tensor, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& tensor, int64_t dim0, int64_t dim1);
+Tensor narrow(const Tensor& tensor, int64_t dim, int64_t start, int64_t length);
+// Python-style slice on one dim: start/end clamp to the size, step >= 1.
+Tensor slice(const Tensor& tensor, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor select(const Tensor& tensor, int64_t dim, int64_t index);  // drops `dim`
+Tensor squeeze(const Tensor& tensor);               // all size-1 dims
+Tensor squeeze(const Tensor& tensor, int64_t dim);  // only if size 1
+Tensor unsqueeze(const Tensor& tensor, int64_t dim);
+// Broadcast view (stride 0 on expanded dims); -1 keeps a size.
+Tensor expand(const Tensor& tensor, const Shape& shape);
+Tensor as_strided(const Tensor& tensor, const Shape& shape, const Shape& strides, int64_t offset);
+// The shape both broadcast to; throws naming `op` if they do not.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// ---- joining and splitting ----------------------------------------------
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+std::vector<Tensor> split(const Tensor& tensor, int64_t split_size, int64_t dim);  // views
+std::vector<Tensor> split_with_sizes(const Tensor& tensor, const std::vector<int64_t>& sizes, int64_t dim);
+std::vector<Tensor> chunk(const Tensor& tensor, int64_t chunks, int64_t dim);  // ceil-sized, like torch
+Tensor index_select(const Tensor& tensor, int64_t dim, const Tensor& index);  // index: 1-d i32/i64
+// out[index[i]] += source[i] along `dim` (duplicates accumulate); in place.
+void index_add_(Tensor& out, int64_t dim, const Tensor& index, const Tensor& source);
+
+// ---- elementwise ----------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+// In place (out must have the broadcast shape already): out op= b.
+void add_(Tensor& out, const Tensor& b, double alpha = 1.0);  // out += alpha * b
+void mul_(Tensor& out, const Tensor& b);
+void mul_(Tensor& out, double b);
+
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+enum class GeluApproximation { none, tanh };  // none = exact erf form
+Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::tanh);
+Tensor silu(const Tensor& x);
+// Fused derivatives: grad_out * f'(x).
+Tensor tanh_backward(const Tensor& grad_out, const Tensor& y);  // uses the output y = tanh(x)
+Tensor relu_backward(const Tensor& grad_out, const Tensor& x);
+Tensor gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApproximation approximation);
+Tensor silu_backward(const Tensor& grad_out, const Tensor& x);
+Tensor sigmoid_backward(const Tensor& grad_out, const Tensor& y);  // uses the output
+
+// Comparisons give bool tensors.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+Tensor logical_not(const Tensor& x);
+// condition ? a : b, broadcasting all three; condition is bool.
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+// ---- reductions -----------------------------------------------------------
+// Over `dims` (empty = all dims); floats accumulate in f64 for sum/mean
+// reference accuracy where cheap, at least f32.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Maximum along one dim with the (first) index where it occurs.
+std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
+// Reduces `grad` (of broadcast shape) back to `shape` by summing broadcast dims.
+Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
+
+// ---- linear algebra -------------------------------------------------------
+// torch.matmul semantics: 1-d operands are promoted and the added dim removed;
+// batch dims broadcast. Transposed (or otherwise strided) last-two-dim views
+// are handed to the GEMM as-is, without copies.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x: [..., in], weight: [out, in], bias: [out] or undefined -> [..., out].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// ---- neural-network functions ---------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+Tensor softmax_backward(const Tensor& grad_out, const Tensor& y, int64_t dim);      // y = softmax(x)
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y, int64_t dim);  // y = log_softmax(x)
+
+// Normalises over the last dim. Returns y and the per-row statistics that the
+// backward needs (mean and rstd for layer_norm; rstd for rms_norm), shaped
+// like x without its last dim. weight/bias may be undefined.
+struct NormOutput {
+  Tensor y;
+  Tensor mean;  // undefined for rms_norm
+  Tensor rstd;
+};
+NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps);
+struct NormGrads {
+  Tensor x, weight, bias;  // weight/bias undefined when the forward had none
+};
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, bool has_bias);
+NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd);
+
+// weight: [num, dim], indices: any shape of i32/i64 in [0, num) -> [..., dim].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings);
+
+// Mean cross-entropy over rows whose target != ignore_index.
+// logits: [N, C] float, targets: [N] i32/i64 in [0, C) or ignore_index.
+// Returns the 0-d loss; the backward is (softmax - onehot) / count on kept rows.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index = -100);
+
+// Causal scaled-dot-product attention. q, k, v: [B, H, T, D] -> [B, H, T, D],
+// scale 1/sqrt(D). Also returns the per-row log-sum-exp [B, H, T] of the
+// scaled, masked scores, which the backward uses to rebuild the probabilities
+// without storing the [T, T] matrix.
+struct AttentionOutput {
+  Tensor out;
+  Tensor logsumexp;
+};
+AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+struct AttentionGrads {
+  Tensor q, k, v;
+};
+AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& logsumexp);
+
+// Inverted dropout: keeps each element with probability 1-p (decided by the
+// Philox sequence `key` at that element's index) and scales it by 1/(1-p).
+// Returns y and the scale mask (0 or 1/(1-p), dtype of x) for the backward.
+std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key);
+
+// ---- printing ---------------------------------------------------------------
+// "tensor([[1.0000, 2.0000], ...], shape=[2, 2], dtype=f32, device=cpu)";
+// large tensors are summarised with "..." like NumPy.
+std::string to_string(const Tensor& tensor);
+
+}  // namespace tessera::ops
+
+namespace tessera {
+std::ostream& operator<<(std::ostream& stream, const Tensor& tensor);
+}

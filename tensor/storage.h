@@ -1,0 +1,82 @@
+// Storage and the per-device allocators with their statistics. Every byte a
+// tensor owns comes from here, so tests and benchmarks can assert the memory a design promises
+// (FSDP's "memory falls as 1/N" is checked against these numbers).
+//
+// Besides the per-device totals, a thread may open a MemoryScope: allocations
+// made while it is open are also charged to the scope's counters (and their
+// frees credited back, on whichever thread they happen). Ranks simulated as
+// threads use this to read their own memory.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "tensor/device.h"
+
+namespace tessera {
+
+struct MemoryStats {
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t allocation_count = 0;  // allocations made since start (or last reset_allocation_count)
+  int64_t live_allocations = 0;
+};
+
+// Lock-free counters behind MemoryStats.
+class MemoryCounters {
+ public:
+  void on_allocate(int64_t bytes);
+  void on_free(int64_t bytes);
+  MemoryStats snapshot() const;
+  void reset_peak();  // peak := live
+
+ private:
+  std::atomic<int64_t> live_bytes_{0};
+  std::atomic<int64_t> peak_bytes_{0};
+  std::atomic<int64_t> allocation_count_{0};
+  std::atomic<int64_t> live_allocations_{0};
+};
+
+// The bytes behind one or more tensors (views share it); frees itself (and updates the counters that were
+// charged) when the last owner lets go.
+class Storage {
+ public:
+  Storage(void* data, int64_t bytes, Device device, std::shared_ptr<MemoryCounters> scope);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  int64_t bytes_;
+  Device device_;
+  std::shared_ptr<MemoryCounters> scope_;
+};
+
+// Allocates `bytes` on `device` (64-byte aligned on CPU); meta returns a block
+// with no data. Throws tessera::Error if the device has no allocator or memory
+// runs out.
+std::shared_ptr<Storage> allocate(Device device, int64_t bytes);
+
+MemoryStats memory_stats(Device device);
+void reset_peak_memory(Device device);
+
+// Charges allocations made on this thread to `counters` while alive. Scopes
+// nest; the innermost is charged (plus the device totals).
+class MemoryScope {
+ public:
+  explicit MemoryScope(std::shared_ptr<MemoryCounters> counters);
+  ~MemoryScope();
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+
+ private:
+  std::shared_ptr<MemoryCounters> previous_;
+};
+
+}  // namespace tessera
