@@ -1,1 +1,189 @@
-// placeholder: being written
+// The tensor layer's foundations: dtypes and their conversions, devices,
+// storage statistics, Philox streams, CPU streams and events.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+#include "tensor/philox.h"
+#include "tensor/storage.h"
+#include "tensor/stream.h"
+
+using namespace tessera;
+
+TEST_CASE("dtype properties and promotion") {
+  CHECK(element_size(DType::f32) == 4);
+  CHECK(element_size(DType::bf16) == 2);
+  CHECK(element_size(DType::i64) == 8);
+  CHECK(element_size(DType::boolean) == 1);
+  CHECK(dtype_from_name("bf16") == DType::bf16);
+  CHECK_THROWS_WITH_AS(dtype_from_name("f8"), doctest::Contains("unknown dtype 'f8'"), Error);
+  CHECK(promote_types(DType::i32, DType::f32) == DType::f32);
+  CHECK(promote_types(DType::bf16, DType::f16) == DType::f32);
+  CHECK(promote_types(DType::i64, DType::i32) == DType::i64);
+  CHECK(promote_types(DType::boolean, DType::i32) == DType::i32);
+  CHECK(promote_types(DType::bf16, DType::f64) == DType::f64);
+  CHECK(compute_dtype(DType::f16) == DType::f32);
+}
+
+TEST_CASE("bf16 rounds to nearest even") {
+  CHECK(static_cast<float>(BFloat16(1.0f)) == 1.0f);
+  // 1 + 2^-8 lies exactly halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1).
+  CHECK(static_cast<float>(BFloat16(1.0f + std::ldexp(1.0f, -8))) == 1.0f);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  CHECK(static_cast<float>(BFloat16(1.0f + 3 * std::ldexp(1.0f, -8))) == 1.0f + std::ldexp(1.0f, -6));
+  // Just above the halfway point rounds up.
+  CHECK(static_cast<float>(BFloat16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20))) ==
+        1.0f + std::ldexp(1.0f, -7));
+  CHECK(std::isnan(static_cast<float>(BFloat16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isinf(static_cast<float>(BFloat16(std::numeric_limits<float>::infinity()))));
+  CHECK(static_cast<float>(BFloat16(-2.5f)) == -2.5f);
+}
+
+TEST_CASE("f16 conversions: exact values, ties to even, subnormals, overflow") {
+  for (float value : {0.0f, 1.0f, -1.5f, 65504.0f, 0.333251953125f, std::ldexp(1.0f, -14), std::ldexp(1.0f, -24)}) {
+    CHECK(static_cast<float>(Half(value)) == value);
+  }
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1).
+  CHECK(static_cast<float>(Half(1.0f + std::ldexp(1.0f, -11))) == 1.0f);
+  CHECK(static_cast<float>(Half(1.0f + 3 * std::ldexp(1.0f, -11))) == 1.0f + std::ldexp(1.0f, -9));
+  // Subnormal: 3 * 2^-25 is halfway between 2^-24 (odd) and 2^-23 (even).
+  CHECK(static_cast<float>(Half(3 * std::ldexp(1.0f, -25))) == std::ldexp(1.0f, -23));
+  CHECK(static_cast<float>(Half(std::ldexp(1.0f, -25))) == 0.0f);  // tie between 0 and 2^-24 goes to 0
+  CHECK(std::isinf(static_cast<float>(Half(65520.0f))));           // rounds past the largest finite half
+  CHECK(static_cast<float>(Half(65519.0f)) == 65504.0f);
+  CHECK(std::isnan(static_cast<float>(Half(std::numeric_limits<float>::quiet_NaN()))));
+  // Every finite half survives half -> float -> half.
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    if ((bits & 0x7c00u) == 0x7c00u) continue;
+    float value = Half::to_float(static_cast<uint16_t>(bits));
+    REQUIRE(Half::from_float(value) == bits);
+  }
+}
+
+TEST_CASE("device parsing and names") {
+  CHECK(Device::parse("cpu") == kCPU);
+  CHECK(Device::parse("meta").is_meta());
+  CHECK(Device::parse("cuda:3") == Device(DeviceType::cuda, 3));
+  CHECK(Device(DeviceType::cuda, 1).str() == "cuda:1");
+  CHECK_THROWS_WITH_AS(Device::parse("cuda:x"), doctest::Contains("unknown device 'cuda:x'"), Error);
+  CHECK_THROWS_AS(Device::parse("tpu"), Error);
+}
+
+TEST_CASE("storage statistics: live, peak, count, reset") {
+  const MemoryStats before = memory_stats(kCPU);
+  {
+    auto block = allocate(kCPU, 1000);
+    CHECK(reinterpret_cast<uintptr_t>(block->data()) % 64 == 0);
+    const MemoryStats during = memory_stats(kCPU);
+    CHECK(during.live_bytes == before.live_bytes + 1000);
+    CHECK(during.allocation_count == before.allocation_count + 1);
+    CHECK(during.peak_bytes >= during.live_bytes);
+  }
+  CHECK(memory_stats(kCPU).live_bytes == before.live_bytes);
+  reset_peak_memory(kCPU);
+  CHECK(memory_stats(kCPU).peak_bytes == memory_stats(kCPU).live_bytes);
+  // Meta allocations hold no bytes.
+  auto meta = allocate(kMeta, 1 << 20);
+  CHECK(meta->data() == nullptr);
+  CHECK(meta->bytes() == 0);
+  CHECK_THROWS_WITH_AS(allocate(Device(DeviceType::cuda, 0), 16), doctest::Contains("cuda:0"), Error);
+  CHECK_THROWS_AS(allocate(kCPU, -1), Error);
+}
+
+TEST_CASE("memory scopes charge allocations to the thread that made them") {
+  auto counters = std::make_shared<MemoryCounters>();
+  std::shared_ptr<Storage> kept;
+  {
+    MemoryScope scope(counters);
+    kept = allocate(kCPU, 4096);
+    auto transient = allocate(kCPU, 100);
+  }
+  auto outside = allocate(kCPU, 777);  // not charged: the scope is closed
+  CHECK(counters->snapshot().live_bytes == 4096);
+  CHECK(counters->snapshot().peak_bytes == 4196);
+  CHECK(counters->snapshot().allocation_count == 2);
+  kept.reset();  // credited back to the scope that was charged
+  CHECK(counters->snapshot().live_bytes == 0);
+}
+
+TEST_CASE("Philox: known answer, counter purity, stream independence") {
+  // Known-answer vector from the Random123 distribution (philox4x32_10, zero key, zero counter).
+  auto zero = philox4x32(PhiloxKey{0, 0}, 0);
+  CHECK(zero[0] == 0x6627e8d5u);
+  CHECK(zero[1] == 0xe169c58du);
+  CHECK(zero[2] == 0xbc57ac4cu);
+  CHECK(zero[3] == 0x9b00dbd8u);
+  auto ones = philox4x32(PhiloxKey{~0ull, ~0ull}, ~0ull);
+  CHECK(ones == std::array<uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu});
+  const PhiloxKey key{42, 7};
+  CHECK(philox_uniform(key, 123456) == philox_uniform(key, 123456));
+  CHECK(philox_uniform(key, 1) != philox_uniform(key, 2));
+  CHECK(philox_uniform(key, 1) != philox_uniform(PhiloxKey{42, 8}, 1));
+  double sum = 0.0, sum_sq = 0.0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    double u = philox_uniform(key, static_cast<uint64_t>(i));
+    REQUIRE(u >= 0.0);
+    REQUIRE(u < 1.0);
+    double z = philox_normal(key, static_cast<uint64_t>(i));
+    sum += z;
+    sum_sq += z * z;
+  }
+  CHECK(std::abs(sum / n) < 0.03);
+  CHECK(std::abs(sum_sq / n - 1.0) < 0.05);
+  CHECK(stream_id_for("blocks.0.attn.qkv.weight") != stream_id_for("blocks.1.attn.qkv.weight"));
+  Generator generator(5);
+  CHECK(generator.next_key().stream == 0);
+  CHECK(generator.next_key().stream == 1);
+  generator.manual_seed(9);
+  CHECK(generator.next_key().stream == 0);
+}
+
+TEST_CASE("streams run tasks in order, concurrently with the caller; events mark progress") {
+  auto stream = Stream::create(kCPU);
+  std::vector<int> order;
+  std::atomic<bool> release{false};
+  stream->enqueue([&] {
+    while (!release.load()) std::this_thread::yield();
+    order.push_back(1);
+  });
+  stream->enqueue([&] { order.push_back(2); });
+  Event event;
+  event.record(*stream);
+  CHECK_FALSE(event.query());  // the first task is still blocked: enqueue did not wait
+  release = true;
+  event.synchronize();
+  CHECK(event.query());
+  CHECK(order == std::vector<int>{1, 2});
+
+  // A second stream waits on an event of the first.
+  auto other = Stream::create(kCPU);
+  std::atomic<bool> gate{false};
+  std::atomic<int> seen{0};
+  stream->enqueue([&] {
+    while (!gate.load()) std::this_thread::yield();
+  });
+  Event first_done;
+  first_done.record(*stream);
+  other->wait_event(first_done);
+  other->enqueue([&] { seen = 1; });
+  gate = true;
+  other->synchronize();
+  CHECK(seen == 1);
+}
+
+TEST_CASE("stream errors surface at synchronize; the default stream runs inline") {
+  auto stream = Stream::create(kCPU);
+  stream->enqueue([] { throw Error("task failed on purpose"); });
+  CHECK_THROWS_WITH_AS(stream->synchronize(), "task failed on purpose", Error);
+  stream->synchronize();  // the error is reported once
+  int value = 0;
+  Stream::default_stream(kCPU)->enqueue([&] { value = 7; });
+  CHECK(value == 7);
+  CHECK_THROWS_AS(Stream::create(Device(DeviceType::cuda)), Error);
+}
