@@ -3,8 +3,18 @@
 // `tessera::` because they are the tensor API users write models with; their
 // backward formulas (autograd/functions/*.cpp) are written with tessera::ops.
 //
-// Creation ops and in-place ops do not record: use tessera::ops for those
-// (an in-place op on a leaf that requires grad, with grad mode on, throws).
+// Creation ops and in-place ops do not record: use tessera::ops for those.
+// In-place is raw only (ops::add_, copy_, fill_, ...): it records nothing and
+// checks nothing about autograd, so use it on parameters and grads under
+// NoGradGuard (optimizer steps, FSDP copy-in/out), never on a tensor that a
+// recorded op saved for its backward (there is no version counter; the
+// gradient would silently use the new values).
+//
+// Choices where torch leaves room: amax shares the gradient equally among
+// tied maxima, max(x, dim) gives it all to the first maximum (its index);
+// pow(a, b) gives b's gradient only where a > 0 (0 elsewhere); dropout and
+// contiguous/to return their input itself (no node) when they would not
+// change it.
 #pragma once
 
 #include <vector>
@@ -12,8 +22,6 @@
 #include "tensor/ops.h"
 
 namespace tessera {
-
-using ops::GeluApproximation;
 
 // views
 Tensor view(const Tensor& x, const Shape& shape);

@@ -21,4 +21,17 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Sets grad mode for a scope either way: e.g. on, to record a recomputation
+// inside a backward hook (the engine runs hooks with recording off).
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled) : previous_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
+  ~GradModeGuard() { GradMode::set_enabled(previous_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace tessera::autograd

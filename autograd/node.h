@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -42,6 +43,11 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual std::string name() const = 0;
   // Drops saved tensors once backward has used them (unless retain_graph).
   virtual void release_saved_tensors() {}
+  // Frees what the backward held (saved tensors and edges); the engine calls
+  // it after running the node unless retain_graph. A released node cannot
+  // run again: a second backward through it throws.
+  void release();
+  bool is_released() const { return released_; }
 
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   void set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
@@ -63,6 +69,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next_edges_;
   uint32_t num_outputs_ = 1;
   uint64_t sequence_nr_;
+  bool released_ = false;
   std::vector<std::pair<int64_t, NodePreHook>> pre_hooks_;
   std::vector<std::tuple<int64_t, uint32_t, GradHook>> output_hooks_;
 };

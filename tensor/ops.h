@@ -18,6 +18,12 @@
 #include "tensor/philox.h"
 #include "tensor/tensor.h"
 
+namespace tessera {
+// In tessera:: (not ops::) so that an unqualified gelu(x, GeluApproximation::tanh)
+// finds only the differentiable tessera::gelu by argument-dependent lookup.
+enum class GeluApproximation { none, tanh };  // none = exact erf form
+}  // namespace tessera
+
 namespace tessera::ops {
 
 // ---- creation -------------------------------------------------------------
@@ -120,7 +126,6 @@ Tensor abs(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
-enum class GeluApproximation { none, tanh };  // none = exact erf form
 Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::tanh);
 Tensor silu(const Tensor& x);
 // Fused derivatives: grad_out * f'(x).

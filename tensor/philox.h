@@ -6,7 +6,9 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 
 namespace tessera {
 
@@ -17,14 +19,43 @@ struct PhiloxKey {
   uint64_t stream = 0;
 };
 
-// Ten rounds of Philox 4x32 on counter (index, stream) with key seed.
-std::array<uint32_t, 4> philox4x32(PhiloxKey key, uint64_t index);
+// Ten rounds of Philox 4x32 on counter (index, stream) with key seed. Inline:
+// fill loops call it once per element and must not pay a call for it.
+inline std::array<uint32_t, 4> philox4x32(PhiloxKey key, uint64_t index) {
+  constexpr uint32_t kMultiplier0 = 0xD2511F53u;
+  constexpr uint32_t kMultiplier1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u;
+  constexpr uint32_t kWeyl1 = 0xBB67AE85u;
+  std::array<uint32_t, 4> counter = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                                     static_cast<uint32_t>(key.stream), static_cast<uint32_t>(key.stream >> 32)};
+  uint32_t key0 = static_cast<uint32_t>(key.seed);
+  uint32_t key1 = static_cast<uint32_t>(key.seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t product0 = static_cast<uint64_t>(kMultiplier0) * counter[0];
+    const uint64_t product1 = static_cast<uint64_t>(kMultiplier1) * counter[2];
+    const auto hi0 = static_cast<uint32_t>(product0 >> 32), lo0 = static_cast<uint32_t>(product0);
+    const auto hi1 = static_cast<uint32_t>(product1 >> 32), lo1 = static_cast<uint32_t>(product1);
+    counter = {hi1 ^ counter[1] ^ key0, lo1, hi0 ^ counter[3] ^ key1, lo0};
+    key0 += kWeyl0;
+    key1 += kWeyl1;
+  }
+  return counter;
+}
 
 // Element i of the uniform [0, 1) sequence of `key` (24 random bits, so every
 // value is exactly representable in f32).
-float philox_uniform(PhiloxKey key, uint64_t index);
+inline float philox_uniform(PhiloxKey key, uint64_t index) {
+  return static_cast<float>(philox4x32(key, index)[0] >> 8) * (1.0f / 16777216.0f);
+}
+
 // Element i of the standard normal sequence of `key` (Box-Muller on two words).
-double philox_normal(PhiloxKey key, uint64_t index);
+inline double philox_normal(PhiloxKey key, uint64_t index) {
+  const auto words = philox4x32(key, index);
+  // u1 in (0, 1] so the log is finite; u2 in [0, 1).
+  const double u1 = (static_cast<double>(words[0]) + 1.0) * (1.0 / 4294967296.0);
+  const double u2 = static_cast<double>(words[1]) * (1.0 / 4294967296.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
 
 // Hands out keys: a fixed seed and an increasing stream id. The global
 // generator is what `rand`/`randn`/dropout use when no key is given.

@@ -1,1 +1,149 @@
-// placeholder: being written
+// CPU causal attention, forward and backward, in the flash-attention style:
+// per (batch, head), query rows go in blocks against only the keys they may
+// see; the backward rebuilds the probabilities from the saved log-sum-exp, so
+// nothing [T, T] outlives one block's scratch.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tensor/cpu/cpu_kernels.h"
+#include "tensor/parallel.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+template <typename T>
+using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using HeadMap = Eigen::Map<Matrix<T>>;  // one head: [T, D]
+template <typename T>
+using ConstHeadMap = Eigen::Map<const Matrix<T>>;
+
+constexpr int64_t kQueryBlock = 64;
+
+struct Geometry {
+  int64_t heads;  // B * H
+  int64_t seq;    // T
+  int64_t dim;    // D
+};
+
+Geometry geometry_of(const Tensor& q) { return {q.size(0) * q.size(1), q.size(2), q.size(3)}; }
+
+// scores: [rows, keys] holds scale * q_i . k_j for query rows i = i0 + r; it is
+// turned into the probabilities exp(score - lse_i) for j <= i and 0 above the diagonal.
+template <typename T>
+void block_probabilities(Eigen::Ref<Matrix<T>> scores, const T* lse, int64_t i0) {
+  for (int64_t r = 0; r < scores.rows(); ++r) {
+    const int64_t visible = i0 + r + 1;
+    auto row = scores.row(r).head(visible).array();
+    row = (row - lse[i0 + r]).exp();
+    scores.row(r).tail(scores.cols() - visible).setZero();
+  }
+}
+
+template <typename T>
+void attention_typed(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const auto [heads, seq, dim] = geometry_of(q);
+  const T scale = T{1} / std::sqrt(static_cast<T>(dim));
+  const T *q_data = q.data_ptr<T>(), *k_data = k.data_ptr<T>(), *v_data = v.data_ptr<T>();
+  T *out_data = out.data_ptr<T>(), *lse_data = logsumexp.data_ptr<T>();
+  parallel_for(heads, 1, [&](int64_t begin, int64_t end) {
+    Matrix<T> scores(std::min(kQueryBlock, seq), seq);
+    for (int64_t head = begin; head < end; ++head) {
+      const ConstHeadMap<T> Q(q_data + head * seq * dim, seq, dim), K(k_data + head * seq * dim, seq, dim),
+          V(v_data + head * seq * dim, seq, dim);
+      HeadMap<T> O(out_data + head * seq * dim, seq, dim);
+      T* lse = lse_data + head * seq;
+      for (int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, seq - i0), keys = i0 + rows;
+        auto S = scores.topLeftCorner(rows, keys);
+        // S: [rows, keys] = scale * Q[i0:i0+rows] @ K[0:keys]^T
+        S.noalias() = (scale * Q.middleRows(i0, rows)) * K.topRows(keys).transpose();
+        // Row-wise stable softmax over the visible keys; the masked tail is zero.
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t visible = i0 + r + 1;
+          auto row = S.row(r).head(visible).array();
+          const T max = row.maxCoeff();
+          row = (row - max).exp();
+          const T sum = row.sum();
+          lse[i0 + r] = max + std::log(sum);
+          row /= sum;
+          S.row(r).tail(keys - visible).setZero();
+        }
+        // O[i0:i0+rows]: [rows, D] = P @ V[0:keys]
+        O.middleRows(i0, rows).noalias() = S * V.topRows(keys);
+      }
+    }
+  });
+}
+
+template <typename T>
+void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                              const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& logsumexp) {
+  const auto [heads, seq, dim] = geometry_of(q);
+  const T scale = T{1} / std::sqrt(static_cast<T>(dim));
+  const T *q_data = q.data_ptr<T>(), *k_data = k.data_ptr<T>(), *v_data = v.data_ptr<T>();
+  const T *o_data = out.data_ptr<T>(), *go_data = grad_out.data_ptr<T>(), *lse_data = logsumexp.data_ptr<T>();
+  T *gq_data = grad_q.data_ptr<T>(), *gk_data = grad_k.data_ptr<T>(), *gv_data = grad_v.data_ptr<T>();
+  parallel_for(heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = std::min(kQueryBlock, seq);
+    Matrix<T> probs(block, seq), grad_probs(block, seq);
+    Eigen::Array<T, Eigen::Dynamic, 1> delta(seq);
+    for (int64_t head = begin; head < end; ++head) {
+      const int64_t at = head * seq * dim;
+      const ConstHeadMap<T> Q(q_data + at, seq, dim), K(k_data + at, seq, dim), V(v_data + at, seq, dim),
+          O(o_data + at, seq, dim), dO(go_data + at, seq, dim);
+      HeadMap<T> dQ(gq_data + at, seq, dim), dK(gk_data + at, seq, dim), dV(gv_data + at, seq, dim);
+      const T* lse = lse_data + head * seq;
+      // delta_i = dO_i . O_i = sum_j P_ij dP_ij, the softmax backward's row term.
+      delta = (dO.array() * O.array()).rowwise().sum();
+      dK.setZero();
+      dV.setZero();
+      for (int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, seq - i0), keys = i0 + rows;
+        auto P = probs.topLeftCorner(rows, keys);
+        auto dS = grad_probs.topLeftCorner(rows, keys);
+        P.noalias() = (scale * Q.middleRows(i0, rows)) * K.topRows(keys).transpose();
+        block_probabilities<T>(P, lse, i0);
+        // dV[0:keys] += P^T @ dO_blk; dP = dO_blk @ V[0:keys]^T
+        dV.topRows(keys).noalias() += P.transpose() * dO.middleRows(i0, rows);
+        dS.noalias() = dO.middleRows(i0, rows) * V.topRows(keys).transpose();
+        // dS = P * (dP - delta), zero where P is masked out.
+        dS.array() = P.array() * (dS.array().colwise() - delta.segment(i0, rows));
+        dQ.middleRows(i0, rows).noalias() = (scale * dS) * K.topRows(keys);
+        dK.topRows(keys).noalias() += (scale * dS.transpose()) * Q.middleRows(i0, rows);
+      }
+    }
+  });
+}
+
+template <typename Fn>
+void dispatch_float(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    default: fail("cpu::{}: no kernel for dtype {} (the op computes bf16/f16 in f32)", op, dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void causal_attention(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.numel() == 0) return;
+  dispatch_float(q.dtype(), "causal_attention",
+                 [&]<typename T>(T) { attention_typed<T>(out, logsumexp, q, k, v); });
+}
+
+void causal_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                               const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& logsumexp) {
+  if (q.numel() == 0) return;
+  dispatch_float(q.dtype(), "causal_attention_backward", [&]<typename T>(T) {
+    attention_backward_typed<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, out, logsumexp);
+  });
+}
+
+}  // namespace tessera::cpu

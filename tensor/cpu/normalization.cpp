@@ -1,1 +1,261 @@
-// placeholder: being written
+// CPU row-wise kernels over the last dim: softmax/log_softmax, layer/RMS norm
+// and cross-entropy, forward and backward. Rows run in parallel; the math of
+// one row goes through Eigen arrays so that exp and the sums vectorise.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tensor/cpu/cpu_kernels.h"
+#include "tensor/parallel.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+template <typename T>
+using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <typename T>
+using ConstRow = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// Rows per parallel task: enough elements that a task outweighs its dispatch.
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
+
+int64_t last_dim(const Tensor& x) { return x.dim() == 0 ? 1 : x.size(-1); }
+int64_t row_count(const Tensor& x) { return last_dim(x) == 0 ? 0 : x.numel() / last_dim(x); }
+
+template <typename Fn>
+void dispatch_float(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    default: fail("cpu::{}: no kernel for dtype {} (the op computes bf16/f16 in f32)", op, dtype_name(dtype));
+  }
+}
+
+// Writes softmax (or log_softmax) of `x` into `y`, both of length x.size().
+template <typename T>
+void softmax_row(Row<T> y, ConstRow<T> x, bool log) {
+  const T max = x.maxCoeff();
+  if (log) {
+    y = x - max;
+    y -= std::log(y.exp().sum());
+  } else {
+    y = (x - max).exp();
+    y *= T{1} / y.sum();
+  }
+}
+
+template <typename T>
+void softmax_typed(const Tensor& out, const Tensor& x, bool log) {
+  const int64_t cols = last_dim(x), rows = row_count(x);
+  const T* in = x.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) softmax_row<T>(Row<T>(dst + r * cols, cols), ConstRow<T>(in + r * cols, cols), log);
+  });
+}
+
+template <typename T>
+void softmax_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const Tensor& y, bool log) {
+  const int64_t cols = last_dim(y), rows = row_count(y);
+  const T* g_data = grad_out.data_ptr<T>();
+  const T* y_data = y.data_ptr<T>();
+  T* dst = grad_in.data_ptr<T>();
+  parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const ConstRow<T> g(g_data + r * cols, cols), yr(y_data + r * cols, cols);
+      Row<T> dx(dst + r * cols, cols);
+      if (log) {
+        dx = g - yr.exp() * g.sum();  // y = log p: dx = g - p * sum(g)
+      } else {
+        dx = yr * (g - (g * yr).sum());  // dx = p * (g - <g, p>)
+      }
+    }
+  });
+}
+
+// y = (x - mean) * rstd * weight + bias per row, writing the row statistics;
+// RMS norm (mean undefined) skips the centring.
+template <typename T>
+void norm_typed(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                const Tensor& bias, double eps) {
+  const int64_t cols = last_dim(x), rows = row_count(x);
+  const T* x_data = x.data_ptr<T>();
+  T* y_data = y.data_ptr<T>();
+  T* mean_data = mean.defined() ? mean.data_ptr<T>() : nullptr;
+  T* rstd_data = rstd.data_ptr<T>();
+  const T* w_data = weight.defined() ? weight.data_ptr<T>() : nullptr;
+  const T* b_data = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const ConstRow<T> xr(x_data + r * cols, cols);
+      Row<T> yr(y_data + r * cols, cols);
+      // Two passes (centre, then square) avoid the cancellation of E[x^2] - E[x]^2.
+      const T mu = mean_data ? xr.sum() / static_cast<T>(cols) : T{0};
+      yr = xr - mu;
+      const T inv = T{1} / std::sqrt(yr.square().sum() / static_cast<T>(cols) + static_cast<T>(eps));
+      yr *= inv;
+      if (w_data) yr *= ConstRow<T>(w_data, cols);
+      if (b_data) yr += ConstRow<T>(b_data, cols);
+      if (mean_data) mean_data[r] = mu;
+      rstd_data[r] = inv;
+    }
+  });
+}
+
+// Row blocks for the weight/bias gradient: a fixed split (independent of the
+// thread count), each block summed alone, then the blocks in order, so the
+// result is the same bits on any number of threads.
+constexpr int64_t kMaxRowBlocks = 64;
+constexpr int64_t kMinRowsPerBlock = 8;
+
+template <typename T>
+void norm_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                         const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd) {
+  const int64_t cols = last_dim(x), rows = row_count(x);
+  const T* x_data = x.data_ptr<T>();
+  const T* gy_data = grad_y.data_ptr<T>();
+  const T* mean_data = mean.defined() ? mean.data_ptr<T>() : nullptr;
+  const T* rstd_data = rstd.data_ptr<T>();
+  const T* w_data = weight.defined() ? weight.data_ptr<T>() : nullptr;
+  T* gx_data = grad_x.defined() ? grad_x.data_ptr<T>() : nullptr;
+  const bool want_weight = grad_weight.defined(), want_bias = grad_bias.defined();
+
+  const int64_t blocks = std::clamp<int64_t>((rows + kMinRowsPerBlock - 1) / kMinRowsPerBlock, 1, kMaxRowBlocks);
+  // partial[block] = [dweight (cols), dbias (cols)] summed over that block's rows.
+  std::vector<T> partial(static_cast<size_t>(blocks * 2 * cols), T{0});
+  parallel_for(blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+    Eigen::Array<T, Eigen::Dynamic, 1> xhat(cols), gw(cols);
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      Row<T> dweight(partial.data() + block * 2 * cols, cols), dbias(partial.data() + block * 2 * cols + cols, cols);
+      for (int64_t r = rows * block / blocks; r < rows * (block + 1) / blocks; ++r) {
+        // xhat = (x - mean) * rstd; gw = dy * weight;
+        // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))  (no mean(gw) term for RMS norm).
+        const ConstRow<T> xr(x_data + r * cols, cols), gy(gy_data + r * cols, cols);
+        const T inv = rstd_data[r];
+        xhat = (xr - (mean_data ? mean_data[r] : T{0})) * inv;
+        if (want_weight) dweight += gy * xhat;
+        if (want_bias) dbias += gy;
+        if (!gx_data) continue;
+        if (w_data) {
+          gw = gy * ConstRow<T>(w_data, cols);
+        } else {
+          gw = gy;
+        }
+        const T n = static_cast<T>(cols);
+        const T gw_mean = mean_data ? gw.sum() / n : T{0};
+        const T proj = (gw * xhat).sum() / n;
+        Row<T>(gx_data + r * cols, cols) = inv * (gw - gw_mean - xhat * proj);
+      }
+    }
+  });
+  if (want_weight) {
+    Row<T> dweight(grad_weight.data_ptr<T>(), cols);
+    dweight.setZero();
+    for (int64_t block = 0; block < blocks; ++block) dweight += Row<T>(partial.data() + block * 2 * cols, cols);
+  }
+  if (want_bias) {
+    Row<T> dbias(grad_bias.data_ptr<T>(), cols);
+    dbias.setZero();
+    for (int64_t block = 0; block < blocks; ++block) dbias += Row<T>(partial.data() + block * 2 * cols + cols, cols);
+  }
+}
+
+// Each row's target, -1 where the row is ignored (the op checked the rest are in range).
+std::vector<int64_t> row_targets(const Tensor& targets, int64_t ignore_index) {
+  std::vector<int64_t> result = targets.to_vector<int64_t>();
+  for (int64_t& t : result) t = t == ignore_index ? -1 : t;
+  return result;
+}
+
+int64_t kept_rows(const std::vector<int64_t>& targets) {
+  return std::count_if(targets.begin(), targets.end(), [](int64_t t) { return t >= 0; });
+}
+
+template <typename T>
+void cross_entropy_typed(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const T* data = logits.data_ptr<T>();
+  const std::vector<int64_t> target = row_targets(targets, ignore_index);
+  std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+  parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t t = target[static_cast<size_t>(r)];
+      if (t < 0) continue;
+      const ConstRow<T> x(data + r * cols, cols);
+      const T max = x.maxCoeff();
+      const T logsumexp = max + std::log((x - max).exp().sum());
+      row_loss[static_cast<size_t>(r)] = static_cast<double>(logsumexp - x[t]);
+    }
+  });
+  double total = 0.0;  // summed in row order: the same bits on any thread count
+  for (double value : row_loss) total += value;
+  // No kept rows: 0/0 = NaN, as torch's mean reduction gives.
+  const auto kept = static_cast<double>(kept_rows(target));
+  loss.data_ptr<T>()[0] = static_cast<T>(kept > 0 ? total / kept : std::numeric_limits<double>::quiet_NaN());
+}
+
+template <typename T>
+void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
+                                  const Tensor& targets, int64_t ignore_index) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const T* data = logits.data_ptr<T>();
+  T* dst = grad_logits.data_ptr<T>();
+  const std::vector<int64_t> target = row_targets(targets, ignore_index);
+  const int64_t kept = kept_rows(target);
+  const T scale = kept > 0 ? static_cast<T>(grad_loss.item() / static_cast<double>(kept)) : T{0};
+  parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      Row<T> dx(dst + r * cols, cols);
+      const int64_t t = target[static_cast<size_t>(r)];
+      if (t < 0) {
+        dx.setZero();
+        continue;
+      }
+      // dx = scale * (softmax(x) - onehot(t))
+      softmax_row<T>(dx, ConstRow<T>(data + r * cols, cols), false);
+      dx *= scale;
+      dx[t] -= scale;
+    }
+  });
+}
+
+}  // namespace
+
+void softmax(const Tensor& out, const Tensor& x, bool log) {
+  dispatch_float(x.dtype(), "softmax", [&]<typename T>(T) { softmax_typed<T>(out, x, log); });
+}
+
+void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& y, bool log) {
+  dispatch_float(y.dtype(), "softmax_backward",
+                 [&]<typename T>(T) { softmax_backward_typed<T>(grad_in, grad_out, y, log); });
+}
+
+void norm(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+          const Tensor& bias, double eps) {
+  dispatch_float(x.dtype(), "norm", [&]<typename T>(T) { norm_typed<T>(y, mean, rstd, x, weight, bias, eps); });
+}
+
+void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
+                   const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  dispatch_float(x.dtype(), "norm_backward", [&]<typename T>(T) {
+    norm_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, mean, rstd);
+  });
+}
+
+void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy",
+                 [&]<typename T>(T) { cross_entropy_typed<T>(loss, logits, targets, ignore_index); });
+}
+
+void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
+                            const Tensor& targets, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>(T) {
+    cross_entropy_backward_typed<T>(grad_logits, grad_loss, logits, targets, ignore_index);
+  });
+}
+
+}  // namespace tessera::cpu

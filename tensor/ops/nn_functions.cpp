@@ -1,1 +1,301 @@
-// placeholder: being written
+// Neural-network ops: softmax, layer/RMS norm, embedding, cross-entropy and
+// causal attention, forward and backward. Each checks its inputs, reshapes to
+// the row layout the kernels want ([rows, C] contiguous, in f32 or f64) and
+// converts back, so kernels see one simple case.
+#include <algorithm>
+
+#include "tensor/kernels.h"
+#include "tensor/ops.h"
+
+namespace tessera::ops {
+
+namespace {
+
+void check_float(const char* op, const char* what, const Tensor& t) {
+  TESSERA_CHECK(t.defined(), "{}: {} is undefined", op, what);
+  TESSERA_CHECK(is_floating(t.dtype()), "{}: {} must be floating, got {}", op, what, dtype_name(t.dtype()));
+}
+
+void check_like(const char* op, const char* what, const Tensor& t, const Tensor& like) {
+  check_float(op, what, t);
+  TESSERA_CHECK(t.device() == like.device(), "{}: {} is on {}, expected {}", op, what, t.device().str(),
+                like.device().str());
+  TESSERA_CHECK(t.dtype() == like.dtype(), "{}: {} has dtype {}, expected {}", op, what, dtype_name(t.dtype()),
+                dtype_name(like.dtype()));
+}
+
+void check_shape(const char* op, const char* what, const Tensor& t, const Shape& shape) {
+  TESSERA_CHECK(t.sizes() == shape, "{}: {} has shape {}, expected {}", op, what, t.sizes(), shape);
+}
+
+// The kernels' view of a tensor: contiguous, in its compute dtype (f32 for bf16/f16).
+Tensor compute_input(const Tensor& t) {
+  return t.defined() ? contiguous(to(t, compute_dtype(t.dtype()))) : Tensor();
+}
+
+// Contiguous in exactly `dtype` (statistics saved by a forward may differ from the input's dtype).
+Tensor compute_input(const Tensor& t, DType dtype) { return contiguous(to(t, dtype)); }
+
+Tensor to_dtype(const Tensor& t, DType dtype) { return t.defined() ? to(t, dtype) : Tensor(); }
+
+Shape without_last(const Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end() - (t.dim() > 0 ? 1 : 0)); }
+
+// The index values of `indices` (i32/i64), checked to lie in [0, count).
+void check_indices(const char* op, const Tensor& indices, int64_t count, const char* what) {
+  TESSERA_CHECK(indices.dtype() == DType::i32 || indices.dtype() == DType::i64,
+                "{}: indices must be i32 or i64, got {}", op, dtype_name(indices.dtype()));
+  if (indices.is_meta()) return;
+  for (int64_t index : indices.to_vector<int64_t>()) {
+    TESSERA_CHECK(index >= 0 && index < count, "{}: index {} out of range for {} {}", op, index, count, what);
+  }
+}
+
+// Moves `dim` last (when it is not), runs `rowwise` on contiguous compute-dtype
+// rows, and moves it back in the dtype of `like`.
+template <typename Rowwise>
+Tensor along_last(const std::vector<Tensor>& inputs, int64_t dim, const Tensor& like, const Rowwise& rowwise) {
+  if (like.is_meta()) return empty(like.sizes(), {.dtype = like.dtype(), .device = like.device()});
+  const int64_t last = std::max<int64_t>(like.dim() - 1, 0);
+  std::vector<Tensor> rows;
+  for (const Tensor& input : inputs) rows.push_back(compute_input(dim == last ? input : transpose(input, dim, last)));
+  Tensor out = empty(rows[0].sizes(), {.dtype = rows[0].dtype(), .device = like.device()});
+  rowwise(out, rows);
+  if (dim != last) out = contiguous(transpose(out, dim, last));
+  return to(out, like.dtype());
+}
+
+Tensor softmax_forward(const char* op, const Tensor& x, int64_t dim, bool log) {
+  check_float(op, "input", x);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  return along_last({x}, d, x, [&](const Tensor& out, const std::vector<Tensor>& rows) {
+    kernels(out.device()).softmax(out, rows[0], log);
+  });
+}
+
+Tensor softmax_grad(const char* op, const Tensor& grad_out, const Tensor& y, int64_t dim, bool log) {
+  check_float(op, "output", y);
+  check_like(op, "grad_out", grad_out, y);
+  check_shape(op, "grad_out", grad_out, y.sizes());
+  const int64_t d = wrap_dim(dim, y.dim(), op);
+  return along_last({grad_out, y}, d, y, [&](const Tensor& out, const std::vector<Tensor>& rows) {
+    kernels(out.device()).softmax_backward(out, rows[0], rows[1], log);
+  });
+}
+
+NormOutput norm_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                        bool centre) {
+  check_float(op, "input", x);
+  TESSERA_CHECK(x.dim() >= 1, "{}: input needs at least 1 dim, got {}", op, x.sizes());
+  const Shape features{x.size(-1)};
+  if (weight.defined()) {
+    check_like(op, "weight", weight, x);
+    check_shape(op, "weight", weight, features);
+  }
+  if (bias.defined()) {
+    check_like(op, "bias", bias, x);
+    check_shape(op, "bias", bias, features);
+  }
+  TESSERA_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
+  // Statistics stay in the compute dtype (f32 for bf16/f16 inputs).
+  const TensorOptions stats{.dtype = compute_dtype(x.dtype()), .device = x.device()};
+  const Shape rows = without_last(x);
+  if (x.is_meta()) {
+    return {empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()}), centre ? empty(rows, stats) : Tensor(),
+            empty(rows, stats)};
+  }
+  NormOutput result{empty(x.sizes(), stats), centre ? empty(rows, stats) : Tensor(), empty(rows, stats)};
+  kernels(x.device()).norm(result.y, result.mean, result.rstd, compute_input(x), compute_input(weight),
+                           compute_input(bias), eps);
+  result.y = to(result.y, x.dtype());
+  return result;
+}
+
+NormGrads norm_backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd, bool has_bias) {
+  check_float(op, "input", x);
+  TESSERA_CHECK(x.dim() >= 1, "{}: input needs at least 1 dim, got {}", op, x.sizes());
+  check_like(op, "grad_y", grad_y, x);
+  check_shape(op, "grad_y", grad_y, x.sizes());
+  if (weight.defined()) {
+    check_like(op, "weight", weight, x);
+    check_shape(op, "weight", weight, {x.size(-1)});
+  }
+  for (const auto& [what, stat] : {std::pair{"mean", mean}, std::pair{"rstd", rstd}}) {
+    if (!stat.defined()) continue;
+    check_float(op, what, stat);
+    TESSERA_CHECK(stat.device() == x.device(), "{}: {} is on {}, expected {}", op, what, stat.device().str(),
+                  x.device().str());
+    check_shape(op, what, stat, without_last(x));
+  }
+  if (x.is_meta()) {
+    const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
+    return {empty(x.sizes(), options), weight.defined() ? empty({x.size(-1)}, options) : Tensor(),
+            has_bias ? empty({x.size(-1)}, options) : Tensor()};
+  }
+  const DType compute = compute_dtype(x.dtype());
+  const TensorOptions options{.dtype = compute, .device = x.device()};
+  NormGrads grads{empty(x.sizes(), options), weight.defined() ? empty({x.size(-1)}, options) : Tensor(),
+                  has_bias ? empty({x.size(-1)}, options) : Tensor()};
+  kernels(x.device()).norm_backward(grads.x, grads.weight, grads.bias, compute_input(grad_y), compute_input(x),
+                                    compute_input(weight), mean.defined() ? compute_input(mean, compute) : Tensor(),
+                                    compute_input(rstd, compute));
+  return {to(grads.x, x.dtype()), to_dtype(grads.weight, x.dtype()), to_dtype(grads.bias, x.dtype())};
+}
+
+void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  check_float(op, "logits", logits);
+  TESSERA_CHECK(logits.dim() == 2, "{}: logits must be [N, C], got {}", op, logits.sizes());
+  TESSERA_CHECK(targets.defined() && targets.dim() == 1 && targets.size(0) == logits.size(0),
+                "{}: targets must be [{}] for logits {}, got {}", op, logits.size(0), logits.sizes(),
+                targets.defined() ? targets.sizes() : Shape{});
+  TESSERA_CHECK(targets.device() == logits.device(), "{}: targets on {}, logits on {}", op,
+                targets.device().str(), logits.device().str());
+  TESSERA_CHECK(targets.dtype() == DType::i32 || targets.dtype() == DType::i64,
+                "{}: targets must be i32 or i64, got {}", op, dtype_name(targets.dtype()));
+  if (targets.is_meta()) return;
+  const int64_t classes = logits.size(1);
+  for (int64_t t : targets.to_vector<int64_t>()) {
+    TESSERA_CHECK(t == ignore_index || (t >= 0 && t < classes),
+                  "{}: target {} out of range for {} classes (ignore_index is {})", op, t, classes, ignore_index);
+  }
+}
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_float(op, "q", q);
+  TESSERA_CHECK(q.dim() == 4, "{}: q, k, v must be [B, H, T, D], got q {}", op, q.sizes());
+  TESSERA_CHECK(q.size(3) > 0, "{}: head dim D must be positive, got q {}", op, q.sizes());
+  check_like(op, "k", k, q);
+  check_like(op, "v", v, q);
+  TESSERA_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "{}: q, k, v shapes differ: {}, {}, {}", op,
+                q.sizes(), k.sizes(), v.sizes());
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_forward("softmax", x, dim, false); }
+
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_forward("log_softmax", x, dim, true); }
+
+Tensor softmax_backward(const Tensor& grad_out, const Tensor& y, int64_t dim) {
+  return softmax_grad("softmax_backward", grad_out, y, dim, false);
+}
+
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y, int64_t dim) {
+  return softmax_grad("log_softmax_backward", grad_out, y, dim, true);
+}
+
+NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return norm_forward("layer_norm", x, weight, bias, eps, true);
+}
+
+NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return norm_forward("rms_norm", x, weight, Tensor(), eps, false);
+}
+
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, bool has_bias) {
+  TESSERA_CHECK(mean.defined() && rstd.defined(), "layer_norm_backward: needs the forward's mean and rstd");
+  return norm_backward("layer_norm_backward", grad_y, x, weight, mean, rstd, has_bias);
+}
+
+NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  TESSERA_CHECK(rstd.defined(), "rms_norm_backward: needs the forward's rstd");
+  return norm_backward("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, false);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_float("embedding", "weight", weight);
+  TESSERA_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got {}", weight.sizes());
+  TESSERA_CHECK(indices.defined(), "embedding: indices are undefined");
+  TESSERA_CHECK(indices.device() == weight.device(), "embedding: indices on {}, weight on {}",
+                indices.device().str(), weight.device().str());
+  check_indices("embedding", indices, weight.size(0), "embeddings");
+  Shape out_shape = indices.sizes();
+  out_shape.push_back(weight.size(1));
+  // indices: [...] -> flat [n]; rows of weight [n, dim] -> [..., dim]
+  return reshape(index_select(weight, 0, reshape(indices, {-1})), out_shape);
+}
+
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings) {
+  check_float("embedding_backward", "grad_out", grad_out);
+  TESSERA_CHECK(indices.defined(), "embedding_backward: indices are undefined");
+  TESSERA_CHECK(num_embeddings >= 0, "embedding_backward: num_embeddings must be >= 0, got {}", num_embeddings);
+  TESSERA_CHECK(grad_out.dim() == indices.dim() + 1 && without_last(grad_out) == indices.sizes(),
+                "embedding_backward: grad_out {} does not match indices {} plus an embedding dim", grad_out.sizes(),
+                indices.sizes());
+  TESSERA_CHECK(indices.device() == grad_out.device(), "embedding_backward: indices on {}, grad_out on {}",
+                indices.device().str(), grad_out.device().str());
+  check_indices("embedding_backward", indices, num_embeddings, "embeddings");
+  const int64_t dim = grad_out.size(-1);
+  // Accumulate in the compute dtype so repeated indices round once, not per add.
+  Tensor grad = zeros({num_embeddings, dim}, {.dtype = compute_dtype(grad_out.dtype()), .device = grad_out.device()});
+  if (grad.is_meta()) return empty({num_embeddings, dim}, {.dtype = grad_out.dtype(), .device = grad_out.device()});
+  index_add_(grad, 0, reshape(indices, {-1}), reshape(to(grad_out, grad.dtype()), {-1, dim}));
+  return to(grad, grad_out.dtype());
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  check_cross_entropy("cross_entropy", logits, targets, ignore_index);
+  if (logits.is_meta()) return empty({}, {.dtype = logits.dtype(), .device = logits.device()});
+  const Tensor rows = compute_input(logits);
+  Tensor loss = empty({}, {.dtype = rows.dtype(), .device = rows.device()});
+  kernels(rows.device()).cross_entropy(loss, rows, targets, ignore_index);
+  return to(loss, logits.dtype());
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index) {
+  check_cross_entropy("cross_entropy_backward", logits, targets, ignore_index);
+  check_float("cross_entropy_backward", "grad_loss", grad_loss);
+  TESSERA_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: grad_loss must hold one value, got shape {}",
+                grad_loss.sizes());
+  TESSERA_CHECK(grad_loss.device() == logits.device(), "cross_entropy_backward: grad_loss on {}, logits on {}",
+                grad_loss.device().str(), logits.device().str());
+  if (logits.is_meta()) return empty(logits.sizes(), {.dtype = logits.dtype(), .device = logits.device()});
+  const Tensor rows = compute_input(logits);
+  Tensor grad = empty(rows.sizes(), {.dtype = rows.dtype(), .device = rows.device()});
+  kernels(rows.device()).cross_entropy_backward(grad, grad_loss, rows, targets, ignore_index);
+  return to(grad, logits.dtype());
+}
+
+AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_attention("causal_attention", q, k, v);
+  const DType compute = compute_dtype(q.dtype());
+  if (q.is_meta()) {
+    return {empty(q.sizes(), {.dtype = q.dtype(), .device = q.device()}),
+            empty(without_last(q), {.dtype = compute, .device = q.device()})};
+  }
+  const TensorOptions options{.dtype = compute, .device = q.device()};
+  AttentionOutput result{empty(q.sizes(), options), empty(without_last(q), options)};
+  kernels(q.device()).causal_attention(result.out, result.logsumexp, compute_input(q), compute_input(k),
+                                       compute_input(v));
+  result.out = to(result.out, q.dtype());
+  return result;
+}
+
+AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& logsumexp) {
+  const char* op = "causal_attention_backward";
+  check_attention(op, q, k, v);
+  check_like(op, "grad_out", grad_out, q);
+  check_shape(op, "grad_out", grad_out, q.sizes());
+  check_like(op, "out", out, q);
+  check_shape(op, "out", out, q.sizes());
+  check_float(op, "logsumexp", logsumexp);
+  TESSERA_CHECK(logsumexp.device() == q.device(), "{}: logsumexp on {}, q on {}", op, logsumexp.device().str(),
+                q.device().str());
+  check_shape(op, "logsumexp", logsumexp, without_last(q));
+  if (q.is_meta()) {
+    const TensorOptions options{.dtype = q.dtype(), .device = q.device()};
+    return {empty(q.sizes(), options), empty(q.sizes(), options), empty(q.sizes(), options)};
+  }
+  const DType compute = compute_dtype(q.dtype());
+  const TensorOptions options{.dtype = compute, .device = q.device()};
+  AttentionGrads grads{empty(q.sizes(), options), empty(q.sizes(), options), empty(q.sizes(), options)};
+  kernels(q.device()).causal_attention_backward(grads.q, grads.k, grads.v, compute_input(grad_out), compute_input(q),
+                                                compute_input(k), compute_input(v), compute_input(out),
+                                                compute_input(logsumexp, compute));
+  return {to(grads.q, q.dtype()), to(grads.k, q.dtype()), to(grads.v, q.dtype())};
+}
+
+}  // namespace tessera::ops

@@ -1,1 +1,253 @@
-// placeholder: being written
+// matmul and linear against a naive f64 triple loop written here: 1-d, 2-d,
+// batched, broadcast and strided (transposed, sliced, expanded) operands,
+// plus shape inference on meta and the error messages.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tensor/parallel.h"
+
+using namespace tessera;
+
+namespace {
+
+Tensor random_tensor(const Shape& shape, DType dtype = DType::f32, uint32_t seed = 1) {
+  std::mt19937 generator(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
+  for (double& value : values) value = uniform(generator);
+  return ops::from_vector(values, shape, {.dtype = dtype});
+}
+
+// Index of each batch element of `shape` (all but the last two dims) in a
+// tensor of `batch_shape` broadcast to it (size-1 dims repeat).
+int64_t broadcast_batch(const Shape& out_batch, const Shape& batch_shape, int64_t flat) {
+  int64_t index = 0, stride = 1;
+  const auto lead = static_cast<int64_t>(out_batch.size() - batch_shape.size());
+  for (auto d = static_cast<int64_t>(out_batch.size()) - 1; d >= 0; --d) {
+    const int64_t coordinate = flat % out_batch[d];
+    flat /= out_batch[d];
+    if (d < lead) continue;
+    const int64_t size = batch_shape[d - lead];
+    index += (size == 1 ? 0 : coordinate) * stride;
+    stride *= size;
+  }
+  return index;
+}
+
+// Naive torch.matmul in f64 on the logical values of a and b.
+std::vector<double> reference_matmul(const Tensor& a, const Tensor& b, Shape* out_shape) {
+  Shape as = a.sizes(), bs = b.sizes();
+  if (as.size() == 1) as.insert(as.begin(), 1);
+  if (bs.size() == 1) bs.push_back(1);
+  const int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  const Shape a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
+  const Shape batch = ops::broadcast_shapes(a_batch, b_batch, "reference");
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  const int64_t batches = shape_numel(batch);
+  std::vector<double> out(static_cast<size_t>(batches * m * n), 0.0);
+  for (int64_t batch_index = 0; batch_index < batches; ++batch_index) {
+    const int64_t ai = broadcast_batch(batch, a_batch, batch_index) * m * k;
+    const int64_t bi = broadcast_batch(batch, b_batch, batch_index) * k * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0.0;
+        for (int64_t p = 0; p < k; ++p) sum += av[ai + i * k + p] * bv[bi + p * n + j];
+        out[(batch_index * m + i) * n + j] = sum;
+      }
+    }
+  }
+  *out_shape = batch;
+  if (a.dim() > 1) out_shape->push_back(m);
+  if (b.dim() > 1) out_shape->push_back(n);
+  return out;
+}
+
+void check_matmul(const Tensor& a, const Tensor& b, double tolerance = 1e-5) {
+  Shape expected_shape;
+  const std::vector<double> expected = reference_matmul(a, b, &expected_shape);
+  const Tensor out = ops::matmul(a, b);
+  REQUIRE(out.sizes() == expected_shape);
+  CHECK(out.dtype() == a.dtype());
+  CHECK(out.is_contiguous());
+  const std::vector<double> got = out.to_vector<double>();
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(tolerance));
+}
+
+}  // namespace
+
+TEST_CASE("matmul: 2-d products match the naive loop in f32 and f64") {
+  check_matmul(random_tensor({5, 7}), random_tensor({7, 3}, DType::f32, 2));
+  check_matmul(random_tensor({5, 7}, DType::f64), random_tensor({7, 3}, DType::f64, 2), 1e-12);
+  check_matmul(random_tensor({1, 9}), random_tensor({9, 1}, DType::f32, 3));
+  // Large enough for Eigen to block and (with threads) split the GEMM.
+  check_matmul(random_tensor({130, 257}), random_tensor({257, 140}, DType::f32, 4), 1e-4);
+}
+
+TEST_CASE("matmul: 1-d operands are promoted and the added dim dropped") {
+  const Tensor dot = ops::matmul(ops::from_vector(std::vector<double>{1, 2, 3}, {3}),
+                                 ops::from_vector(std::vector<double>{4, 5, 6}, {3}));
+  CHECK(dot.dim() == 0);
+  CHECK(dot.item() == doctest::Approx(32.0));
+  check_matmul(random_tensor({4}), random_tensor({4, 6}, DType::f32, 2));     // [4] x [4, 6] -> [6]
+  check_matmul(random_tensor({5, 4}), random_tensor({4}, DType::f32, 2));     // [5, 4] x [4] -> [5]
+  check_matmul(random_tensor({4}), random_tensor({3, 4, 6}, DType::f32, 2));  // -> [3, 6]
+  check_matmul(random_tensor({3, 5, 4}), random_tensor({4}, DType::f32, 2));  // -> [3, 5]
+}
+
+TEST_CASE("matmul: batched and broadcast batch dims") {
+  check_matmul(random_tensor({2, 3, 4, 5}), random_tensor({2, 3, 5, 6}, DType::f32, 2));
+  check_matmul(random_tensor({2, 1, 4, 5}), random_tensor({3, 5, 6}, DType::f32, 2));  // -> [2, 3, 4, 6]
+  check_matmul(random_tensor({4, 5}), random_tensor({3, 5, 6}, DType::f32, 2));        // a shared by all batches
+  check_matmul(random_tensor({2, 4, 5}), random_tensor({5, 3}, DType::f32, 2));        // folds into one GEMM
+  // Many small GEMMs: split over batches across threads.
+  check_matmul(random_tensor({64, 16, 16}), random_tensor({64, 16, 16}, DType::f32, 2));
+}
+
+TEST_CASE("matmul: transposed, sliced and expanded views give the same values") {
+  const Tensor a_t = ops::transpose(random_tensor({7, 5}), 0, 1);  // [5, 7], column-major
+  const Tensor b_t = ops::transpose(random_tensor({3, 7}, DType::f32, 2), 0, 1);  // [7, 3], column-major
+  check_matmul(a_t, random_tensor({7, 3}, DType::f32, 3));
+  check_matmul(random_tensor({5, 7}, DType::f32, 3), b_t);
+  check_matmul(a_t, b_t);
+  // Batched transposes (dW = dY^T X style): [B, N, K]^T.
+  check_matmul(ops::transpose(random_tensor({2, 6, 4}), 1, 2), random_tensor({2, 6, 3}, DType::f32, 2));
+  check_matmul(random_tensor({2, 4, 6}), ops::transpose(random_tensor({2, 3, 6}, DType::f32, 2), 1, 2));
+  // No unit stride in the last two dims: packed before the GEMM.
+  const Tensor every_other = ops::slice(random_tensor({5, 14}), 1, 0, 14, 2);  // [5, 7] strides [14, 2]
+  check_matmul(every_other, random_tensor({7, 3}, DType::f32, 2));
+  check_matmul(random_tensor({3, 7}, DType::f32, 2), ops::transpose(every_other, 0, 1));
+  // Stride 0 inside the matrix (a repeated row).
+  check_matmul(random_tensor({4, 6}), ops::expand(random_tensor({1, 3}, DType::f32, 2), {6, 3}));
+  // A batch that cannot fold into rows (every other batch of x).
+  check_matmul(ops::slice(random_tensor({4, 3, 5}), 0, 0, 4, 2), random_tensor({5, 2}, DType::f32, 2));
+}
+
+TEST_CASE("matmul: transposed operands are not copied") {
+  const Tensor a = ops::transpose(random_tensor({64, 32}), 0, 1);  // [32, 64]
+  const Tensor b = ops::transpose(random_tensor({16, 64}, DType::f32, 2), 0, 1);  // [64, 16]
+  const int64_t before = memory_stats(kCPU).allocation_count;
+  const Tensor out = ops::matmul(a, b);
+  CHECK(memory_stats(kCPU).allocation_count - before == 1);  // the output only
+  check_matmul(a, b);
+}
+
+TEST_CASE("matmul: empty dims") {
+  const Tensor zero_inner = ops::matmul(ops::zeros({3, 0}), ops::zeros({0, 4}));
+  CHECK(zero_inner.sizes() == Shape{3, 4});
+  for (float value : zero_inner.to_vector<float>()) CHECK(value == 0.0f);
+  CHECK(ops::matmul(ops::zeros({0, 5}), ops::zeros({5, 4})).sizes() == Shape{0, 4});
+  CHECK(ops::matmul(ops::zeros({2, 0, 3, 5}), ops::zeros({5, 4})).sizes() == Shape{2, 0, 3, 4});
+}
+
+TEST_CASE("matmul: bf16 and f16 compute in f32 and round once") {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    const Tensor a = random_tensor({6, 32}, dtype), b = random_tensor({32, 5}, dtype, 2);
+    const Tensor out = ops::matmul(a, b);
+    CHECK(out.dtype() == dtype);
+    const std::vector<float> expected = ops::matmul(ops::to(a, DType::f32), ops::to(b, DType::f32)).to_vector<float>();
+    const std::vector<float> got = out.to_vector<float>();
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-2));
+    // linear: x [2, 3, 32] (a batch over one weight), bias added before the single rounding.
+    const Tensor x = random_tensor({2, 3, 32}, dtype, 3), bias = random_tensor({5}, dtype, 4);
+    const Tensor weight = ops::transpose(b, 0, 1);  // [5, 32]
+    const Tensor y = ops::linear(x, weight, bias);
+    CHECK(y.dtype() == dtype);
+    const std::vector<float> y_expected =
+        ops::linear(ops::to(x, DType::f32), ops::to(weight, DType::f32), ops::to(bias, DType::f32)).to_vector<float>();
+    const std::vector<float> y_got = y.to_vector<float>();
+    for (size_t i = 0; i < y_got.size(); ++i) CHECK(y_got[i] == doctest::Approx(y_expected[i]).epsilon(1e-2));
+  }
+}
+
+TEST_CASE("matmul: meta tensors infer shapes only") {
+  const Tensor a = ops::empty({2, 3, 4, 5}, {.device = kMeta});
+  const Tensor b = ops::empty({5, 6}, {.device = kMeta});
+  const Tensor out = ops::matmul(a, b);
+  CHECK(out.is_meta());
+  CHECK(out.sizes() == Shape{2, 3, 4, 6});
+  CHECK(ops::matmul(ops::empty({5}, {.device = kMeta}), b).sizes() == Shape{6});
+  CHECK_THROWS_WITH_AS(ops::matmul(a, ops::empty({4, 6}, {.device = kMeta})),
+                       "matmul: inner dims differ: [2, 3, 4, 5] x [4, 6]", Error);
+}
+
+TEST_CASE("matmul: bad operands throw naming the shapes") {
+  CHECK_THROWS_WITH_AS(ops::matmul(ops::zeros({4, 8}), ops::zeros({7, 3})), "matmul: inner dims differ: [4, 8] x [7, 3]",
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::matmul(ops::zeros({4}), ops::zeros({5})), "matmul: inner dims differ: [4] x [5]", Error);
+  CHECK_THROWS_WITH_AS(ops::matmul(ops::zeros({2, 3}), ops::zeros({3, 2}, {.dtype = DType::f64})),
+                       "matmul: dtype mismatch: f32 [2, 3] x f64 [3, 2]", Error);
+  CHECK_THROWS_WITH_AS(ops::matmul(ops::scalar_tensor(2.0), ops::zeros({3})),
+                       "matmul: both operands need at least 1 dim, got [] x [3]", Error);
+  CHECK_THROWS_AS(ops::matmul(ops::zeros({2, 2, 3}), ops::zeros({3, 3, 2})), Error);  // batch 2 vs 3
+  CHECK_THROWS_AS(ops::matmul(ops::zeros({2, 3}), ops::empty({3, 2}, {.device = kMeta})), Error);
+  CHECK_THROWS_AS(ops::matmul(ops::zeros({2, 3}, {.dtype = DType::i64}), ops::zeros({3, 2}, {.dtype = DType::i64})),
+                  Error);
+}
+
+TEST_CASE("linear: x @ weight^T + bias over any leading dims") {
+  const Tensor x = random_tensor({2, 3, 4});
+  const Tensor weight = random_tensor({5, 4}, DType::f32, 2);
+  const Tensor bias = random_tensor({5}, DType::f32, 3);
+  Shape shape;
+  const std::vector<double> product = reference_matmul(x, ops::transpose(weight, 0, 1), &shape);
+  const std::vector<double> bias_values = bias.to_vector<double>();
+
+  const Tensor with_bias = ops::linear(x, weight, bias);
+  CHECK(with_bias.sizes() == Shape{2, 3, 5});
+  const std::vector<double> got = with_bias.to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(product[i] + bias_values[i % 5]));
+
+  const std::vector<double> no_bias = ops::linear(x, weight, Tensor()).to_vector<double>();
+  for (size_t i = 0; i < no_bias.size(); ++i) CHECK(no_bias[i] == doctest::Approx(product[i]));
+
+  const Tensor row = ops::linear(random_tensor({4}), weight, bias);  // 1-d input
+  CHECK(row.sizes() == Shape{5});
+  // A non-contiguous input (a transposed [B, T] pair) gives the same values.
+  const Tensor x_t = ops::transpose(ops::contiguous(ops::transpose(x, 0, 1)), 0, 1);
+  const std::vector<double> strided = ops::linear(x_t, weight, bias).to_vector<double>();
+  for (size_t i = 0; i < strided.size(); ++i) CHECK(strided[i] == doctest::Approx(got[i]));
+}
+
+TEST_CASE("linear: the weight is used as a transposed view, not copied") {
+  const Tensor x = random_tensor({8, 16, 32});
+  const Tensor weight = random_tensor({24, 32}, DType::f32, 2);
+  const int64_t before = memory_stats(kCPU).allocation_count;
+  const Tensor out = ops::linear(x, weight, Tensor());
+  CHECK(memory_stats(kCPU).allocation_count - before == 1);
+  Shape shape;
+  const std::vector<double> expected = reference_matmul(x, ops::transpose(weight, 0, 1), &shape);
+  const std::vector<double> got = out.to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-5));
+}
+
+TEST_CASE("linear: meta shapes and errors") {
+  const Tensor out = ops::linear(ops::empty({4, 7, 16}, {.device = kMeta}), ops::empty({32, 16}, {.device = kMeta}),
+                                 ops::empty({32}, {.device = kMeta}));
+  CHECK(out.is_meta());
+  CHECK(out.sizes() == Shape{4, 7, 32});
+  CHECK_THROWS_WITH_AS(ops::linear(ops::zeros({2, 5}), ops::zeros({3, 4}), Tensor()),
+                       "linear: input [2, 5] has 5 features, weight [3, 4] expects 4", Error);
+  CHECK_THROWS_WITH_AS(ops::linear(ops::zeros({2, 4}), ops::zeros({3, 4}), ops::zeros({4})),
+                       "linear: bias must be [3], got [4]", Error);
+  CHECK_THROWS_AS(ops::linear(ops::zeros({2, 4}), ops::zeros({4}), Tensor()), Error);
+  CHECK_THROWS_AS(ops::linear(ops::zeros({2, 4}), ops::zeros({3, 4}, {.dtype = DType::f64}), Tensor()), Error);
+}
+
+TEST_CASE("matmul: the same values on 1 and 2 threads") {
+  const int threads = num_threads();
+  const Tensor a = random_tensor({96, 200}), b = random_tensor({200, 300}, DType::f32, 2);
+  const Tensor batched_a = random_tensor({32, 8, 8}), batched_b = random_tensor({32, 8, 8}, DType::f32, 2);
+  set_num_threads(1);
+  const std::vector<float> one = ops::matmul(a, b).to_vector<float>();
+  const std::vector<float> batched_one = ops::matmul(batched_a, batched_b).to_vector<float>();
+  set_num_threads(2);
+  const std::vector<float> two = ops::matmul(a, b).to_vector<float>();
+  const std::vector<float> batched_two = ops::matmul(batched_a, batched_b).to_vector<float>();
+  set_num_threads(threads);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(one[i] == doctest::Approx(two[i]).epsilon(1e-5));
+  CHECK(batched_one == batched_two);
+}

@@ -1,0 +1,56 @@
+// Where the GPT example's tokens come from: byte-level text (one token per
+// byte, vocab 256), token files in llm.c's format, and the default corpus that a
+// fresh Debian machine has, so that training needs nothing from the web.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+// A run's whole token stream, before the train/validation split.
+struct TokenData {
+  std::vector<uint16_t> tokens;
+  int64_t token_range = 0;  // largest token + 1: the smallest vocab that covers the data
+  std::string description;  // where the tokens came from, for the log
+};
+
+// llm.c's token files (`dev/data/*.bin`): a header of 256 int32 (magic,
+// version, token count, then zeros) followed by the tokens as uint16.
+inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int64_t kLlmcHeaderInts = 256;
+
+// Reads `path`: llm.c's format when the file opens with its magic, otherwise
+// the file's bytes as byte-level tokens. Throws tessera::Error when the file
+// cannot be read, is empty, or has a broken llm.c header.
+TokenData load_token_file(const std::filesystem::path& path);
+
+// Concatenates the bytes of `files` (in the given order) into byte-level tokens.
+TokenData load_text_files(const std::vector<std::filesystem::path>& files, const std::string& description);
+
+// The default corpus: the plain-text cookie files of Debian's `fortunes`
+// package, else (package absent) the licence texts every Debian ships.
+struct CorpusLocations {
+  std::filesystem::path fortunes = "/usr/share/games/fortunes";
+  std::filesystem::path licenses = "/usr/share/common-licenses";
+};
+
+// The regular files of the first location that has any, sorted by name.
+// Skipped: symlinks (fortunes' `.u8` names and the licences' `GPL -> GPL-3`
+// aliases would count texts twice) and fortunes' `.dat` index files (binary).
+std::vector<std::filesystem::path> default_corpus_files(const CorpusLocations& locations = {});
+
+// Loads default_corpus_files(); throws tessera::Error naming both places when
+// neither has a file.
+TokenData load_default_corpus(const CorpusLocations& locations = {});
+
+// Entropy in nats of the tokens' frequencies: the loss of the best model that
+// knows only how often each token occurs, and so the bar a trained model must
+// beat by using context.
+double unigram_entropy(std::span<const uint16_t> tokens);
+
+}  // namespace gpt

@@ -1,0 +1,52 @@
+// What the training loop reports after each optimizer step: a progress line
+// for people and one JSON object per line (--log-json) for programs.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace gpt {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based count of optimizer steps done
+  double loss = 0.0;  // mean over the step's micro-batches
+  double lr = 0.0;
+  double grad_norm = 0.0;  // before clipping
+  double step_ms = 0.0;
+  double tokens_per_s = 0.0;
+  double gflops_per_s = 0.0;  // model FLOPs (forward + backward) per second
+  int64_t peak_mem_bytes = 0;  // tessera's CPU allocator high-water mark
+  int64_t peak_rss_bytes = 0;  // the process's (VmHWM)
+  std::optional<double> val_loss;  // set on evaluation steps
+};
+
+// "step   10 | loss 3.1234 | lr 6.00e-04 | ..." on one line.
+std::string format_progress(const StepMetrics& metrics);
+nlohmann::ordered_json to_json(const StepMetrics& metrics);
+
+// "12.3 MiB"
+std::string format_bytes(int64_t bytes);
+
+// The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0
+// where the kernel does not report it.
+int64_t process_peak_rss_bytes();
+
+// Appends one JSON object per line to a file, flushed each line so that a
+// crashed run keeps what it logged.
+class JsonLinesWriter {
+ public:
+  // Truncates `path`; throws tessera::Error when it cannot be opened.
+  explicit JsonLinesWriter(const std::filesystem::path& path);
+  void write(const nlohmann::ordered_json& object);
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream file_;
+};
+
+}  // namespace gpt

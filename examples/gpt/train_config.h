@@ -1,0 +1,50 @@
+// The settings of a training run and the `train` command line that fills
+// them: a model preset, explicit shape flags that override it, and the
+// optimisation, data and logging settings.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "nn/gpt_config.h"
+
+namespace gpt {
+
+inline constexpr const char* kSyntheticData = "synthetic";
+
+struct TrainConfig {
+  std::string preset = "tiny";
+  tessera::nn::GPTConfig model = tessera::nn::GPTConfig::preset("tiny");  // preset + explicit flags
+  int64_t seq_len = 64;     // tokens per sequence, <= model.block_size
+  int64_t batch = 32;       // sequences per micro-batch
+  int64_t grad_accum = 1;   // micro-batches per optimizer step
+  int64_t steps = 500;      // optimizer steps
+  double lr = 3e-3;         // peak; cosine decay to lr * min_lr_ratio
+  double min_lr_ratio = 0.1;
+  int64_t warmup = 20;      // linear warmup steps
+  double weight_decay = 0.1;  // on matmul and embedding weights only
+  double clip = 1.0;        // max global grad norm; 0 = off
+  uint64_t seed = 1337;     // model init and data order
+  int threads = 0;          // 0 = all cores
+  std::string data;         // "" = the default corpus, "synthetic", or a file
+  std::string log_json;     // "" = no JSON-lines log
+  int64_t eval_every = 50;  // validation loss every N steps (and at the last); 0 = never
+  int64_t eval_batches = 8;  // micro-batches per validation
+
+  int64_t tokens_per_step() const { return batch * seq_len * grad_accum; }
+  // Throws tessera::Error naming the first bad setting.
+  void validate() const;
+};
+
+// Parses train's command line into `config`. Returns nullopt when training
+// should go on; otherwise the process's exit code, with the message (help, or
+// the error naming the bad flag) already written to `out` / `err`.
+std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
+                                      std::ostream& err);
+
+// One line per setting group, for the top of the log.
+std::string describe(const TrainConfig& config);
+
+}  // namespace gpt

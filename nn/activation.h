@@ -1,0 +1,27 @@
+// Activation modules without parameters: GELU (exact erf form or the tanh
+// approximation GPT-2 uses) and SiLU (x * sigmoid(x)).
+#pragma once
+
+#include "autograd/functions.h"
+#include "nn/module.h"
+
+namespace tessera::nn {
+
+class GELU : public Module {
+ public:
+  // none = exact: x * Phi(x); tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  explicit GELU(GeluApproximation approximation = GeluApproximation::none);
+  Tensor forward(const Tensor& x) override;
+  GeluApproximation approximation() const { return approximation_; }
+
+ private:
+  GeluApproximation approximation_;
+};
+
+class SiLU : public Module {
+ public:
+  SiLU();
+  Tensor forward(const Tensor& x) override;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,35 @@
+// nn::Embedding: a lookup table weight: [num_embeddings, dim]; indices of any
+// shape (i32/i64) -> [..., dim].
+#pragma once
+
+#include "nn/module.h"
+
+namespace tessera::nn {
+
+struct EmbeddingOptions {
+  double init_std = 1.0;  // W ~ N(0, init_std); torch's default is 1, GPT-2 uses 0.02
+  Device device = kCPU;
+  DType dtype = DType::f32;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options = {});
+
+  // indices: [...] -> [..., dim]
+  Tensor forward(const Tensor& indices) override;
+
+  int64_t num_embeddings() const { return num_embeddings_; }
+  int64_t embedding_dim() const { return embedding_dim_; }
+  Parameter& weight() const { return *parameter("weight"); }
+
+ protected:
+  void reset_own_parameters(const InitContext& context) override;
+
+ private:
+  int64_t num_embeddings_;
+  int64_t embedding_dim_;
+  double init_std_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,52 @@
+// nn::GPT: a GPT-2 style decoder-only transformer with a tied output head.
+//   idx: [B, T] -> wte(idx) + wpe(0..T-1) -> dropout -> blocks -> ln_f
+//   -> logits = x @ wte^T: [B, T, V]  (the head reads wte itself: no copy)
+//   loss = cross_entropy(logits: [B*T, V], targets: [B*T])
+// Parameter names: wte.weight, wpe.weight, blocks.{i}.{ln1,attn.qkv,attn.proj,
+// ln2,mlp.fc,mlp.proj}.{weight,bias}, ln_f.{weight,bias}.
+// GPT-2 init: N(0, 0.02) for Linear and Embedding weights, zero biases, unit
+// norm weights, N(0, 0.02 / sqrt(2 * n_layer)) for attn.proj and mlp.proj.
+#pragma once
+
+#include <memory>
+
+#include "nn/dropout.h"
+#include "nn/embedding.h"
+#include "nn/gpt_config.h"
+#include "nn/module_list.h"
+#include "nn/normalization.h"
+#include "nn/transformer_block.h"
+
+namespace tessera::nn {
+
+class GPT : public Module {
+ public:
+  // On meta nothing is allocated (build, shard, then to_empty +
+  // reset_parameters); on a real device the model is initialised with
+  // init::next_seed() from the thread's default generator.
+  explicit GPT(const GPTConfig& config, Device device = kCPU);
+
+  // {idx} -> logits [B, T, V]; {idx, targets} -> mean loss (0-d).
+  // idx and targets: [B, T] i32/i64 with T <= block_size.
+  Tensor forward_inputs(const TensorList& inputs) override;
+  Tensor forward(const Tensor& idx) override;  // logits
+  // (*this)({idx, targets}): runs the hooks like any call.
+  Tensor loss(const Tensor& idx, const Tensor& targets) { return (*this)(TensorList{idx, targets}); }
+
+  const GPTConfig& config() const { return config_; }
+  Embedding& wte() const { return *wte_; }
+  Embedding& wpe() const { return *wpe_; }
+  ModuleList& blocks() const { return *blocks_; }
+  TransformerBlock& block(int64_t index) const;
+  LayerNorm& ln_f() const { return *ln_f_; }
+
+ private:
+  GPTConfig config_;
+  std::shared_ptr<Embedding> wte_;
+  std::shared_ptr<Embedding> wpe_;
+  std::shared_ptr<Dropout> drop_;
+  std::shared_ptr<ModuleList> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+}  // namespace tessera::nn

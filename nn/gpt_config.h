@@ -1,0 +1,49 @@
+// nn::GPTConfig: the shape of a GPT-2 style model, named presets from a
+// few-thousand-parameter test model to GPT-2 XL, and the parameter and FLOP
+// counts that benchmarks report (MFU) without building the model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;  // bytes
+  int64_t block_size = 64;   // maximum sequence length T
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  int64_t n_embd = 64;  // C; must be a multiple of n_head
+  double dropout = 0.0;  // embedding, attention-output and MLP-output dropout
+  bool bias = true;      // biases in Linear and LayerNorm (GPT-2: true)
+  double norm_eps = 1e-5;
+
+  // "nano"        1 layer,  2 heads,   16 dims, vocab 256,   T 32   (7,920 params; unit tests)
+  // "tiny"        2 layers, 2 heads,   64 dims, vocab 256,   T 64   (120,576; trains on a CPU in seconds)
+  // "gpt2-124m"  12 layers, 12 heads, 768 dims, vocab 50257, T 1024 (124,439,808)
+  // "gpt2-350m", "gpt2-774m", "gpt2-1558m": GPT-2 medium, large, XL.
+  // Unknown names throw, listing the known ones.
+  static GPTConfig preset(std::string_view name);
+  static std::vector<std::string> preset_names();
+
+  // Throws tessera::Error naming the first inconsistent field.
+  void validate() const;
+  int64_t head_dim() const { return n_embd / n_head; }
+
+  // Parameters of the model, the tied output head counted once (it is wte):
+  //   wte V*C + wpe T*C + L * (12 C^2 + 13 C) + ln_f 2C   (with biases)
+  //   wte V*C + wpe T*C + L * (12 C^2 + 2 C)  + ln_f C    (without)
+  int64_t num_parameters() const;
+  // Training FLOPs (forward + backward) per token at sequence length
+  // `seq_len`, the PaLM / nanoGPT estimate:
+  //   6 * N + 12 * L * T * C
+  // where N = num_parameters() - T_max * C (position embeddings are a lookup,
+  // not a matmul; wte stays in, it is the output head's matmul) and the second
+  // term is attention's QK^T and PV (2 matmuls of 2*T*C FLOPs per token
+  // forward, times 3 for forward + backward).
+  double flops_per_token(int64_t seq_len) const;
+};
+
+}  // namespace tessera::nn

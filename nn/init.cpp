@@ -1,0 +1,130 @@
+// nn::init: Philox-backed initialisers that can fill any row slice of a
+// logical tensor with the bits the whole would have had.
+#include "nn/init.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace tessera::nn::init {
+
+namespace {
+
+// The global shape of `tensor` under `slice`, after checking that the local
+// tensor really is rows [row_offset, row_offset + rows) of it.
+Shape global_shape_of(const Tensor& tensor, const RowSlice& slice, const char* op) {
+  TESSERA_CHECK(tensor.defined(), "init::{}: the tensor is undefined", op);
+  if (slice.global_shape.empty()) {
+    TESSERA_CHECK(slice.row_offset == 0, "init::{}: a row offset ({}) needs a global shape", op, slice.row_offset);
+    return tensor.sizes();
+  }
+  const Shape& global = slice.global_shape;
+  const Shape& local = tensor.sizes();
+  bool inner_match = local.size() == global.size();
+  for (size_t d = 1; inner_match && d < local.size(); ++d) inner_match = local[d] == global[d];
+  TESSERA_CHECK(inner_match, "init::{}: local shape {} is not a row slice of global shape {}", op, local, global);
+  TESSERA_CHECK(slice.row_offset >= 0 && slice.row_offset + local[0] <= global[0],
+                "init::{}: rows [{}, {}) are outside the global shape {}", op, slice.row_offset,
+                slice.row_offset + local[0], global);
+  return global;
+}
+
+// Index of the local tensor's first element in the global tensor's sequence.
+uint64_t first_index_of(const Tensor& tensor, const RowSlice& slice) {
+  if (slice.global_shape.empty() || tensor.dim() == 0) return 0;
+  const int64_t row_elements = shape_numel(slice.global_shape) / std::max<int64_t>(slice.global_shape[0], 1);
+  return static_cast<uint64_t>(slice.row_offset * row_elements);
+}
+
+double gain_for_leaky_relu(double a) { return std::sqrt(2.0 / (1.0 + a * a)); }
+
+}  // namespace
+
+std::pair<int64_t, int64_t> fans(const Shape& shape) {
+  TESSERA_CHECK(shape.size() >= 2, "init: fan in and fan out need a tensor of dim >= 2, got shape {}", shape);
+  int64_t receptive = 1;
+  for (size_t d = 2; d < shape.size(); ++d) receptive *= shape[d];
+  return {shape[1] * receptive, shape[0] * receptive};
+}
+
+void normal_(Tensor& tensor, PhiloxKey key, double mean, double std, const RowSlice& slice) {
+  global_shape_of(tensor, slice, "normal_");
+  TESSERA_CHECK(std >= 0.0, "init::normal_: std must be >= 0, got {}", std);
+  if (tensor.is_meta()) return;
+  autograd::NoGradGuard no_grad;
+  ops::normal_(tensor, key, mean, std, first_index_of(tensor, slice));
+}
+
+void uniform_(Tensor& tensor, PhiloxKey key, double low, double high, const RowSlice& slice) {
+  global_shape_of(tensor, slice, "uniform_");
+  TESSERA_CHECK(low <= high, "init::uniform_: low ({}) must be <= high ({})", low, high);
+  if (tensor.is_meta()) return;
+  autograd::NoGradGuard no_grad;
+  ops::uniform_(tensor, key, low, high, first_index_of(tensor, slice));
+}
+
+void constant_(Tensor& tensor, double value) {
+  TESSERA_CHECK(tensor.defined(), "init::constant_: the tensor is undefined");
+  if (tensor.is_meta()) return;
+  autograd::NoGradGuard no_grad;
+  ops::fill_(tensor, value);
+}
+
+void zeros_(Tensor& tensor) { constant_(tensor, 0.0); }
+void ones_(Tensor& tensor) { constant_(tensor, 1.0); }
+
+void xavier_uniform_(Tensor& tensor, PhiloxKey key, double gain, const RowSlice& slice) {
+  const auto [fan_in, fan_out] = fans(global_shape_of(tensor, slice, "xavier_uniform_"));
+  const double bound = gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  uniform_(tensor, key, -bound, bound, slice);
+}
+
+void xavier_normal_(Tensor& tensor, PhiloxKey key, double gain, const RowSlice& slice) {
+  const auto [fan_in, fan_out] = fans(global_shape_of(tensor, slice, "xavier_normal_"));
+  normal_(tensor, key, 0.0, gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out)), slice);
+}
+
+void kaiming_uniform_(Tensor& tensor, PhiloxKey key, double a, FanMode mode, const RowSlice& slice) {
+  const auto [fan_in, fan_out] = fans(global_shape_of(tensor, slice, "kaiming_uniform_"));
+  const int64_t fan = mode == FanMode::fan_in ? fan_in : fan_out;
+  TESSERA_CHECK(fan > 0, "init::kaiming_uniform_: fan is 0 for shape {}", tensor.sizes());
+  const double bound = std::sqrt(3.0) * gain_for_leaky_relu(a) / std::sqrt(static_cast<double>(fan));
+  uniform_(tensor, key, -bound, bound, slice);
+}
+
+void kaiming_normal_(Tensor& tensor, PhiloxKey key, double a, FanMode mode, const RowSlice& slice) {
+  const auto [fan_in, fan_out] = fans(global_shape_of(tensor, slice, "kaiming_normal_"));
+  const int64_t fan = mode == FanMode::fan_in ? fan_in : fan_out;
+  TESSERA_CHECK(fan > 0, "init::kaiming_normal_: fan is 0 for shape {}", tensor.sizes());
+  normal_(tensor, key, 0.0, gain_for_leaky_relu(a) / std::sqrt(static_cast<double>(fan)), slice);
+}
+
+// The Parameter overloads: the whole tensor until parameters carry a sharding
+// spec; then the spec's global shape and row offset become the RowSlice here.
+void normal_(Parameter& parameter, PhiloxKey key, double mean, double std) {
+  normal_(parameter.tensor(), key, mean, std);
+}
+
+void uniform_(Parameter& parameter, PhiloxKey key, double low, double high) {
+  uniform_(parameter.tensor(), key, low, high);
+}
+
+void zeros_(Parameter& parameter) { zeros_(parameter.tensor()); }
+void ones_(Parameter& parameter) { ones_(parameter.tensor()); }
+
+void kaiming_uniform_(Parameter& parameter, PhiloxKey key, double a, FanMode mode) {
+  kaiming_uniform_(parameter.tensor(), key, a, mode);
+}
+
+uint64_t next_seed() {
+  const PhiloxKey key = default_generator().next_key();
+  // splitmix64 of the key: distinct keys give unrelated seeds.
+  uint64_t z = key.seed ^ (key.stream * 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace tessera::nn::init

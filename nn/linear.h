@@ -1,0 +1,42 @@
+// nn::Linear: y = x W^T + b with W: [out, in], b: [out] (optional).
+#pragma once
+
+#include <optional>
+
+#include "nn/module.h"
+
+namespace tessera::nn {
+
+struct LinearOptions {
+  bool bias = true;
+  // Unset: torch's default, W and b ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform
+  // with a = sqrt(5)). Set: W ~ N(0, init_std) and b = 0 (GPT-2).
+  std::optional<double> init_std = std::nullopt;
+  Device device = kCPU;
+  DType dtype = DType::f32;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
+
+  // x: [..., in] -> [..., out]
+  Tensor forward(const Tensor& x) override;
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  bool has_bias() const { return has_bias_; }
+  Parameter& weight() const { return *parameter("weight"); }
+  Parameter& bias() const { return *parameter("bias"); }  // throws when built without
+
+ protected:
+  void reset_own_parameters(const InitContext& context) override;
+
+ private:
+  int64_t in_features_;
+  int64_t out_features_;
+  bool has_bias_;
+  std::optional<double> init_std_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,25 @@
+// Everything a model author needs from the nn layer in one include: modules,
+// layers, init, the GPT model, optimizers, the LR schedule and grad clipping.
+#pragma once
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "nn/activation.h"
+#include "nn/attention.h"
+#include "nn/dropout.h"
+#include "nn/embedding.h"
+#include "nn/gpt.h"
+#include "nn/gpt_config.h"
+#include "nn/init.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/module.h"
+#include "nn/module_list.h"
+#include "nn/normalization.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/clip_grad.h"
+#include "nn/optim/optimizer.h"
+#include "nn/optim/schedule.h"
+#include "nn/optim/sgd.h"
+#include "nn/parameter.h"
+#include "nn/transformer_block.h"

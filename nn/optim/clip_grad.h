@@ -1,0 +1,19 @@
+// optim::clip_grad_norm_: the global L2 norm of all gradients (accumulated in
+// f64), and gradients scaled down to max_norm when it is exceeded.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/parameter.h"
+
+namespace tessera::optim {
+
+// Returns the total norm sqrt(sum of squares of every gradient); parameters
+// without a gradient are skipped. When max_norm / (norm + 1e-6) < 1 every
+// gradient is multiplied by that factor (torch's rule). A non-finite norm is
+// returned as is and nothing is scaled, so the caller can skip the step.
+// Sharded parameters (fsdp) will add a sum across ranks before the sqrt.
+double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm);
+
+}  // namespace tessera::optim

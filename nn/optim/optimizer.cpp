@@ -1,0 +1,104 @@
+// optim::Optimizer: parameter groups, the step loop and named state.
+#include "nn/optim/optimizer.h"
+
+#include <unordered_set>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace tessera::optim {
+
+std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::NamedParameter>& params, double weight_decay) {
+  ParamGroup decay{.params = {}, .lr = std::nullopt, .weight_decay = weight_decay};
+  ParamGroup no_decay{.params = {}, .lr = std::nullopt, .weight_decay = 0.0};
+  for (const auto& named : params) (named.second->tensor().dim() >= 2 ? decay : no_decay).params.push_back(named);
+  return {std::move(decay), std::move(no_decay)};
+}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr, double default_weight_decay, std::string name)
+    : name_(std::move(name)), groups_(std::move(groups)) {
+  std::unordered_set<const nn::Parameter*> seen;
+  for (ParamGroup& group : groups_) {
+    if (!group.lr) group.lr = default_lr;
+    if (!group.weight_decay) group.weight_decay = default_weight_decay;
+    TESSERA_CHECK(*group.lr >= 0.0, "{}: lr must be >= 0, got {}", name_, *group.lr);
+    TESSERA_CHECK(*group.weight_decay >= 0.0, "{}: weight_decay must be >= 0, got {}", name_, *group.weight_decay);
+    for (const auto& [param_name, param] : group.params) {
+      TESSERA_CHECK(param != nullptr, "{}: parameter '{}' is null", name_, param_name);
+      TESSERA_CHECK(seen.insert(param.get()).second, "{}: parameter '{}' appears more than once", name_, param_name);
+      TESSERA_CHECK(state_.emplace(param_name, ParamState{}).second, "{}: two parameters are named '{}'", name_,
+                    param_name);
+    }
+  }
+}
+
+void Optimizer::step() {
+  autograd::NoGradGuard no_grad;
+  for (const ParamGroup& group : groups_) {
+    for (const auto& [param_name, param] : group.params) {
+      Tensor& tensor = param->tensor();
+      const Tensor& grad = tensor.grad();
+      if (!grad.defined()) continue;
+      TESSERA_CHECK(tensor.device().is_cpu(), "{}: parameter '{}' is on {}, only cpu parameters can be stepped", name_,
+                    param_name, tensor.device().str());
+      TESSERA_CHECK(tensor.is_contiguous(), "{}: parameter '{}' is not contiguous", name_, param_name);
+      TESSERA_CHECK(grad.sizes() == tensor.sizes() && grad.dtype() == tensor.dtype(),
+                    "{}: gradient of '{}' is {} {}, the parameter {} {}", name_, param_name, grad.sizes(),
+                    dtype_name(grad.dtype()), tensor.sizes(), dtype_name(tensor.dtype()));
+      TESSERA_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64,
+                    "{}: parameter '{}' is {}, only f32 and f64 are supported", name_, param_name,
+                    dtype_name(tensor.dtype()));
+      ParamState& param_state = state_.at(param_name);
+      if (param_state.empty()) init_param_state(tensor, param_state);
+      for (const auto& [key, value] : param_state) {
+        TESSERA_CHECK(value.dim() == 0 || value.sizes() == tensor.sizes(),
+                      "{}: state '{}' of '{}' has shape {}, the parameter {}", name_, key, param_name, value.sizes(),
+                      tensor.sizes());
+      }
+      update(tensor, ops::contiguous(grad), param_state, group);
+    }
+  }
+  ++step_count_;
+}
+
+void Optimizer::zero_grad() {
+  for (const ParamGroup& group : groups_) {
+    for (const auto& [param_name, param] : group.params) param->tensor().set_grad(Tensor());
+  }
+}
+
+void Optimizer::set_lr(double lr) {
+  TESSERA_CHECK(lr >= 0.0, "{}: lr must be >= 0, got {}", name_, lr);
+  for (ParamGroup& group : groups_) group.lr = lr;
+}
+
+std::vector<std::string> Optimizer::param_names() const {
+  std::vector<std::string> names;
+  for (const ParamGroup& group : groups_) {
+    for (const auto& [param_name, param] : group.params) names.push_back(param_name);
+  }
+  return names;
+}
+
+ParamState& Optimizer::state(std::string_view name) {
+  auto it = state_.find(std::string(name));
+  TESSERA_CHECK(it != state_.end(), "{}: no parameter named '{}'", name_, name);
+  return it->second;
+}
+
+const ParamState& Optimizer::state(std::string_view name) const {
+  auto it = state_.find(std::string(name));
+  TESSERA_CHECK(it != state_.end(), "{}: no parameter named '{}'", name_, name);
+  return it->second;
+}
+
+void Optimizer::init_state() {
+  for (const ParamGroup& group : groups_) {
+    for (const auto& [param_name, param] : group.params) {
+      ParamState& param_state = state_.at(param_name);
+      if (param_state.empty()) init_param_state(param->tensor(), param_state);
+    }
+  }
+}
+
+}  // namespace tessera::optim

@@ -1,0 +1,262 @@
+// nn::GPT: parameter counts and names, meta builds that allocate nothing,
+// GPT-2 init, meta -> cpu materialisation bitwise equal to a cpu build, the
+// tied head's gradient, and a tiny model overfitting a fixed batch.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "nn/gpt.h"
+#include "nn/init.h"
+#include "nn/optim/adamw.h"
+#include "tensor/ops.h"
+
+using namespace tessera;
+
+namespace {
+
+double std_of(const Tensor& t) {
+  const std::vector<double> v = t.to_vector<double>();
+  double mean = 0, var = 0;
+  for (double x : v) mean += x / static_cast<double>(v.size());
+  for (double x : v) var += (x - mean) * (x - mean) / static_cast<double>(v.size());
+  return std::sqrt(var);
+}
+
+// A fixed batch of byte tokens: idx [B, T] and targets shifted by one.
+std::pair<Tensor, Tensor> fixed_batch(int64_t B, int64_t T, int64_t vocab) {
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < B * (T + 1); ++i) tokens.push_back((i * 37 + (i / 5) * 11) % vocab);
+  std::vector<int64_t> idx, targets;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      idx.push_back(tokens[b * (T + 1) + t]);
+      targets.push_back(tokens[b * (T + 1) + t + 1]);
+    }
+  }
+  return {ops::from_vector(idx, {B, T}), ops::from_vector(targets, {B, T})};
+}
+
+}  // namespace
+
+TEST_CASE("GPTConfig: presets, validation and counts") {
+  const nn::GPTConfig gpt2 = nn::GPTConfig::preset("gpt2-124m");
+  CHECK(gpt2.n_layer == 12);
+  CHECK(gpt2.n_head == 12);
+  CHECK(gpt2.n_embd == 768);
+  CHECK(gpt2.vocab_size == 50257);
+  CHECK(gpt2.block_size == 1024);
+  CHECK(gpt2.num_parameters() == 124439808);
+  // 6 N + 12 L T C with N excluding wpe.
+  CHECK(gpt2.flops_per_token(1024) == doctest::Approx(6.0 * (124439808 - 1024 * 768) + 12.0 * 12 * 1024 * 768));
+
+  const nn::GPTConfig tiny = nn::GPTConfig::preset("tiny");
+  CHECK(tiny.n_layer == 2);
+  CHECK(tiny.n_embd == 64);
+  CHECK(tiny.vocab_size == 256);
+  CHECK(nn::GPTConfig::preset("gpt2-350m").num_parameters() == 354823168);
+  CHECK(nn::GPTConfig::preset_names().size() == 6);
+  CHECK_THROWS_WITH_AS(nn::GPTConfig::preset("gpt5"),
+                       doctest::Contains("GPTConfig: unknown preset 'gpt5' (known: [\"nano\", \"tiny\""), Error);
+
+  nn::GPTConfig bad = tiny;
+  bad.n_head = 3;
+  CHECK_THROWS_WITH_AS(bad.validate(), "GPTConfig: n_embd (64) must be a positive multiple of n_head (3)", Error);
+  bad = tiny;
+  bad.dropout = 1.0;
+  CHECK_THROWS_AS(nn::GPT(bad, kMeta), Error);
+}
+
+TEST_CASE("GPT: gpt2-124m on meta has the right parameters and allocates nothing") {
+  const int64_t live = memory_stats(kCPU).live_bytes;
+  nn::GPT model(nn::GPTConfig::preset("gpt2-124m"), kMeta);
+  CHECK(memory_stats(kCPU).live_bytes - live < (1 << 20));  // the model would be ~500 MB
+  CHECK(model.num_parameters() == 124439808);
+
+  const auto named = model.named_parameters();
+  CHECK(named.size() == 2 + 12 * 12 + 2);
+  CHECK(named.front().first == "wte.weight");
+  CHECK(named[1].first == "wpe.weight");
+  CHECK(named[2].first == "blocks.0.ln1.weight");
+  CHECK(named[4].first == "blocks.0.attn.qkv.weight");
+  CHECK(named.back().first == "ln_f.bias");
+  for (const auto& [name, parameter] : named) {
+    CAPTURE(name);
+    CHECK(parameter->tensor().is_meta());
+    CHECK(parameter->requires_grad());
+  }
+  CHECK(model.block(3).attn().qkv().weight().sizes() == Shape{2304, 768});
+  CHECK(model.block(11).mlp().proj().weight().sizes() == Shape{768, 3072});
+
+  // Forward on meta is shape inference.
+  const Tensor idx = ops::zeros({2, 1024}, {.dtype = DType::i64, .device = kMeta});
+  const Tensor logits = model(idx);
+  CHECK(logits.sizes() == Shape{2, 1024, 50257});
+  CHECK(logits.is_meta());
+  CHECK(memory_stats(kCPU).live_bytes - live < (1 << 20));
+
+  nn::GPTConfig no_bias = nn::GPTConfig::preset("tiny");
+  no_bias.bias = false;
+  CHECK(nn::GPT(no_bias, kMeta).num_parameters() == no_bias.num_parameters());
+  CHECK(nn::GPT(nn::GPTConfig::preset("nano"), kMeta).num_parameters() ==
+        nn::GPTConfig::preset("nano").num_parameters());
+}
+
+TEST_CASE("GPT: GPT-2 init") {
+  nn::GPTConfig config = nn::GPTConfig::preset("tiny");
+  config.n_layer = 4;
+  nn::GPT model(config);
+  CHECK(std_of(model.wte().weight().tensor()) == doctest::Approx(0.02).epsilon(0.03));
+  CHECK(std_of(model.wpe().weight().tensor()) == doctest::Approx(0.02).epsilon(0.05));
+  CHECK(std_of(model.block(0).attn().qkv().weight().tensor()) == doctest::Approx(0.02).epsilon(0.05));
+  CHECK(std_of(model.block(0).mlp().fc().weight().tensor()) == doctest::Approx(0.02).epsilon(0.05));
+  const double residual = 0.02 / std::sqrt(8.0);
+  CHECK(std_of(model.block(1).attn().proj().weight().tensor()) == doctest::Approx(residual).epsilon(0.05));
+  CHECK(std_of(model.block(2).mlp().proj().weight().tensor()) == doctest::Approx(residual).epsilon(0.05));
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    CAPTURE(name);
+    const std::vector<float> v = parameter->tensor().to_vector<float>();
+    if (name.ends_with(".bias")) CHECK(v == std::vector<float>(v.size(), 0.0f));
+    if (name.find("ln") != std::string::npos && name.ends_with(".weight")) {
+      CHECK(v == std::vector<float>(v.size(), 1.0f));
+    }
+  }
+}
+
+TEST_CASE("GPT: meta -> to_empty -> reset_parameters equals a cpu build with the same seed (bitwise)") {
+  const nn::GPTConfig config = nn::GPTConfig::preset("tiny");
+  manual_seed(2024);
+  nn::GPT cpu_model(config);
+
+  nn::GPT meta_model(config, kMeta);
+  meta_model.to_empty(kCPU);
+  manual_seed(2024);
+  meta_model.reset_parameters(nn::init::next_seed());
+
+  const auto expected = cpu_model.state_dict();
+  const auto actual = meta_model.state_dict();
+  REQUIRE(actual.size() == expected.size());
+  for (const auto& [name, tensor] : expected) {
+    CAPTURE(name);
+    CHECK(actual.at(name).to_vector<float>() == tensor.to_vector<float>());
+  }
+
+  // An explicit seed gives the same bits whatever the model was built with.
+  cpu_model.reset_parameters(7);
+  meta_model.reset_parameters(7);
+  CHECK(cpu_model.block(1).attn().qkv().weight().tensor().to_vector<float>() ==
+        meta_model.block(1).attn().qkv().weight().tensor().to_vector<float>());
+}
+
+TEST_CASE("GPT: tiny forward shapes and an initial loss of about ln(vocab)") {
+  manual_seed(1);
+  nn::GPT model(nn::GPTConfig::preset("tiny"));
+  const auto [idx, targets] = fixed_batch(2, 16, 256);
+  const Tensor logits = model(idx);
+  CHECK(logits.sizes() == Shape{2, 16, 256});
+  const Tensor loss = model.loss(idx, targets);
+  CHECK(loss.dim() == 0);
+  CHECK(loss.item() == doctest::Approx(std::log(256.0)).epsilon(0.02));
+
+  // Hooks on the model and on a block run at every call (FSDP's unshard and reshard).
+  int block_calls = 0;
+  auto pre = model.block(0).register_forward_pre_hook([&](nn::Module&, const nn::TensorList& inputs) {
+    ++block_calls;
+    CHECK(inputs[0].sizes() == Shape{2, 16, 64});
+    return std::optional<nn::TensorList>();
+  });
+  auto post = model.register_forward_hook([](nn::Module&, const nn::TensorList& inputs, const Tensor& output) {
+    return inputs.size() == 2 ? std::optional<Tensor>(ops::mul(output, 2.0)) : std::nullopt;
+  });
+  CHECK(model.loss(idx, targets).item() == doctest::Approx(2.0 * loss.item()));
+  CHECK(block_calls == 1);
+  pre.remove();
+  post.remove();
+
+  CHECK_THROWS_WITH_AS(model(ops::zeros({1, 65}, {.dtype = DType::i64})),
+                       "GPT: sequence length 65 is outside [1, block_size 64]", Error);
+  CHECK_THROWS_AS(model(ops::zeros({1, 4})), Error);  // f32 indices
+  CHECK_THROWS_AS(model(nn::TensorList{idx, ops::zeros({2, 15}, {.dtype = DType::i64})}), Error);
+}
+
+TEST_CASE("GPT: dropout is active in training and off in eval") {
+  nn::GPTConfig config = nn::GPTConfig::preset("nano");
+  config.dropout = 0.2;
+  manual_seed(8);
+  nn::GPT model(config);
+  const auto [idx, targets] = fixed_batch(2, 8, 256);
+  const std::vector<float> first = model(idx).to_vector<float>();
+  CHECK(model(idx).to_vector<float>() != first);
+  model.eval();
+  const std::vector<float> eval = model(idx).to_vector<float>();
+  CHECK(model(idx).to_vector<float>() == eval);
+  CHECK(eval != first);
+}
+
+TEST_CASE("GPT: the tied wte receives gradients from the embedding and from the head") {
+  const nn::GPTConfig config = nn::GPTConfig::preset("nano");
+  manual_seed(4);
+  nn::GPT model(config);
+  const auto [idx, targets] = fixed_batch(2, 8, 256);
+  autograd::backward(model.loss(idx, targets));
+  const std::vector<double> total = model.wte().weight().grad().to_vector<double>();
+  REQUIRE(total.size() == 256 * 16);
+
+  // The same forward by hand on a copy of the model, with wte's two uses
+  // separable: `embed` feeds the lookup, `head` the output projection.
+  auto share = [&](bool through_embedding) {
+    nn::GPT copy(config, kMeta);
+    copy.to_empty(kCPU);
+    copy.load_state_dict(model.state_dict());
+    const Tensor trainable = copy.wte().weight().tensor();
+    const Tensor frozen = ops::clone(trainable);
+    const Tensor& embed = through_embedding ? trainable : frozen;
+    const Tensor& head = through_embedding ? frozen : trainable;
+    Tensor x = tessera::add(tessera::embedding(embed, idx), copy.wpe()(ops::arange(0, 8, 1, {.dtype = DType::i64})));
+    for (const auto& block : copy.blocks()) x = (*block)(x);
+    const Tensor logits = tessera::linear(copy.ln_f()(x), head, Tensor());
+    autograd::backward(tessera::cross_entropy(tessera::view(logits, {16, 256}), tessera::reshape(targets, {16})));
+    return copy.wte().weight().grad().to_vector<double>();
+  };
+  const std::vector<double> embedding_share = share(true);
+  const std::vector<double> head_share = share(false);
+
+  std::vector<bool> used(256, false);
+  for (int64_t token : idx.to_vector<int64_t>()) used[static_cast<size_t>(token)] = true;
+  int64_t head_rows = 0;
+  for (int64_t row = 0; row < 256; ++row) {
+    double head_norm = 0;
+    for (int64_t c = 0; c < 16; ++c) {
+      const size_t i = static_cast<size_t>(row * 16 + c);
+      CHECK(total[i] == doctest::Approx(embedding_share[i] + head_share[i]).epsilon(1e-4).scale(1e-6));
+      if (!used[static_cast<size_t>(row)]) CHECK(embedding_share[i] == 0.0);
+      head_norm += std::abs(head_share[i]);
+    }
+    head_rows += head_norm > 0.0;
+  }
+  CHECK(head_rows == 256);  // the softmax reaches every vocabulary row
+  double embedding_norm = 0;
+  for (double g : embedding_share) embedding_norm += std::abs(g);
+  CHECK(embedding_norm > 0.0);
+}
+
+TEST_CASE("GPT: a few AdamW steps overfit a fixed batch") {
+  manual_seed(0);
+  nn::GPT model(nn::GPTConfig::preset("tiny"));
+  const auto [idx, targets] = fixed_batch(4, 32, 256);
+  optim::AdamW optimizer(model.named_parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+  double first = 0, last = 0;
+  for (int step = 0; step < 15; ++step) {
+    optimizer.zero_grad();
+    const Tensor loss = model.loss(idx, targets);
+    if (step == 0) first = loss.item();
+    last = loss.item();
+    autograd::backward(loss);
+    optimizer.step();
+  }
+  MESSAGE("tiny GPT overfit: loss " << first << " -> " << last);
+  CHECK(first == doctest::Approx(std::log(256.0)).epsilon(0.02));
+  CHECK(last < 0.5 * first);
+}
