@@ -182,6 +182,17 @@ void Module::collect_modules(const std::string& prefix, std::vector<NamedModule>
   for (const auto& [name, child] : children_) child->collect_modules(join_name(prefix, name), out, seen);
 }
 
+std::vector<NamedModule> Module::modules_to_visit(bool recurse) const {
+  std::vector<NamedModule> out;
+  if (!recurse) {
+    out.emplace_back("", const_cast<Module*>(this));
+    return out;
+  }
+  std::vector<const Module*> seen;
+  collect_modules("", out, seen);
+  return out;
+}
+
 std::vector<NamedModule> Module::named_modules(const std::string& prefix) {
   std::vector<NamedModule> out;
   std::vector<const Module*> seen;
@@ -208,16 +219,9 @@ std::vector<Module*> Module::children() const {
 }
 
 std::vector<NamedParameter> Module::named_parameters(bool recurse) const {
-  std::vector<NamedModule> walk;
-  if (recurse) {
-    std::vector<const Module*> seen;
-    collect_modules("", walk, seen);
-  } else {
-    walk.emplace_back("", const_cast<Module*>(this));
-  }
   std::vector<NamedParameter> out;
   std::unordered_set<const Parameter*> seen_parameters;
-  for (const auto& [prefix, module] : walk) {
+  for (const auto& [prefix, module] : modules_to_visit(recurse)) {
     for (const auto& [name, parameter] : module->parameters_) {
       if (seen_parameters.insert(parameter.get()).second) out.emplace_back(join_name(prefix, name), parameter);
     }
@@ -232,16 +236,9 @@ std::vector<std::shared_ptr<Parameter>> Module::parameters(bool recurse) const {
 }
 
 std::vector<NamedBuffer> Module::named_buffers(bool recurse) const {
-  std::vector<NamedModule> walk;
-  if (recurse) {
-    std::vector<const Module*> seen;
-    collect_modules("", walk, seen);
-  } else {
-    walk.emplace_back("", const_cast<Module*>(this));
-  }
   std::vector<NamedBuffer> out;
   std::unordered_set<const TensorImpl*> seen_buffers;
-  for (const auto& [prefix, module] : walk) {
+  for (const auto& [prefix, module] : modules_to_visit(recurse)) {
     for (const auto& [name, tensor] : module->buffers_) {
       if (seen_buffers.insert(tensor.impl()).second) out.emplace_back(join_name(prefix, name), tensor);
     }

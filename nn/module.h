@@ -171,6 +171,8 @@ class Module {
   void check_new_name(const std::string& name) const;
   void collect_modules(const std::string& prefix, std::vector<NamedModule>& out,
                        std::vector<const Module*>& seen) const;
+  // This module alone, or the whole tree with prefixes (shared children once).
+  std::vector<NamedModule> modules_to_visit(bool recurse) const;
 
   std::string type_name_;
   bool training_ = true;

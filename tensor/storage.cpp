@@ -1,34 +1,12 @@
-// Storage, the CPU allocator (aligned heap) and the statistics every device keeps.
+// Storage, device dispatch of allocation, and the statistics every device keeps.
 #include "tensor/storage.h"
 
-#include <sys/mman.h>
-
-#include <cstdlib>
-#include <new>
-
+#include "tensor/cpu/allocator.h"
 #include "tensor/error.h"
 
 namespace tessera {
 
 namespace {
-
-constexpr size_t kCpuAlignment = 64;  // one cache line; AVX-512 loads stay aligned
-// Blocks this large are aligned to a huge page and marked for transparent huge
-// pages: first-touching a fresh 150 MB output (GPT-2's logits and tied-embedding
-// gradient) then costs ~75 page faults instead of ~37,000, which otherwise
-// dominates the time of the GEMM that fills it.
-constexpr size_t kHugePage = size_t{2} << 20;
-
-void* allocate_cpu_bytes(size_t bytes) {
-  if (bytes >= kHugePage) {
-    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* data = std::aligned_alloc(kHugePage, rounded);
-    if (data != nullptr) madvise(data, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
-    return data;
-  }
-  const size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-  return std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
-}
 
 MemoryCounters& device_counters(Device device) {
   static MemoryCounters counters[kNumDeviceTypes];
@@ -68,7 +46,7 @@ Storage::Storage(void* data, int64_t bytes, Device device, std::shared_ptr<Memor
 }
 
 Storage::~Storage() {
-  if (device_.is_cpu()) std::free(data_);
+  if (device_.is_cpu()) cpu::free_bytes(data_, static_cast<size_t>(bytes_));
   device_counters(device_).on_free(bytes_);
   if (scope_) scope_->on_free(bytes_);
 }
@@ -79,7 +57,7 @@ std::shared_ptr<Storage> allocate(Device device, int64_t bytes) {
     case DeviceType::meta:
       return std::make_shared<Storage>(nullptr, 0, device, nullptr);
     case DeviceType::cpu: {
-      void* data = allocate_cpu_bytes(static_cast<size_t>(bytes));
+      void* data = cpu::allocate_bytes(static_cast<size_t>(bytes));
       TESSERA_CHECK(data != nullptr, "allocate: out of memory on cpu asking for {} bytes", bytes);
       return std::make_shared<Storage>(data, bytes, device, current_scope);
     }
@@ -89,7 +67,15 @@ std::shared_ptr<Storage> allocate(Device device, int64_t bytes) {
   fail("allocate: no allocator for device {} in this build (CUDA support is not compiled in)", device.str());
 }
 
-MemoryStats memory_stats(Device device) { return device_counters(device).snapshot(); }
+MemoryStats memory_stats(Device device) {
+  MemoryStats stats = device_counters(device).snapshot();
+  if (device.is_cpu()) stats.cached_bytes = cpu::cached_bytes();
+  return stats;
+}
+
+void release_cached_memory(Device device) {
+  if (device.is_cpu()) cpu::release_cached_blocks();
+}
 
 void reset_peak_memory(Device device) { device_counters(device).reset_peak(); }
 

@@ -1,6 +1,6 @@
 // Storage and the per-device allocators with their statistics. Every byte a
-// tensor owns comes from here, so tests and benchmarks can assert the memory a design promises
-// (FSDP's "memory falls as 1/N" is checked against these numbers).
+// tensor owns comes from here, so tests and benchmarks can assert the memory a
+// design promises (FSDP's "memory falls as 1/N" is checked against these).
 //
 // Besides the per-device totals, a thread may open a MemoryScope: allocations
 // made while it is open are also charged to the scope's counters (and their
@@ -19,8 +19,11 @@ namespace tessera {
 struct MemoryStats {
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
-  int64_t allocation_count = 0;  // allocations made since start (or last reset_allocation_count)
+  int64_t allocation_count = 0;  // allocations made since start
   int64_t live_allocations = 0;
+  // Device totals only: freed bytes the allocator keeps for reuse instead of
+  // returning them to the system (not part of live or peak).
+  int64_t cached_bytes = 0;
 };
 
 // Lock-free counters behind MemoryStats.
@@ -65,6 +68,8 @@ std::shared_ptr<Storage> allocate(Device device, int64_t bytes);
 
 MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);
+// Returns the allocator's cached free blocks to the system.
+void release_cached_memory(Device device);
 
 // Charges allocations made on this thread to `counters` while alive. Scopes
 // nest; the innermost is charged (plus the device totals).

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -120,20 +121,11 @@ void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const 
   });
 }
 
-template <typename Fn>
-void dispatch_float(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    default: fail("cpu::{}: no kernel for dtype {} (the op computes bf16/f16 in f32)", op, dtype_name(dtype));
-  }
-}
-
 }  // namespace
 
 void causal_attention(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.numel() == 0) return;
-  dispatch_float(q.dtype(), "causal_attention",
+  visit_float_dtype(q.dtype(), "causal_attention",
                  [&]<typename T>(T) { attention_typed<T>(out, logsumexp, q, k, v); });
 }
 
@@ -141,7 +133,7 @@ void causal_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const
                                const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& logsumexp) {
   if (q.numel() == 0) return;
-  dispatch_float(q.dtype(), "causal_attention_backward", [&]<typename T>(T) {
+  visit_float_dtype(q.dtype(), "causal_attention_backward", [&]<typename T>(T) {
     attention_backward_typed<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, out, logsumexp);
   });
 }

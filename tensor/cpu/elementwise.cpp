@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/cpu/float_vector.h"
 #include "tensor/cpu/strided_loop.h"
 
@@ -53,22 +54,6 @@ To convert(From value) {
 template <typename T>
 T& at(char* base, int64_t stride, int64_t i) {
   return *reinterpret_cast<T*>(base + i * stride);
-}
-
-// Calls fn(T{}) for the dtypes kernels compute in; bf16/f16 are converted by the ops.
-template <typename Fn>
-void visit_compute_dtype(DType dtype, const char* kernel, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::i32: return fn(int32_t{});
-    case DType::i64: return fn(int64_t{});
-    case DType::boolean: return fn(bool{});
-    case DType::bf16:
-    case DType::f16: break;
-  }
-  fail("cpu::{}: computes in f32, f64, i32, i64 or bool, got {} (the op converts 16-bit floats)", kernel,
-       dtype_name(dtype));
 }
 
 void check_same_dtype(const char* kernel, std::initializer_list<const Tensor*> tensors) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -156,11 +157,7 @@ void matmul_typed(const Tensor& out, const Tensor& a_tensor, const Tensor& b_ten
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   if (out.numel() == 0) return;
-  switch (out.dtype()) {
-    case DType::f32: return matmul_typed<float>(out, a, b);
-    case DType::f64: return matmul_typed<double>(out, a, b);
-    default: fail("cpu::matmul: no kernel for dtype {} (the op converts bf16/f16 to f32)", dtype_name(out.dtype()));
-  }
+  visit_float_dtype(out.dtype(), "matmul", [&]<typename T>(T) { matmul_typed<T>(out, a, b); });
 }
 
 }  // namespace tessera::cpu

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -24,15 +25,6 @@ int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<i
 
 int64_t last_dim(const Tensor& x) { return x.dim() == 0 ? 1 : x.size(-1); }
 int64_t row_count(const Tensor& x) { return last_dim(x) == 0 ? 0 : x.numel() / last_dim(x); }
-
-template <typename Fn>
-void dispatch_float(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    default: fail("cpu::{}: no kernel for dtype {} (the op computes bf16/f16 in f32)", op, dtype_name(dtype));
-  }
-}
 
 // Writes softmax (or log_softmax) of `x` into `y`, both of length x.size().
 template <typename T>
@@ -226,34 +218,34 @@ void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_
 }  // namespace
 
 void softmax(const Tensor& out, const Tensor& x, bool log) {
-  dispatch_float(x.dtype(), "softmax", [&]<typename T>(T) { softmax_typed<T>(out, x, log); });
+  visit_float_dtype(x.dtype(), "softmax", [&]<typename T>(T) { softmax_typed<T>(out, x, log); });
 }
 
 void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& y, bool log) {
-  dispatch_float(y.dtype(), "softmax_backward",
+  visit_float_dtype(y.dtype(), "softmax_backward",
                  [&]<typename T>(T) { softmax_backward_typed<T>(grad_in, grad_out, y, log); });
 }
 
 void norm(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
           const Tensor& bias, double eps) {
-  dispatch_float(x.dtype(), "norm", [&]<typename T>(T) { norm_typed<T>(y, mean, rstd, x, weight, bias, eps); });
+  visit_float_dtype(x.dtype(), "norm", [&]<typename T>(T) { norm_typed<T>(y, mean, rstd, x, weight, bias, eps); });
 }
 
 void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
                    const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  dispatch_float(x.dtype(), "norm_backward", [&]<typename T>(T) {
+  visit_float_dtype(x.dtype(), "norm_backward", [&]<typename T>(T) {
     norm_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, mean, rstd);
   });
 }
 
 void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  dispatch_float(logits.dtype(), "cross_entropy",
+  visit_float_dtype(logits.dtype(), "cross_entropy",
                  [&]<typename T>(T) { cross_entropy_typed<T>(loss, logits, targets, ignore_index); });
 }
 
 void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
                             const Tensor& targets, int64_t ignore_index) {
-  dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>(T) {
+  visit_float_dtype(logits.dtype(), "cross_entropy_backward", [&]<typename T>(T) {
     cross_entropy_backward_typed<T>(grad_logits, grad_loss, logits, targets, ignore_index);
   });
 }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/ops.h"
 
@@ -335,15 +336,7 @@ void max_along(const Tensor& values, const Tensor& indices, const Tensor& x, int
                 "cpu::max_along: values must be {} and indices i64, got {} and {}", dtype_name(x.dtype()),
                 dtype_name(values.dtype()), dtype_name(indices.dtype()));
   if (values.numel() == 0) return;
-  switch (x.dtype()) {
-    case DType::f32: return max_along_typed<float>(values, indices, x, dim);
-    case DType::f64: return max_along_typed<double>(values, indices, x, dim);
-    case DType::i32: return max_along_typed<int32_t>(values, indices, x, dim);
-    case DType::i64: return max_along_typed<int64_t>(values, indices, x, dim);
-    case DType::boolean: return max_along_typed<bool>(values, indices, x, dim);
-    default: break;
-  }
-  fail("cpu::max_along: computes in f32, f64, i32, i64 or bool, got {}", dtype_name(x.dtype()));
+  visit_compute_dtype(x.dtype(), "max_along", [&]<typename T>(T) { max_along_typed<T>(values, indices, x, dim); });
 }
 
 }  // namespace tessera::cpu

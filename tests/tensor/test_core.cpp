@@ -95,6 +95,34 @@ TEST_CASE("storage statistics: live, peak, count, reset") {
   CHECK_THROWS_AS(allocate(kCPU, -1), Error);
 }
 
+TEST_CASE("large freed blocks are cached for reuse, outside live and peak bytes") {
+  release_cached_memory(kCPU);
+  CHECK(memory_stats(kCPU).cached_bytes == 0);
+  const int64_t live_before = memory_stats(kCPU).live_bytes;
+  void* first_address = nullptr;
+  {
+    auto block = allocate(kCPU, 5 << 20);
+    first_address = block->data();
+    CHECK(reinterpret_cast<uintptr_t>(first_address) % (2 << 20) == 0);  // huge-page aligned
+  }
+  CHECK(memory_stats(kCPU).live_bytes == live_before);
+  CHECK(memory_stats(kCPU).cached_bytes == 6 << 20);  // rounded up to whole 2 MiB pages
+  {
+    auto again = allocate(kCPU, (5 << 20) + 123);  // same rounded size: the cached block comes back
+    CHECK(again->data() == first_address);
+    CHECK(memory_stats(kCPU).cached_bytes == 0);
+    auto larger = allocate(kCPU, 20 << 20);  // nothing cached fits: a new block
+    CHECK(larger->data() != first_address);
+  }
+  CHECK(memory_stats(kCPU).cached_bytes == (6 << 20) + (20 << 20));
+  {
+    auto small_request = allocate(kCPU, 3 << 20);  // takes the 6 MiB block (at most 2x the request)
+    CHECK(small_request->data() == first_address);
+  }
+  release_cached_memory(kCPU);
+  CHECK(memory_stats(kCPU).cached_bytes == 0);
+}
+
 TEST_CASE("memory scopes charge allocations to the thread that made them") {
   auto counters = std::make_shared<MemoryCounters>();
   std::shared_ptr<Storage> kept;
