@@ -3,8 +3,8 @@
 // a direct Eigen SGEMM at GPT-2's shapes in the same run, and peak memory split
 // into parameters, gradients, Adam moments and the rest.
 #include <CLI/CLI.hpp>
-#include <Eigen/Dense>
 #include <fmt/format.h>
+#include <Eigen/Dense>
 
 #include <algorithm>
 #include <chrono>
@@ -140,6 +140,9 @@ int main(int argc, char** argv) {
              mib(rest), mib(activation_bytes));
   fmt::print("  limit       {:8.1f} MiB  (1.25 x N x 16 bytes + activations): peak is {} ({:.2f} x limit)\n",
              mib(limit), peak <= limit ? "within" : "OVER", static_cast<double>(peak) / static_cast<double>(limit));
-  fmt::print("  process rss {:8.1f} MiB  (VmHWM)\n", mib(gpt::process_peak_rss_bytes()));
+  fmt::print("  cached      {:8.1f} MiB  (freed blocks the CPU allocator keeps for the next step)\n",
+             mib(tessera::memory_stats(tessera::kCPU).cached_bytes));
+  fmt::print("  process rss {:8.1f} MiB  (VmHWM: tensors, cache, Eigen's GEMM buffers, code)\n",
+             mib(gpt::process_peak_rss_bytes()));
   return 0;
 }

@@ -85,8 +85,8 @@ std::vector<fs::path> plain_files_in(const fs::path& directory, bool skip_dat) {
 
 TokenData load_token_file(const fs::path& path) {
   std::error_code error;
-  TESSERA_CHECK(fs::is_regular_file(path, error), "data: '{}' is not a readable file (--data takes a file or 'synthetic')",
-                path.string());
+  TESSERA_CHECK(fs::is_regular_file(path, error),
+                "data: '{}' is not a readable file (--data takes a file or 'synthetic')", path.string());
   std::vector<char> bytes = read_bytes(path);
   TESSERA_CHECK(!bytes.empty(), "data: '{}' is empty", path.string());
   if (starts_with_llmc_magic(bytes)) return parse_llmc(bytes, path);

@@ -64,9 +64,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                           ->check(kPositive);
   auto* vocab_flag = app.add_option("--vocab", vocab, "Vocabulary size (>= the data's largest token + 1)")
                          ->check(kPositive);
-  auto* seq_len_flag =
-      app.add_option("--seq-len", seq_len, "Tokens per sequence (default: the preset's context; the context grows to fit)")
-          ->check(kPositive);
+  auto* seq_len_flag = app.add_option("--seq-len", seq_len,
+                                      "Tokens per sequence (default: the preset's context; the context grows to fit)")
+                           ->check(kPositive);
   for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, seq_len_flag}) flag->default_str("preset");
 
   app.add_option("--batch", config.batch, "Sequences per micro-batch")->check(kPositive);

@@ -89,8 +89,8 @@ TEST_CASE("llm.c token files are read by their magic; broken headers are errors"
   CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "short.bin"),
                        doctest::Contains("header says 9 tokens (18 bytes) but 12 bytes follow"), tessera::Error);
   write_file(dir.path / "stub.bin", std::string("\x88\xd8\x34\x01", 4) + "xyz");  // 20240520, then no header
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "stub.bin"), doctest::Contains("shorter than the 1024-byte header"),
-                       tessera::Error);
+  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "stub.bin"),
+                       doctest::Contains("shorter than the 1024-byte header"), tessera::Error);
 
   write_file(dir.path / "text.txt", "hello\n");
   TokenData text = gpt::load_token_file(dir.path / "text.txt");

@@ -69,8 +69,8 @@ TEST_CASE("the tiny model learns the default corpus: loss falls below the unigra
   INFO("log:\n" << log.str());
   // Untrained, the model guesses about uniformly over 256 bytes: ln 256 = 5.55.
   CHECK(first == doctest::Approx(std::log(256.0)).epsilon(0.05));
-  // Text in the default corpus has a unigram entropy of about 3.3 nats (fortunes)
-  // or 3.0 (licence texts); beating it means the model uses context.
+  // The default corpus has a unigram entropy of 3.31 nats (fortunes) or 3.21
+  // (licence texts); beating it means the model uses context.
   CHECK(summary.unigram_entropy > 2.5);
   CHECK(summary.unigram_entropy < 3.6);
   CHECK(last < summary.unigram_entropy - 0.3);
@@ -107,7 +107,7 @@ TEST_CASE("gradient accumulation: 2 micro-batches of 4 make the same step as one
   CHECK(max_diff < 1e-5);
 }
 
-TEST_CASE("a step lowers the loss on its batch; evaluation is repeatable and leaves the model alone") {
+TEST_CASE("one step: its metrics and warmup lr; evaluation is repeatable and keeps training mode") {
   TrainConfig config = tiny_config();
   config.data = gpt::kSyntheticData;
   config.model.vocab_size = 16;
@@ -137,7 +137,8 @@ TEST_CASE("the data's tokens must fit the model's vocab") {
   config.data = path;
   config.seq_len = 8;
   config.model.vocab_size = 100;
-  CHECK_THROWS_WITH_AS(gpt::build_data(config), doctest::Contains("holds tokens up to 111, but the model's vocab is 100; pass --vocab 112"),
+  CHECK_THROWS_WITH_AS(gpt::build_data(config),
+                       doctest::Contains("holds tokens up to 111, but the model's vocab is 100; pass --vocab 112"),
                        tessera::Error);
   config.model.vocab_size = 112;
   CHECK(gpt::build_data(config).token_range() == 112);
