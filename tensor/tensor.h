@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/device.h"
@@ -148,9 +149,16 @@ void read_elements(const Tensor& tensor, DType as, void* out);
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  std::vector<T> values(static_cast<size_t>(numel()));
-  read_elements(*this, dtype_of<T>::value, values.data());
-  return values;
+  if constexpr (std::is_same_v<T, bool>) {
+    // std::vector<bool> packs bits and has no data(): read bytes, then widen.
+    std::vector<uint8_t> bytes(static_cast<size_t>(numel()));
+    read_elements(*this, DType::boolean, bytes.data());
+    return std::vector<bool>(bytes.begin(), bytes.end());
+  } else {
+    std::vector<T> values(static_cast<size_t>(numel()));
+    read_elements(*this, dtype_of<T>::value, values.data());
+    return values;
+  }
 }
 
 }  // namespace tessera

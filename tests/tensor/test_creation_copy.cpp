@@ -399,3 +399,10 @@ TEST_CASE("to(device) and to_empty") {
   CHECK(materialised.storage()->bytes() == 40);
   CHECK(ops::to_empty(x, kMeta).is_meta());
 }
+
+TEST_CASE("to_vector reads bool tensors, converting from any dtype") {
+  const Tensor mask = ops::gt(ops::from_vector(std::vector<float>{-1.0f, 0.5f, 0.0f, 2.0f}, {2, 2}), 0.0);
+  CHECK(mask.to_vector<bool>() == std::vector<bool>{false, true, false, true});
+  const Tensor values = ops::from_vector(std::vector<double>{0.0, 3.0, -0.0, 1e-30}, {4});
+  CHECK(values.to_vector<bool>() == std::vector<bool>{false, true, false, true});
+}
