@@ -123,20 +123,24 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, Tenso
 
 Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
 
-Tensor rand(const Shape& shape, PhiloxKey key, TensorOptions options) {
-  check_floating(options.dtype, "rand");
+namespace {
+// A new tensor holding the first numel values of the standard sequence `key`.
+Tensor random_tensor(const char* op, RandomDistribution distribution, const Shape& shape, PhiloxKey key,
+                     TensorOptions options) {
+  check_floating(options.dtype, op);
   Tensor out = empty(shape, {.dtype = options.dtype, .device = options.device});
-  fill_random(out, RandomDistribution::uniform, key, 0.0, 1.0, 0);
+  fill_random(out, distribution, key, 0.0, 1.0, 0);
   if (options.requires_grad) out.set_requires_grad(true);
   return out;
 }
+}  // namespace
+
+Tensor rand(const Shape& shape, PhiloxKey key, TensorOptions options) {
+  return random_tensor("rand", RandomDistribution::uniform, shape, key, options);
+}
 
 Tensor randn(const Shape& shape, PhiloxKey key, TensorOptions options) {
-  check_floating(options.dtype, "randn");
-  Tensor out = empty(shape, {.dtype = options.dtype, .device = options.device});
-  fill_random(out, RandomDistribution::normal, key, 0.0, 1.0, 0);
-  if (options.requires_grad) out.set_requires_grad(true);
-  return out;
+  return random_tensor("randn", RandomDistribution::normal, shape, key, options);
 }
 
 Tensor rand(const Shape& shape, TensorOptions options) { return rand(shape, default_generator().next_key(), options); }
