@@ -73,6 +73,7 @@ bool Tensor::shares_storage_with(const Tensor& other) const {
 
 bool Tensor::is_contiguous() const {
   const auto& impl = checked(impl_);
+  if (shape_numel(impl.shape) == 0) return true;  // no element to be out of place
   int64_t expected = 1;
   for (size_t i = impl.shape.size(); i-- > 0;) {
     if (impl.shape[i] == 1) continue;

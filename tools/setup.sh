@@ -8,6 +8,7 @@ packages=(
   g++ meson ninja-build pkg-config  # toolchain
   libeigen3-dev                     # CPU GEMM
   doctest-dev                       # tests
+  libopenmpi-dev openmpi-bin        # the mpi backend and mpirun for its tests
   libfmt-dev libcli11-dev nlohmann-json3-dev  # formatting, flags, JSON-lines logs
   fortunes                          # the GPT example's default text corpus
 )

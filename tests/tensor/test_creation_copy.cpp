@@ -86,6 +86,9 @@ TEST_CASE("zeros, ones, full and the *_like variants") {
   CHECK(ops::zeros_like(ops::ones({2})).to_vector<float>() == std::vector<float>{0, 0});
   CHECK(ops::full_like(like, 4.0).to_vector<double>() == std::vector<double>(6, 4.0));
   CHECK(ops::full_like(ops::empty({2}, {.device = kMeta}), 1.0).is_meta());
+  // A tensor with no elements is contiguous whatever its zero-sized dims.
+  CHECK(ops::empty({2, 0}).is_contiguous());
+  CHECK(ops::empty({0, 3}).is_contiguous());
 }
 
 TEST_CASE("arange") {

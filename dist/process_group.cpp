@@ -1,0 +1,438 @@
+// The backend-independent half of every process group: argument checks,
+// sequence numbers, the communication thread, debug-mode signature checks,
+// accounting and tracing. Backends only implement the run_* transport.
+#include "dist/process_group.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "dist/errors.h"
+#include "dist/trace.h"
+
+namespace tessera::dist {
+
+namespace {
+
+bool environment_flag(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return false;
+  const std::string text(value);
+  if (text == "1" || text == "true" || text == "on") return true;
+  if (text.empty() || text == "0" || text == "false" || text == "off") return false;
+  fail("{}: expected 0/1, true/false or on/off, got '{}'", name, text);
+}
+
+bool is_communicable(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+    case DType::f64:
+    case DType::bf16:
+    case DType::f16:
+    case DType::i32:
+    case DType::i64: return true;
+    case DType::boolean: return false;
+  }
+  return false;
+}
+
+// A buffer a collective may read or write: materialised on the CPU,
+// contiguous, of a dtype the wire carries.
+void check_buffer(std::string_view collective, const char* role, const Tensor& tensor) {
+  TESSERA_CHECK(tensor.defined(), "{}: {} is an undefined tensor", collective, role);
+  TESSERA_CHECK(tensor.device().is_cpu(), "{}: {} is on {}; collectives need materialised CPU tensors", collective,
+                role, tensor.device().str());
+  TESSERA_CHECK(tensor.is_contiguous(), "{}: {} {} is not contiguous (strides {}); pass a contiguous buffer",
+                collective, role, tensor.sizes(), tensor.strides());
+  TESSERA_CHECK(is_communicable(tensor.dtype()), "{}: {} has dtype {}; collectives carry f32, f64, bf16, f16, i32, i64",
+                collective, role, dtype_name(tensor.dtype()));
+}
+
+const char* byte_address(const Tensor& tensor) { return static_cast<const char*>(tensor.raw_data()); }
+
+// `chunk` may be exactly the rank's own chunk of `whole` (the in-place form);
+// any other overlap would read bytes while they are being written.
+void check_overlap(std::string_view collective, const Tensor& whole, const Tensor& chunk, int rank) {
+  if (whole.nbytes() == 0 || chunk.nbytes() == 0) return;
+  const char* whole_begin = byte_address(whole);
+  const char* chunk_begin = byte_address(chunk);
+  const bool overlaps = chunk_begin < whole_begin + whole.nbytes() && whole_begin < chunk_begin + chunk.nbytes();
+  if (!overlaps) return;
+  TESSERA_CHECK(chunk_begin == whole_begin + rank * chunk.nbytes(),
+                "{}: in and out overlap, but the smaller buffer is not rank {}'s chunk of the larger one "
+                "(the only in-place form allowed)",
+                collective, rank);
+}
+
+std::shared_ptr<void> keep(std::vector<Tensor> tensors) {
+  return std::make_shared<std::vector<Tensor>>(std::move(tensors));
+}
+
+// Signatures travel as int64 words: sequence, kind, dtype, op, root, then
+// each shape as its rank followed by its dims.
+std::vector<int64_t> encode(const CollectiveSignature& signature) {
+  std::vector<int64_t> words = {signature.sequence, static_cast<int64_t>(signature.kind),
+                                static_cast<int64_t>(signature.dtype), static_cast<int64_t>(signature.op),
+                                signature.root};
+  for (const Shape* shape : {&signature.in_shape, &signature.out_shape}) {
+    words.push_back(static_cast<int64_t>(shape->size()));
+    words.insert(words.end(), shape->begin(), shape->end());
+  }
+  return words;
+}
+
+CollectiveSignature decode(const std::vector<uint8_t>& bytes) {
+  std::vector<int64_t> words(bytes.size() / sizeof(int64_t));
+  std::memcpy(words.data(), bytes.data(), words.size() * sizeof(int64_t));
+  CollectiveSignature signature;
+  size_t next = 0;
+  auto word = [&]() -> int64_t { return next < words.size() ? words[next++] : 0; };
+  signature.sequence = word();
+  signature.kind = static_cast<CollectiveKind>(word());
+  signature.dtype = static_cast<DType>(word());
+  signature.op = static_cast<ReduceOp>(word());
+  signature.root = static_cast<int>(word());
+  for (Shape* shape : {&signature.in_shape, &signature.out_shape}) {
+    const int64_t ndim = std::clamp<int64_t>(word(), 0, static_cast<int64_t>(words.size()));
+    for (int64_t d = 0; d < ndim; ++d) shape->push_back(word());
+  }
+  return signature;
+}
+
+std::vector<uint8_t> to_bytes(const std::vector<int64_t>& words) {
+  std::vector<uint8_t> bytes(words.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+
+ProcessGroupOptions ProcessGroupOptions::from_environment() {
+  ProcessGroupOptions options;
+  if (const char* timeout = std::getenv("TESSERA_DIST_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(timeout, &end);
+    TESSERA_CHECK(end != timeout && *end == '\0' && seconds > 0,
+                  "TESSERA_DIST_TIMEOUT_S: expected a positive number of seconds, got '{}'", timeout);
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+  }
+  options.deterministic = environment_flag("TESSERA_DIST_DETERMINISTIC");
+  options.check_collectives = environment_flag("TESSERA_DIST_DEBUG");
+  return options;
+}
+
+std::string CollectiveSignature::to_string() const {
+  std::string arguments;
+  switch (kind) {
+    case CollectiveKind::barrier: break;
+    case CollectiveKind::broadcast:
+      arguments = fmt::format("{}, root {}, {}", dtype_name(dtype), root, in_shape);
+      break;
+    case CollectiveKind::all_reduce:
+      arguments = fmt::format("{}, {}, {}", dtype_name(dtype), reduce_op_name(op), in_shape);
+      break;
+    case CollectiveKind::reduce_scatter:
+      arguments = fmt::format("{}, {}, in {}, out {}", dtype_name(dtype), reduce_op_name(op), in_shape, out_shape);
+      break;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::all_gather_bytes:
+      arguments = fmt::format("{}, in {}, out {}", dtype_name(dtype), in_shape, out_shape);
+      break;
+  }
+  return fmt::format("#{} {}({})", sequence, collective_name(kind), arguments);
+}
+
+ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks, int local_rank,
+                           int local_size, ProcessGroupOptions options)
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      world_ranks_(std::move(world_ranks)),
+      local_rank_(local_rank),
+      local_size_(local_size),
+      options_(options) {
+  TESSERA_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "ProcessGroup '{}': rank {} is outside [0, {})", name_,
+                rank_, size_);
+  TESSERA_CHECK(static_cast<int>(world_ranks_.size()) == size_, "ProcessGroup '{}': {} world ranks for {} members",
+                name_, world_ranks_.size(), size_);
+}
+
+ProcessGroup::~ProcessGroup() { stop_communication(); }
+
+void ProcessGroup::stop_communication() {
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard lock(stream_mutex_);
+    stream = std::move(comm_stream_);
+  }
+  stream.reset();  // runs what is queued, then joins the thread
+}
+
+Work ProcessGroup::issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes,
+                         bool async_op, std::function<void(const CollectiveSignature&)> run) {
+  signature.sequence = next_sequence_++;
+  auto state = std::make_shared<Work::State>();
+  state->description = fmt::format("{} #{} on group '{}'", collective_name(signature.kind), signature.sequence, name_);
+  state->keep_alive = std::move(keep_alive);
+
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard lock(stream_mutex_);
+    if (!comm_stream_) comm_stream_ = Stream::create(kCPU);
+    stream = comm_stream_;
+  }
+  stream->enqueue([this, signature, bytes, state, run = std::move(run)] {
+    const int64_t start_us = Tracer::now_us();
+    std::exception_ptr error;
+    try {
+      if (options_.check_collectives) check_signatures(signature);
+      run(signature);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const int64_t end_us = Tracer::now_us();
+    if (!error) account(signature, bytes, start_us, end_us);
+    state->complete(error);
+  });
+
+  Work work(state);
+  if (!async_op) work.wait();
+  return work;
+}
+
+void ProcessGroup::account(const CollectiveSignature& signature, int64_t bytes, int64_t start_us, int64_t end_us) {
+  const int root_rank = signature.kind == CollectiveKind::broadcast ? signature.root : -1;
+  const CommVolume volume = collective_volume(signature.kind, bytes, size_, rank_ == root_rank);
+  std::shared_ptr<Tracer> tracer;
+  {
+    std::lock_guard lock(stats_mutex_);
+    CollectiveStats& kind_stats = stats_[signature.kind];
+    ++kind_stats.calls;
+    kind_stats.bytes_sent += volume.sent;
+    kind_stats.bytes_received += volume.received;
+    kind_stats.seconds += static_cast<double>(end_us - start_us) * 1e-6;
+    tracer = tracer_;
+  }
+  if (!tracer) return;
+  TraceEvent event;
+  event.rank = world_ranks_[static_cast<size_t>(rank_)];
+  event.track = "comm:" + name_;
+  event.name = std::string(collective_name(signature.kind));
+  event.category = "collective";
+  event.start_us = start_us;
+  event.duration_us = end_us - start_us;
+  event.args = {{"sequence", signature.sequence},  {"group", name_},
+                {"bytes", bytes},                  {"bytes_sent", volume.sent},
+                {"bytes_received", volume.received}, {"dtype", std::string(dtype_name(signature.dtype))}};
+  tracer->record(std::move(event));
+}
+
+std::vector<std::vector<uint8_t>> ProcessGroup::exchange_bytes(const CollectiveSignature& signature,
+                                                               std::span<const uint8_t> bytes) {
+  // Step 1: every rank's length. Step 2: every rank's bytes, padded to the
+  // longest (in whole int64 words, so the step is an ordinary all-gather).
+  std::vector<int64_t> lengths(static_cast<size_t>(size_));
+  const int64_t my_length = static_cast<int64_t>(bytes.size());
+  run_all_gather(signature, lengths.data(), &my_length, sizeof(int64_t));
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const int64_t padded = (longest + 7) / 8 * 8;
+  std::vector<uint8_t> mine(static_cast<size_t>(padded), 0);
+  std::copy(bytes.begin(), bytes.end(), mine.begin());
+  std::vector<uint8_t> gathered(static_cast<size_t>(padded * size_));
+  run_all_gather(signature, gathered.data(), mine.data(), padded);
+  std::vector<std::vector<uint8_t>> result(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    const auto begin = gathered.begin() + r * padded;
+    result[static_cast<size_t>(r)].assign(begin, begin + lengths[static_cast<size_t>(r)]);
+  }
+  return result;
+}
+
+void ProcessGroup::check_signatures(const CollectiveSignature& mine) {
+  const std::vector<uint8_t> encoded = to_bytes(encode(mine));
+  CollectiveSignature exchange;
+  exchange.sequence = mine.sequence;
+  exchange.kind = CollectiveKind::all_gather_bytes;
+  exchange.dtype = DType::i64;
+  const auto all = exchange_bytes(exchange, encoded);
+  const CollectiveSignature reference = decode(all[0]);
+  for (int r = 1; r < size_; ++r) {
+    const CollectiveSignature other = decode(all[static_cast<size_t>(r)]);
+    if (other == reference) continue;
+    throw CollectiveMismatch(fmt::format(
+        "collective mismatch on group '{}' (debug mode): rank 0 issued {} but rank {} issued {}; "
+        "every rank must issue the same collectives in the same order with the same shapes, dtypes and ops",
+        name_, reference.to_string(), r, other.to_string()));
+  }
+}
+
+Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool async_op) {
+  constexpr std::string_view op = "all_gather_into";
+  check_buffer(op, "out", out);
+  check_buffer(op, "in", in);
+  TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", op, dtype_name(out.dtype()),
+                dtype_name(in.dtype()));
+  TESSERA_CHECK(out.numel() == in.numel() * size_,
+                "{}: out must hold {} ranks x {} elements = {}, got {} elements (out {}, in {})", op, size_,
+                in.numel(), in.numel() * size_, out.numel(), out.sizes(), in.sizes());
+  check_overlap(op, out, in, rank_);
+  const CollectiveSignature signature{
+      .kind = CollectiveKind::all_gather, .dtype = in.dtype(), .in_shape = in.sizes(), .out_shape = out.sizes()};
+  const int64_t bytes = in.nbytes();
+  void* out_data = out.raw_data();
+  const void* in_data = in.raw_data();
+  return issue(signature, keep({out, in}), bytes, async_op,
+               [this, out_data, in_data, bytes](const CollectiveSignature& numbered) {
+                 run_all_gather(numbered, out_data, in_data, bytes);
+               });
+}
+
+Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, ReduceOp op, bool async_op) {
+  constexpr std::string_view name = "reduce_scatter_into";
+  check_buffer(name, "out", out);
+  check_buffer(name, "in", in);
+  TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", name, dtype_name(out.dtype()),
+                dtype_name(in.dtype()));
+  TESSERA_CHECK(in.numel() == out.numel() * size_,
+                "{}: in must hold {} ranks x {} elements = {}, got {} elements (in {}, out {})", name, size_,
+                out.numel(), out.numel() * size_, in.numel(), in.sizes(), out.sizes());
+  check_overlap(name, in, out, rank_);
+  const CollectiveSignature signature{.kind = CollectiveKind::reduce_scatter,
+                                      .dtype = in.dtype(),
+                                      .op = op,
+                                      .in_shape = in.sizes(),
+                                      .out_shape = out.sizes()};
+  const int64_t count = out.numel();
+  const DType dtype = out.dtype();
+  void* out_data = out.raw_data();
+  const void* in_data = in.raw_data();
+  return issue(signature, keep({out, in}), out.nbytes(), async_op,
+               [this, out_data, in_data, count, dtype, op](const CollectiveSignature& numbered) {
+                 run_reduce_scatter(numbered, out_data, in_data, count, dtype, op);
+               });
+}
+
+Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) {
+  constexpr std::string_view name = "all_reduce";
+  check_buffer(name, "tensor", tensor);
+  const CollectiveSignature signature{.kind = CollectiveKind::all_reduce,
+                                      .dtype = tensor.dtype(),
+                                      .op = op,
+                                      .in_shape = tensor.sizes(),
+                                      .out_shape = tensor.sizes()};
+  const int64_t count = tensor.numel();
+  const DType dtype = tensor.dtype();
+  void* data = tensor.raw_data();
+  return issue(signature, keep({tensor}), tensor.nbytes(), async_op,
+               [this, data, count, dtype, op](const CollectiveSignature& numbered) {
+                 run_all_reduce(numbered, data, count, dtype, op);
+               });
+}
+
+Work ProcessGroup::broadcast(const Tensor& tensor, int root, bool async_op) {
+  constexpr std::string_view name = "broadcast";
+  check_buffer(name, "tensor", tensor);
+  TESSERA_CHECK(root >= 0 && root < size_, "{}: root {} is not a rank of group '{}' (size {})", name, root, name_,
+                size_);
+  const CollectiveSignature signature{.kind = CollectiveKind::broadcast,
+                                      .dtype = tensor.dtype(),
+                                      .root = root,
+                                      .in_shape = tensor.sizes(),
+                                      .out_shape = tensor.sizes()};
+  const int64_t bytes = tensor.nbytes();
+  void* data = tensor.raw_data();
+  return issue(signature, keep({tensor}), bytes, async_op,
+               [this, data, bytes, root](const CollectiveSignature& numbered) {
+                 run_broadcast(numbered, data, bytes, root);
+               });
+}
+
+Work ProcessGroup::barrier(bool async_op) {
+  CollectiveSignature signature;
+  signature.kind = CollectiveKind::barrier;
+  return issue(signature, nullptr, 0, async_op,
+               [this](const CollectiveSignature& numbered) { run_barrier(numbered); });
+}
+
+std::vector<std::vector<uint8_t>> ProcessGroup::all_gather_bytes(std::span<const uint8_t> bytes) {
+  // The signature holds no length: lengths may differ between ranks.
+  CollectiveSignature signature;
+  signature.kind = CollectiveKind::all_gather_bytes;
+  signature.dtype = DType::i64;
+  std::vector<std::vector<uint8_t>> result;
+  const std::vector<uint8_t> mine(bytes.begin(), bytes.end());
+  issue(signature, nullptr, static_cast<int64_t>(bytes.size()), false,
+        [this, &mine, &result](const CollectiveSignature& numbered) { result = exchange_bytes(numbered, mine); });
+  return result;
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<int>& members, const std::string& name) {
+  TESSERA_CHECK(!members.empty(), "split '{}': the member list is empty", name);
+  std::set<int> distinct;
+  for (int member : members) {
+    TESSERA_CHECK(member >= 0 && member < size_, "split '{}': member {} is not a rank of group '{}' (size {})", name,
+                  member, name_, size_);
+    TESSERA_CHECK(distinct.insert(member).second, "split '{}': member {} is listed twice in {}", name, member,
+                  members);
+  }
+  TESSERA_CHECK(distinct.count(rank_) == 1, "split '{}': rank {} calls split but is not among its members {}", name,
+                rank_, members);
+  // The lists must partition the group: for every pair of ranks (r, s), s is
+  // on r's list exactly when their lists are equal. Every rank checks every
+  // pair of the same gathered lists, so all reach the same verdict and none
+  // goes on to wait for a sub-group that never forms.
+  std::vector<int64_t> words(members.begin(), members.end());
+  const auto all = all_gather_bytes(to_bytes(words));
+  std::vector<std::vector<int>> lists(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    const auto& bytes = all[static_cast<size_t>(r)];
+    for (size_t offset = 0; offset + sizeof(int64_t) <= bytes.size(); offset += sizeof(int64_t)) {
+      int64_t word;
+      std::memcpy(&word, bytes.data() + offset, sizeof word);
+      lists[static_cast<size_t>(r)].push_back(static_cast<int>(word));
+    }
+  }
+  for (int r = 0; r < size_; ++r) {
+    const auto& list = lists[static_cast<size_t>(r)];
+    for (int s = 0; s < size_; ++s) {
+      const bool listed = std::find(list.begin(), list.end(), s) != list.end();
+      const bool same_list = lists[static_cast<size_t>(s)] == list;
+      TESSERA_CHECK(listed == same_list,
+                    "split '{}': member lists do not partition group '{}': rank {} passed {} but rank {} passed {}",
+                    name, name_, r, list, s, lists[static_cast<size_t>(s)]);
+    }
+  }
+  return make_subgroup(members, name);
+}
+
+void ProcessGroup::synchronize() {
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard lock(stream_mutex_);
+    stream = comm_stream_;
+  }
+  if (stream) stream->synchronize();
+}
+
+CommStats ProcessGroup::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+void ProcessGroup::reset_stats() {
+  std::lock_guard lock(stats_mutex_);
+  stats_ = CommStats{};
+}
+
+void ProcessGroup::set_tracer(std::shared_ptr<Tracer> tracer) {
+  std::lock_guard lock(stats_mutex_);
+  tracer_ = std::move(tracer);
+}
+
+std::shared_ptr<Tracer> ProcessGroup::tracer() const {
+  std::lock_guard lock(stats_mutex_);
+  return tracer_;
+}
+
+}  // namespace tessera::dist

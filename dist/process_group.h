@@ -1,0 +1,169 @@
+// ProcessGroup: the ranks that take part in collectives together, and the
+// collectives themselves. One interface over every backend (local threads,
+// MPI processes, later NCCL); the base class does everything that is the same
+// for all of them, so a backend only moves bytes:
+//   - checks every call before any rank blocks (sizes, dtypes, contiguity);
+//   - numbers collectives (per group, from 0) and runs them in issue order on
+//     the group's communication thread, so async work overlaps the caller;
+//   - in debug mode, exchanges a signature of each collective first and
+//     reports the first mismatch instead of hanging or corrupting data;
+//   - counts calls, bytes and time, and records trace events.
+//
+// Every collective is flat over contiguous buffers:
+//   all_gather_into(out, in):          out = in_0 ++ in_1 ++ ... ++ in_{N-1}
+//   reduce_scatter_into(out, in, op):  out_r = op_k(in_k[r*c, (r+1)*c))
+// so FSDP's flat parameter buffers map onto them directly. `in` may be the
+// rank's own chunk of `out` (all-gather) or `out` may be the rank's own chunk
+// of `in` (reduce-scatter): the in-place forms need no extra copy.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist/comm_stats.h"
+#include "dist/reduce_op.h"
+#include "dist/work.h"
+#include "tensor/stream.h"
+#include "tensor/tensor.h"
+
+namespace tessera::dist {
+
+class Tracer;
+
+struct ProcessGroupOptions {
+  // Bound on every blocking wait inside a collective.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Reductions add contributions in rank order 0..N-1 whatever the backend's
+  // algorithm, so results are bitwise reproducible and equal across backends.
+  bool deterministic = false;
+  // Debug mode: ranks compare a signature of every collective before running it.
+  bool check_collectives = false;
+
+  // Defaults overridden by TESSERA_DIST_TIMEOUT_S (seconds, may be fractional),
+  // TESSERA_DIST_DETERMINISTIC=1 and TESSERA_DIST_DEBUG=1.
+  static ProcessGroupOptions from_environment();
+};
+
+// What one rank asked for; equal on every rank for a well-formed program.
+struct CollectiveSignature {
+  int64_t sequence = 0;
+  CollectiveKind kind = CollectiveKind::barrier;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;  // reductions only
+  int root = -1;                // broadcast only
+  Shape in_shape;
+  Shape out_shape;
+
+  bool operator==(const CollectiveSignature&) const = default;
+  // "#7 reduce_scatter_into(bf16, avg, in [8, 4], out [2, 4])"
+  std::string to_string() const;
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  // The world rank of each member, in group-rank order.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  // This rank's index among the ranks on its machine (GPU binding) and their count.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const ProcessGroupOptions& options() const { return options_; }
+  virtual std::string backend_name() const = 0;  // "local", "mpi"
+
+  // Collectives. Each returns at once with a Work when async_op is true;
+  // otherwise it returns a completed Work after the collective has finished
+  // (and rethrows its error). Misuse throws before anything is issued.
+  Work all_gather_into(const Tensor& out, const Tensor& in, bool async_op = false);
+  Work reduce_scatter_into(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum, bool async_op = false);
+  Work all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum, bool async_op = false);
+  Work broadcast(const Tensor& tensor, int root, bool async_op = false);
+  Work barrier(bool async_op = false);
+  // Metadata exchange: every rank's bytes (lengths may differ), in rank order.
+  std::vector<std::vector<uint8_t>> all_gather_bytes(std::span<const uint8_t> bytes);
+
+  // Splits this group into disjoint sub-groups (collective over this group).
+  // `members` are the group ranks of the caller's own sub-group, in the
+  // order that becomes their sub-group ranks; the caller must be among them,
+  // and the lists of all callers must partition the group.
+  std::shared_ptr<ProcessGroup> split(const std::vector<int>& members, const std::string& name);
+
+  // Waits for every collective issued so far (as a barrier-free local flush).
+  void synchronize();
+
+  CommStats stats() const;
+  void reset_stats();
+  // Records each collective's run on track "comm:<name>" of this rank.
+  void set_tracer(std::shared_ptr<Tracer> tracer);
+  std::shared_ptr<Tracer> tracer() const;
+
+ protected:
+  ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks, int local_rank, int local_size,
+               ProcessGroupOptions options);
+
+  // The transport. Called on the communication thread, one at a time, in
+  // issue order, with arguments already checked on this rank; must return
+  // within options().timeout or throw CollectiveTimeout / RankFailed /
+  // CollectiveMismatch. Reductions follow the ReduceOp contract (f32
+  // accumulation for 16-bit types, one division for AVG, rank order when
+  // options().deterministic). A sequence number may cover more than one
+  // transport call (the debug-mode signature exchange, the two steps of
+  // all_gather_bytes), so backends pair ranks up by their own count of calls,
+  // which is the same on every rank, not by signature.sequence.
+  virtual void run_all_gather(const CollectiveSignature& signature, void* out, const void* in,
+                              int64_t bytes_per_rank) = 0;
+  virtual void run_reduce_scatter(const CollectiveSignature& signature, void* out, const void* in,
+                                  int64_t count_per_rank, DType dtype, ReduceOp op) = 0;
+  virtual void run_all_reduce(const CollectiveSignature& signature, void* data, int64_t count, DType dtype,
+                              ReduceOp op) = 0;
+  virtual void run_broadcast(const CollectiveSignature& signature, void* data, int64_t bytes, int root) = 0;
+  virtual void run_barrier(const CollectiveSignature& signature) = 0;
+  // Creates the sub-group (collective over this group, called on the caller's thread).
+  virtual std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, const std::string& name) = 0;
+
+  // Runs what is queued and stops the communication thread. Every backend's
+  // destructor calls it first, so no queued collective reaches a half-destroyed
+  // backend.
+  void stop_communication();
+
+ private:
+  // Numbers the collective, queues it on the communication thread (which
+  // checks signatures in debug mode, runs `run`, accounts and traces it) and
+  // waits for it unless async_op.
+  Work issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes, bool async_op,
+             std::function<void(const CollectiveSignature&)> run);
+  void account(const CollectiveSignature& signature, int64_t bytes, int64_t start_us, int64_t end_us);
+  // Every rank's bytes through two all-gathers (lengths, then padded data).
+  std::vector<std::vector<uint8_t>> exchange_bytes(const CollectiveSignature& signature,
+                                                   std::span<const uint8_t> bytes);
+  void check_signatures(const CollectiveSignature& mine);
+
+  int rank_;
+  int size_;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  int local_rank_;
+  int local_size_;
+  ProcessGroupOptions options_;
+  int64_t next_sequence_ = 0;  // the issuing thread's
+  std::mutex stream_mutex_;
+  std::shared_ptr<Stream> comm_stream_;  // created at the first collective
+  mutable std::mutex stats_mutex_;
+  CommStats stats_;
+  std::shared_ptr<Tracer> tracer_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace tessera::dist

@@ -1,0 +1,31 @@
+// Work: completion state shared between the caller and the communication thread.
+#include "dist/work.h"
+
+namespace tessera::dist {
+
+void Work::State::complete(std::exception_ptr failure) {
+  {
+    std::lock_guard lock(mutex);
+    error = std::move(failure);
+    completed = true;
+    keep_alive.reset();  // the buffers are free for the caller again
+  }
+  completed_cv.notify_all();
+}
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  state_->completed_cv.wait(lock, [&] { return state_->completed; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::is_completed() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->completed;
+}
+
+std::string Work::description() const { return state_ ? state_->description : std::string(); }
+
+}  // namespace tessera::dist
