@@ -65,6 +65,25 @@ void check_overlap(std::string_view collective, const Tensor& whole, const Tenso
                 collective, rank);
 }
 
+// The flat collectives pair a whole buffer with one rank's chunk of it:
+// all-gather fills the whole (out) from chunks (in), reduce-scatter the reverse.
+void check_whole_and_chunk(std::string_view collective, const Tensor& out, const Tensor& in, bool out_is_whole,
+                           int size, int rank) {
+  check_buffer(collective, "out", out);
+  check_buffer(collective, "in", in);
+  TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", collective, dtype_name(out.dtype()),
+                dtype_name(in.dtype()));
+  const Tensor& whole = out_is_whole ? out : in;
+  const Tensor& chunk = out_is_whole ? in : out;
+  const char* whole_role = out_is_whole ? "out" : "in";
+  const char* chunk_role = out_is_whole ? "in" : "out";
+  TESSERA_CHECK(whole.numel() == chunk.numel() * size,
+                "{}: {} must hold {} ranks x {} elements = {}, got {} elements ({} {}, {} {})", collective, whole_role,
+                size, chunk.numel(), chunk.numel() * size, whole.numel(), whole_role, whole.sizes(), chunk_role,
+                chunk.sizes());
+  check_overlap(collective, whole, chunk, rank);
+}
+
 std::shared_ptr<void> keep(std::vector<Tensor> tensors) {
   return std::make_shared<std::vector<Tensor>>(std::move(tensors));
 }
@@ -268,15 +287,7 @@ void ProcessGroup::check_signatures(const CollectiveSignature& mine) {
 }
 
 Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool async_op) {
-  constexpr std::string_view op = "all_gather_into";
-  check_buffer(op, "out", out);
-  check_buffer(op, "in", in);
-  TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", op, dtype_name(out.dtype()),
-                dtype_name(in.dtype()));
-  TESSERA_CHECK(out.numel() == in.numel() * size_,
-                "{}: out must hold {} ranks x {} elements = {}, got {} elements (out {}, in {})", op, size_,
-                in.numel(), in.numel() * size_, out.numel(), out.sizes(), in.sizes());
-  check_overlap(op, out, in, rank_);
+  check_whole_and_chunk("all_gather_into", out, in, /*out_is_whole=*/true, size_, rank_);
   const CollectiveSignature signature{
       .kind = CollectiveKind::all_gather, .dtype = in.dtype(), .in_shape = in.sizes(), .out_shape = out.sizes()};
   const int64_t bytes = in.nbytes();
@@ -289,15 +300,7 @@ Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool asy
 }
 
 Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, ReduceOp op, bool async_op) {
-  constexpr std::string_view name = "reduce_scatter_into";
-  check_buffer(name, "out", out);
-  check_buffer(name, "in", in);
-  TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", name, dtype_name(out.dtype()),
-                dtype_name(in.dtype()));
-  TESSERA_CHECK(in.numel() == out.numel() * size_,
-                "{}: in must hold {} ranks x {} elements = {}, got {} elements (in {}, out {})", name, size_,
-                out.numel(), out.numel() * size_, in.numel(), in.sizes(), out.sizes());
-  check_overlap(name, in, out, rank_);
+  check_whole_and_chunk("reduce_scatter_into", out, in, /*out_is_whole=*/false, size_, rank_);
   const CollectiveSignature signature{.kind = CollectiveKind::reduce_scatter,
                                       .dtype = in.dtype(),
                                       .op = op,
