@@ -17,6 +17,7 @@ GPT::GPT(const GPTConfig& config, Device device) : Module("GPT"), config_(config
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(
                                       config_.n_embd, LayerNormOptions{.eps = config_.norm_eps, .bias = config_.bias,
                                                                        .device = kMeta}));
+  lm_head_ = register_module("lm_head", std::make_shared<TiedLinear>(wte_->parameter("weight")));
   materialize(device);
 }
 
@@ -46,8 +47,8 @@ Tensor GPT::forward_inputs(const TensorList& inputs) {
   x = (*drop_)(x);
   for (const auto& block : *blocks_) x = (*block)(x);
   x = (*ln_f_)(x);
-  // Tied head: [B, T, C] x [V, C]^T -> [B, T, V], reading wte's current tensor.
-  const Tensor logits = tessera::linear(x, wte_->weight().tensor(), Tensor());
+  // Tied head: [B, T, C] x [V, C]^T -> [B, T, V] through wte's weight.
+  const Tensor logits = (*lm_head_)(x);
   if (inputs.size() == 1) return logits;
 
   const Tensor& targets = inputs[1];

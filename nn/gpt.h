@@ -1,9 +1,11 @@
 // nn::GPT: a GPT-2 style decoder-only transformer with a tied output head.
 //   idx: [B, T] -> wte(idx) + wpe(0..T-1) -> dropout -> blocks -> ln_f
-//   -> logits = x @ wte^T: [B, T, V]  (the head reads wte itself: no copy)
+//   -> logits = lm_head(x) = x @ wte^T: [B, T, V]  (lm_head is a TiedLinear
+//      holding wte's Parameter: no copy, and the tie is visible to fsdp)
 //   loss = cross_entropy(logits: [B*T, V], targets: [B*T])
 // Parameter names: wte.weight, wpe.weight, blocks.{i}.{ln1,attn.qkv,attn.proj,
-// ln2,mlp.fc,mlp.proj}.{weight,bias}, ln_f.{weight,bias}.
+// ln2,mlp.fc,mlp.proj}.{weight,bias}, ln_f.{weight,bias}; lm_head.weight is
+// wte.weight (listed once by named_parameters, under both names in state_dict).
 // GPT-2 init: N(0, 0.02) for Linear and Embedding weights, zero biases, unit
 // norm weights, N(0, 0.02 / sqrt(2 * n_layer)) for attn.proj and mlp.proj.
 #pragma once
@@ -15,6 +17,7 @@
 #include "nn/gpt_config.h"
 #include "nn/module_list.h"
 #include "nn/normalization.h"
+#include "nn/tied_linear.h"
 #include "nn/transformer_block.h"
 
 namespace tessera::nn {
@@ -39,6 +42,7 @@ class GPT : public Module {
   ModuleList& blocks() const { return *blocks_; }
   TransformerBlock& block(int64_t index) const;
   LayerNorm& ln_f() const { return *ln_f_; }
+  TiedLinear& lm_head() const { return *lm_head_; }
 
  private:
   GPTConfig config_;
@@ -47,6 +51,7 @@ class GPT : public Module {
   std::shared_ptr<Dropout> drop_;
   std::shared_ptr<ModuleList> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
+  std::shared_ptr<TiedLinear> lm_head_;
 };
 
 }  // namespace tessera::nn

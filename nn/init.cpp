@@ -101,21 +101,28 @@ void kaiming_normal_(Tensor& tensor, PhiloxKey key, double a, FanMode mode, cons
   normal_(tensor, key, 0.0, gain_for_leaky_relu(a) / std::sqrt(static_cast<double>(fan)), slice);
 }
 
-// The Parameter overloads: the whole tensor until parameters carry a sharding
-// spec; then the spec's global shape and row offset become the RowSlice here.
+// The Parameter overloads: a sharded parameter fills its rows with the values
+// of the global tensor there (the padding rows are left alone).
+namespace {
+RowSlice slice_of(const Parameter& parameter) {
+  const auto& spec = parameter.sharding();
+  return spec ? RowSlice{spec->global_shape, spec->row_offset} : RowSlice{};
+}
+}  // namespace
+
 void normal_(Parameter& parameter, PhiloxKey key, double mean, double std) {
-  normal_(parameter.tensor(), key, mean, std);
+  normal_(parameter.tensor(), key, mean, std, slice_of(parameter));
 }
 
 void uniform_(Parameter& parameter, PhiloxKey key, double low, double high) {
-  uniform_(parameter.tensor(), key, low, high);
+  uniform_(parameter.tensor(), key, low, high, slice_of(parameter));
 }
 
 void zeros_(Parameter& parameter) { zeros_(parameter.tensor()); }
 void ones_(Parameter& parameter) { ones_(parameter.tensor()); }
 
 void kaiming_uniform_(Parameter& parameter, PhiloxKey key, double a, FanMode mode) {
-  kaiming_uniform_(parameter.tensor(), key, a, mode);
+  kaiming_uniform_(parameter.tensor(), key, a, mode, slice_of(parameter));
 }
 
 uint64_t next_seed() {

@@ -48,8 +48,8 @@ void kaiming_normal_(Tensor& tensor, PhiloxKey key, double a = 0.0, FanMode mode
 std::pair<int64_t, int64_t> fans(const Shape& shape);
 
 // The same on a Parameter's tensor. This is the one place that knows which
-// slice of the global tensor a parameter holds: today always the whole; a
-// sharded parameter (fsdp) will pass its global shape and row offset here.
+// slice of the global tensor a parameter holds: the whole, or for a sharded
+// parameter the rows its ShardingSpec names.
 void normal_(Parameter& parameter, PhiloxKey key, double mean, double std);
 void uniform_(Parameter& parameter, PhiloxKey key, double low, double high);
 void zeros_(Parameter& parameter);

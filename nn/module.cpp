@@ -261,7 +261,25 @@ int64_t Module::num_parameters() const {
 // ---- materialisation and init ----------------------------------------------------------
 
 void Module::to_empty(Device device) {
-  for (auto& [name, parameter] : named_parameters()) parameter->set_tensor(ops::to_empty(parameter->tensor(), device));
+  for (auto& [name, parameter] : named_parameters()) {
+    const Tensor& current = parameter->tensor();
+    auto sharding = parameter->sharding();
+    if (!sharding) {
+      parameter->set_tensor(ops::to_empty(current, device));
+      continue;
+    }
+    // A shard gets its padded buffer: the rows it holds, then zero padding,
+    // so the buffer is the same size on every rank.
+    Shape padded_shape = current.sizes();
+    padded_shape[0] = sharding->padded_rows;
+    Tensor padded = ops::empty(padded_shape, {.dtype = current.dtype(), .device = device});
+    const int64_t rows = current.size(0);
+    if (!device.is_meta() && rows < sharding->padded_rows) {
+      Tensor padding = ops::narrow(padded, 0, rows, sharding->padded_rows - rows);
+      ops::zero_(padding);
+    }
+    parameter->set_tensor(ops::narrow(padded, 0, 0, rows), std::move(sharding));
+  }
   for (Module* module : modules()) {
     for (auto& [name, tensor] : module->buffers_) tensor = ops::to_empty(tensor, device);
   }
@@ -273,6 +291,11 @@ void Module::reset_parameters(uint64_t seed) {
 }
 
 void Module::reset_own_parameters(const InitContext&) {}
+
+void Module::add_extension(std::shared_ptr<ModuleExtension> extension) {
+  TESSERA_CHECK(extension != nullptr, "{}: add_extension got null", type_name_);
+  extensions_.push_back(std::move(extension));
+}
 
 void Module::materialize(Device device) {
   if (device.is_meta()) return;

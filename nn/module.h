@@ -71,6 +71,13 @@ struct InitContext {
   PhiloxKey key(std::string_view name) const;          // {seed, stream_id_for(qualified(name))}
 };
 
+// State that a layer above nn attaches to a module and that lives as long as
+// the module (fsdp's FSDPState: what fully_shard turns a module into).
+class ModuleExtension {
+ public:
+  virtual ~ModuleExtension() = default;
+};
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -148,6 +155,17 @@ class Module {
   // whole dict fits.
   LoadResult load_state_dict(const StateDict& state, bool strict = true);
 
+  // ---- extensions ------------------------------------------------------------------
+  void add_extension(std::shared_ptr<ModuleExtension> extension);
+  // The first extension of type T, or null.
+  template <typename T>
+  T* extension() const {
+    for (const auto& attached : extensions_) {
+      if (auto* typed = dynamic_cast<T*>(attached.get())) return typed;
+    }
+    return nullptr;
+  }
+
   void train(bool mode = true);  // recursive
   void eval() { train(false); }
   bool is_training() const { return training_; }
@@ -180,6 +198,7 @@ class Module {
   std::vector<NamedBuffer> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<HookLists> hooks_;
+  std::vector<std::shared_ptr<ModuleExtension>> extensions_;
 };
 
 }  // namespace tessera::nn

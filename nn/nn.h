@@ -22,4 +22,5 @@
 #include "nn/optim/schedule.h"
 #include "nn/optim/sgd.h"
 #include "nn/parameter.h"
+#include "nn/tied_linear.h"
 #include "nn/transformer_block.h"

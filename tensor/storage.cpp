@@ -24,11 +24,13 @@ void MemoryCounters::on_allocate(int64_t bytes) {
   }
   allocation_count_.fetch_add(1, std::memory_order_relaxed);
   live_allocations_.fetch_add(1, std::memory_order_relaxed);
+  if (parent_) parent_->on_allocate(bytes);
 }
 
 void MemoryCounters::on_free(int64_t bytes) {
   live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
   live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+  if (parent_) parent_->on_free(bytes);
 }
 
 MemoryStats MemoryCounters::snapshot() const {
@@ -46,9 +48,32 @@ Storage::Storage(void* data, int64_t bytes, Device device, std::shared_ptr<Memor
 }
 
 Storage::~Storage() {
+  if (!released_) free_data();
+}
+
+void Storage::free_data() {
   if (device_.is_cpu()) cpu::free_bytes(data_, static_cast<size_t>(bytes_));
   device_counters(device_).on_free(bytes_);
   if (scope_) scope_->on_free(bytes_);
+}
+
+void Storage::release_data() {
+  if (released_ || device_.is_meta()) return;
+  free_data();
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::restore_data() {
+  if (!released_) return;
+  TESSERA_CHECK(device_.is_cpu(), "Storage::restore_data: no allocator for {}", device_.str());
+  void* data = cpu::allocate_bytes(static_cast<size_t>(bytes_));
+  TESSERA_CHECK(data != nullptr, "Storage::restore_data: out of memory on cpu asking for {} bytes", bytes_);
+  data_ = data;
+  scope_ = current_scope;
+  released_ = false;
+  device_counters(device_).on_allocate(bytes_);
+  if (scope_) scope_->on_allocate(bytes_);
 }
 
 std::shared_ptr<Storage> allocate(Device device, int64_t bytes) {
@@ -78,6 +103,8 @@ void release_cached_memory(Device device) {
 }
 
 void reset_peak_memory(Device device) { device_counters(device).reset_peak(); }
+
+const std::shared_ptr<MemoryCounters>& MemoryScope::current() { return current_scope; }
 
 MemoryScope::MemoryScope(std::shared_ptr<MemoryCounters> counters) : previous_(std::move(current_scope)) {
   current_scope = std::move(counters);

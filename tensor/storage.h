@@ -26,9 +26,11 @@ struct MemoryStats {
   int64_t cached_bytes = 0;
 };
 
-// Lock-free counters behind MemoryStats.
+// Lock-free counters behind MemoryStats. Counters may have a parent that is
+// charged with them (FSDP's unsharded-parameter counters inside a rank's).
 class MemoryCounters {
  public:
+  explicit MemoryCounters(std::shared_ptr<MemoryCounters> parent = nullptr) : parent_(std::move(parent)) {}
   void on_allocate(int64_t bytes);
   void on_free(int64_t bytes);
   MemoryStats snapshot() const;
@@ -39,6 +41,7 @@ class MemoryCounters {
   std::atomic<int64_t> peak_bytes_{0};
   std::atomic<int64_t> allocation_count_{0};
   std::atomic<int64_t> live_allocations_{0};
+  std::shared_ptr<MemoryCounters> parent_;
 };
 
 // The bytes behind one or more tensors (views share it); frees itself (and updates the counters that were
@@ -54,11 +57,23 @@ class Storage {
   int64_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
+  // FSDP frees an unsharded parameter's bytes after use while the Storage
+  // object lives on in the autograd graph (torch's storage.resize_(0)), and
+  // brings them back, uninitialised, before the parameter is used again.
+  // While released, bytes() keeps the nominal size and data() is null.
+  bool is_released() const { return released_; }
+  void release_data();
+  // Allocates the bytes again, charged to the thread's current scope.
+  void restore_data();
+
  private:
+  void free_data();
+
   void* data_;
   int64_t bytes_;
   Device device_;
   std::shared_ptr<MemoryCounters> scope_;
+  bool released_ = false;
 };
 
 // Allocates `bytes` on `device` (64-byte aligned on CPU); meta returns a block
@@ -72,9 +87,12 @@ void reset_peak_memory(Device device);
 void release_cached_memory(Device device);
 
 // Charges allocations made on this thread to `counters` while alive. Scopes
-// nest; the innermost is charged (plus the device totals).
+// nest; the innermost is charged (plus its parents and the device totals).
 class MemoryScope {
  public:
+  // The counters charged on this thread now (null: only the device totals).
+  static const std::shared_ptr<MemoryCounters>& current();
+
   explicit MemoryScope(std::shared_ptr<MemoryCounters> counters);
   ~MemoryScope();
   MemoryScope(const MemoryScope&) = delete;

@@ -99,6 +99,9 @@ void* Tensor::raw_data() const {
   TESSERA_CHECK(!impl.storage->device().is_meta(),
                 "raw_data: tensor of shape {} is on the meta device and has no data (materialise it with to_empty)",
                 impl.shape);
+  TESSERA_CHECK(!impl.storage->is_released(),
+                "raw_data: tensor of shape {} has had its storage released (an FSDP parameter read while resharded?)",
+                impl.shape);
   return static_cast<char*>(impl.storage->data()) + impl.offset * static_cast<int64_t>(element_size());
 }
 

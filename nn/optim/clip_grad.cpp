@@ -1,12 +1,15 @@
 // optim::clip_grad_norm_: a deterministic f64 sum of squares over every
-// gradient (fixed blocks, summed in order), then one in-place scale.
+// gradient (fixed blocks, summed in order), summed across the shard groups of
+// sharded parameters, then one in-place scale.
 #include "nn/optim/clip_grad.h"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "dist/process_group.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 
@@ -41,6 +44,7 @@ double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params
   TESSERA_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> grads;
+  std::vector<const nn::Parameter*> owners;
   for (const auto& param : params) {
     TESSERA_CHECK(param != nullptr, "clip_grad_norm_: a parameter is null");
     const Tensor& grad = param->grad();
@@ -49,13 +53,33 @@ double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params
     TESSERA_CHECK(grad.dtype() == DType::f32 || grad.dtype() == DType::f64,
                   "clip_grad_norm_: gradients must be f32 or f64, got {}", dtype_name(grad.dtype()));
     grads.push_back(grad);
+    owners.push_back(param.get());
   }
 
+  // Whole gradients count once; shards are summed per set of shard groups,
+  // then across those groups, so every rank gets the same global norm.
   double total = 0.0;
-  for (const Tensor& grad : grads) {
-    const Tensor dense = ops::contiguous(grad);
-    total += grad.dtype() == DType::f32 ? sum_of_squares(dense.data_ptr<float>(), dense.numel())
-                                        : sum_of_squares(dense.data_ptr<double>(), dense.numel());
+  std::map<std::vector<dist::ProcessGroup*>, std::pair<std::vector<dist::ProcessGroupPtr>, double>> sharded;
+  for (size_t index = 0; index < grads.size(); ++index) {
+    const Tensor dense = ops::contiguous(grads[index]);
+    const double squares = dense.dtype() == DType::f32 ? sum_of_squares(dense.data_ptr<float>(), dense.numel())
+                                                        : sum_of_squares(dense.data_ptr<double>(), dense.numel());
+    const auto& sharding = owners[index]->sharding();
+    if (!sharding) {
+      total += squares;
+      continue;
+    }
+    std::vector<dist::ProcessGroupPtr> groups = sharding->shard_groups();
+    std::vector<dist::ProcessGroup*> key;
+    for (const auto& group : groups) key.push_back(group.get());
+    auto& entry = sharded[key];
+    entry.first = std::move(groups);
+    entry.second += squares;
+  }
+  for (auto& [key, entry] : sharded) {
+    Tensor partial = ops::scalar_tensor(entry.second, {.dtype = DType::f64});
+    for (const auto& group : entry.first) group->all_reduce(partial, dist::ReduceOp::sum);
+    total += partial.item();
   }
   const double norm = std::sqrt(total);
   const double coefficient = max_norm / (norm + 1e-6);

@@ -13,7 +13,10 @@ namespace tessera::optim {
 // without a gradient are skipped. When max_norm / (norm + 1e-6) < 1 every
 // gradient is multiplied by that factor (torch's rule). A non-finite norm is
 // returned as is and nothing is scaled, so the caller can skip the step.
-// Sharded parameters (fsdp) will add a sum across ranks before the sqrt.
+// Sharded parameters add their sum of squares across their shard groups
+// before the sqrt (a collective: every rank of those groups must call this
+// with the same parameters), so the norm is the global one on every rank and
+// every rank clips by the same factor.
 double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm);
 
 }  // namespace tessera::optim
