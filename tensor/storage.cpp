@@ -47,6 +47,14 @@ Storage::Storage(void* data, int64_t bytes, Device device, std::shared_ptr<Memor
   if (scope_) scope_->on_allocate(bytes_);
 }
 
+Storage::Storage(Device device, int64_t bytes) : data_(nullptr), bytes_(bytes), device_(device), released_(true) {}
+
+std::shared_ptr<Storage> Storage::released(Device device, int64_t bytes) {
+  TESSERA_CHECK(bytes >= 0, "Storage::released: negative size {} bytes", bytes);
+  if (device.is_meta()) return allocate(device, bytes);
+  return std::shared_ptr<Storage>(new Storage(device, bytes));
+}
+
 Storage::~Storage() {
   if (!released_) free_data();
 }

@@ -65,8 +65,11 @@ class Storage {
   void release_data();
   // Allocates the bytes again, charged to the thread's current scope.
   void restore_data();
+  // A storage of `bytes` that starts released: it costs nothing until restored.
+  static std::shared_ptr<Storage> released(Device device, int64_t bytes);
 
  private:
+  Storage(Device device, int64_t bytes);  // released from the start
   void free_data();
 
   void* data_;

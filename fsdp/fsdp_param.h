@@ -1,0 +1,72 @@
+// fsdp::FSDPParam: one original parameter under FSDP. It owns the three faces
+// of the parameter and swaps which one the nn::Parameter holds:
+//   sharded    - this rank's dim-0 rows of the global tensor in the original
+//                dtype, in a buffer padded to ceil(rows / S) rows (ShardingSpec);
+//                what the optimizer steps and where the sharded gradient lives;
+//   unsharded  - the whole tensor in param_dtype: one leaf tensor that lives
+//                for the module's lifetime (autograd saves it in forward),
+//                whose bytes are allocated by unshard and released by reshard;
+//   its rows of a flat per-rank chunk, for the group's collectives (the
+//   layout is the group's: fsdp/param_group.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dist/dtensor.h"
+#include "nn/parameter.h"
+
+namespace tessera::fsdp {
+
+class FSDPParam {
+ public:
+  // Shards `param` over `mesh` (1-D: Shard(0); 2-D: Replicate, Shard(0)):
+  // the Parameter is left holding this rank's padded shard (on meta when it
+  // was on meta: no bytes allocated).
+  FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh);
+
+  const std::string& fqn() const { return fqn_; }
+  void set_fqn(std::string fqn) { fqn_ = std::move(fqn); }
+  nn::Parameter& param() const { return *param_; }
+  const std::shared_ptr<nn::Parameter>& param_ptr() const { return param_; }
+  const std::shared_ptr<const nn::ShardingSpec>& spec() const { return spec_; }
+
+  const Shape& global_shape() const { return spec_->global_shape; }
+  int64_t rows() const { return spec_->global_shape[0]; }
+  int64_t row_numel() const { return row_numel_; }  // elements per dim-0 row
+  int64_t padded_rows() const { return spec_->padded_rows; }  // rows of every rank's chunk
+  int64_t local_rows() const;
+  DType dtype() const { return dtype_; }  // the original (sharded) dtype
+
+  // The shard whether or not the Parameter holds it now.
+  const Tensor& sharded() const;
+  dist::DTensor sharded_dtensor() const;
+  // The unsharded leaf (created by init_unsharded; its bytes may be released).
+  const Tensor& unsharded() const { return unsharded_; }
+  bool holds_unsharded() const { return holds_unsharded_; }
+
+  // Creates the unsharded leaf in `param_dtype` with released storage (at the
+  // root's lazy init, once the parameters live on a real device).
+  void init_unsharded(DType param_dtype);
+  bool has_unsharded() const { return unsharded_.defined(); }
+  // Allocates the unsharded bytes (charged to the current memory scope).
+  void alloc_unsharded();
+  // The Parameter holds the unsharded leaf / the shard.
+  void to_unsharded();
+  void to_sharded();
+  // Frees the unsharded bytes (the leaf and its .grad stay).
+  void free_unsharded();
+
+ private:
+  std::string fqn_;
+  std::shared_ptr<nn::Parameter> param_;
+  std::shared_ptr<const nn::ShardingSpec> spec_;
+  int64_t row_numel_ = 1;
+  DType dtype_;
+  Tensor sharded_;  // kept while the Parameter holds the unsharded leaf
+  Tensor unsharded_;
+  bool holds_unsharded_ = false;
+};
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,336 @@
+// fsdp::FSDPParamGroup: copy-in, all-gather, copy-out; reshard; gradient
+// copy-in, reduce-scatter, accumulation into the sharded gradients.
+#include "fsdp/param_group.h"
+
+#include <algorithm>
+
+#include "autograd/hooks.h"
+#include "dist/reduction.h"
+#include "tensor/ops.h"
+
+namespace tessera::fsdp {
+
+namespace {
+
+FlatLayout make_layout(const std::vector<std::unique_ptr<FSDPParam>>& params, int world) {
+  FlatLayout layout;
+  layout.world = world;
+  for (const auto& param : params) {
+    const int64_t chunk_rows = (param->rows() + world - 1) / world;
+    layout.chunk_rows.push_back(chunk_rows);
+    layout.offsets.push_back(layout.slot_numel);
+    layout.slot_numel += chunk_rows * param->row_numel();
+  }
+  return layout;
+}
+
+// Rows [0, rows) of a chunk inside a flat buffer, shaped like the parameter.
+Tensor chunk_view(const Tensor& flat, int64_t offset, int64_t rows, const FSDPParam& param) {
+  Shape shape = param.global_shape();
+  shape[0] = rows;
+  return ops::view(ops::narrow(flat, 0, offset, rows * param.row_numel()), shape);
+}
+
+// this rank's rows of `source` (rows given by `extent`) into a chunk of
+// `chunk_rows` rows at `offset` of `flat`; the rest of the chunk is zeroed.
+void copy_rows_into_chunk(Tensor& flat, int64_t offset, int64_t chunk_rows, const Tensor& source_rows,
+                          const FSDPParam& param) {
+  const int64_t rows = source_rows.size(0);
+  if (rows > 0) {
+    Tensor destination = chunk_view(flat, offset, rows, param);
+    ops::copy_(destination, source_rows);
+  }
+  if (rows < chunk_rows) {
+    Tensor padding = ops::narrow(flat, 0, offset + rows * param.row_numel(), (chunk_rows - rows) * param.row_numel());
+    ops::zero_(padding);
+  }
+}
+
+}  // namespace
+
+FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, GroupComm comm,
+                               const MixedPrecisionPolicy& policy, int64_t post_forward_shards, std::string module_fqn)
+    : params_(std::move(params)),
+      comm_(std::move(comm)),
+      policy_(policy),
+      post_forward_shards_(post_forward_shards),
+      module_fqn_(std::move(module_fqn)) {
+  TESSERA_CHECK(!params_.empty(), "FSDPParamGroup: no parameters");
+  const DType own = params_.front()->dtype();
+  if (!policy_.param_dtype) {
+    for (const auto& param : params_) {
+      TESSERA_CHECK(param->dtype() == own,
+                    "fully_shard: parameters '{}' ({}) and '{}' ({}) differ in dtype; one group moves one dtype: set "
+                    "MixedPrecisionPolicy::param_dtype or shard them in separate calls",
+                    params_.front()->fqn(), dtype_name(own), param->fqn(), dtype_name(param->dtype()));
+    }
+  }
+  param_dtype_ = policy_.param_dtype.value_or(own);
+  reduce_dtype_ = policy_.reduce_dtype.value_or(param_dtype_);
+  TESSERA_CHECK(is_floating(param_dtype_) && is_floating(reduce_dtype_),
+                "fully_shard: param_dtype and reduce_dtype must be floating, got {} and {}", dtype_name(param_dtype_),
+                dtype_name(reduce_dtype_));
+  shard_layout_ = make_layout(params_, comm_.shard->size());
+  if (comm_.post_forward) post_forward_layout_ = make_layout(params_, comm_.post_forward->size());
+  for (const auto& param : params_) expected_gradients_ += param->param().requires_grad() ? 1 : 0;
+}
+
+int64_t FSDPParamGroup::unsharded_bytes() const {
+  return shard_layout_.world * shard_layout_.slot_numel * static_cast<int64_t>(element_size(param_dtype_));
+}
+
+const FlatLayout& FSDPParamGroup::layout_for(int world) const {
+  return world == shard_layout_.world ? shard_layout_ : post_forward_layout_;
+}
+
+dist::Tracer* FSDPParamGroup::tracer() const { return comm_.shard->tracer().get(); }
+
+int FSDPParamGroup::trace_rank() const { return comm_.shard->world_ranks()[static_cast<size_t>(comm_.shard->rank())]; }
+
+void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
+                               std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding,
+                               std::function<void()> on_gradient) {
+  unsharded_memory_ = std::move(unsharded_memory);
+  outstanding_ = std::move(outstanding);
+  on_gradient_ = std::move(on_gradient);
+  for (const auto& param : params_) {
+    if (param->has_unsharded()) continue;
+    param->init_unsharded(param_dtype_);
+    if (!param->param().requires_grad()) continue;
+    Tensor unsharded = param->unsharded();
+    autograd::register_post_accumulate_grad_hook(unsharded, [this](Tensor&) { on_gradient_accumulated(); });
+  }
+}
+
+// ---- unshard ---------------------------------------------------------------------------------
+
+void FSDPParamGroup::unshard(bool async_op) {
+  if (state_ == ShardState::unsharded || pending_all_gather_) return;
+  TESSERA_CHECK(unsharded_memory_ != nullptr, "fsdp: module '{}' is unsharded before the root's first forward "
+                "(lazy init); run a forward of the root module first", module_fqn_);
+  const bool from_post_forward = state_ == ShardState::sharded_post_forward;
+  const dist::ProcessGroupPtr& group = from_post_forward ? comm_.post_forward : comm_.shard;
+  const FlatLayout& layout = layout_for(group->size());
+  const int64_t slot_begin = group->rank() * layout.slot_numel;
+
+  Tensor gathered;
+  {
+    MemoryScope scope(unsharded_memory_);
+    gathered = ops::empty({layout.world * layout.slot_numel}, {.dtype = param_dtype_});
+  }
+  Tensor slot = ops::narrow(gathered, 0, slot_begin, layout.slot_numel);
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_in", "fsdp", {{"module", module_fqn_}});
+    if (from_post_forward) {
+      ops::copy_(slot, post_forward_slot_);
+      post_forward_slot_ = Tensor();
+    } else {
+      for (size_t index = 0; index < params_.size(); ++index) {
+        const FSDPParam& param = *params_[index];
+        copy_rows_into_chunk(slot, layout.offsets[index], layout.chunk_rows[index], param.sharded(), param);
+      }
+    }
+  }
+  dist::Work work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  pending_all_gather_ = PendingAllGather{std::move(gathered), std::move(work), layout.world};
+  if (!async_op) wait_for_unshard();
+}
+
+void FSDPParamGroup::wait_for_unshard() {
+  if (state_ == ShardState::unsharded && !pending_all_gather_) return;
+  if (!pending_all_gather_) unshard(/*async_op=*/true);
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "all_gather_wait", "fsdp", {{"module", module_fqn_}});
+    pending_all_gather_->work.wait();
+  }
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_out", "fsdp", {{"module", module_fqn_}});
+    copy_out(pending_all_gather_->gathered, layout_for(pending_all_gather_->world));
+  }
+  pending_all_gather_.reset();
+  state_ = ShardState::unsharded;
+}
+
+void FSDPParamGroup::copy_out(const Tensor& gathered, const FlatLayout& layout) {
+  for (size_t index = 0; index < params_.size(); ++index) {
+    FSDPParam& param = *params_[index];
+    {
+      MemoryScope scope(unsharded_memory_);
+      param.alloc_unsharded();
+    }
+    const Tensor& unsharded = param.unsharded();
+    for (int rank = 0; rank < layout.world; ++rank) {
+      const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
+      if (extent.length == 0) continue;
+      Tensor destination = ops::narrow(unsharded, 0, extent.offset, extent.length);
+      ops::copy_(destination, chunk_view(gathered, rank * layout.slot_numel + layout.offsets[index], extent.length,
+                                         param));
+    }
+    param.to_unsharded();
+  }
+}
+
+// ---- reshard ---------------------------------------------------------------------------------
+
+void FSDPParamGroup::reshard(bool to_post_forward) {
+  if (pending_all_gather_) {
+    // An issued all-gather must complete on every rank; its result is not needed.
+    pending_all_gather_->work.wait();
+    pending_all_gather_.reset();
+  }
+  to_post_forward = to_post_forward && comm_.post_forward != nullptr;
+  if (state_ == ShardState::unsharded) {
+    if (to_post_forward) {
+      const dist::ProcessGroupPtr& group = comm_.post_forward;
+      {
+        MemoryScope scope(unsharded_memory_);
+        post_forward_slot_ = ops::empty({post_forward_layout_.slot_numel}, {.dtype = param_dtype_});
+      }
+      for (size_t index = 0; index < params_.size(); ++index) {
+        const FSDPParam& param = *params_[index];
+        const dist::ShardExtent extent = dist::shard_extent(param.rows(), group->size(), group->rank());
+        copy_rows_into_chunk(post_forward_slot_, post_forward_layout_.offsets[index],
+                             post_forward_layout_.chunk_rows[index],
+                             ops::narrow(param.unsharded(), 0, extent.offset, extent.length), param);
+      }
+    }
+    for (const auto& param : params_) {
+      param->to_sharded();
+      param->free_unsharded();
+    }
+  } else if (state_ == ShardState::sharded_post_forward && !to_post_forward) {
+    post_forward_slot_ = Tensor();
+  } else if (state_ == ShardState::sharded) {
+    return;
+  }
+  state_ = to_post_forward ? ShardState::sharded_post_forward : ShardState::sharded;
+}
+
+// ---- the hooks' steps ----------------------------------------------------------------------------
+
+void FSDPParamGroup::pre_forward() { wait_for_unshard(); }
+
+void FSDPParamGroup::post_forward(bool backward_follows) {
+  if (backward_follows) {
+    needs_post_backward_ = true;
+    gradients_ready_ = 0;
+  }
+  // With no backward to serve, never leave parameters unsharded: the
+  // optimizer and state dicts must find the shards in the Parameters.
+  if (!backward_follows) {
+    reshard(false);
+  } else if (post_forward_shards_ != 1) {
+    reshard(/*to_post_forward=*/post_forward_shards_ != shard_layout_.world);
+  }
+}
+
+void FSDPParamGroup::pre_backward() {
+  if (backward_start_us_ == 0) backward_start_us_ = dist::Tracer::now_us();
+  wait_for_unshard();
+}
+
+void FSDPParamGroup::on_gradient_accumulated() {
+  if (on_gradient_) on_gradient_();
+  ++gradients_ready_;
+  if (needs_post_backward_ && gradients_ready_ == expected_gradients_) post_backward();
+}
+
+void FSDPParamGroup::post_backward() {
+  needs_post_backward_ = false;
+  gradients_ready_ = 0;
+  if (dist::Tracer* trace = tracer(); trace != nullptr && backward_start_us_ != 0) {
+    trace->record(dist::TraceEvent{.rank = trace_rank(), .track = "fsdp", .name = "backward", .category = "fsdp",
+                                   .start_us = backward_start_us_, .duration_us = dist::Tracer::now_us() - backward_start_us_,
+                                   .args = {{"module", module_fqn_}}});
+  }
+  backward_start_us_ = 0;
+  if (requires_gradient_sync && expected_gradients_ > 0) issue_reduce_scatter();
+  // Synced gradients live on the shards, so the optimizer must find the
+  // shards: only an unsynced pass may keep the group unsharded.
+  if (reshard_after_backward || requires_gradient_sync) reshard(false);
+}
+
+void FSDPParamGroup::issue_reduce_scatter() {
+  const FlatLayout& layout = shard_layout_;
+  const int64_t flags = static_cast<int64_t>(params_.size());
+  const int64_t slot_numel = layout.slot_numel + flags;
+  Tensor input;
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_copy_in", "fsdp", {{"module", module_fqn_}});
+    input = ops::zeros({layout.world * slot_numel}, {.dtype = reduce_dtype_});
+    for (size_t index = 0; index < params_.size(); ++index) {
+      FSDPParam& param = *params_[index];
+      Tensor unsharded = param.unsharded();
+      const Tensor grad = unsharded.grad();
+      if (!grad.defined()) continue;
+      for (int rank = 0; rank < layout.world; ++rank) {
+        const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
+        const int64_t slot = rank * slot_numel;
+        if (extent.length > 0) {
+          Tensor destination = chunk_view(input, slot + layout.offsets[index], extent.length, param);
+          ops::copy_(destination, ops::narrow(grad, 0, extent.offset, extent.length));
+        }
+        Tensor flag = ops::narrow(input, 0, slot + layout.slot_numel + static_cast<int64_t>(index), 1);
+        ops::fill_(flag, 1.0);
+      }
+      unsharded.set_grad(Tensor());
+    }
+  }
+  Tensor output = ops::empty({slot_numel}, {.dtype = reduce_dtype_});
+  // HSDP sums over the shard group, then over the replicate group, and
+  // divides once; plain FSDP averages in the reduce-scatter itself.
+  const dist::ReduceOp op = comm_.replicate ? dist::ReduceOp::sum : dist::ReduceOp::avg;
+  dist::Work work = comm_.shard->reduce_scatter_into(output, input, op, /*async_op=*/true);
+  pending_reduce_scatter_ = PendingReduceScatter{std::move(input), std::move(output), std::move(work)};
+
+  // One reduce-scatter stays in flight behind the backward pass: finishing the
+  // previous one here bounds gradient buffers to two groups.
+  if (outstanding_) {
+    std::vector<FSDPParamGroup*> earlier = std::move(*outstanding_);
+    *outstanding_ = {this};
+    for (FSDPParamGroup* group : earlier) {
+      if (group != this) group->finish_reduce_scatter();
+    }
+  }
+}
+
+void FSDPParamGroup::finish_reduce_scatter() {
+  if (!pending_reduce_scatter_) return;
+  PendingReduceScatter pending = std::move(*pending_reduce_scatter_);
+  pending_reduce_scatter_.reset();
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_wait", "fsdp", {{"module", module_fqn_}});
+    pending.work.wait();
+    pending.input = Tensor();
+    if (comm_.replicate) {
+      comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
+      dist::finish_average(pending.output.raw_data(), pending.output.numel(), reduce_dtype_,
+                           comm_.shard->size() * comm_.replicate->size());
+    }
+  }
+  dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
+  const FlatLayout& layout = shard_layout_;
+  const std::vector<double> present =
+      ops::narrow(pending.output, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
+  for (size_t index = 0; index < params_.size(); ++index) {
+    if (present[index] == 0.0) continue;
+    const FSDPParam& param = *params_[index];
+    Tensor sharded = param.sharded();
+    const Tensor piece = chunk_view(pending.output, layout.offsets[index], param.local_rows(), param);
+    if (sharded.grad().defined()) {
+      ops::add_(sharded.mutable_grad(), piece);
+    } else {
+      sharded.set_grad(piece.dtype() == param.dtype() ? ops::clone(piece) : ops::to(piece, param.dtype()));
+    }
+  }
+}
+
+void FSDPParamGroup::finish_backward(bool wait_for_reduce_scatter) {
+  if (pending_all_gather_ && state_ != ShardState::unsharded) reshard(false);  // prefetched, never used
+  if (needs_post_backward_) post_backward();
+  if (state_ != ShardState::sharded && (reshard_after_backward || requires_gradient_sync)) reshard(false);
+  if (wait_for_reduce_scatter) finish_reduce_scatter();
+  gradients_ready_ = 0;
+}
+
+}  // namespace tessera::fsdp

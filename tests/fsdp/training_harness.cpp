@@ -1,0 +1,181 @@
+// The harness behind the equivalence tests.
+#include "tests/fsdp/training_harness.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "dist/device_mesh.h"
+#include "dist/local_backend.h"
+#include "nn/linear.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/clip_grad.h"
+#include "tensor/ops.h"
+
+namespace tessera::fsdp::testing {
+
+class HarnessModel : public nn::Module {
+ public:
+  HarnessModel(const nn::GPTConfig& config, bool unused) : Module("HarnessModel") {
+    gpt_ = register_module("gpt", std::make_shared<nn::GPT>(config, kMeta));
+    if (unused) unused_ = register_module("unused", std::make_shared<nn::Linear>(config.n_embd, 5, nn::LinearOptions{.device = kMeta}));
+  }
+  Tensor forward_inputs(const nn::TensorList& inputs) override { return (*gpt_)(inputs); }
+  nn::GPT& gpt() { return *gpt_; }
+
+ private:
+  std::shared_ptr<nn::GPT> gpt_;
+  std::shared_ptr<nn::Linear> unused_;
+};
+
+namespace {
+
+struct MicroBatch {
+  Tensor inputs, targets;
+};
+
+MicroBatch micro_batch(const TrainingSetup& setup, int64_t step, int64_t index) {
+  std::mt19937_64 generator(setup.seed * 1000003ULL + static_cast<uint64_t>(step) * 4099ULL + static_cast<uint64_t>(index));
+  std::uniform_int_distribution<int64_t> token(0, setup.model.vocab_size - 1);
+  std::vector<int64_t> inputs, targets;
+  for (int64_t b = 0; b < setup.batch; ++b) {
+    std::vector<int64_t> sequence(static_cast<size_t>(setup.seq_len + 1));
+    for (auto& value : sequence) value = token(generator);
+    inputs.insert(inputs.end(), sequence.begin(), sequence.end() - 1);
+    targets.insert(targets.end(), sequence.begin() + 1, sequence.end());
+  }
+  return {ops::from_vector(inputs, {setup.batch, setup.seq_len}), ops::from_vector(targets, {setup.batch, setup.seq_len})};
+}
+
+std::unique_ptr<HarnessModel> build_meta(const TrainingSetup& setup) {
+  return std::make_unique<HarnessModel>(setup.model, setup.unused_parameters);
+}
+
+std::unique_ptr<optim::AdamW> build_optimizer(HarnessModel& model, const TrainingSetup& setup) {
+  return std::make_unique<optim::AdamW>(optim::weight_decay_groups(model.named_parameters(), 0.1),
+                                        optim::AdamWOptions{.lr = setup.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
+}
+
+// Divides every gradient by the number of micro-batches (sum -> mean), clips, steps.
+double finish_step(HarnessModel& model, optim::AdamW& optimizer, const TrainingSetup& setup, int64_t divisor) {
+  if (divisor > 1) {
+    for (auto& param : model.parameters()) {
+      Tensor& tensor = param->tensor();
+      if (tensor.grad().defined()) tensor.set_grad(ops::div(tensor.grad(), static_cast<double>(divisor)));
+    }
+  }
+  const double norm = optim::clip_grad_norm_(model.parameters(), setup.clip > 0 ? setup.clip : INFINITY);
+  optimizer.step();
+  return norm;
+}
+
+}  // namespace
+
+TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches) {
+  auto model = build_meta(setup);
+  model->to_empty(kCPU);
+  model->reset_parameters(setup.seed);
+  auto optimizer = build_optimizer(*model, setup);
+  TrainingResult result;
+  for (int64_t step = 0; step < setup.steps; ++step) {
+    optimizer->zero_grad();
+    double loss_sum = 0.0;
+    for (int64_t index = 0; index < micro_batches; ++index) {
+      const MicroBatch batch = micro_batch(setup, step, index);
+      Tensor loss = (*model)({batch.inputs, batch.targets});
+      loss_sum += loss.item();
+      autograd::backward(loss);
+    }
+    result.grad_norms.push_back(finish_step(*model, *optimizer, setup, micro_batches));
+    result.losses.push_back(loss_sum / static_cast<double>(micro_batches));
+  }
+  for (const auto& [name, param] : model->named_parameters()) result.parameters[name] = param->tensor().to_vector<double>();
+  return result;
+}
+
+TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& sharding) {
+  REQUIRE(sharding.world % sharding.replicate == 0);
+  TrainingResult result;
+  dist::LocalOptions options;
+  options.threads_per_rank = sharding.threads_per_rank;
+  options.group.deterministic = sharding.deterministic;
+  dist::run_local(sharding.world, [&](const dist::ProcessGroupPtr& world) {
+    const int shards = sharding.world / sharding.replicate;
+    const dist::DeviceMesh mesh = sharding.replicate > 1
+                                      ? dist::DeviceMesh(world, kCPU, {sharding.replicate, shards}, {"replicate", "shard"})
+                                      : dist::DeviceMesh(world, kCPU, {shards}, {"shard"});
+    auto model = build_meta(setup);
+    for (const auto& block : model->gpt().blocks()) {
+      fully_shard(*block, {.mesh = mesh, .reshard_after_forward = sharding.reshard_after_forward,
+                           .mp_policy = sharding.mp_policy});
+    }
+    FSDPModule root = fully_shard(*model, {.mesh = mesh, .mp_policy = sharding.mp_policy});
+    model->to_empty(kCPU);
+    model->reset_parameters(setup.seed);
+    auto optimizer = build_optimizer(*model, setup);
+
+    TrainingResult local;
+    for (int64_t step = 0; step < setup.steps; ++step) {
+      optimizer->zero_grad();
+      double loss_sum = 0.0;
+      for (int64_t accumulation = 0; accumulation < setup.grad_accum; ++accumulation) {
+        const bool last = accumulation + 1 == setup.grad_accum;
+        root.set_requires_gradient_sync(last || sharding.sync_every_micro_batch);
+        const MicroBatch batch = micro_batch(setup, step, accumulation * sharding.world + world->rank());
+        Tensor loss = (*model)({batch.inputs, batch.targets});
+        loss_sum += loss.item();
+        autograd::backward(loss);
+      }
+      local.grad_norms.push_back(finish_step(*model, *optimizer, setup, setup.grad_accum));
+      Tensor total = ops::scalar_tensor(loss_sum, {.dtype = DType::f64});
+      world->all_reduce(total, dist::ReduceOp::sum);
+      local.losses.push_back(total.item() / static_cast<double>(sharding.world * setup.grad_accum));
+    }
+    for (const auto& [name, param] : model->named_parameters()) {
+      const Tensor full = param->is_sharded() ? param->dtensor().full_tensor() : param->tensor();
+      local.parameters[name] = full.to_vector<double>();
+    }
+    if (world->rank() == 0) result = std::move(local);
+  }, options);
+  return result;
+}
+
+void check_close(const TrainingResult& expected, const TrainingResult& actual, double loss_rtol, double param_tol) {
+  REQUIRE(actual.losses.size() == expected.losses.size());
+  for (size_t step = 0; step < expected.losses.size(); ++step) {
+    INFO("step " << step + 1 << ": loss " << actual.losses[step] << " vs unsharded " << expected.losses[step]);
+    CHECK(std::abs(actual.losses[step] - expected.losses[step]) <= loss_rtol * std::abs(expected.losses[step]));
+  }
+  REQUIRE(actual.parameters.size() == expected.parameters.size());
+  for (const auto& [name, values] : expected.parameters) {
+    REQUIRE(actual.parameters.count(name) == 1);
+    const auto& got = actual.parameters.at(name);
+    REQUIRE(got.size() == values.size());
+    double worst = 0.0;
+    size_t worst_index = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double excess = std::abs(got[i] - values[i]) - param_tol * (1.0 + std::abs(values[i]));
+      if (excess > worst) worst = excess, worst_index = i;
+    }
+    INFO("parameter " << name << " element " << worst_index << ": " << got[worst_index] << " vs unsharded "
+                      << values[worst_index]);
+    CHECK(worst == 0.0);
+  }
+}
+
+void check_bitwise(const TrainingResult& expected, const TrainingResult& actual) {
+  REQUIRE(actual.losses.size() == expected.losses.size());
+  for (size_t step = 0; step < expected.losses.size(); ++step) {
+    INFO("step " << step + 1);
+    CHECK(actual.losses[step] == expected.losses[step]);
+  }
+  for (const auto& [name, values] : expected.parameters) {
+    INFO("parameter " << name);
+    CHECK(actual.parameters.at(name) == values);
+  }
+}
+
+}  // namespace tessera::fsdp::testing
