@@ -96,48 +96,54 @@ TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches
   return result;
 }
 
+TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingSetup& setup,
+                             const ShardingSetup& sharding) {
+  REQUIRE(world->size() % sharding.replicate == 0);
+  const int shards = world->size() / sharding.replicate;
+  const dist::DeviceMesh mesh = sharding.replicate > 1
+                                    ? dist::DeviceMesh(world, kCPU, {sharding.replicate, shards}, {"replicate", "shard"})
+                                    : dist::DeviceMesh(world, kCPU, {shards}, {"shard"});
+  auto model = build_meta(setup);
+  for (const auto& block : model->gpt().blocks()) {
+    fully_shard(*block, {.mesh = mesh, .reshard_after_forward = sharding.reshard_after_forward,
+                         .mp_policy = sharding.mp_policy});
+  }
+  FSDPModule root = fully_shard(*model, {.mesh = mesh, .mp_policy = sharding.mp_policy});
+  model->to_empty(kCPU);
+  model->reset_parameters(setup.seed);
+  auto optimizer = build_optimizer(*model, setup);
+
+  TrainingResult result;
+  for (int64_t step = 0; step < setup.steps; ++step) {
+    optimizer->zero_grad();
+    double loss_sum = 0.0;
+    for (int64_t accumulation = 0; accumulation < setup.grad_accum; ++accumulation) {
+      const bool last = accumulation + 1 == setup.grad_accum;
+      root.set_requires_gradient_sync(last || sharding.sync_every_micro_batch);
+      const MicroBatch batch = micro_batch(setup, step, accumulation * world->size() + world->rank());
+      Tensor loss = (*model)({batch.inputs, batch.targets});
+      loss_sum += loss.item();
+      autograd::backward(loss);
+    }
+    result.grad_norms.push_back(finish_step(*model, *optimizer, setup, setup.grad_accum));
+    Tensor total = ops::scalar_tensor(loss_sum, {.dtype = DType::f64});
+    world->all_reduce(total, dist::ReduceOp::sum);
+    result.losses.push_back(total.item() / static_cast<double>(world->size() * setup.grad_accum));
+  }
+  for (const auto& [name, param] : model->named_parameters()) {
+    const Tensor full = param->is_sharded() ? param->dtensor().full_tensor() : param->tensor();
+    result.parameters[name] = full.to_vector<double>();
+  }
+  return result;
+}
+
 TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& sharding) {
-  REQUIRE(sharding.world % sharding.replicate == 0);
   TrainingResult result;
   dist::LocalOptions options;
   options.threads_per_rank = sharding.threads_per_rank;
   options.group.deterministic = sharding.deterministic;
   dist::run_local(sharding.world, [&](const dist::ProcessGroupPtr& world) {
-    const int shards = sharding.world / sharding.replicate;
-    const dist::DeviceMesh mesh = sharding.replicate > 1
-                                      ? dist::DeviceMesh(world, kCPU, {sharding.replicate, shards}, {"replicate", "shard"})
-                                      : dist::DeviceMesh(world, kCPU, {shards}, {"shard"});
-    auto model = build_meta(setup);
-    for (const auto& block : model->gpt().blocks()) {
-      fully_shard(*block, {.mesh = mesh, .reshard_after_forward = sharding.reshard_after_forward,
-                           .mp_policy = sharding.mp_policy});
-    }
-    FSDPModule root = fully_shard(*model, {.mesh = mesh, .mp_policy = sharding.mp_policy});
-    model->to_empty(kCPU);
-    model->reset_parameters(setup.seed);
-    auto optimizer = build_optimizer(*model, setup);
-
-    TrainingResult local;
-    for (int64_t step = 0; step < setup.steps; ++step) {
-      optimizer->zero_grad();
-      double loss_sum = 0.0;
-      for (int64_t accumulation = 0; accumulation < setup.grad_accum; ++accumulation) {
-        const bool last = accumulation + 1 == setup.grad_accum;
-        root.set_requires_gradient_sync(last || sharding.sync_every_micro_batch);
-        const MicroBatch batch = micro_batch(setup, step, accumulation * sharding.world + world->rank());
-        Tensor loss = (*model)({batch.inputs, batch.targets});
-        loss_sum += loss.item();
-        autograd::backward(loss);
-      }
-      local.grad_norms.push_back(finish_step(*model, *optimizer, setup, setup.grad_accum));
-      Tensor total = ops::scalar_tensor(loss_sum, {.dtype = DType::f64});
-      world->all_reduce(total, dist::ReduceOp::sum);
-      local.losses.push_back(total.item() / static_cast<double>(sharding.world * setup.grad_accum));
-    }
-    for (const auto& [name, param] : model->named_parameters()) {
-      const Tensor full = param->is_sharded() ? param->dtensor().full_tensor() : param->tensor();
-      local.parameters[name] = full.to_vector<double>();
-    }
+    TrainingResult local = train_fsdp_on(world, setup, sharding);
     if (world->rank() == 0) result = std::move(local);
   }, options);
   return result;

@@ -52,7 +52,12 @@ struct TrainingResult {
 
 // One process, `micro_batches` micro-batches per step (the global batch).
 TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches);
+// On sharding.world local ranks (run_local); the result is rank 0's.
 TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& sharding);
+// On an existing world (any backend; sharding.world, threads and
+// deterministic are the world's own); every rank gets the result.
+TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingSetup& setup,
+                             const ShardingSetup& sharding);
 
 // Checks losses within `loss_rtol` relative and every parameter within
 // `param_tol` absolute plus relative; failures name the step or parameter.

@@ -1,0 +1,189 @@
+// FSDP's memory promises, read from the allocator statistics of each rank:
+// persistent state falls as 1/N, unsharded parameters never exceed the
+// current group plus the prefetched one, and a meta-built GPT-2 124M is
+// sharded and initialised without any rank holding more than its shards plus
+// one group. Also: shard-aware init is bitwise the unsharded init.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "autograd/engine.h"
+#include "dist/local_backend.h"
+#include "fsdp/fully_shard.h"
+#include "nn/gpt.h"
+#include "nn/linear.h"
+#include "nn/optim/adamw.h"
+#include "tensor/ops.h"
+
+using namespace tessera;
+using namespace tessera::fsdp;
+
+namespace {
+
+// Linear layers of different widths, each its own FSDP group; the root owns
+// no parameters, so the only unsharded memory is the layers'.
+class LayerStack : public nn::Module {
+ public:
+  explicit LayerStack(const std::vector<int64_t>& widths) : Module("LayerStack") {
+    layers_ = register_module("layers", std::make_shared<nn::ModuleList>());
+    for (size_t i = 0; i + 1 < widths.size(); ++i) {
+      layers_->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1], nn::LinearOptions{.device = kMeta}));
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = x;
+    for (const auto& layer : *layers_) y = tessera::tanh((*layer)(y));
+    return tessera::mean(tessera::mul(y, y));
+  }
+  nn::ModuleList& layers() { return *layers_; }
+
+ private:
+  std::shared_ptr<nn::ModuleList> layers_;
+};
+
+int64_t row_numel(const Shape& shape) {
+  int64_t numel = 1;
+  for (size_t d = 1; d < shape.size(); ++d) numel *= shape[d];
+  return numel;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp memory: persistent bytes per rank (shards, grads, AdamW state) are 1/N of unsharded plus padding") {
+  const nn::GPTConfig config{.vocab_size = 97, .block_size = 16, .n_layer = 2, .n_head = 3, .n_embd = 72};
+  int64_t unsharded_persistent = 0;
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    std::vector<int64_t> persistent(static_cast<size_t>(world));
+    std::vector<int64_t> allowed(static_cast<size_t>(world));
+    dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
+      const int64_t baseline = dist::rank_memory_stats().live_bytes;
+      {
+        nn::GPT model(config, kMeta);
+        const dist::DeviceMesh mesh(group, kCPU, {world});
+        for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
+        fully_shard(model, {.mesh = mesh});
+        model.to_empty(kCPU);
+        model.reset_parameters(3);
+        optim::AdamW optimizer(model.named_parameters());
+        const Tensor idx = ops::from_vector(std::vector<int64_t>(2 * 16, 5), {2, 16});
+        autograd::backward(model.loss(idx, idx));
+        optimizer.step();
+
+        const int64_t live = dist::rank_memory_stats().live_bytes - baseline;
+        persistent[static_cast<size_t>(group->rank())] = live;
+        // param + grad + exp_avg + exp_avg_sq in f32 per element, an 8-byte
+        // step counter per parameter; padding is at most one row per parameter.
+        int64_t numel = 0, padding = 0, count = 0;
+        for (const auto& param : model.parameters()) {
+          numel += shape_numel(param->global_shape());
+          padding += row_numel(param->global_shape());
+          ++count;
+        }
+        const int64_t unsharded = 16 * numel + 8 * count;
+        if (world == 1) unsharded_persistent = unsharded;
+        allowed[static_cast<size_t>(group->rank())] = unsharded / world + 16 * padding + 8 * count;
+      }
+    });
+    for (int rank = 0; rank < world; ++rank) {
+      INFO("rank " << rank << ": " << persistent[static_cast<size_t>(rank)] << " bytes, allowed "
+                   << allowed[static_cast<size_t>(rank)]);
+      CHECK(persistent[static_cast<size_t>(rank)] <= allowed[static_cast<size_t>(rank)]);
+      CHECK(persistent[static_cast<size_t>(rank)] >= unsharded_persistent / world / 2);  // it is really there
+    }
+  }
+}
+
+// At any moment a rank holds at most two groups' worth of unsharded memory:
+// the current group's unsharded tensors plus the prefetched group's
+// all-gather buffer, or, during copy-out, the current group's buffer plus its
+// unsharded tensors. The second makes the bound twice the largest group
+// (equal to the two largest when groups are alike, as transformer blocks are).
+TEST_CASE("fsdp memory: unsharded parameters never exceed two groups (current + prefetched)") {
+  const std::vector<int64_t> widths{24, 96, 40, 120, 32, 64};
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
+      LayerStack model(widths);
+      const dist::DeviceMesh mesh(group, kCPU, {world});
+      std::vector<FSDPModule> layers;
+      for (const auto& layer : model.layers()) layers.push_back(fully_shard(*layer, {.mesh = mesh}));
+      FSDPModule root = fully_shard(model, {.mesh = mesh});
+      model.to_empty(kCPU);
+      model.reset_parameters(11);
+      std::vector<int64_t> group_bytes;
+      for (const FSDPModule& layer : layers) group_bytes.push_back(layer.state().group()->unsharded_bytes());
+      std::sort(group_bytes.rbegin(), group_bytes.rend());
+
+      const Tensor x = ops::randn({4, widths.front()}, PhiloxKey{1, 2});
+      for (int iteration = 0; iteration < 3; ++iteration) {  // the first records the prefetch order
+        autograd::backward(model(x));
+        const MemoryStats unsharded = root.state().context()->unsharded_memory->snapshot();
+        INFO("iteration " << iteration << ": peak " << unsharded.peak_bytes << " bytes; largest group "
+                          << group_bytes[0]);
+        CHECK(unsharded.live_bytes == 0);  // everything resharded after backward
+        CHECK(unsharded.peak_bytes <= 2 * group_bytes[0]);
+        CHECK(unsharded.peak_bytes >= group_bytes[0]);  // the largest group was gathered
+        root.state().context()->unsharded_memory->reset_peak();
+      }
+    });
+  }
+}
+
+TEST_CASE("fsdp memory: a meta-built GPT-2 124M on 8 ranks never holds more than its shards plus one group") {
+  const nn::GPTConfig config = nn::GPTConfig::preset("gpt2-124m");
+  dist::run_local(8, [&](const dist::ProcessGroupPtr& group) {
+    dist::reset_rank_peak_memory();
+    const int64_t baseline = dist::rank_memory_stats().live_bytes;
+    nn::GPT model(config, kMeta);
+    CHECK(dist::rank_memory_stats().live_bytes == baseline);  // meta: no bytes
+    const dist::DeviceMesh mesh(group, kCPU, {8});
+    std::vector<FSDPModule> blocks;
+    for (const auto& block : model.blocks()) blocks.push_back(fully_shard(*block, {.mesh = mesh}));
+    FSDPModule root = fully_shard(model, {.mesh = mesh});
+    model.to_empty(kCPU);
+    model.reset_parameters(1);
+
+    int64_t shard_bytes = 0;
+    for (const auto& param : model.parameters()) {
+      shard_bytes += param->sharding()->padded_rows * row_numel(param->global_shape()) * 4;
+    }
+    int64_t largest_group = root.state().group()->unsharded_bytes();
+    for (const FSDPModule& block : blocks) largest_group = std::max(largest_group, block.state().group()->unsharded_bytes());
+    const MemoryStats stats = dist::rank_memory_stats();
+    INFO("rank " << group->rank() << ": peak " << stats.peak_bytes - baseline << ", shards " << shard_bytes
+                 << ", largest group " << largest_group);
+    CHECK(stats.live_bytes - baseline == shard_bytes);
+    CHECK(stats.peak_bytes - baseline <= shard_bytes + largest_group);
+    CHECK(shard_bytes * 8 < config.num_parameters() * 4 + 8 * 4 * 768 * 40);  // 1/8 of the model plus padding
+  });
+}
+
+TEST_CASE("fsdp init: shards put together are bitwise the unsharded init, for every world size") {
+  const nn::GPTConfig config{.vocab_size = 97, .block_size = 16, .n_layer = 2, .n_head = 3, .n_embd = 72};
+  nn::GPT reference(config, kMeta);
+  reference.to_empty(kCPU);
+  reference.reset_parameters(42);
+  for (int world = 1; world <= 8; ++world) {
+    CAPTURE(world);
+    std::atomic<int> mismatches{0};
+    dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
+      nn::GPT model(config, kMeta);
+      const dist::DeviceMesh mesh(group, kCPU, {world});
+      for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
+      fully_shard(model, {.mesh = mesh});
+      model.to_empty(kCPU);
+      model.reset_parameters(42);
+      const auto expected = reference.named_parameters();
+      const auto actual = model.named_parameters();
+      for (size_t i = 0; i < actual.size(); ++i) {
+        if (actual[i].second->dtensor().full_tensor().to_vector<float>() !=
+            expected[i].second->tensor().to_vector<float>()) {
+          ++mismatches;
+        }
+      }
+    });
+    CHECK(mismatches == 0);
+  }
+}
