@@ -9,13 +9,7 @@ namespace tessera::fsdp {
 FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh)
     : fqn_(std::move(fqn)), param_(std::move(param)), dtype_(param_->tensor().dtype()) {
   const Tensor full = param_->tensor();
-  TESSERA_CHECK(full.dim() >= 1, "fully_shard: parameter '{}' is 0-d; dim-0 sharding needs dim >= 1 (pass it in "
-                "ignored_params to keep it whole)", fqn_);
-  TESSERA_CHECK(is_floating(full.dtype()), "fully_shard: parameter '{}' is {}; only floating parameters can be sharded",
-                fqn_, dtype_name(full.dtype()));
-  TESSERA_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2,
-                "fully_shard: the mesh must be 1-D (shard) or 2-D (replicate, shard), got {}", mesh.to_string());
-
+  // fully_shard has checked the parameter (floating, dim >= 1) and the mesh (1-D or 2-D).
   // The shard dim is the mesh's last; a 2-D mesh replicates along its first (HSDP).
   const int64_t shard_dim = mesh.ndim() - 1;
   const int64_t shards = mesh.size(shard_dim);

@@ -67,6 +67,11 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
                 "fully_shard({}): the mesh must be 1-D (shard) or 2-D (replicate, shard), got {}", name,
                 mesh.to_string());
 
+  // Every check comes before the first parameter is sharded: a failed call
+  // leaves the module as it was.
+  const dist::ProcessGroupPtr& shard_group = mesh.group(mesh.ndim() - 1);
+  const std::optional<int64_t> shards = post_forward_shards(options.reshard_after_forward, shard_group->size(), name);
+
   // What calls below this one already manage.
   std::set<const nn::Parameter*> managed;
   for (nn::Module* below : module.modules()) {
@@ -80,16 +85,22 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
   std::set<const nn::Parameter*> ignored;
   for (const auto& param : options.ignored_params) ignored.insert(param.get());
 
-  std::vector<std::unique_ptr<FSDPParam>> params;
-  for (const auto& [fqn, parameter] : module.named_parameters()) {
+  std::vector<nn::NamedParameter> to_shard;
+  for (auto& [fqn, parameter] : module.named_parameters()) {
     if (managed.count(parameter.get()) > 0 || ignored.count(parameter.get()) > 0) continue;
-    TESSERA_CHECK(!parameter->is_sharded(), "fully_shard({}): parameter '{}' is already sharded by another "
-                  "fully_shard call (tied across modules?); shard a module that contains every use of it", name, fqn);
-    params.push_back(std::make_unique<FSDPParam>(fqn, parameter, mesh));
+    TESSERA_CHECK(managing_state(*parameter) == nullptr && !parameter->is_sharded(),
+                  "fully_shard({}): parameter '{}' has already been sharded by fully_shard on an enclosing or other "
+                  "module; apply fully_shard bottom-up (blocks first, then the root), and keep tied parameters in one "
+                  "module's call", name, fqn);
+    TESSERA_CHECK(parameter->tensor().dim() >= 1, "fully_shard({}): parameter '{}' is 0-d; dim-0 sharding needs dim "
+                  ">= 1 (pass it in ignored_params to keep it whole)", name, fqn);
+    TESSERA_CHECK(is_floating(parameter->tensor().dtype()), "fully_shard({}): parameter '{}' is {}; only floating "
+                  "parameters can be sharded", name, fqn, dtype_name(parameter->tensor().dtype()));
+    to_shard.emplace_back(fqn, parameter);
   }
+  std::vector<std::unique_ptr<FSDPParam>> params;
+  for (auto& [fqn, parameter] : to_shard) params.push_back(std::make_unique<FSDPParam>(fqn, parameter, mesh));
 
-  const dist::ProcessGroupPtr& shard_group = mesh.group(mesh.ndim() - 1);
-  const std::optional<int64_t> shards = post_forward_shards(options.reshard_after_forward, shard_group->size(), name);
   std::unique_ptr<FSDPParamGroup> group;
   if (!params.empty()) {
     GroupComm comm{.shard = shard_group, .replicate = mesh.ndim() == 2 ? mesh.group(0) : nullptr};

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
@@ -34,7 +35,20 @@ std::string common_ancestor(const std::string& a, const std::string& b) {
   return best;
 }
 
+// Parameter -> the state managing it, for fully_shard's bottom-up check.
+std::mutex registry_mutex;
+std::map<const nn::Parameter*, FSDPState*>& registry() {
+  static std::map<const nn::Parameter*, FSDPState*> managed;
+  return managed;
+}
+
 }  // namespace
+
+FSDPState* managing_state(const nn::Parameter& param) {
+  std::lock_guard lock(registry_mutex);
+  const auto found = registry().find(&param);
+  return found == registry().end() ? nullptr : found->second;
+}
 
 FSDPState::FSDPState(nn::Module& module, std::unique_ptr<FSDPParamGroup> group, dist::DeviceMesh mesh,
                      MixedPrecisionPolicy policy, std::optional<int64_t> reshard_after_forward)
@@ -47,14 +61,22 @@ FSDPState::FSDPState(nn::Module& module, std::unique_ptr<FSDPParamGroup> group, 
       [this](nn::Module&, const nn::TensorList& inputs) { return pre_forward(inputs); }));
   hooks_.push_back(module_->register_forward_hook(
       [this](nn::Module&, const nn::TensorList&, const Tensor& output) { return post_forward(output); }));
+  if (group_ == nullptr) return;
+  std::lock_guard lock(registry_mutex);
+  for (const auto& param : group_->params()) registry()[&param->param()] = this;
 }
 
-FSDPState::~FSDPState() = default;
+FSDPState::~FSDPState() {
+  if (group_ == nullptr) return;
+  std::lock_guard lock(registry_mutex);
+  for (const auto& param : group_->params()) registry().erase(&param->param());
+}
 
-dist::Tracer* FSDPState::tracer() const { return mesh_.group()->tracer().get(); }
+// FSDP phases go to the shard group's tracer, beside its collectives.
+dist::Tracer* FSDPState::tracer() const { return mesh_.group(mesh_.ndim() - 1)->tracer().get(); }
 
 int FSDPState::trace_rank() const {
-  const auto& group = mesh_.group();
+  const auto& group = mesh_.group(mesh_.ndim() - 1);
   return group->world_ranks()[static_cast<size_t>(group->rank())];
 }
 

@@ -47,6 +47,9 @@ struct FSDPStateContext {
   std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_reduce_scatters;
 };
 
+// The FSDPState whose group manages `param`, or null (any thread).
+FSDPState* managing_state(const nn::Parameter& param);
+
 class FSDPState : public nn::ModuleExtension {
  public:
   FSDPState(nn::Module& module, std::unique_ptr<FSDPParamGroup> group, dist::DeviceMesh mesh,
