@@ -223,3 +223,21 @@ TEST_CASE("fsdp: a released unsharded tensor cannot be read") {
   tensor.storage()->restore_data();
   CHECK(tensor.to_vector<float>().size() == 16);
 }
+
+TEST_CASE("fsdp: ignored parameters stay whole and unreduced") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {2});
+    nn::GPT model(kAwkward, kMeta);
+    const auto ln_f_weight = model.ln_f().parameter("weight");
+    for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
+    FSDPModule root = fully_shard(model, {.mesh = mesh, .ignored_params = {ln_f_weight}});
+    model.to_empty(kCPU);
+    model.reset_parameters(5);
+    CHECK_FALSE(ln_f_weight->is_sharded());
+    CHECK(managing_state(*ln_f_weight) == nullptr);
+    for (const auto& param : root.state().group()->params()) CHECK(param->param_ptr() != ln_f_weight);
+    train_step(model, group->rank());
+    CHECK(ln_f_weight->grad().sizes() == Shape{kAwkward.n_embd});
+    CHECK(model.wte().weight().is_sharded());
+  });
+}
