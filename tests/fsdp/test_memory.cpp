@@ -42,6 +42,14 @@ class LayerStack : public nn::Module {
   std::shared_ptr<nn::ModuleList> layers_;
 };
 
+// The FSDP2 flow on a meta-built GPT: blocks, then the root; allocate; init.
+void shard_and_init(nn::GPT& model, const dist::DeviceMesh& mesh, uint64_t seed) {
+  for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
+  fully_shard(model, {.mesh = mesh});
+  model.to_empty(kCPU);
+  model.reset_parameters(seed);
+}
+
 int64_t row_numel(const Shape& shape) {
   int64_t numel = 1;
   for (size_t d = 1; d < shape.size(); ++d) numel *= shape[d];
@@ -61,11 +69,7 @@ TEST_CASE("fsdp memory: persistent bytes per rank (shards, grads, AdamW state) a
       const int64_t baseline = dist::rank_memory_stats().live_bytes;
       {
         nn::GPT model(config, kMeta);
-        const dist::DeviceMesh mesh(group, kCPU, {world});
-        for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
-        fully_shard(model, {.mesh = mesh});
-        model.to_empty(kCPU);
-        model.reset_parameters(3);
+        shard_and_init(model, dist::DeviceMesh(group, kCPU, {world}), 3);
         optim::AdamW optimizer(model.named_parameters());
         const Tensor idx = ops::from_vector(std::vector<int64_t>(2 * 16, 5), {2, 16});
         autograd::backward(model.loss(idx, idx));
@@ -170,11 +174,7 @@ TEST_CASE("fsdp init: shards put together are bitwise the unsharded init, for ev
     std::atomic<int> mismatches{0};
     dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
       nn::GPT model(config, kMeta);
-      const dist::DeviceMesh mesh(group, kCPU, {world});
-      for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
-      fully_shard(model, {.mesh = mesh});
-      model.to_empty(kCPU);
-      model.reset_parameters(42);
+      shard_and_init(model, dist::DeviceMesh(group, kCPU, {world}), 42);
       const auto expected = reference.named_parameters();
       const auto actual = model.named_parameters();
       for (size_t i = 0; i < actual.size(); ++i) {

@@ -72,6 +72,14 @@ double finish_step(HarnessModel& model, optim::AdamW& optimizer, const TrainingS
   return norm;
 }
 
+// Forward and backward of micro-batch `index` of `step`; returns its loss.
+double forward_backward(HarnessModel& model, const TrainingSetup& setup, int64_t step, int64_t index) {
+  const MicroBatch batch = micro_batch(setup, step, index);
+  Tensor loss = model({batch.inputs, batch.targets});
+  autograd::backward(loss);
+  return loss.item();
+}
+
 }  // namespace
 
 TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches) {
@@ -83,12 +91,7 @@ TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches
   for (int64_t step = 0; step < setup.steps; ++step) {
     optimizer->zero_grad();
     double loss_sum = 0.0;
-    for (int64_t index = 0; index < micro_batches; ++index) {
-      const MicroBatch batch = micro_batch(setup, step, index);
-      Tensor loss = (*model)({batch.inputs, batch.targets});
-      loss_sum += loss.item();
-      autograd::backward(loss);
-    }
+    for (int64_t index = 0; index < micro_batches; ++index) loss_sum += forward_backward(*model, setup, step, index);
     result.grad_norms.push_back(finish_step(*model, *optimizer, setup, micro_batches));
     result.losses.push_back(loss_sum / static_cast<double>(micro_batches));
   }
@@ -120,10 +123,7 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
     for (int64_t accumulation = 0; accumulation < setup.grad_accum; ++accumulation) {
       const bool last = accumulation + 1 == setup.grad_accum;
       root.set_requires_gradient_sync(last || sharding.sync_every_micro_batch);
-      const MicroBatch batch = micro_batch(setup, step, accumulation * world->size() + world->rank());
-      Tensor loss = (*model)({batch.inputs, batch.targets});
-      loss_sum += loss.item();
-      autograd::backward(loss);
+      loss_sum += forward_backward(*model, setup, step, accumulation * world->size() + world->rank());
     }
     result.grad_norms.push_back(finish_step(*model, *optimizer, setup, setup.grad_accum));
     Tensor total = ops::scalar_tensor(loss_sum, {.dtype = DType::f64});
