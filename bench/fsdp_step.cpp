@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -71,6 +72,7 @@ struct Settings {
   int steps = 3;
   int warmup = 1;
   bool reshard_after_forward = true;
+  int threads_per_rank = 0;  // 0: run_local's default, max(1, cores / ranks)
   DType param_dtype = DType::f32;
   std::string trace_prefix;
 };
@@ -129,16 +131,21 @@ int64_t bytes_sent(const std::vector<dist::ProcessGroupPtr>& groups) {
 void run_rank(const Settings& settings, const dist::ProcessGroupPtr& world, const std::shared_ptr<dist::Tracer>& tracer,
               RankResult& result) {
   const dist::DeviceMesh mesh(world, kCPU, {world->size()}, {"shard"});
-  // FSDPState traces through the mesh's group, FSDPParamGroup through the shard dim's.
+  // FSDP records its spans and collectives through the shard dim's group; the
+  // mesh's group (the world) carries the step barriers.
   const std::vector<dist::ProcessGroupPtr> groups = {mesh.group(), mesh.group("shard")};
   fsdp::MixedPrecisionPolicy policy;
   if (settings.param_dtype != DType::f32) policy.param_dtype = settings.param_dtype;
 
+  fsdp::FullyShardOptions root_options;
+  root_options.mesh = mesh;
+  root_options.mp_policy = policy;
+  fsdp::FullyShardOptions block_options = root_options;
+  block_options.reshard_after_forward = settings.reshard_after_forward;
+
   nn::GPT model(settings.model, kMeta);
-  for (const auto& block : model.blocks()) {
-    fsdp::fully_shard(*block, {.mesh = mesh, .reshard_after_forward = settings.reshard_after_forward, .mp_policy = policy});
-  }
-  fsdp::fully_shard(model, {.mesh = mesh, .mp_policy = policy});
+  for (const auto& block : model.blocks()) fsdp::fully_shard(*block, block_options);
+  fsdp::fully_shard(model, root_options);
   model.to_empty(kCPU);
   model.reset_parameters(kSeed);
   optim::AdamW optimizer(model.named_parameters(), {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
@@ -147,7 +154,7 @@ void run_rank(const Settings& settings, const dist::ProcessGroupPtr& world, cons
 
   for (int step = 0; step < settings.warmup + settings.steps; ++step) {
     const bool timed = step >= settings.warmup;
-    if (timed && step == settings.warmup) {
+    if (step == settings.warmup) {
       for (const auto& group : groups) group->set_tracer(tracer);
     }
     const auto [inputs, targets] = random_batch(settings, world->rank(), step);
@@ -221,9 +228,10 @@ struct Overlap {
 
 // Collective events run on the group's communication thread; the wait spans
 // are recorded on the rank's compute thread, one after another, so neither
-// list double counts once merged. A wait that overlaps no running collective
-// (bookkeeping around work.wait()) is not communication and is left out of
-// exposed time by the intersection.
+// list double counts once merged. Exposed time is the intersection: the part
+// of a wait with no collective running (the comm thread not yet scheduled on
+// an oversubscribed CPU, bookkeeping around work.wait()) is not collective
+// time; the notes under the table give the whole wait spans.
 std::vector<Overlap> overlap_per_rank(const dist::Tracer& tracer, int world_size) {
   std::vector<std::vector<Interval>> collectives(static_cast<size_t>(world_size));
   std::vector<std::vector<Interval>> waits(static_cast<size_t>(world_size));
@@ -273,9 +281,11 @@ struct Row {
 Row run_world(const Settings& settings, int world_size) {
   std::vector<RankResult> results(static_cast<size_t>(world_size));
   auto tracer = std::make_shared<dist::Tracer>();
+  dist::LocalOptions options;
+  options.threads_per_rank = settings.threads_per_rank;
   dist::run_local(world_size, [&](const dist::ProcessGroupPtr& world) {
     run_rank(settings, world, tracer, results[static_cast<size_t>(world->rank())]);
-  });
+  }, options);
   if (!settings.trace_prefix.empty()) {
     tracer->write_chrome_trace(fmt::format("{}-{}ranks.json", settings.trace_prefix, world_size));
   }
@@ -344,6 +354,7 @@ nlohmann::json row_json(const Settings& settings, const Row& row) {
           {"reshard_after_forward", settings.reshard_after_forward},
           {"ranks", row.ranks},
           {"threads_per_rank", row.threads_per_rank},
+          {"cores", std::thread::hardware_concurrency()},
           {"ms_per_step", row.ms_per_step},
           {"step_ms", row.step_ms},
           {"tokens_per_s", row.tokens_per_s},
@@ -384,6 +395,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--param-dtype", param_dtype, "unsharded parameter (and gradient-reduction) dtype")
       ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  app.add_option("--threads-per-rank", settings.threads_per_rank, "intra-op threads per rank (0: max(1, cores / ranks))")
+      ->check(CLI::Range(0, 4096))->capture_default_str();
   app.add_option("--json", json_path, "also write one JSON line per world size to this file");
   app.add_option("--trace", settings.trace_prefix, "write each world size's Chrome trace to PREFIX-<N>ranks.json");
   CLI11_PARSE(app, argc, argv);
@@ -393,6 +406,11 @@ int main(int argc, char** argv) {
     settings.param_dtype = param_dtype == "bf16" ? DType::bf16 : DType::f32;
     TESSERA_CHECK(settings.seq_len <= settings.model.block_size, "--seq-len {} is longer than {}'s context of {}",
                   settings.seq_len, settings.preset, settings.model.block_size);
+    if (!settings.trace_prefix.empty()) {
+      // Checked now rather than after the first world size has run for minutes.
+      const std::filesystem::path folder = std::filesystem::absolute(settings.trace_prefix).parent_path();
+      TESSERA_CHECK(std::filesystem::is_directory(folder), "--trace: folder '{}' does not exist", folder.string());
+    }
     std::ofstream json_file;
     if (!json_path.empty()) {
       json_file.open(json_path);
@@ -406,9 +424,10 @@ int main(int argc, char** argv) {
                settings.preset, m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.num_parameters(), settings.batch,
                settings.seq_len);
     fmt::print("# fully_shard per block + root, reshard_after_forward={} (blocks), param/reduce dtype {}; AdamW, "
-               "clip {}; {} warm-up + {} timed steps; threads/rank = max(1, cores / ranks)\n",
+               "clip {}; {} warm-up + {} timed steps; threads/rank {}\n",
                settings.reshard_after_forward, dtype_name(settings.param_dtype), kClip, settings.warmup,
-               settings.steps);
+               settings.steps,
+               settings.threads_per_rank > 0 ? std::to_string(settings.threads_per_rank) : "max(1, cores / ranks)");
     fmt::print(
         "# ms/step: median over timed steps of the slowest rank (steps start at a barrier); tokens/s: all ranks\n"
         "# persist: live bytes after optimizer.step() with gradients held (param + grad shards + AdamW m, v, +\n"

@@ -103,7 +103,8 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
 
   std::unique_ptr<FSDPParamGroup> group;
   if (!params.empty()) {
-    GroupComm comm{.shard = shard_group, .replicate = mesh.ndim() == 2 ? mesh.group(0) : nullptr};
+    GroupComm comm{.shard = shard_group, .replicate = mesh.ndim() == 2 ? mesh.group(0) : nullptr,
+                   .post_forward = nullptr};
     if (shards && *shards > 1 && *shards < shard_group->size()) comm.post_forward = post_forward_group(shard_group, *shards);
     group = std::make_unique<FSDPParamGroup>(std::move(params), std::move(comm), options.mp_policy,
                                              shards.value_or(shard_group->size()), "");

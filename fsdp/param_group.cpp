@@ -175,6 +175,7 @@ void FSDPParamGroup::copy_out(const Tensor& gathered, const FlatLayout& layout) 
 void FSDPParamGroup::reshard(bool to_post_forward) {
   if (pending_all_gather_) {
     // An issued all-gather must complete on every rank; its result is not needed.
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "all_gather_wait", "fsdp", {{"module", module_fqn_}});
     pending_all_gather_->work.wait();
     pending_all_gather_.reset();
   }
@@ -302,11 +303,12 @@ void FSDPParamGroup::finish_reduce_scatter() {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_wait", "fsdp", {{"module", module_fqn_}});
     pending.work.wait();
     pending.input = Tensor();
-    if (comm_.replicate) {
-      comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
-      dist::finish_average(pending.output.raw_data(), pending.output.numel(), reduce_dtype_,
-                           comm_.shard->size() * comm_.replicate->size());
-    }
+  }
+  if (comm_.replicate) {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "replicate_all_reduce", "fsdp", {{"module", module_fqn_}});
+    comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
+    dist::finish_average(pending.output.raw_data(), pending.output.numel(), reduce_dtype_,
+                         comm_.shard->size() * comm_.replicate->size());
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   const FlatLayout& layout = shard_layout_;
