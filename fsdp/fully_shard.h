@@ -36,13 +36,13 @@ using ReshardAfterForward = std::variant<bool, int64_t>;
 struct FullyShardOptions {
   // 1-D (shard) or 2-D (replicate, shard) for HSDP. Unset: a 1-D mesh over
   // dist::world() (one per world, shared by every call).
-  std::optional<dist::DeviceMesh> mesh;
+  std::optional<dist::DeviceMesh> mesh = std::nullopt;
   // Unset: true, except for the root (false): its parameters are needed again
   // at once when backward starts.
-  std::optional<ReshardAfterForward> reshard_after_forward;
-  MixedPrecisionPolicy mp_policy;
+  std::optional<ReshardAfterForward> reshard_after_forward = std::nullopt;
+  MixedPrecisionPolicy mp_policy = {};
   // Left whole and unmanaged (not sharded, not reduced): the caller handles them.
-  std::vector<std::shared_ptr<nn::Parameter>> ignored_params;
+  std::vector<std::shared_ptr<nn::Parameter>> ignored_params = {};
 };
 
 // Waits for an async unshard(); the next forward waits on its own too.

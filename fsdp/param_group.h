@@ -52,9 +52,9 @@ struct FlatLayout {
 // replicate group of HSDP (null on a 1-D mesh), and the group of N ranks that
 // reshard_after_forward = N all-gathers over in backward (null otherwise).
 struct GroupComm {
-  dist::ProcessGroupPtr shard;
-  dist::ProcessGroupPtr replicate;
-  dist::ProcessGroupPtr post_forward;
+  dist::ProcessGroupPtr shard = nullptr;
+  dist::ProcessGroupPtr replicate = nullptr;
+  dist::ProcessGroupPtr post_forward = nullptr;
 };
 
 class FSDPParamGroup {

@@ -20,9 +20,9 @@ std::string format_bytes(int64_t bytes) {
 std::string format_progress(const StepMetrics& m) {
   std::string line = fmt::format(
       "step {:5d} | loss {:.4f} | lr {:.2e} | grad norm {:7.4f} | {:8.1f} ms | {:9.0f} tok/s | {:6.2f} GFLOP/s | "
-      "peak mem {} (rss {})",
+      "peak mem/rank {} (rss {}) | sent/rank {}",
       m.step, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, m.gflops_per_s, format_bytes(m.peak_mem_bytes),
-      format_bytes(m.peak_rss_bytes));
+      format_bytes(m.peak_rss_bytes), format_bytes(m.comm_bytes));
   if (m.val_loss) line += fmt::format(" | val loss {:.4f}", *m.val_loss);
   return line;
 }
@@ -38,6 +38,7 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
       {"gflops_per_s", m.gflops_per_s},
       {"peak_mem_bytes", m.peak_mem_bytes},
       {"peak_rss_bytes", m.peak_rss_bytes},
+      {"comm_bytes", m.comm_bytes},
   };
   if (m.val_loss) object["val_loss"] = *m.val_loss;
   return object;

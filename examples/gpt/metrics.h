@@ -20,8 +20,9 @@ struct StepMetrics {
   double step_ms = 0.0;
   double tokens_per_s = 0.0;
   double gflops_per_s = 0.0;  // model FLOPs (forward + backward) per second
-  int64_t peak_mem_bytes = 0;  // tessera's CPU allocator high-water mark
-  int64_t peak_rss_bytes = 0;  // the process's (VmHWM)
+  int64_t peak_mem_bytes = 0;  // during the step, the largest rank's (tessera's allocator, per rank)
+  int64_t peak_rss_bytes = 0;  // the process's (VmHWM; all local ranks together)
+  int64_t comm_bytes = 0;      // bytes one rank sent during the step (every group's stats)
   std::optional<double> val_loss;  // set on evaluation steps
 };
 

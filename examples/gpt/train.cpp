@@ -1,6 +1,8 @@
-// `train`: trains a GPT-2 style model on one machine. With no flags, the tiny
-// preset learns byte-level text from the Debian corpus in a few minutes.
-// Flags: train --help; the library behind it: examples/gpt/trainer.h.
+// `train`: trains a GPT-2 style model with FSDP on --nproc ranks (threads of
+// this process, or one process per rank under mpirun with --backend mpi).
+// `train --nproc 4` has the tiny preset learn byte-level text from the Debian
+// corpus in about a minute. Flags: train --help; the library behind it:
+// examples/gpt/trainer.h.
 #include <exception>
 #include <iostream>
 

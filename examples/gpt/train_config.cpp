@@ -1,12 +1,15 @@
 // train's flags (CLI11): the preset fills the model shape first, then every
-// shape flag given explicitly overrides its field.
+// shape flag given explicitly overrides its field; the FSDP flags are checked
+// against the world size (--nproc, or the launcher's under --backend mpi).
 #include "examples/gpt/train_config.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 
+#include "dist/launch.h"
 #include "tensor/error.h"
 
 namespace gpt {
@@ -30,6 +33,49 @@ CLI::Validator bounded_below(double bound, bool inclusive) {
 const CLI::Validator kPositive = bounded_below(0.0, false);
 const CLI::Validator kNonNegative = bounded_below(0.0, true);
 
+// The dtypes FSDP's mixed precision takes on the command line.
+tessera::DType parse_dtype(const std::string& name) {
+  if (name == "f32") return tessera::DType::f32;
+  if (name == "bf16") return tessera::DType::bf16;
+  tessera::fail("unknown dtype '{}' (f32 or bf16)", name);
+}
+const std::vector<std::string> kDtypeNames = {"f32", "bf16"};
+
+// "true", "false" or a positive rank count.
+std::optional<tessera::fsdp::ReshardAfterForward> parse_reshard(const std::string& text) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  int64_t count = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
+  if (error != std::errc() || end != text.data() + text.size() || count < 1) return std::nullopt;
+  return count;
+}
+
+std::string reshard_name(const tessera::fsdp::ReshardAfterForward& reshard) {
+  if (const bool* flag = std::get_if<bool>(&reshard)) return *flag ? "true" : "false";
+  return std::to_string(std::get<int64_t>(reshard));
+}
+
+// --backend mpi takes its world from the launcher; --backend local must not
+// run under one (every process would train alone on its own threads).
+void read_world_size(TrainConfig& config, bool nproc_given) {
+  const tessera::dist::LaunchInfo launch = tessera::dist::detect_launch();
+  const bool launched = launch.launcher == tessera::dist::Launcher::mpirun ||
+                        launch.launcher == tessera::dist::Launcher::slurm;
+  if (config.backend == "local") {
+    TESSERA_CHECK(!launched || launch.world_size == 1,
+                  "--backend local, but {} started this process as rank {} of {}; pass --backend mpi",
+                  tessera::dist::launcher_name(launch.launcher), launch.rank, launch.world_size);
+    return;
+  }
+  TESSERA_CHECK(launched, "--backend mpi needs a launcher: start it as `mpirun -np N train --backend mpi ...` (or "
+                "srun); without one, use --backend local --nproc N");
+  TESSERA_CHECK(!nproc_given || config.nproc == launch.world_size,
+                "--nproc {} differs from the {} ranks {} started; leave --nproc out under --backend mpi", config.nproc,
+                launch.world_size, tessera::dist::launcher_name(launch.launcher));
+  config.nproc = launch.world_size;
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -47,11 +93,27 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", threads);
   TESSERA_CHECK(eval_every >= 0, "--eval-every must be >= 0 (0 = never), got {}", eval_every);
   TESSERA_CHECK(eval_batches >= 1, "--eval-batches must be >= 1, got {}", eval_batches);
+  TESSERA_CHECK(backend == "local" || backend == "mpi", "--backend must be local or mpi, got '{}'", backend);
+  TESSERA_CHECK(nproc >= 1, "--nproc must be >= 1, got {}", nproc);
+  TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
+                "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
+                hsdp, nproc);
+  if (const int64_t* count = std::get_if<int64_t>(&reshard_after_forward)) {
+    TESSERA_CHECK(*count >= 1 && shard_ranks() % *count == 0,
+                  "--reshard-after-forward {} must divide the shard group size {} (--nproc {} / --hsdp {}); 1 is "
+                  "false, {} is true",
+                  *count, shard_ranks(), nproc, hsdp, shard_ranks());
+  }
+  TESSERA_CHECK(tessera::is_floating(param_dtype), "--param-dtype must be floating, got {}",
+                tessera::dtype_name(param_dtype));
+  TESSERA_CHECK(!reduce_dtype || tessera::is_floating(*reduce_dtype), "--reduce-dtype must be floating, got {}",
+                tessera::dtype_name(*reduce_dtype));
 }
 
 std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
                                       std::ostream& err) {
-  CLI::App app{"Trains a GPT-2 style model with tessera on one machine (byte-level text by default)", "train"};
+  CLI::App app{"Trains a GPT-2 style model with tessera's FSDP on --nproc ranks (byte-level text by default)",
+               "train"};
   app.option_defaults()->always_capture_default();
 
   const std::vector<std::string> presets = tessera::nn::GPTConfig::preset_names();
@@ -79,13 +141,41 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
       ->check(kNonNegative);
   app.add_option("--clip", config.clip, "Max global gradient norm (0 = off)")->check(kNonNegative);
   app.add_option("--seed", config.seed, "Seed of model init and data order");
-  app.add_option("--threads", config.threads, "CPU threads (0 = all cores)")->check(kNonNegative);
+  app.add_option("--threads", config.threads, "CPU threads per rank (0 = the cores shared out among the ranks)")->check(kNonNegative);
   app.add_option("--data", config.data, "Token file (text, or llm.c .bin), or 'synthetic'")
       ->default_str("the Debian corpus");
   app.add_option("--log-json", config.log_json, "Write one JSON object per step to this file");
   app.add_option("--eval-every", config.eval_every, "Validation loss every N steps (0 = never)")
       ->check(kNonNegative);
   app.add_option("--eval-batches", config.eval_batches, "Micro-batches per validation")->check(kPositive);
+
+  // Parallelism: FSDP over --nproc ranks.
+  auto* nproc_flag = app.add_option("--nproc", config.nproc,
+                                    "Ranks, each with its own micro-batches (threads, or the launcher's processes)")
+                         ->check(kPositive);
+  app.add_option("--backend", config.backend, "local (threads in this process) or mpi (under mpirun/srun)")
+      ->check(CLI::IsMember({"local", "mpi"}));
+  std::string reshard_text = "true";
+  app.add_option("--reshard-after-forward", reshard_text,
+                 "Blocks free their gathered parameters after forward: true, false, or N (keep an N-rank sharding "
+                 "for backward)")
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            if (parse_reshard(input)) return {};
+            return fmt::format("expected true, false or a positive rank count, got '{}'", input);
+          },
+          "true|false|N"));
+  std::string param_dtype = "f32", reduce_dtype;
+  app.add_option("--param-dtype", param_dtype, "Dtype of the gathered parameters (forward, backward, all-gather)")
+      ->check(CLI::IsMember(kDtypeNames));
+  app.add_option("--reduce-dtype", reduce_dtype, "Dtype of the gradient reduce-scatter")
+      ->check(CLI::IsMember(kDtypeNames))
+      ->default_str("--param-dtype");
+  app.add_option("--hsdp", config.hsdp, "HSDP replicate degree R: a R x (nproc / R) (replicate, shard) mesh")
+      ->check(kPositive);
+  app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
+  app.add_option("--trace", config.trace, "Write a Chrome/Perfetto trace of every rank to this file");
+  app.add_flag("--plan", config.plan, "Print the sharding plan (shards, memory, bytes per step) and exit");
 
   try {
     app.parse(argc, argv);
@@ -103,6 +193,10 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     if (config.seq_len > config.model.block_size) config.model.block_size = config.seq_len;
     // The default warmup shrinks for short runs; an explicit one must fit.
     if (warmup_flag->count() == 0) config.warmup = std::min(config.warmup, config.steps);
+    config.reshard_after_forward = *parse_reshard(reshard_text);
+    config.param_dtype = parse_dtype(param_dtype);
+    if (!reduce_dtype.empty()) config.reduce_dtype = parse_dtype(reduce_dtype);
+    read_world_size(config, nproc_flag->count() > 0);
     config.validate();
   } catch (const tessera::Error& error) {
     err << "train: error: " << error.what() << "\nRun with --help for more information.\n";
@@ -113,15 +207,20 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
 
 std::string describe(const TrainConfig& c) {
   const auto& m = c.model;
+  const std::string mesh = c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks())
+                                      : fmt::format("shard {}", c.nproc);
   return fmt::format(
       "model    {}: n_layer {}, n_head {}, n_embd {}, vocab {}, context {} ({:.3f} M parameters)\n"
-      "batch    {} x {} tokens x {} micro-batches = {} tokens per step, {} steps\n"
+      "batch    {} x {} tokens x {} micro-batches x {} ranks = {} tokens per step, {} steps\n"
       "optim    AdamW lr {:g} (warmup {}, cosine to {:g}), weight decay {:g}, clip {}\n"
+      "fsdp     {} on {} {} rank{} (mesh {}), reshard_after_forward {}, param {}, reduce {}{}\n"
       "seed     {}",
       c.preset, m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.block_size,
-      static_cast<double>(m.num_parameters()) / 1e6, c.batch, c.seq_len, c.grad_accum, c.tokens_per_step(), c.steps,
-      c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay, c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off",
-      c.seed);
+      static_cast<double>(m.num_parameters()) / 1e6, c.batch, c.seq_len, c.grad_accum, c.nproc, c.tokens_per_step(),
+      c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
+      c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
+      c.nproc == 1 ? "" : "s", mesh, reshard_name(c.reshard_after_forward), tessera::dtype_name(c.param_dtype),
+      tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "", c.seed);
 }
 
 }  // namespace gpt

@@ -1,6 +1,7 @@
 // The settings of a training run and the `train` command line that fills
-// them: a model preset, explicit shape flags that override it, and the
-// optimisation, data and logging settings.
+// them: a model preset, explicit shape flags that override it, the
+// optimisation, data and logging settings, and how FSDP shards the model over
+// the ranks.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,9 @@
 #include <ostream>
 #include <string>
 
+#include "fsdp/fully_shard.h"
 #include "nn/gpt_config.h"
+#include "tensor/dtype.h"
 
 namespace gpt {
 
@@ -27,13 +30,26 @@ struct TrainConfig {
   double weight_decay = 0.1;  // on matmul and embedding weights only
   double clip = 1.0;        // max global grad norm; 0 = off
   uint64_t seed = 1337;     // model init and data order
-  int threads = 0;          // 0 = all cores
+  int threads = 0;          // per rank; 0 = the cores shared out among the ranks
   std::string data;         // "" = the default corpus, "synthetic", or a file
   std::string log_json;     // "" = no JSON-lines log
   int64_t eval_every = 50;  // validation loss every N steps (and at the last); 0 = never
   int64_t eval_batches = 8;  // micro-batches per validation
 
-  int64_t tokens_per_step() const { return batch * seq_len * grad_accum; }
+  // Parallelism: `train` always runs the FSDP2 recipe, one rank included.
+  std::string backend = "local";  // "local": nproc ranks as threads; "mpi": the mpirun/srun world
+  int nproc = 1;                  // ranks (with mpi: the launcher's world size)
+  int hsdp = 1;                   // replicate degree R: a (R, nproc / R) mesh; 1 = a 1-D shard mesh
+  tessera::fsdp::ReshardAfterForward reshard_after_forward = true;  // for every block; the root keeps false
+  tessera::DType param_dtype = tessera::DType::f32;                 // what forward computes on and all-gathers move
+  std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype
+  bool deterministic = false;  // rank-order reductions (bitwise reproducible)
+  std::string trace;           // "" = none; else a Chrome/Perfetto trace of every rank
+  bool plan = false;           // print the sharding plan and exit
+
+  // Every rank's micro-batches: the global batch of one optimizer step.
+  int64_t tokens_per_step() const { return batch * seq_len * grad_accum * nproc; }
+  int64_t shard_ranks() const { return nproc / hsdp; }
   // Throws tessera::Error naming the first bad setting.
   void validate() const;
 };

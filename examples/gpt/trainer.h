@@ -1,47 +1,83 @@
 // The GPT example's training loop, in the order the FSDP2 recipe reads:
-// build_model (on meta, then materialise and initialise), build_optimizer
-// (AdamW, decay on matmul and embedding weights only), train_step (gradient
-// accumulation, clipping, warmup + cosine lr), evaluate.
+//   init_distributed   the ranks (local threads or the MPI world) and the mesh;
+//   build_model_meta   GPT on meta, fully_shard each block, then the root,
+//                      to_empty(cpu), reset_parameters(seed): every rank fills
+//                      only its own rows, no rank ever holds the whole model;
+//   build_optimizer    AdamW on the shards;
+//   train_step         micro-batches (gradients synced on the last), gradient
+//                      mean, global-norm clipping, warmup + cosine lr, AdamW;
+//   evaluate           every rank the same validation batches.
+// A Trainer built without a Distributed trains the plain, unsharded model on
+// the calling thread (benchmarks and tests use that); `train` always runs
+// FSDP, over one rank too.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <vector>
 
+#include "dist/device_mesh.h"
+#include "dist/trace.h"
 #include "examples/gpt/data_loader.h"
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/train_config.h"
+#include "fsdp/fully_shard.h"
 #include "nn/gpt.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/schedule.h"
 
 namespace gpt {
 
+// One rank's view of the job.
+struct Distributed {
+  tessera::dist::ProcessGroupPtr world;
+  tessera::dist::DeviceMesh mesh;                 // ("shard") or ("replicate", "shard") with --hsdp
+  std::shared_ptr<tessera::dist::Tracer> tracer;  // null without --trace
+
+  int rank() const { return world->rank(); }
+  int size() const { return world->size(); }
+};
+
+// Starts the ranks the config asks for (--nproc threads, or this process's
+// rank of the mpirun/srun world with --backend mpi), builds the mesh, and
+// runs `run_rank` on every rank. Rethrows the first rank's error.
+void init_distributed(const TrainConfig& config, const std::function<void(const Distributed&)>& run_rank);
+
 // The data the config names: "" = the default corpus, "synthetic" = tokens
 // below the model's vocab, else a text or llm.c token file. Throws
 // tessera::Error when the model's vocab is too small for the data's tokens.
 DataLoader build_data(const TrainConfig& config);
 
-// GPT built on meta, then allocated on the CPU and initialised from
-// config.seed: the bits depend only on the seed and each parameter's name.
-std::unique_ptr<tessera::nn::GPT> build_model(const TrainConfig& config);
+// GPT built on meta; with `distributed`, fully_shard each block (the config's
+// reshard_after_forward and mixed precision) and then the root; then
+// allocated on the CPU and initialised from config.seed: the bits depend only
+// on the seed and each parameter's name, whatever the world size.
+std::unique_ptr<tessera::nn::GPT> build_model_meta(const TrainConfig& config,
+                                                   const std::optional<Distributed>& distributed);
 
 // AdamW with two groups (optim::weight_decay_groups): dim >= 2 tensors (matmul
-// and embedding weights, GPT-2's convention) decay; biases and norm weights do not.
+// and embedding weights, GPT-2's convention) decay; biases and norm weights do
+// not. Built after sharding, it steps this rank's shards.
 std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::GPT& model, const TrainConfig& config);
 
 class Trainer {
  public:
-  Trainer(TrainConfig config, DataLoader data);
+  Trainer(TrainConfig config, DataLoader data, std::optional<Distributed> distributed = std::nullopt);
 
-  // One optimizer step over config.grad_accum micro-batches: each micro-batch's
-  // loss is scaled by 1/grad_accum before backward so the gradients add up to
-  // the mean; then clip (unless 0), set the step's lr, AdamW. The metrics carry
-  // the mean unscaled loss and the grad norm before clipping.
+  // One optimizer step. Rank r's micro-batch a is global micro-batch a*N + r
+  // of the step (N ranks), so the step sees the same sequences on any world
+  // size. Each micro-batch backwards its unscaled loss (under FSDP, gradients
+  // stay local until the last micro-batch's backward reduce-scatters their
+  // sum, averaged over ranks); then every gradient is divided by grad_accum,
+  // clipped by the global norm (unless --clip 0), and AdamW steps with the
+  // schedule's lr. The metrics are the same on every rank: the loss is the
+  // mean over all ranks' micro-batches, memory and bytes the largest rank's.
   StepMetrics train_step();
-  // Mean loss over config.eval_batches validation micro-batches, without the graph.
+  // Mean loss over config.eval_batches validation micro-batches, without the
+  // graph (every rank runs the same batches; the ranks' means are averaged).
   double evaluate();
 
   int64_t steps_done() const { return step_; }
@@ -49,14 +85,26 @@ class Trainer {
   const DataLoader& data() const { return data_; }
   tessera::nn::GPT& model() { return *model_; }
   tessera::optim::AdamW& optimizer() { return *optimizer_; }
+  const std::optional<Distributed>& distributed() const { return distributed_; }
+  // Every group this rank communicates on (the world, the mesh's dims,
+  // FSDP's reshard-after-forward groups), each once: comm_bytes sums them.
+  const std::vector<tessera::dist::ProcessGroupPtr>& process_groups() const { return process_groups_; }
 
  private:
+  int rank() const { return distributed_ ? distributed_->rank() : 0; }
+  int world_size() const { return distributed_ ? distributed_->size() : 1; }
+  tessera::dist::Tracer* tracer() const { return distributed_ ? distributed_->tracer.get() : nullptr; }
+  double sum_over_ranks(double value) const;
+
   TrainConfig config_;
   DataLoader data_;
+  std::optional<Distributed> distributed_;
   std::unique_ptr<tessera::nn::GPT> model_;
+  std::optional<tessera::fsdp::FSDPModule> fsdp_root_;  // set under FSDP
   std::unique_ptr<tessera::optim::AdamW> optimizer_;
   tessera::optim::WarmupCosineSchedule schedule_;
   std::vector<std::shared_ptr<tessera::nn::Parameter>> parameters_;
+  std::vector<tessera::dist::ProcessGroupPtr> process_groups_;
   int64_t step_ = 0;
 };
 
@@ -67,9 +115,12 @@ struct TrainSummary {
   double seconds = 0.0;
 };
 
-// The whole run: sets the thread count, loads the data, trains
-// config.steps steps, prints the set-up and a progress line per step to `out`
-// and, with config.log_json, one JSON object per step to that file.
+// The whole run: loads the data, starts the ranks (init_distributed), builds
+// the sharded model and trains config.steps steps. Rank 0 prints the set-up
+// and a progress line per step to `out` and, with config.log_json, writes one
+// JSON object per step to that file; with config.trace every rank's events are
+// written at the end. With config.plan it prints the sharding plan instead of
+// training. The summary is rank 0's (under MPI, empty on the other ranks).
 TrainSummary train(const TrainConfig& config, std::ostream& out);
 
 }  // namespace gpt

@@ -1,6 +1,9 @@
 // The GPT example's training loop and flags: the tiny model learns the default
 // corpus below its unigram entropy, gradient accumulation equals one larger
-// batch, and the command line fills the config or fails with a clear message.
+// batch, FSDP on N ranks makes the steps of one rank with N micro-batches and
+// moves exactly the bytes its sharding plan says, the sharded model's state
+// dicts round-trip, and the command line fills the config or fails with a
+// clear message.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -13,9 +16,12 @@
 #include <sstream>
 #include <vector>
 
+#include "dist/comm_stats.h"
 #include "examples/gpt/train_config.h"
 #include "examples/gpt/trainer.h"
+#include "fsdp/fsdp.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 
 namespace fs = std::filesystem;
 using gpt::TrainConfig;
@@ -38,6 +44,33 @@ double mean(const std::vector<double>& values, size_t first, size_t last) {
   return std::accumulate(values.begin() + static_cast<std::ptrdiff_t>(first),
                          values.begin() + static_cast<std::ptrdiff_t>(last), 0.0) /
          static_cast<double>(last - first);
+}
+
+// A few quick steps of a small model on synthetic tokens.
+TrainConfig small_config() {
+  TrainConfig config = tiny_config();
+  config.data = gpt::kSyntheticData;
+  config.model.vocab_size = 97;
+  config.seq_len = 16;
+  config.batch = 4;
+  config.steps = 4;
+  config.warmup = 0;
+  return config;
+}
+
+double relative_difference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+// The largest difference between two state dicts with the same keys.
+double max_difference(const tessera::nn::StateDict& a, const tessera::nn::StateDict& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0.0;
+  for (const auto& [name, tensor] : a) {
+    REQUIRE(b.count(name) == 1);
+    const auto va = tensor.to_vector<double>(), vb = b.at(name).to_vector<double>();
+    REQUIRE(va.size() == vb.size());
+    for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(va[i] - vb[i]));
+  }
+  return worst;
 }
 
 struct Parsed {
@@ -169,6 +202,24 @@ TEST_CASE("command line: the preset first, then explicit flags") {
   REQUIRE_FALSE(longer.exit_code.has_value());
   CHECK(longer.config.model.block_size == 256);  // the tiny context grows to fit
 
+  Parsed fsdp = parse({"--nproc", "8", "--hsdp", "2", "--reshard-after-forward", "2", "--param-dtype", "bf16",
+                       "--reduce-dtype", "f32", "--deterministic", "--trace", "t.json", "--plan", "--grad-accum", "3"});
+  REQUIRE_FALSE(fsdp.exit_code.has_value());
+  CHECK(fsdp.config.nproc == 8);
+  CHECK(fsdp.config.hsdp == 2);
+  CHECK(fsdp.config.shard_ranks() == 4);
+  CHECK(std::get<int64_t>(fsdp.config.reshard_after_forward) == 2);
+  CHECK(fsdp.config.param_dtype == tessera::DType::bf16);
+  CHECK(fsdp.config.reduce_dtype == tessera::DType::f32);
+  CHECK(fsdp.config.deterministic);
+  CHECK(fsdp.config.trace == "t.json");
+  CHECK(fsdp.config.plan);
+  CHECK(fsdp.config.tokens_per_step() == 8 * 3 * defaults.config.batch * defaults.config.seq_len);
+  CHECK(std::get<bool>(defaults.config.reshard_after_forward));
+  CHECK_FALSE(defaults.config.reduce_dtype.has_value());
+  CHECK(defaults.config.backend == "local");
+  CHECK(std::get<bool>(parse({"--reshard-after-forward", "false"}).config.reshard_after_forward) == false);
+
   Parsed short_run = parse({"--steps", "5"});
   REQUIRE_FALSE(short_run.exit_code.has_value());
   CHECK(short_run.config.warmup == 5);  // the default warmup shrinks to the run
@@ -183,6 +234,15 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--n-head", "3"}, "n_embd (64) must be a positive multiple of n_head (3)"},
       {{"--steps", "10", "--warmup", "11"}, "--warmup must be in [0, --steps = 10], got 11"},
       {{"--no-such-flag"}, "--no-such-flag"},
+      {{"--hsdp", "3", "--nproc", "4"}, "--hsdp 3 must divide the 4 ranks (--nproc)"},
+      {{"--reshard-after-forward", "3", "--nproc", "4"},
+       "--reshard-after-forward 3 must divide the shard group size 4 (--nproc 4 / --hsdp 1)"},
+      {{"--reshard-after-forward", "4", "--nproc", "4", "--hsdp", "2"},
+       "--reshard-after-forward 4 must divide the shard group size 2"},
+      {{"--reshard-after-forward", "yes"}, "expected true, false or a positive rank count, got 'yes'"},
+      {{"--param-dtype", "f16x"}, "--param-dtype: f16x not in {f32,bf16}"},
+      {{"--backend", "nccl"}, "--backend: nccl not in"},
+      {{"--backend", "mpi"}, "--backend mpi needs a launcher"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);
@@ -204,4 +264,155 @@ TEST_CASE("an unwritable --log-json path is an error before training starts") {
   CHECK_THROWS_WITH_AS(gpt::train(config, log), doctest::Contains("cannot open '/nonexistent-dir/log.jsonl'"),
                        tessera::Error);
   CHECK(log.str().empty());
+}
+
+// Each step's metrics and the final full state of a run.
+struct Run {
+  std::vector<gpt::StepMetrics> steps;
+  tessera::nn::StateDict state;
+};
+
+Run run_plain(const TrainConfig& config) {
+  gpt::Trainer trainer(config, gpt::build_data(config));
+  Run run;
+  for (int64_t step = 0; step < config.steps; ++step) run.steps.push_back(trainer.train_step());
+  run.state = trainer.model().state_dict();
+  return run;
+}
+
+// Every rank's run, by rank.
+std::vector<Run> run_fsdp(const TrainConfig& config) {
+  std::vector<Run> runs(static_cast<size_t>(config.nproc));
+  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
+    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+    Run& run = runs[static_cast<size_t>(distributed.rank())];
+    for (int64_t step = 0; step < config.steps; ++step) run.steps.push_back(trainer.train_step());
+    run.state = tessera::fsdp::full_state_dict(trainer.model());
+  });
+  return runs;
+}
+
+TEST_CASE("FSDP on 2 ranks makes the steps of 1 rank with grad-accum 2 (same sequences, same losses)") {
+  // Rank r's micro-batch a is global micro-batch a*2 + r: the two ranks'
+  // micro-batches are the single rank's, and the reduce-scatter's average
+  // over ranks times the division by grad_accum is the single rank's mean.
+  for (const int64_t micro_batches_per_rank : {1, 2}) {
+    CAPTURE(micro_batches_per_rank);
+    TrainConfig single = small_config();
+    single.grad_accum = 2 * micro_batches_per_rank;
+    TrainConfig sharded = small_config();
+    sharded.nproc = 2;
+    sharded.grad_accum = micro_batches_per_rank;
+    const Run expected = run_plain(single);
+    const std::vector<Run> ranks = run_fsdp(sharded);
+    for (size_t rank = 0; rank < ranks.size(); ++rank) {
+      const Run& run = ranks[rank];
+      REQUIRE(run.steps.size() == expected.steps.size());
+      for (size_t step = 0; step < expected.steps.size(); ++step) {
+        INFO("rank " << rank << " step " << step + 1 << ": loss " << run.steps[step].loss << " vs one rank's "
+                     << expected.steps[step].loss);
+        CHECK(relative_difference(run.steps[step].loss, expected.steps[step].loss) < 1e-5);
+        CHECK(relative_difference(run.steps[step].grad_norm, expected.steps[step].grad_norm) < 1e-4);
+        CHECK(run.steps[step].comm_bytes > 0);
+        CHECK(run.steps[step].peak_mem_bytes > 0);
+      }
+      CHECK(max_difference(run.state, expected.state) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus clipping's norm all-reduce") {
+  struct Case {
+    const char* name;
+    int nproc, hsdp;
+    tessera::fsdp::ReshardAfterForward reshard;
+    tessera::DType param_dtype;
+    int64_t grad_accum;
+  };
+  const std::vector<Case> cases = {
+      {"3 ranks, 2 micro-batches (one reduce-scatter)", 3, 1, true, tessera::DType::f32, 2},
+      {"4 ranks, reshard_after_forward 2", 4, 1, int64_t{2}, tessera::DType::f32, 1},
+      {"HSDP 2 x 2, bf16 parameters, f32 reduction", 4, 2, false, tessera::DType::bf16, 1},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    TrainConfig config = small_config();
+    config.steps = 2;
+    config.nproc = c.nproc;
+    config.hsdp = c.hsdp;
+    config.reshard_after_forward = c.reshard;
+    config.param_dtype = c.param_dtype;
+    config.reduce_dtype = tessera::DType::f32;
+    config.grad_accum = c.grad_accum;
+    std::vector<int64_t> measured(static_cast<size_t>(c.nproc)), expected(static_cast<size_t>(c.nproc));
+    std::string plan;
+    gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
+      gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+      const auto volume = tessera::fsdp::expected_comm_per_step(trainer.model(), config.grad_accum);
+      // clip_grad_norm_ sums one f64 over the shard group.
+      const auto norm = tessera::dist::collective_volume(tessera::dist::CollectiveKind::all_reduce, 8,
+                                                         static_cast<int>(config.shard_ranks()), false);
+      expected[distributed.rank()] = volume.total_sent() + norm.sent;
+      for (int64_t step = 0; step < config.steps; ++step) {
+        measured[distributed.rank()] = trainer.train_step().comm_bytes;
+      }
+      if (distributed.rank() == 0) plan = tessera::fsdp::sharding_plan(trainer.model());
+    });
+    for (int rank = 0; rank < c.nproc; ++rank) {
+      CAPTURE(rank);
+      CHECK(expected[rank] > 0);
+      CHECK(measured[rank] == expected[rank]);
+    }
+    CHECK(plan.find("FSDP sharding plan") != std::string::npos);
+    if (c.hsdp > 1) CHECK(plan.find("all-reduce") != std::string::npos);
+  }
+}
+
+TEST_CASE("the sharded model's state dicts: sharded, full, and a full one loaded back") {
+  TrainConfig config = small_config();
+  config.nproc = 3;
+  config.model.vocab_size = 100;  // 100 rows over 3 ranks: 34, 34, 32
+  // The reference: the plain model of another seed, whose values the sharded model must take.
+  TrainConfig other = config;
+  other.seed = config.seed + 1;
+  const tessera::nn::StateDict wanted = gpt::build_model_meta(other, std::nullopt)->state_dict();
+
+  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
+    auto model = gpt::build_model_meta(config, distributed);
+    const auto sharded = tessera::fsdp::sharded_state_dict(*model);
+    REQUIRE(sharded.size() == wanted.size());  // lm_head.weight (tied) included
+    const tessera::dist::DTensor& wte = sharded.at("wte.weight");
+    CHECK(wte.global_shape() == tessera::Shape{100, 64});
+    CHECK(wte.local().size(0) == (distributed.rank() < 2 ? 34 : 32));
+    CHECK(sharded.at("lm_head.weight").local().data_ptr<float>() == wte.local().data_ptr<float>());
+
+    tessera::fsdp::load_full_state_dict(*model, wanted);
+    const tessera::nn::StateDict full = tessera::fsdp::full_state_dict(*model);
+    CHECK(max_difference(full, wanted) == 0.0);
+
+    // Every offending key in one message, and nothing loaded.
+    tessera::nn::StateDict broken = wanted;
+    broken.erase("wpe.weight");
+    broken["blocks.0.ln1.bias"] = tessera::ops::zeros({65});
+    broken["not.a.parameter"] = tessera::ops::zeros({1});
+    try {
+      tessera::fsdp::load_full_state_dict(*model, broken);
+      FAIL("load_full_state_dict accepted a broken state dict");
+    } catch (const tessera::Error& error) {
+      const std::string message = error.what();
+      CHECK(message.find("missing keys: wpe.weight") != std::string::npos);
+      CHECK(message.find("unexpected keys: not.a.parameter") != std::string::npos);
+      CHECK(message.find("blocks.0.ln1.bias: expected shape [64], got [65]") != std::string::npos);
+    }
+    CHECK(max_difference(tessera::fsdp::full_state_dict(*model), wanted) == 0.0);
+  });
+}
+
+TEST_CASE("the plan and the state dicts need an FSDP root") {
+  TrainConfig config = small_config();
+  auto plain = gpt::build_model_meta(config, std::nullopt);
+  CHECK_THROWS_WITH_AS(tessera::fsdp::sharding_plan(*plain), doctest::Contains("this GPT is not an FSDP module"),
+                       tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::fsdp::sharded_state_dict(*plain), doctest::Contains("not an FSDP module"),
+                       tessera::Error);
 }

@@ -37,8 +37,8 @@ struct TrainingSetup {
 struct ShardingSetup {
   int world = 1;
   int replicate = 1;  // HSDP replicate degree: a (replicate, world / replicate) mesh
-  std::optional<ReshardAfterForward> reshard_after_forward;  // for every block
-  MixedPrecisionPolicy mp_policy;
+  std::optional<ReshardAfterForward> reshard_after_forward = std::nullopt;  // for every block
+  MixedPrecisionPolicy mp_policy = {};
   bool sync_every_micro_batch = true;  // false: set_requires_gradient_sync(false) but on the last
   bool deterministic = false;
   int threads_per_rank = 1;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The `train` command line around FSDP: --plan prints the sharding plan and
+# exits 0 without training; bad parallel settings exit non-zero with a message
+# naming the flag.
+# Usage: check_train_cli.sh path/to/train
+set -euo pipefail
+train=$1
+
+plan=$("$train" --nproc 4 --plan)
+for expected in "FSDP sharding plan" "mesh DeviceMesh(cpu, (shard=4)" "module (root)" "module blocks.0" \
+  "blocks.1.mlp.fc.weight" "AdamW state" "communication per training step per rank" "total sent"; do
+  grep -qF "$expected" <<<"$plan" || { echo "--plan output lacks '$expected':"; echo "$plan"; exit 1; }
+done
+if grep -q '^step ' <<<"$plan"; then echo "--plan trained:"; echo "$plan"; exit 1; fi
+
+# Each case: the flags, then a piece of the message they must print.
+expect_failure() {
+  local message=$1
+  shift
+  local output status=0
+  output=$("$train" "$@" 2>&1) || status=$?
+  [ "$status" -ne 0 ] || { echo "train $* exited 0:"; echo "$output"; exit 1; }
+  grep -qF -- "$message" <<<"$output" || { echo "train $* did not say '$message':"; echo "$output"; exit 1; }
+}
+expect_failure "--hsdp 3 must divide the 4 ranks" --hsdp 3 --nproc 4
+expect_failure "--reshard-after-forward 3 must divide the shard group size 4" --reshard-after-forward 3 --nproc 4
+expect_failure "--param-dtype: f16x not in" --param-dtype f16x
+expect_failure "--reduce-dtype: f64 not in" --reduce-dtype f64
+expect_failure "--reshard-after-forward: expected true, false or a positive rank count, got 'maybe'" \
+  --reshard-after-forward maybe
+expect_failure "--nproc: must be > 0, got 0" --nproc 0
+expect_failure "--backend mpi needs a launcher" --backend mpi
+echo "train: --plan and the FSDP flags' errors as expected"
