@@ -192,7 +192,9 @@ class LocalProcessGroup final : public ProcessGroup {
 thread_local std::shared_ptr<MemoryCounters> rank_memory;
 
 int default_threads_per_rank(int world_size) {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  // The caller's thread budget (all cores unless OMP_NUM_THREADS or
+  // set_num_threads says less), shared among the ranks.
+  const int cores = num_threads();
   return std::max(1, cores / world_size);
 }
 

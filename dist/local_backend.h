@@ -18,8 +18,9 @@ namespace tessera::dist {
 
 struct LocalOptions {
   ProcessGroupOptions group = ProcessGroupOptions::from_environment();
-  // Intra-op threads per rank; 0 means max(1, cores / world_size), so ranks
-  // do not oversubscribe the machine.
+  // Intra-op threads per rank; 0 means max(1, num_threads() / world_size):
+  // the caller's budget (all cores unless OMP_NUM_THREADS or set_num_threads
+  // says less) shared, so ranks do not oversubscribe the machine.
   int threads_per_rank = 0;
 };
 
