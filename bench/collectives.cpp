@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/machine_context.h"
 #include "dist/launch.h"
 #include "dist/local_backend.h"
 #include "dist/process_group.h"
@@ -27,20 +28,8 @@ namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
-
-std::string load_average() {
-  std::ifstream loadavg("/proc/loadavg");
-  std::string one_minute;
-  loadavg >> one_minute;
-  return one_minute.empty() ? "?" : one_minute;
-}
+using bench::cpu_model;
+using bench::load_average;
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

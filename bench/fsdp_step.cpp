@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/machine_context.h"
 #include "autograd/engine.h"
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
@@ -39,20 +40,8 @@ constexpr double kMiB = 1 << 20;
 constexpr uint64_t kSeed = 1234;
 constexpr double kClip = 1.0;
 
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
-
-std::string load_average() {
-  std::ifstream loadavg("/proc/loadavg");
-  std::string one_minute;
-  loadavg >> one_minute;
-  return one_minute.empty() ? "?" : one_minute;
-}
+using bench::cpu_model;
+using bench::load_average;
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();

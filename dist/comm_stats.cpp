@@ -32,9 +32,6 @@ CollectiveStats CommStats::total() const {
   return sum;
 }
 
-namespace {
-
-// "512 B", "3.0 KiB", "12.5 MiB", "1.2 GiB".
 std::string human_bytes(int64_t bytes) {
   constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
   if (bytes < 1024) return fmt::format("{} B", bytes);
@@ -46,6 +43,8 @@ std::string human_bytes(int64_t bytes) {
   }
   return fmt::format("{:.1f} {}", value, kUnits[unit]);
 }
+
+namespace {
 
 // Milliseconds, with enough decimals that a handful of microseconds is not "0.0".
 std::string human_milliseconds(double seconds) {

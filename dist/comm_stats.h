@@ -45,4 +45,7 @@ struct CommVolume {
 };
 CommVolume collective_volume(CollectiveKind kind, int64_t bytes, int group_size, bool is_root);
 
+// "512 B", "3.0 KiB", "12.5 MiB", "1.2 GiB".
+std::string human_bytes(int64_t bytes);
+
 }  // namespace tessera::dist

@@ -129,15 +129,7 @@ StepCommVolume comm_of(const FSDPState& root, int64_t micro_batches) {
 
 // "16384 B (16.0 KiB)": exact, so figures can be compared with stats(), and readable.
 std::string bytes_text(int64_t bytes) {
-  constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  double value = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  while (value >= 1024.0 && unit < 3) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return fmt::format("{} B ({:.1f} {})", bytes, value, kUnits[unit]);
+  return bytes < 1024 ? dist::human_bytes(bytes) : fmt::format("{} B ({})", bytes, dist::human_bytes(bytes));
 }
 
 // S = true, 1 = false, else N: as fully_shard's option reads.
