@@ -128,7 +128,8 @@ void UnshardHandle::wait() {
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
-  state_->lazy_init();
+  // No lazy init here: only the root's first forward knows the whole tree
+  // (the group says so if this comes first).
   FSDPParamGroup* group = state_->group();
   if (group == nullptr) return UnshardHandle();
   group->unshard(async_op);

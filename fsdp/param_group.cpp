@@ -106,8 +106,8 @@ void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
 
 void FSDPParamGroup::unshard(bool async_op) {
   if (state_ == ShardState::unsharded || pending_all_gather_) return;
-  TESSERA_CHECK(unsharded_memory_ != nullptr, "fsdp: module '{}' is unsharded before the root's first forward "
-                "(lazy init); run a forward of the root module first", module_fqn_);
+  TESSERA_CHECK(unsharded_memory_ != nullptr, "fsdp: a group is unsharded before the root's first forward; run a "
+                "forward of the root module first (its lazy init sets up every group)");
   const bool from_post_forward = state_ == ShardState::sharded_post_forward;
   const dist::ProcessGroupPtr& group = from_post_forward ? comm_.post_forward : comm_.shard;
   const FlatLayout& layout = layout_for(group->size());

@@ -241,3 +241,14 @@ TEST_CASE("fsdp: ignored parameters stay whole and unreduced") {
     CHECK(model.wte().weight().is_sharded());
   });
 }
+
+TEST_CASE("fsdp: unshard before the root's first forward is an error, not a new root") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {2});
+    ShardedGPT sharded = build(mesh);
+    CHECK_THROWS_WITH_AS(sharded.blocks.front().unshard(), doctest::Contains("run a forward of the root module first"),
+                         Error);
+    train_step(*sharded.model, group->rank());  // the root's lazy init still works
+    CHECK(sharded.root->state().is_root());
+  });
+}
