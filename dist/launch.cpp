@@ -231,6 +231,8 @@ const ProcessGroupPtr& world() {
   return t_world;
 }
 
+const ProcessGroupPtr& world_or_null() { return t_world; }
+
 void set_world(ProcessGroupPtr world) { t_world = std::move(world); }
 
 }  // namespace tessera::dist

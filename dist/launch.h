@@ -46,6 +46,8 @@ void init(const InitOptions& options, const std::function<void(const ProcessGrou
 // The world group of the calling rank (set by init and run_local on each
 // rank's thread); throws when called outside them.
 const ProcessGroupPtr& world();
+// The same, or null outside them (for code that also runs in one process).
+const ProcessGroupPtr& world_or_null();
 // Sets the calling thread's world (used by the backends' launchers).
 void set_world(ProcessGroupPtr world);
 

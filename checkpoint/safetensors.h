@@ -1,0 +1,60 @@
+// The .safetensors format, read and written without any other library:
+//   8 bytes   little-endian u64 N, the header's length
+//   N bytes   JSON: {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
+//                    "__metadata__": {"key": "string", ...}}  (padded with spaces to 8)
+//   the data  each tensor's bytes, row-major little-endian, at [b, e) of this section;
+//             the ranges tile the section exactly (no gaps, no overlap).
+// Any tool that reads safetensors (Python's `safetensors`, Rust's crate) opens
+// these files; the header parser rejects anything else with the file named.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace tessera::checkpoint {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  int64_t begin = 0;  // byte offsets within the data section
+  int64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // in data order
+  std::map<std::string, std::string> metadata;
+  int64_t data_offset = 0;  // where the data section starts in the file (8 + N)
+
+  // The entry `name`; throws naming `source` when absent.
+  const SafetensorsEntry& entry(const std::string& name, const std::string& source) const;
+};
+
+// "F32", "BF16", ...; and back (unknown names throw).
+std::string_view safetensors_dtype(DType dtype);
+DType dtype_from_safetensors(std::string_view name);
+
+// Parses a header's JSON text for a data section of `data_size` bytes. Every
+// violation (bad JSON, unknown dtype, shape and byte size disagreeing, ranges
+// outside the data, overlapping or leaving gaps, a non-string metadata value)
+// throws tessera::Error naming `source` and the tensor.
+SafetensorsHeader parse_safetensors_header(std::string_view json_text, int64_t data_size, const std::string& source);
+// Reads and parses the header of the file at `path`.
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// Writes `tensors` (any device-cpu tensors; non-contiguous ones are copied)
+// in order, with `metadata`, flushing to disk with fsync when `sync`.
+// Returns the header as written (offsets included).
+SafetensorsHeader write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::map<std::string, std::string>& metadata = {}, bool sync = true);
+
+// Reads the whole tensor `name` from the file at `path`.
+Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,280 @@
+// Sharded save with an atomic commit, and resharding load by byte ranges.
+#include "checkpoint/sharded_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint/checksum.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/safetensors.h"
+#include "dist/launch.h"
+#include "tensor/ops.h"
+
+namespace tessera::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+dist::ProcessGroupPtr resolve_group(const dist::ProcessGroupPtr& group) { return group ? group : dist::world_or_null(); }
+
+int rank_of(const dist::ProcessGroupPtr& group) { return group ? group->rank() : 0; }
+
+std::string rank_file(int rank) { return fmt::format("rank-{:05d}.safetensors", rank); }
+
+// This rank's piece of an entry: the local tensor, where it sits, and whether
+// this rank writes it (replicated data is written by one rank only).
+struct Piece {
+  Tensor local;
+  Shape offsets;
+  bool owned = false;
+};
+
+Piece piece_of(const StateEntry& entry, int rank) {
+  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
+    return {*tensor, Shape(static_cast<size_t>(tensor->dim()), 0), rank == 0};
+  }
+  const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
+  bool owned = true;
+  for (size_t dim = 0; dim < dtensor.placements().size(); ++dim) {
+    if (std::holds_alternative<dist::Replicate>(dtensor.placements()[dim])) {
+      owned = owned && dtensor.mesh().coordinate(static_cast<int64_t>(dim)) == 0;
+    }
+  }
+  return {dtensor.local(), dtensor.local_offset(), owned};
+}
+
+const Shape& global_shape_of(const StateEntry& entry) {
+  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return tensor->sizes();
+  return std::get<dist::DTensor>(entry).global_shape();
+}
+
+std::vector<uint32_t> block_checksums(const Tensor& dense) {
+  std::vector<uint32_t> crcs;
+  const auto* bytes = static_cast<const uint8_t*>(dense.nbytes() > 0 ? dense.raw_data() : nullptr);
+  for (int64_t begin = 0; begin < dense.nbytes(); begin += kChecksumBlock) {
+    crcs.push_back(crc32c(bytes + begin, static_cast<size_t>(std::min(kChecksumBlock, dense.nbytes() - begin))));
+  }
+  return crcs;
+}
+
+// Writes this rank's file; returns its chunks as JSON (or the error text).
+nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDict& state, int rank, bool sync) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  nlohmann::json chunks = nlohmann::json::object();
+  for (const auto& [name, entry] : state) {
+    Piece piece = piece_of(entry, rank);
+    if (!piece.owned || piece.local.numel() == 0) continue;
+    TESSERA_CHECK(piece.local.device().is_cpu(), "checkpoint::save: '{}' is on {}; only cpu tensors are saved", name,
+                  piece.local.device().str());
+    const Tensor dense = ops::contiguous(piece.local);
+    chunks[name] = {{"offsets", piece.offsets}, {"sizes", dense.sizes()}, {"crc32c", block_checksums(dense)}};
+    tensors.emplace_back(name, dense);
+  }
+  if (tensors.empty()) return nlohmann::json{{"file", nullptr}, {"chunks", chunks}};
+  const std::string file = rank_file(rank);
+  const SafetensorsHeader header = write_safetensors((fs::path(tmp) / file).string(), tensors, {}, sync);
+  for (const auto& entry : header.entries) {
+    chunks[entry.name]["byte_range"] = {header.data_offset + entry.begin, header.data_offset + entry.end};
+  }
+  return nlohmann::json{{"file", file}, {"chunks", chunks}};
+}
+
+// Everyone's JSON (or a single process's), in rank order.
+std::vector<nlohmann::json> gather_json(const dist::ProcessGroupPtr& group, const nlohmann::json& mine) {
+  if (!group) return {mine};
+  const std::string text = mine.dump();
+  const auto all = group->all_gather_bytes(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  std::vector<nlohmann::json> parsed;
+  for (const auto& bytes : all) parsed.push_back(nlohmann::json::parse(bytes.begin(), bytes.end()));
+  return parsed;
+}
+
+// Throws on every rank the first error any rank reported.
+void rethrow_any(const std::vector<nlohmann::json>& reports, const char* phase) {
+  for (size_t rank = 0; rank < reports.size(); ++rank) {
+    if (reports[rank].contains("error")) {
+      fail("checkpoint::{}: rank {} failed: {}", phase, rank, reports[rank]["error"].get<std::string>());
+    }
+  }
+}
+
+std::string read_text(const std::string& path) {
+  ReadFile file(path);
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read_at(0, text.data(), file.size());
+  return text;
+}
+
+}  // namespace
+
+// ---- save ----------------------------------------------------------------------------------------
+
+void save(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options) {
+  const dist::ProcessGroupPtr group = resolve_group(options.group);
+  const int rank = rank_of(group);
+  const std::string tmp = dir + ".tmp";
+
+  // Rank 0 prepares the temporary directory; the others wait for its verdict.
+  nlohmann::json prepared = nlohmann::json::object();
+  if (rank == 0) {
+    try {
+      TESSERA_CHECK(!fs::exists(dir), "checkpoint::save: '{}' already exists; save to a new directory", dir);
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    } catch (const std::exception& error) {
+      prepared["error"] = error.what();
+    }
+  }
+  rethrow_any(gather_json(group, prepared), "save");
+
+  nlohmann::json mine;
+  try {
+    mine = write_rank_file(tmp, state, rank, options.sync);
+  } catch (const std::exception& error) {
+    mine = {{"error", error.what()}};
+  }
+  const std::vector<nlohmann::json> reports = gather_json(group, mine);
+  rethrow_any(reports, "save");
+
+  nlohmann::json committed = nlohmann::json::object();
+  if (rank == 0) {
+    try {
+      CheckpointMetadata metadata;
+      metadata.training_state = options.training_state;
+      for (const auto& [name, entry] : state) {
+        const Piece piece = piece_of(entry, rank);
+        metadata.tensors[name] = TensorInfo{piece.local.dtype(), global_shape_of(entry), {}};
+      }
+      for (const auto& report : reports) {
+        if (report["file"].is_null()) continue;
+        for (const auto& [name, chunk] : report["chunks"].items()) {
+          TESSERA_CHECK(metadata.tensors.count(name) == 1, "checkpoint::save: '{}' is not in rank 0's state dict", name);
+          metadata.tensors[name].chunks.push_back(ChunkInfo{report["file"].get<std::string>(),
+                                                            chunk["byte_range"][0].get<int64_t>(),
+                                                            chunk["byte_range"][1].get<int64_t>(),
+                                                            chunk["offsets"].get<Shape>(), chunk["sizes"].get<Shape>(),
+                                                            chunk["crc32c"].get<std::vector<uint32_t>>()});
+        }
+      }
+      const std::string text = metadata.to_json_text();
+      CheckpointMetadata::parse(text, "checkpoint::save");  // every chunk accounted for
+      WriteFile file((fs::path(tmp) / kMetadataFile).string());
+      file.write(text.data(), static_cast<int64_t>(text.size()));
+      file.close(options.sync);
+      if (options.sync) sync_directory(tmp);
+      fs::rename(tmp, dir);
+      if (options.sync) sync_directory(fs::absolute(dir).parent_path().string());
+    } catch (const std::exception& error) {
+      committed["error"] = error.what();
+    }
+  }
+  rethrow_any(gather_json(group, committed), "save");
+}
+
+// ---- load ----------------------------------------------------------------------------------------
+
+namespace {
+
+// Copies the part of `chunk` that overlaps this rank's piece into it.
+void load_overlap(const std::string& dir, const std::string& name, const ChunkInfo& chunk, DType dtype, Piece& piece) {
+  const size_t ndim = chunk.sizes.size();
+  Shape overlap_offset(ndim), overlap_size(ndim);
+  for (size_t d = 0; d < ndim; ++d) {
+    const int64_t begin = std::max(chunk.offsets[d], piece.offsets[d]);
+    const int64_t end = std::min(chunk.offsets[d] + chunk.sizes[d], piece.offsets[d] + piece.local.size(static_cast<int64_t>(d)));
+    if (end <= begin) return;
+    overlap_offset[d] = begin;
+    overlap_size[d] = end - begin;
+  }
+  // The element span of the overlap inside the chunk, widened to whole checksum blocks.
+  const Shape strides = contiguous_strides(chunk.sizes);
+  int64_t first = 0, last = 0;
+  for (size_t d = 0; d < ndim; ++d) {
+    first += (overlap_offset[d] - chunk.offsets[d]) * strides[d];
+    last += (overlap_offset[d] - chunk.offsets[d] + overlap_size[d] - 1) * strides[d];
+  }
+  const int64_t element = static_cast<int64_t>(element_size(dtype));
+  const int64_t chunk_bytes = chunk.byte_end - chunk.byte_begin;
+  const int64_t block_begin = first * element / kChecksumBlock;
+  const int64_t block_end = ((last + 1) * element + kChecksumBlock - 1) / kChecksumBlock;
+  const int64_t byte_begin = block_begin * kChecksumBlock;
+  const int64_t byte_end = std::min(chunk_bytes, block_end * kChecksumBlock);
+
+  const std::string path = (fs::path(dir) / chunk.file).string();
+  Tensor span = ops::empty({(byte_end - byte_begin) / element}, {.dtype = dtype});
+  ReadFile(path).read_at(chunk.byte_begin + byte_begin, span.raw_data(), byte_end - byte_begin);
+  const auto* bytes = static_cast<const uint8_t*>(span.raw_data());
+  for (int64_t block = block_begin; block < block_end; ++block) {
+    const int64_t begin = block * kChecksumBlock - byte_begin;
+    const int64_t size = std::min(kChecksumBlock, chunk_bytes - block * kChecksumBlock);
+    TESSERA_CHECK(crc32c(bytes + begin, static_cast<size_t>(size)) == chunk.crc32c[static_cast<size_t>(block)],
+                  "checkpoint::load: {}: the bytes of '{}' (block {}) do not match their checksum (corrupt file)", path,
+                  name, block);
+  }
+  const Tensor source = Tensor::make(span.storage(), overlap_size, strides, first - byte_begin / element, dtype);
+  Tensor destination = piece.local;
+  for (size_t d = 0; d < ndim; ++d) {
+    destination = ops::narrow(destination, static_cast<int64_t>(d), overlap_offset[d] - piece.offsets[d], overlap_size[d]);
+  }
+  ops::copy_(destination, source);
+}
+
+}  // namespace
+
+LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
+  const dist::ProcessGroupPtr group = resolve_group(options.group);
+  const int rank = rank_of(group);
+  const std::string metadata_path = (fs::path(dir) / kMetadataFile).string();
+  TESSERA_CHECK(fs::is_directory(dir), "checkpoint::load: '{}' is not a directory", dir);
+  TESSERA_CHECK(fs::exists(metadata_path), "checkpoint::load: '{}' has no {} (not a checkpoint, or an unfinished save)",
+                dir, kMetadataFile);
+  const CheckpointMetadata metadata = CheckpointMetadata::parse(read_text(metadata_path), metadata_path);
+
+  LoadReport report;
+  report.training_state = metadata.training_state;
+  std::vector<std::string> problems;
+  for (const auto& [name, entry] : state) {
+    const auto found = metadata.tensors.find(name);
+    if (found == metadata.tensors.end()) {
+      report.missing_keys.push_back(name);
+      continue;
+    }
+    if (found->second.global_shape != global_shape_of(entry)) {
+      problems.push_back(fmt::format("{}: shape {} in the checkpoint, {} here", name, found->second.global_shape,
+                                     global_shape_of(entry)));
+    }
+  }
+  for (const auto& [name, info] : metadata.tensors) {
+    if (state.count(name) == 0) report.unexpected_keys.push_back(name);
+  }
+  if (options.strict) {
+    if (!report.missing_keys.empty()) problems.push_back(fmt::format("missing keys: {}", fmt::join(report.missing_keys, ", ")));
+    if (!report.unexpected_keys.empty()) {
+      problems.push_back(fmt::format("unexpected keys: {}", fmt::join(report.unexpected_keys, ", ")));
+    }
+  }
+  TESSERA_CHECK(problems.empty(), "checkpoint::load: {} does not fit the state dict: {}", dir, fmt::join(problems, "; "));
+
+  for (const auto& [name, entry] : state) {
+    const auto found = metadata.tensors.find(name);
+    if (found == metadata.tensors.end()) continue;
+    Piece piece = piece_of(entry, rank);
+    if (piece.local.numel() == 0) continue;
+    TESSERA_CHECK(piece.local.device().is_cpu(), "checkpoint::load: '{}' is on {}; only cpu tensors are loaded", name,
+                  piece.local.device().str());
+    Piece staged = piece;
+    if (piece.local.dtype() != found->second.dtype) staged.local = ops::empty(piece.local.sizes(), {.dtype = found->second.dtype});
+    for (const ChunkInfo& chunk : found->second.chunks) load_overlap(dir, name, chunk, found->second.dtype, staged);
+    if (!staged.local.is_same(piece.local)) ops::copy_(piece.local, staged.local);
+  }
+  return report;
+}
+
+}  // namespace tessera::checkpoint

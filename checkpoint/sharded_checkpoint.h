@@ -1,0 +1,57 @@
+// checkpoint::save / load: a sharded checkpoint of any state dict of names to
+// tensors (whole on every rank) or DTensors (sharded or replicated on a mesh).
+//
+// save(dir): every rank writes only the pieces it owns (a DTensor's local
+// piece when its coordinate on every Replicate mesh dim is 0: replicated data
+// is written once; whole tensors by rank 0) into its own .safetensors file,
+// in parallel; rank 0 gathers the chunk lists and writes metadata.json last.
+// All of it goes to `dir.tmp`, is fsynced, and is renamed to `dir` in one
+// step, so a crash leaves either no `dir` or a complete one.
+//
+// load(dir): every rank reads the metadata, validates names, shapes and dtypes
+// (all problems in one error), then reads only the byte ranges of the chunks
+// that overlap its own pieces, verifying their checksums: a checkpoint saved
+// on N ranks, or on a 2-D mesh, loads on M ranks or a 1-D mesh.
+#pragma once
+
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dist/dtensor.h"
+#include "dist/process_group.h"
+
+namespace tessera::checkpoint {
+
+using StateEntry = std::variant<Tensor, dist::DTensor>;
+using DistributedStateDict = std::map<std::string, StateEntry>;
+
+struct SaveOptions {
+  // The ranks that save together (every one calls save). Null: dist::world(),
+  // or this process alone when there is none.
+  dist::ProcessGroupPtr group = nullptr;
+  nlohmann::json training_state = nlohmann::json::object();  // step, RNG, data position, config...
+  bool sync = true;  // fsync files and directories (off only for tests of speed)
+};
+
+void save(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options = {});
+
+struct LoadOptions {
+  dist::ProcessGroupPtr group = nullptr;
+  // Strict: keys missing from the checkpoint or absent from `state` are errors.
+  bool strict = true;
+};
+
+struct LoadReport {
+  std::vector<std::string> missing_keys;     // in `state`, not in the checkpoint (left as they were)
+  std::vector<std::string> unexpected_keys;  // in the checkpoint, not in `state`
+  nlohmann::json training_state;
+};
+
+// Fills the local tensors of `state` in place (their dtypes are converted).
+LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options = {});
+
+}  // namespace tessera::checkpoint
