@@ -31,11 +31,12 @@ Tensor chunk_view(const Tensor& flat, int64_t offset, int64_t rows, const FSDPPa
   return ops::view(ops::narrow(flat, 0, offset, rows * param.row_numel()), shape);
 }
 
-// this rank's rows of `source` (rows given by `extent`) into a chunk of
-// `chunk_rows` rows at `offset` of `flat`; the rest of the chunk is zeroed.
+// `source_rows` into the first rows of a chunk of `chunk_rows` rows at
+// `offset` of `flat`; the rest of the chunk is zeroed (all of it when
+// `source_rows` is undefined).
 void copy_rows_into_chunk(Tensor& flat, int64_t offset, int64_t chunk_rows, const Tensor& source_rows,
                           const FSDPParam& param) {
-  const int64_t rows = source_rows.size(0);
+  const int64_t rows = source_rows.defined() ? source_rows.size(0) : 0;
   if (rows > 0) {
     Tensor destination = chunk_view(flat, offset, rows, param);
     ops::copy_(destination, source_rows);
@@ -258,23 +259,21 @@ void FSDPParamGroup::issue_reduce_scatter() {
   Tensor input;
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_copy_in", "fsdp", {{"module", module_fqn_}});
-    input = ops::zeros({layout.world * slot_numel}, {.dtype = reduce_dtype_});
+    // Every byte is written once: rows, zero padding, and the flags.
+    input = ops::empty({layout.world * slot_numel}, {.dtype = reduce_dtype_});
     for (size_t index = 0; index < params_.size(); ++index) {
       FSDPParam& param = *params_[index];
       Tensor unsharded = param.unsharded();
       const Tensor grad = unsharded.grad();
-      if (!grad.defined()) continue;
       for (int rank = 0; rank < layout.world; ++rank) {
-        const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
         const int64_t slot = rank * slot_numel;
-        if (extent.length > 0) {
-          Tensor destination = chunk_view(input, slot + layout.offsets[index], extent.length, param);
-          ops::copy_(destination, ops::narrow(grad, 0, extent.offset, extent.length));
-        }
+        const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
+        const Tensor rows = grad.defined() ? ops::narrow(grad, 0, extent.offset, extent.length) : Tensor();
+        copy_rows_into_chunk(input, slot + layout.offsets[index], layout.chunk_rows[index], rows, param);
         Tensor flag = ops::narrow(input, 0, slot + layout.slot_numel + static_cast<int64_t>(index), 1);
-        ops::fill_(flag, 1.0);
+        ops::fill_(flag, grad.defined() ? 1.0 : 0.0);
       }
-      unsharded.set_grad(Tensor());
+      if (grad.defined()) unsharded.set_grad(Tensor());
     }
   }
   Tensor output = ops::empty({slot_numel}, {.dtype = reduce_dtype_});

@@ -128,11 +128,7 @@ void FSDPState::lazy_init() {
     const int64_t shards = group->comm().shard->size();
     group->set_post_forward_shards(state->reshard_after_forward_.value_or(state->is_root_ ? 1 : shards));
     group->lazy_init(context->unsharded_memory, context->outstanding_reduce_scatters, [state] {
-      if (!state->context_->final_callback_queued && autograd::in_backward()) {
-        FSDPState* root = state->context_->states.front();
-        autograd::queue_callback([root] { root->root_post_backward_final(); });
-        state->context_->final_callback_queued = true;
-      }
+      if (autograd::in_backward()) state->queue_final_callback();
     });
   }
 }
@@ -190,12 +186,15 @@ std::optional<Tensor> FSDPState::post_forward(const Tensor& output) {
 
 // ---- backward --------------------------------------------------------------------------------------
 
+void FSDPState::queue_final_callback() {
+  if (context_->final_callback_queued) return;
+  FSDPState* root = context_->states.front();
+  autograd::queue_callback([root] { root->root_post_backward_final(); });
+  context_->final_callback_queued = true;
+}
+
 void FSDPState::pre_backward() {
-  if (!context_->final_callback_queued) {
-    FSDPState* root = context_->states.front();
-    autograd::queue_callback([root] { root->root_post_backward_final(); });
-    context_->final_callback_queued = true;
-  }
+  queue_final_callback();
   if (group_ == nullptr) return;
   group_->pre_backward();
   if (backward_prefetch) {

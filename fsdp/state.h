@@ -79,6 +79,9 @@ class FSDPState : public nn::ModuleExtension {
   std::optional<nn::TensorList> pre_forward(const nn::TensorList& inputs);
   std::optional<Tensor> post_forward(const Tensor& output);
   void pre_backward();
+  // Once per backward pass: the root's final callback, queued by whichever
+  // hook of the tree runs first.
+  void queue_final_callback();
   void root_post_backward_final();
   void prefetch(const std::vector<FSDPState*>& targets);
   void record_once(std::vector<FSDPState*>& order);
