@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "checkpoint/checksum.h"
+#include "checkpoint/chunk_reader.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
@@ -180,54 +181,6 @@ void save(const std::string& dir, const DistributedStateDict& state, const SaveO
 
 // ---- load ----------------------------------------------------------------------------------------
 
-namespace {
-
-// Copies the part of `chunk` that overlaps this rank's piece into it.
-void load_overlap(const std::string& dir, const std::string& name, const ChunkInfo& chunk, DType dtype, Piece& piece) {
-  const size_t ndim = chunk.sizes.size();
-  Shape overlap_offset(ndim), overlap_size(ndim);
-  for (size_t d = 0; d < ndim; ++d) {
-    const int64_t begin = std::max(chunk.offsets[d], piece.offsets[d]);
-    const int64_t end = std::min(chunk.offsets[d] + chunk.sizes[d], piece.offsets[d] + piece.local.size(static_cast<int64_t>(d)));
-    if (end <= begin) return;
-    overlap_offset[d] = begin;
-    overlap_size[d] = end - begin;
-  }
-  // The element span of the overlap inside the chunk, widened to whole checksum blocks.
-  const Shape strides = contiguous_strides(chunk.sizes);
-  int64_t first = 0, last = 0;
-  for (size_t d = 0; d < ndim; ++d) {
-    first += (overlap_offset[d] - chunk.offsets[d]) * strides[d];
-    last += (overlap_offset[d] - chunk.offsets[d] + overlap_size[d] - 1) * strides[d];
-  }
-  const int64_t element = static_cast<int64_t>(element_size(dtype));
-  const int64_t chunk_bytes = chunk.byte_end - chunk.byte_begin;
-  const int64_t block_begin = first * element / kChecksumBlock;
-  const int64_t block_end = ((last + 1) * element + kChecksumBlock - 1) / kChecksumBlock;
-  const int64_t byte_begin = block_begin * kChecksumBlock;
-  const int64_t byte_end = std::min(chunk_bytes, block_end * kChecksumBlock);
-
-  const std::string path = (fs::path(dir) / chunk.file).string();
-  Tensor span = ops::empty({(byte_end - byte_begin) / element}, {.dtype = dtype});
-  ReadFile(path).read_at(chunk.byte_begin + byte_begin, span.raw_data(), byte_end - byte_begin);
-  const auto* bytes = static_cast<const uint8_t*>(span.raw_data());
-  for (int64_t block = block_begin; block < block_end; ++block) {
-    const int64_t begin = block * kChecksumBlock - byte_begin;
-    const int64_t size = std::min(kChecksumBlock, chunk_bytes - block * kChecksumBlock);
-    TESSERA_CHECK(crc32c(bytes + begin, static_cast<size_t>(size)) == chunk.crc32c[static_cast<size_t>(block)],
-                  "checkpoint::load: {}: the bytes of '{}' (block {}) do not match their checksum (corrupt file)", path,
-                  name, block);
-  }
-  const Tensor source = Tensor::make(span.storage(), overlap_size, strides, first - byte_begin / element, dtype);
-  Tensor destination = piece.local;
-  for (size_t d = 0; d < ndim; ++d) {
-    destination = ops::narrow(destination, static_cast<int64_t>(d), overlap_offset[d] - piece.offsets[d], overlap_size[d]);
-  }
-  ops::copy_(destination, source);
-}
-
-}  // namespace
-
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
   const dist::ProcessGroupPtr group = resolve_group(options.group);
   const int rank = rank_of(group);
@@ -271,7 +224,11 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
                   piece.local.device().str());
     Piece staged = piece;
     if (piece.local.dtype() != found->second.dtype) staged.local = ops::empty(piece.local.sizes(), {.dtype = found->second.dtype});
-    for (const ChunkInfo& chunk : found->second.chunks) load_overlap(dir, name, chunk, found->second.dtype, staged);
+    for (const ChunkInfo& chunk : found->second.chunks) {
+      const StoredChunk stored{(fs::path(dir) / chunk.file).string(), chunk.byte_begin, chunk.byte_end, chunk.offsets,
+                               chunk.sizes, &chunk.crc32c};
+      read_chunk_overlap(stored, found->second.dtype, name, staged.local, staged.offsets);
+    }
     if (!staged.local.is_same(piece.local)) ops::copy_(piece.local, staged.local);
   }
   return report;

@@ -1,0 +1,46 @@
+// Async save: the snapshot is taken when async_save returns (a copy of every
+// piece this rank owns, so later optimizer steps cannot leak into it), and a
+// background thread writes and commits it while training goes on. This is
+// DCP's async_save: the training thread pays one memory copy of its own
+// shards, the disk time is hidden.
+//
+// The background thread coordinates the ranks with collectives, so it must
+// not share a process group with training: SaveOptions::group must be a group
+// only checkpointing uses (CheckpointManager keeps one). With a null group,
+// async_save splits one off the world for this save (a collective on the
+// calling thread).
+#pragma once
+
+#include <future>
+#include <string>
+
+#include "checkpoint/sharded_checkpoint.h"
+
+namespace tessera::checkpoint {
+
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  explicit SaveHandle(std::shared_future<void> done) : done_(std::move(done)) {}
+
+  // Blocks until the save is committed; rethrows its error (on every rank:
+  // the ranks exchange their errors before committing).
+  void wait() const;
+  // True once the save has finished (committed or failed); true for an empty handle.
+  bool ready() const;
+  bool valid() const { return done_.valid(); }
+
+ private:
+  std::shared_future<void> done_;
+};
+
+// Copies this rank's owned pieces of `state` to a private snapshot: the state
+// dict that async_save writes. Whole tensors are copied on rank 0 only (the
+// rank that writes them); pieces other ranks write are kept as empty shells
+// with the right layout.
+DistributedStateDict snapshot(const DistributedStateDict& state, int rank);
+
+// Collective: every rank calls it with the same directory.
+SaveHandle async_save(const std::string& dir, const DistributedStateDict& state, SaveOptions options = {});
+
+}  // namespace tessera::checkpoint
