@@ -11,6 +11,7 @@
 // calling thread).
 #pragma once
 
+#include <functional>
 #include <future>
 #include <string>
 
@@ -40,7 +41,11 @@ class SaveHandle {
 // with the right layout.
 DistributedStateDict snapshot(const DistributedStateDict& state, int rank);
 
-// Collective: every rank calls it with the same directory.
-SaveHandle async_save(const std::string& dir, const DistributedStateDict& state, SaveOptions options = {});
+// Collective: every rank calls it with the same directory. `after_commit`
+// runs on the background thread once the save has committed (the manager
+// prunes old checkpoints there). Dropping the last copy of the handle waits
+// for the save.
+SaveHandle async_save(const std::string& dir, const DistributedStateDict& state, SaveOptions options = {},
+                      std::function<void()> after_commit = {});
 
 }  // namespace tessera::checkpoint

@@ -13,6 +13,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/save_points.h"
 #include "dist/launch.h"
 #include "tensor/ops.h"
 
@@ -117,7 +118,14 @@ std::string read_text(const std::string& path) {
 
 // ---- save ----------------------------------------------------------------------------------------
 
+bool writes_piece(const StateEntry& entry, int rank) { return piece_of(entry, rank).owned; }
+
 void save(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options) {
+  save_or_report(dir, state, options, "");
+}
+
+void save_or_report(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options,
+                    const std::string& local_error) {
   const dist::ProcessGroupPtr group = resolve_group(options.group);
   const int rank = rank_of(group);
   const std::string tmp = dir + ".tmp";
@@ -137,10 +145,12 @@ void save(const std::string& dir, const DistributedStateDict& state, const SaveO
 
   nlohmann::json mine;
   try {
+    if (!local_error.empty()) fail("{}", local_error);
     mine = write_rank_file(tmp, state, rank, options.sync);
   } catch (const std::exception& error) {
     mine = {{"error", error.what()}};
   }
+  reach_save_point("rank_file_written");
   const std::vector<nlohmann::json> reports = gather_json(group, mine);
   rethrow_any(reports, "save");
 
@@ -170,8 +180,10 @@ void save(const std::string& dir, const DistributedStateDict& state, const SaveO
       file.write(text.data(), static_cast<int64_t>(text.size()));
       file.close(options.sync);
       if (options.sync) sync_directory(tmp);
+      reach_save_point("metadata_written");
       fs::rename(tmp, dir);
       if (options.sync) sync_directory(fs::absolute(dir).parent_path().string());
+      reach_save_point("committed");
     } catch (const std::exception& error) {
       committed["error"] = error.what();
     }

@@ -39,6 +39,17 @@ struct SaveOptions {
 
 void save(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options = {});
 
+// save() on a rank that has already failed to prepare its part
+// (`local_error` non-empty): it still takes part in every collective of the
+// save, so all ranks raise that error instead of waiting for this one.
+void save_or_report(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options,
+                    const std::string& local_error);
+
+// Whether `rank` writes the entry's local piece: a DTensor's piece when its
+// mesh coordinate is 0 on every Replicate dim (replicated data is written
+// once), a whole tensor on rank 0 only.
+bool writes_piece(const StateEntry& entry, int rank);
+
 struct LoadOptions {
   dist::ProcessGroupPtr group = nullptr;
   // Strict: keys missing from the checkpoint or absent from `state` are errors.
