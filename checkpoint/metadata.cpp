@@ -1,22 +1,55 @@
 // The metadata file: JSON out, strictly validated JSON in.
 #include "checkpoint/metadata.h"
 
+#include <algorithm>
+#include <string_view>
+
 #include "checkpoint/safetensors.h"
 
 namespace tessera::checkpoint {
 
 namespace {
 
+// Bounds far beyond any real checkpoint that keep every element and byte count
+// below 2^53, so no product or sum in the checks below can overflow int64.
+constexpr int64_t kMaxExtent = int64_t{1} << 48;    // one dimension, or one byte offset
+constexpr int64_t kMaxElements = int64_t{1} << 50;  // one tensor
+// training_state may be any JSON, but copying or printing a value recurses
+// once per level: a few MB of '[' would overflow the stack.
+constexpr int kMaxJsonDepth = 64;
+
 Shape read_shape(const nlohmann::json& value, const std::string& what, const std::string& source,
                  const std::string& name) {
   TESSERA_CHECK(value.is_array(), "{}: tensor '{}': {} must be an array", source, name, what);
   Shape shape;
   for (const auto& extent : value) {
-    TESSERA_CHECK(extent.is_number_integer() && extent.get<int64_t>() >= 0 && extent.get<int64_t>() < (int64_t{1} << 48),
+    // The parser stores every non-negative integer as unsigned.
+    TESSERA_CHECK(extent.is_number_unsigned() && extent.get<uint64_t>() < static_cast<uint64_t>(kMaxExtent),
                   "{}: tensor '{}': bad {} entry {}", source, name, what, extent.dump());
     shape.push_back(extent.get<int64_t>());
   }
   return shape;
+}
+
+// The number of elements in `shape` (entries in [0, kMaxExtent)); throws when
+// above kMaxElements. Any zero extent makes it 0 whatever the others are.
+int64_t element_count(const Shape& shape, const std::string& source, const std::string& name) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  int64_t count = 1;
+  for (const int64_t extent : shape) {
+    TESSERA_CHECK(count <= kMaxElements / extent, "{}: tensor '{}': shape {} has more than 2^50 elements", source,
+                  name, shape);
+    count *= extent;
+  }
+  return count;
+}
+
+DType read_dtype(const std::string& text, const std::string& source, const std::string& name) {
+  try {
+    return dtype_from_safetensors(text);
+  } catch (const Error& error) {
+    fail("{}: tensor '{}': {}", source, name, error.what());
+  }
 }
 
 }  // namespace
@@ -45,14 +78,22 @@ std::string CheckpointMetadata::to_json_text() const {
 }
 
 CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std::string& source) {
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    TESSERA_CHECK(depth < kMaxJsonDepth, "{}: JSON nested deeper than {} levels (corrupt metadata?)", source,
+                  kMaxJsonDepth);
+    return true;
+  };
+  const nlohmann::json json = nlohmann::json::parse(text, limit_depth, /*allow_exceptions=*/false);
   TESSERA_CHECK(!json.is_discarded() && json.is_object(), "{}: not a JSON object (corrupt metadata?)", source);
-  TESSERA_CHECK(json.value("format", "") == kFormatName, "{}: not a tessera checkpoint (format '{}')", source,
-                json.value("format", ""));
+  TESSERA_CHECK(json.contains("format") && json["format"].is_string() &&
+                    json["format"].get<std::string>() == kFormatName,
+                "{}: not a tessera checkpoint (format {})", source,
+                json.contains("format") ? json["format"].dump() : "missing");
   TESSERA_CHECK(json.contains("format_version") && json["format_version"].is_number_integer(),
                 "{}: no format_version", source);
-  const int version = json["format_version"].get<int>();
-  TESSERA_CHECK(version == kFormatVersion, "{}: format version {}; this tessera reads version {}", source, version,
+  TESSERA_CHECK(json["format_version"].is_number_unsigned() &&
+                    json["format_version"].get<uint64_t>() == static_cast<uint64_t>(kFormatVersion),
+                "{}: format version {}; this tessera reads version {}", source, json["format_version"].dump(),
                 kFormatVersion);
   TESSERA_CHECK(json.contains("tensors") && json["tensors"].is_object(), "{}: no tensors object", source);
 
@@ -63,8 +104,9 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
                       value.contains("chunks") && value["chunks"].is_array(),
                   "{}: tensor '{}' needs dtype and chunks", source, name);
     TensorInfo info;
-    info.dtype = dtype_from_safetensors(value["dtype"].get<std::string>());
+    info.dtype = read_dtype(value["dtype"].get<std::string>(), source, name);
     info.global_shape = read_shape(value.value("global_shape", nlohmann::json()), "global_shape", source, name);
+    const int64_t numel = element_count(info.global_shape, source, name);
     const int64_t element = static_cast<int64_t>(element_size(info.dtype));
     int64_t covered = 0;
     for (const auto& chunk_json : value["chunks"]) {
@@ -75,8 +117,11 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
                     "{}: tensor '{}' has a malformed chunk", source, name);
       ChunkInfo chunk;
       chunk.file = chunk_json["file"].get<std::string>();
-      TESSERA_CHECK(!chunk.file.empty() && chunk.file.find('/') == std::string::npos && chunk.file != "..",
-                    "{}: tensor '{}': chunk file '{}' is not a plain file name", source, name, chunk.file);
+      // A NUL would end the name early when the file is opened.
+      TESSERA_CHECK(!chunk.file.empty() && chunk.file != "." && chunk.file != ".." &&
+                        chunk.file.find_first_of(std::string_view("/\0", 2)) == std::string::npos,
+                    "{}: tensor '{}': chunk file {} is not a plain file name", source, name,
+                    chunk_json["file"].dump());
       const Shape range = read_shape(chunk_json["byte_range"], "byte_range", source, name);
       chunk.byte_begin = range[0];
       chunk.byte_end = range[1];
@@ -95,32 +140,38 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
                       "{}: tensor '{}': chunk at {} of size {} leaves the global shape {}", source, name,
                       chunk.offsets, chunk.sizes, info.global_shape);
       }
-      TESSERA_CHECK(chunk.byte_end - chunk.byte_begin == shape_numel(chunk.sizes) * element,
+      // Inside the tensor, so at most `numel` elements.
+      const int64_t chunk_numel = element_count(chunk.sizes, source, name);
+      TESSERA_CHECK(chunk.byte_end - chunk.byte_begin == chunk_numel * element,
                     "{}: tensor '{}': chunk in {} has {} bytes for sizes {}", source, name, chunk.file,
                     chunk.byte_end - chunk.byte_begin, chunk.sizes);
       const int64_t blocks = (chunk.byte_end - chunk.byte_begin + kChecksumBlock - 1) / kChecksumBlock;
       TESSERA_CHECK(static_cast<int64_t>(chunk.crc32c.size()) == blocks,
                     "{}: tensor '{}': a chunk of {} bytes needs {} checksums, has {}", source, name,
                     chunk.byte_end - chunk.byte_begin, blocks, chunk.crc32c.size());
-      covered += shape_numel(chunk.sizes);
+      covered += chunk_numel;
+      TESSERA_CHECK(covered <= numel, "{}: tensor '{}': its chunks hold more than its {} elements (overlap?)", source,
+                    name, numel);
       info.chunks.push_back(std::move(chunk));
     }
-    // Disjoint chunks inside the tensor that add up to its size tile it.
+    // Disjoint chunks inside the tensor that add up to its size tile it
+    // (empty chunks may sit anywhere).
     for (size_t a = 0; a < info.chunks.size(); ++a) {
+      const ChunkInfo& x = info.chunks[a];
+      if (x.byte_end == x.byte_begin) continue;
       for (size_t b = a + 1; b < info.chunks.size(); ++b) {
+        const ChunkInfo& y = info.chunks[b];
+        if (y.byte_end == y.byte_begin) continue;
         bool overlap = true;
         for (size_t d = 0; d < info.global_shape.size(); ++d) {
-          const auto& x = info.chunks[a];
-          const auto& y = info.chunks[b];
           overlap = overlap && x.offsets[d] < y.offsets[d] + y.sizes[d] && y.offsets[d] < x.offsets[d] + x.sizes[d];
         }
-        TESSERA_CHECK(!overlap || shape_numel(info.chunks[a].sizes) == 0 || shape_numel(info.chunks[b].sizes) == 0,
-                      "{}: tensor '{}': two chunks overlap", source, name);
+        TESSERA_CHECK(!overlap, "{}: tensor '{}': the chunks at {} and {} overlap", source, name, x.offsets,
+                      y.offsets);
       }
     }
-    TESSERA_CHECK(covered == shape_numel(info.global_shape),
-                  "{}: tensor '{}': the chunks hold {} of its {} elements (a missing rank file?)", source, name,
-                  covered, shape_numel(info.global_shape));
+    TESSERA_CHECK(covered == numel, "{}: tensor '{}': the chunks hold {} of its {} elements (a missing rank file?)",
+                  source, name, covered, numel);
     metadata.tensors.emplace(name, std::move(info));
   }
   return metadata;

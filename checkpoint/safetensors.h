@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/file_io.h"
 #include "tensor/tensor.h"
 
 namespace tessera::checkpoint {
@@ -47,6 +48,32 @@ DType dtype_from_safetensors(std::string_view name);
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, int64_t data_size, const std::string& source);
 // Reads and parses the header of the file at `path`.
 SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// Lays out `entries` (name, dtype, shape; offsets ignored) in this order:
+// fills their byte offsets and the header's data_offset. Names must be
+// unique, non-empty and not "__metadata__".
+SafetensorsHeader layout_safetensors(std::vector<SafetensorsEntry> entries,
+                                     const std::map<std::string, std::string>& metadata = {});
+
+// Writes a laid-out file one tensor at a time, so that a writer never needs
+// every tensor in memory at once (the full-model export streams through it).
+class SafetensorsWriter {
+ public:
+  // Creates (or truncates) `path` and writes the header.
+  SafetensorsWriter(const std::string& path, SafetensorsHeader header);
+
+  // The bytes of the next entry; `tensor` (cpu, any strides) must have its dtype and shape.
+  void append(const Tensor& tensor);
+  // Checks that every entry was appended; flushes with fsync when `sync`.
+  void close(bool sync);
+  const SafetensorsHeader& header() const { return header_; }
+
+ private:
+  std::string path_;
+  SafetensorsHeader header_;
+  WriteFile file_;
+  size_t next_entry_ = 0;
+};
 
 // Writes `tensors` (any device-cpu tensors; non-contiguous ones are copied)
 // in order, with `metadata`, flushing to disk with fsync when `sync`.

@@ -2,14 +2,18 @@
 // hand-off to and from the Python world (safetensors.numpy / safetensors.torch
 // load it; any safetensors file with matching names and shapes loads here).
 //
-// export_safetensors streams: rank 0 writes the header (every name, dtype and
-// global shape is known on every rank), then for each tensor in name order the
-// ranks gather that one tensor to rank 0, which appends its bytes and drops
-// it; rank 0 never holds more than one gathered tensor at a time. The file
-// goes to PATH.tmp, is fsynced and renamed, like a checkpoint.
+// export_safetensors streams: the ranks first agree on what to write (a
+// mismatch of names, dtypes or global shapes is named on every rank), rank 0
+// writes the header, then for each tensor in name order the owners of its
+// pieces send them to rank 0 one at a time, and rank 0 assembles the tensor,
+// appends its bytes and drops it. Rank 0 holds at most one gathered tensor
+// plus one piece in flight, every other rank at most one piece. The file goes
+// to PATH.tmp, is fsynced and renamed over PATH, like a checkpoint; an error
+// on any rank is raised on every rank.
 //
-// import_safetensors lets every rank read only the rows of each tensor that
-// its piece holds (byte ranges of the one file), so no rank reads the model.
+// import_safetensors lets every rank read only the byte span of each tensor
+// that covers its piece (a row shard reads just its rows), so no rank reads
+// the model.
 #pragma once
 
 #include <map>

@@ -193,14 +193,18 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
 
 // ---- load ----------------------------------------------------------------------------------------
 
-LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
-  const dist::ProcessGroupPtr group = resolve_group(options.group);
-  const int rank = rank_of(group);
+CheckpointMetadata read_metadata(const std::string& dir) {
   const std::string metadata_path = (fs::path(dir) / kMetadataFile).string();
   TESSERA_CHECK(fs::is_directory(dir), "checkpoint::load: '{}' is not a directory", dir);
   TESSERA_CHECK(fs::exists(metadata_path), "checkpoint::load: '{}' has no {} (not a checkpoint, or an unfinished save)",
                 dir, kMetadataFile);
-  const CheckpointMetadata metadata = CheckpointMetadata::parse(read_text(metadata_path), metadata_path);
+  return CheckpointMetadata::parse(read_text(metadata_path), metadata_path);
+}
+
+LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
+  const dist::ProcessGroupPtr group = resolve_group(options.group);
+  const int rank = rank_of(group);
+  const CheckpointMetadata metadata = read_metadata(dir);
 
   LoadReport report;
   report.training_state = metadata.training_state;

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/metadata.h"
 #include "dist/dtensor.h"
 #include "dist/process_group.h"
 
@@ -61,6 +62,10 @@ struct LoadReport {
   std::vector<std::string> unexpected_keys;  // in the checkpoint, not in `state`
   nlohmann::json training_state;
 };
+
+// DIR/metadata.json, parsed and validated (no tensor data is read): what a
+// loader checks before building or loading anything (training state, shapes).
+CheckpointMetadata read_metadata(const std::string& dir);
 
 // Fills the local tensors of `state` in place (their dtypes are converted).
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options = {});

@@ -9,10 +9,10 @@ StateEntry entry_like(const nn::Parameter& parameter, const Tensor& local) {
   return dist::DTensor(local, spec.mesh, spec.placements, spec.global_shape);
 }
 
-DistributedStateDict model_state(const nn::Module& module) {
+DistributedStateDict model_state(const nn::Module& module, const std::string& prefix) {
   DistributedStateDict state;
   for (const auto& [name, parameter] : module.named_parameters()) {
-    state[kModelPrefix + name] = entry_like(*parameter, parameter->tensor().detach());
+    state[prefix + name] = entry_like(*parameter, parameter->tensor().detach());
   }
   return state;
 }

@@ -19,8 +19,9 @@ namespace tessera::checkpoint {
 inline constexpr const char* kModelPrefix = "model.";
 inline constexpr const char* kOptimizerPrefix = "optim.";
 
-// Every parameter of `module` (named_parameters: a tied one once).
-DistributedStateDict model_state(const nn::Module& module);
+// Every parameter of `module` (named_parameters: a tied one once), keyed
+// `prefix` + its name (plain names for a safetensors export).
+DistributedStateDict model_state(const nn::Module& module, const std::string& prefix = kModelPrefix);
 
 // Every state tensor of every parameter of `optimizer`. Creates the state
 // first (Optimizer::init_state: zeros, step 0, exactly what the first step

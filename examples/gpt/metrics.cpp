@@ -41,6 +41,7 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
       {"comm_bytes", m.comm_bytes},
   };
   if (m.val_loss) object["val_loss"] = *m.val_loss;
+  if (m.ckpt_blocked_ms) object["ckpt_blocked_ms"] = *m.ckpt_blocked_ms;
   return object;
 }
 

@@ -108,6 +108,13 @@ void TrainConfig::validate() const {
                 tessera::dtype_name(param_dtype));
   TESSERA_CHECK(!reduce_dtype || tessera::is_floating(*reduce_dtype), "--reduce-dtype must be floating, got {}",
                 tessera::dtype_name(*reduce_dtype));
+  TESSERA_CHECK(ckpt_every >= 0, "--ckpt-every must be >= 0, got {}", ckpt_every);
+  TESSERA_CHECK(keep >= 0, "--keep must be >= 0 (0 keeps all), got {}", keep);
+  const bool checkpoints_asked = ckpt_every > 0 || keep > 0 || resume || async_ckpt;
+  TESSERA_CHECK(!checkpoints_asked || !ckpt_dir.empty(),
+                "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR");
+  TESSERA_CHECK(!(resume && !init_from.empty()),
+                "--resume and --init-from both set the weights; pass one of them");
 }
 
 std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
@@ -176,6 +183,15 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
   app.add_option("--trace", config.trace, "Write a Chrome/Perfetto trace of every rank to this file");
   app.add_flag("--plan", config.plan, "Print the sharding plan (shards, memory, bytes per step) and exit");
+
+  // Checkpoints.
+  app.add_option("--ckpt-dir", config.ckpt_dir, "Save sharded checkpoints to DIR/step-N (at the last step too)");
+  app.add_option("--ckpt-every", config.ckpt_every, "Save every K steps (0 = only at the last)")->check(kNonNegative);
+  app.add_option("--keep", config.keep, "Keep the newest K checkpoints (0 = all)")->check(kNonNegative);
+  app.add_flag("--resume", config.resume, "Resume from the latest checkpoint in --ckpt-dir (any world size)");
+  app.add_flag("--async-ckpt", config.async_ckpt, "Write checkpoints in the background while training goes on");
+  app.add_option("--export", config.export_path, "Write the trained model to this .safetensors file");
+  app.add_option("--init-from", config.init_from, "Start from the weights of this .safetensors file");
 
   try {
     app.parse(argc, argv);

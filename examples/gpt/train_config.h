@@ -47,6 +47,15 @@ struct TrainConfig {
   std::string trace;           // "" = none; else a Chrome/Perfetto trace of every rank
   bool plan = false;           // print the sharding plan and exit
 
+  // Checkpoints (checkpoint/): DIR/step-NNNNNNNN, every rank writing its shards.
+  std::string ckpt_dir;      // "" = none
+  int64_t ckpt_every = 0;    // save every K steps (and at the last step); 0 = only at the last step
+  int keep = 0;              // keep the newest K checkpoints; 0 = all
+  bool resume = false;       // start from the latest checkpoint in ckpt_dir (fresh when there is none)
+  bool async_ckpt = false;   // snapshot, then write in the background while training goes on
+  std::string export_path;   // "" = none; else the trained model as one .safetensors file
+  std::string init_from;     // "" = none; else start from the weights of this .safetensors file
+
   // Every rank's micro-batches: the global batch of one optimizer step.
   int64_t tokens_per_step() const { return batch * seq_len * grad_accum * nproc; }
   int64_t shard_ranks() const { return nproc / hsdp; }

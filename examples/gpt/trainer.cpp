@@ -11,9 +11,13 @@
 #include <thread>
 
 #include "autograd/engine.h"
+#include "checkpoint/checkpoint_manager.h"
+#include "checkpoint/safetensors_export.h"
+#include "checkpoint/state_dict.h"
 #include "autograd/grad_mode.h"
 #include "dist/launch.h"
 #include "dist/local_backend.h"
+#include "examples/gpt/config_json.h"
 #include "fsdp/plan.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
@@ -180,7 +184,7 @@ StepMetrics Trainer::train_step() {
     // FSDP2's accumulation: gradients stay unsharded on this rank until the
     // last micro-batch, whose backward reduce-scatters their sum.
     if (fsdp_root_) fsdp_root_->set_requires_gradient_sync(micro + 1 == micro_batches);
-    Batch batch = data_.train_batch(global_micro_batch(step_, micro_batches * ranks, micro * ranks + rank()));
+    Batch batch = data_.train_batch(next_micro_batch_ + micro * ranks + rank());
     Tensor loss = model_->loss(batch.inputs, batch.targets);
     loss_sum += loss.item();
     tessera::autograd::backward(loss);
@@ -204,6 +208,7 @@ StepMetrics Trainer::train_step() {
     optimizer_->step();
   }
   ++step_;
+  next_micro_batch_ += micro_batches * ranks;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // Read before the metric reductions below, so they count the step's own traffic.
@@ -246,6 +251,90 @@ double Trainer::evaluate() {
   return sum_over_ranks(loss_sum) / static_cast<double>(config_.eval_batches * world_size());
 }
 
+// ---- checkpoints --------------------------------------------------------------------------------
+
+tessera::checkpoint::DistributedStateDict Trainer::state_dict() {
+  return tessera::checkpoint::training_state_dict(*model_, *optimizer_);
+}
+
+nlohmann::json Trainer::training_state() const {
+  const tessera::Generator& generator = tessera::default_generator();
+  const nlohmann::json mine = {{"seed", generator.seed()}, {"next_stream", generator.next_stream()}};
+  nlohmann::json rng = nlohmann::json::array();
+  if (distributed_) {
+    const std::string text = mine.dump();
+    for (const auto& bytes : distributed_->world->all_gather_bytes(
+             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()))) {
+      rng.push_back(nlohmann::json::parse(bytes.begin(), bytes.end()));
+    }
+  } else {
+    rng.push_back(mine);
+  }
+  return {{"step", step_},
+          {"data", {{"next_micro_batch", next_micro_batch_}, {"seed", config_.seed}, {"batch", config_.batch},
+                    {"seq_len", config_.seq_len}}},
+          {"schedule", {{"max_lr", schedule_.max_lr()}, {"min_lr", schedule_.min_lr()},
+                        {"warmup_steps", schedule_.warmup_steps()}, {"total_steps", schedule_.total_steps()}}},
+          {"rng", rng},
+          {"world_size", world_size()},
+          {"config", {{"model", model_config_to_json(config_.model)}, {"train", train_config_to_json(config_)}}}};
+}
+
+void Trainer::resume_from(const std::string& dir) {
+  // The settings are checked before any tensor is read.
+  const nlohmann::json state = tessera::checkpoint::read_metadata(dir).training_state;
+  try {
+    const nlohmann::json saved_model = state.at("config").at("model");
+    model_config_from_json(saved_model, dir);  // validates the saved shape
+    TESSERA_CHECK(saved_model == model_config_to_json(config_.model),
+                  "the checkpoint's model is {}, this run's {}; pass the same shape flags", saved_model.dump(),
+                  model_config_to_json(config_.model).dump());
+    const nlohmann::json& data = state.at("data");
+    TESSERA_CHECK(data.at("seed") == config_.seed && data.at("batch") == config_.batch &&
+                      data.at("seq_len") == config_.seq_len,
+                  "the checkpoint's data order is seed {}, batch {}, seq_len {}; this run's seed {}, batch {}, "
+                  "seq_len {}; pass the same --seed, --batch and --seq-len",
+                  data.at("seed").dump(), data.at("batch").dump(), data.at("seq_len").dump(), config_.seed,
+                  config_.batch, config_.seq_len);
+    step_ = state.at("step").get<int64_t>();
+    next_micro_batch_ = data.at("next_micro_batch").get<int64_t>();
+    const nlohmann::json& schedule = state.at("schedule");
+    schedule_ = tessera::optim::WarmupCosineSchedule(
+        schedule.at("max_lr").get<double>(), schedule.at("min_lr").get<double>(),
+        schedule.at("warmup_steps").get<int64_t>(), schedule.at("total_steps").get<int64_t>());
+    tessera::checkpoint::load(dir, state_dict(), {.group = distributed_ ? distributed_->world : nullptr});
+    const nlohmann::json& rng = state.at("rng");
+    TESSERA_CHECK(rng.is_array() && !rng.empty(), "the checkpoint's rng states are missing");
+    const nlohmann::json& mine = rng.at(static_cast<size_t>(rank()) % rng.size());
+    tessera::default_generator().manual_seed(mine.at("seed").get<uint64_t>());
+    tessera::default_generator().set_next_stream(mine.at("next_stream").get<uint64_t>());
+  } catch (const nlohmann::json::exception& error) {
+    tessera::fail("resume: {}/metadata.json: the training state is incomplete: {}", dir, error.what());
+  } catch (const tessera::Error& error) {
+    tessera::fail("resume: {}: {}", dir, error.what());
+  }
+}
+
+void Trainer::init_from(const std::string& path) {
+  const tessera::checkpoint::ImportReport report =
+      tessera::checkpoint::import_safetensors(path, tessera::checkpoint::model_state(*model_, ""));
+  const auto config = report.metadata.find(kGptConfigMetadataKey);
+  if (config != report.metadata.end()) {
+    const nlohmann::json saved = nlohmann::json::parse(config->second);
+    TESSERA_CHECK(saved == model_config_to_json(config_.model), "init-from: {} holds a model {}, this run's is {}",
+                  path, saved.dump(), model_config_to_json(config_.model).dump());
+  }
+}
+
+void Trainer::export_to(const std::string& path) {
+  tessera::checkpoint::export_safetensors(
+      path, tessera::checkpoint::model_state(*model_, ""),
+      {.group = distributed_ ? distributed_->world : nullptr,
+       .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model).dump()},
+                    {"tessera.step", std::to_string(step_)}},
+       .sync = true});
+}
+
 // ---- the run -------------------------------------------------------------------------------------
 
 namespace {
@@ -283,23 +372,72 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       return;
     }
 
+    std::optional<tessera::checkpoint::CheckpointManager> checkpoints;
+    if (!config.ckpt_dir.empty()) {
+      checkpoints.emplace(config.ckpt_dir, tessera::checkpoint::ManagerOptions{
+                                               .group = distributed.world, .keep_last = config.keep, .sync = true});
+    }
+    if (config.resume) {
+      const auto latest = checkpoints->latest();
+      if (latest) trainer.resume_from(latest->path);
+      if (leader) {
+        out << (latest ? fmt::format("resume   from {} (step {})\n", latest->path, latest->step)
+                       : fmt::format("resume   no checkpoint in {}: starting at step 0\n", config.ckpt_dir));
+      }
+    }
+    if (!config.init_from.empty()) {
+      trainer.init_from(config.init_from);
+      if (leader) out << fmt::format("init     weights from {}\n", config.init_from);
+    }
+    summary.first_step = trainer.steps_done() + 1;
+
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t step = 1; step <= config.steps; ++step) {
+    for (int64_t step = summary.first_step; step <= config.steps; ++step) {
       StepMetrics metrics = trainer.train_step();
       const bool eval_due = config.eval_every > 0 && (step % config.eval_every == 0 || step == config.steps);
       if (eval_due) metrics.val_loss = trainer.evaluate();
+      const bool save_due =
+          checkpoints && (step == config.steps || (config.ckpt_every > 0 && step % config.ckpt_every == 0));
+      if (save_due) {
+        // Blocked: what the training thread waits for (an async save: the
+        // previous save, if still running, and the snapshot copy).
+        const auto save_start = std::chrono::steady_clock::now();
+        if (config.async_ckpt) {
+          checkpoints->async_save(step, trainer.state_dict(), trainer.training_state());
+        } else {
+          checkpoints->save(step, trainer.state_dict(), trainer.training_state());
+        }
+        metrics.ckpt_blocked_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - save_start).count();
+      }
       if (!leader) continue;
       if (metrics.val_loss) summary.val_loss = metrics.val_loss;
       summary.losses.push_back(metrics.loss);
       out << format_progress(metrics) << '\n';
+      if (metrics.ckpt_blocked_ms) {
+        out << fmt::format("ckpt     {} ({}; training blocked {:.1f} ms)\n",
+                           tessera::checkpoint::checkpoint_path(config.ckpt_dir, step),
+                           config.async_ckpt ? "async, writing in the background" : "sync, committed",
+                           *metrics.ckpt_blocked_ms);
+      }
       out.flush();
       if (log) log->write(to_json(metrics));
     }
+    if (checkpoints) checkpoints->wait();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!config.export_path.empty()) {
+      trainer.export_to(config.export_path);
+      if (leader) out << fmt::format("export   {} (safetensors, step {})\n", config.export_path, trainer.steps_done());
+    }
 
     if (distributed.tracer) dist::write_chrome_trace(*distributed.tracer, *distributed.world, config.trace);
     if (!leader) return;
     summary.seconds = seconds;
+    if (summary.losses.empty()) {
+      out << fmt::format("done     nothing to train: the run is at step {} of {}\n", trainer.steps_done(),
+                         config.steps);
+      return;
+    }
     out << fmt::format("done     {} steps in {:.1f} s: loss {:.4f} -> {:.4f}{}; unigram entropy {:.4f} nats\n",
                        config.steps, summary.seconds, summary.losses.front(), summary.losses.back(),
                        summary.val_loss ? fmt::format(" (val {:.4f})", *summary.val_loss) : std::string(),

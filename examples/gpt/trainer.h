@@ -19,6 +19,9 @@
 #include <ostream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/sharded_checkpoint.h"
 #include "dist/device_mesh.h"
 #include "dist/trace.h"
 #include "examples/gpt/data_loader.h"
@@ -80,6 +83,26 @@ class Trainer {
   // graph (every rank runs the same batches; the ranks' means are averaged).
   double evaluate();
 
+  // ---- checkpoints ----
+  // Model and AdamW state by name ("model.<fqn>", "optim.<fqn>.<key>"),
+  // viewing the live shards: what a checkpoint saves and loads in place.
+  tessera::checkpoint::DistributedStateDict state_dict();
+  // Everything else exact resume needs, as JSON (collective: it gathers
+  // every rank's RNG state): step, data position, lr schedule, RNG states,
+  // and the config (the model's, which generate reads, and the run's).
+  nlohmann::json training_state() const;
+  // Loads a checkpoint saved on any world size and restores the state above.
+  // The model shape, seed, batch and sequence length must match the
+  // checkpoint's (a different data order would not be a resume); the lr
+  // schedule is the checkpoint's. Same world size: RNG states per rank; a
+  // different one: rank r takes saved rank r mod N.
+  void resume_from(const std::string& dir);
+  // Starts from the weights of an exported .safetensors file (optimizer state stays fresh).
+  void init_from(const std::string& path);
+  // Writes the model as one .safetensors file with its parameter names and
+  // the model config in the file's metadata (collective).
+  void export_to(const std::string& path);
+
   int64_t steps_done() const { return step_; }
   const TrainConfig& config() const { return config_; }
   const DataLoader& data() const { return data_; }
@@ -106,11 +129,14 @@ class Trainer {
   std::vector<std::shared_ptr<tessera::nn::Parameter>> parameters_;
   std::vector<tessera::dist::ProcessGroupPtr> process_groups_;
   int64_t step_ = 0;
+  // Global index of the next step's first micro-batch: the data position.
+  int64_t next_micro_batch_ = 0;
 };
 
 struct TrainSummary {
   double unigram_entropy = 0.0;  // nats: what a model without context reaches
-  std::vector<double> losses;   // per optimizer step
+  int64_t first_step = 1;       // 1, or the step after the checkpoint a --resume started from
+  std::vector<double> losses;   // per optimizer step from first_step
   std::optional<double> val_loss;  // the last evaluation
   double seconds = 0.0;
 };

@@ -46,7 +46,10 @@ void block_probabilities(Eigen::Ref<Matrix<T>> scores, const T* lse, int64_t i0)
 
 template <typename T>
 void attention_typed(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k, const Tensor& v) {
-  const auto [heads, seq, dim] = geometry_of(q);
+  // Plain variables, not a structured binding: clang before 16 cannot capture
+  // one in the lambda below (tests/fuzz builds this file with clang 14).
+  const Geometry geometry = geometry_of(q);
+  const int64_t heads = geometry.heads, seq = geometry.seq, dim = geometry.dim;
   const T scale = T{1} / std::sqrt(static_cast<T>(dim));
   const T *q_data = q.data_ptr<T>(), *k_data = k.data_ptr<T>(), *v_data = v.data_ptr<T>();
   T *out_data = out.data_ptr<T>(), *lse_data = logsumexp.data_ptr<T>();
@@ -84,7 +87,9 @@ template <typename T>
 void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
                               const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& logsumexp) {
-  const auto [heads, seq, dim] = geometry_of(q);
+  // Plain variables, not a structured binding: see attention_typed.
+  const Geometry geometry = geometry_of(q);
+  const int64_t heads = geometry.heads, seq = geometry.seq, dim = geometry.dim;
   const T scale = T{1} / std::sqrt(static_cast<T>(dim));
   const T *q_data = q.data_ptr<T>(), *k_data = k.data_ptr<T>(), *v_data = v.data_ptr<T>();
   const T *o_data = out.data_ptr<T>(), *go_data = grad_out.data_ptr<T>(), *lse_data = logsumexp.data_ptr<T>();

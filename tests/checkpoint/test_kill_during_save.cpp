@@ -36,13 +36,14 @@ Child spawn_save(const std::string& root, int64_t step, const std::string& pause
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   const std::string step_text = std::to_string(step);
+  const char* program = child_program();  // before the fork: the child only execs
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::dup2(fds[1], STDOUT_FILENO);
     ::close(fds[0]);
     ::close(fds[1]);
-    ::execl(child_program(), child_program(), root.c_str(), step_text.c_str(), pause.c_str(), nullptr);
+    ::execl(program, program, root.c_str(), step_text.c_str(), pause.c_str(), nullptr);
     ::_exit(127);
   }
   ::close(fds[1]);

@@ -1,0 +1,24 @@
+// Text <-> byte-level tokens for `generate`: one token per byte (vocab 256,
+// as the corpus loader makes them), and sampled tokens back to text that is
+// safe to print: a byte model can emit control bytes and broken UTF-8.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpt {
+
+inline constexpr int64_t kByteVocab = 256;
+
+// Each byte of `text` as a token in [0, 256).
+std::vector<uint16_t> text_to_byte_tokens(std::string_view text);
+
+// The bytes the tokens stand for, printable: ASCII from space to '~', newline,
+// tab and complete UTF-8 sequences of printable characters stay as they are;
+// every other byte becomes \xHH. Throws tessera::Error for a token >= 256.
+std::string byte_tokens_to_printable(std::span<const uint16_t> tokens);
+
+}  // namespace gpt

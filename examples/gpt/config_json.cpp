@@ -1,0 +1,122 @@
+// GPTConfig <-> JSON with every field checked, and TrainConfig -> JSON.
+#include "examples/gpt/config_json.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <string_view>
+
+#include "tensor/error.h"
+
+namespace gpt {
+
+namespace {
+
+constexpr std::array<std::string_view, 8> kModelFields = {"vocab_size", "block_size", "n_layer", "n_head",
+                                                          "n_embd",     "dropout",    "bias",    "norm_eps"};
+
+// The JSON type of a value, for "expected X, got Y" messages.
+std::string json_kind(const nlohmann::json& value) {
+  if (value.is_number_integer()) return fmt::format("integer {}", value.dump());
+  if (value.is_number_float()) return fmt::format("number {}", value.dump());
+  if (value.is_primitive()) return fmt::format("{} {}", value.type_name(), value.dump());
+  return value.type_name();
+}
+
+const nlohmann::json& required_field(const nlohmann::json& json, std::string_view field, const std::string& source) {
+  const auto found = json.find(field);
+  TESSERA_CHECK(found != json.end(), "{}: model config: field '{}' is missing", source, field);
+  return *found;
+}
+
+int64_t integer_field(const nlohmann::json& json, std::string_view field, const std::string& source) {
+  const nlohmann::json& value = required_field(json, field, source);
+  TESSERA_CHECK(value.is_number_integer(), "{}: model config: field '{}' must be an integer, got {}", source, field,
+                json_kind(value));
+  // nlohmann keeps integers above INT64_MAX as unsigned.
+  TESSERA_CHECK(!value.is_number_unsigned() ||
+                    value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                "{}: model config: field '{}' is out of range, got {}", source, field, value.dump());
+  return value.get<int64_t>();
+}
+
+double number_field(const nlohmann::json& json, std::string_view field, const std::string& source) {
+  const nlohmann::json& value = required_field(json, field, source);
+  TESSERA_CHECK(value.is_number(), "{}: model config: field '{}' must be a number, got {}", source, field,
+                json_kind(value));
+  return value.get<double>();
+}
+
+bool boolean_field(const nlohmann::json& json, std::string_view field, const std::string& source) {
+  const nlohmann::json& value = required_field(json, field, source);
+  TESSERA_CHECK(value.is_boolean(), "{}: model config: field '{}' must be true or false, got {}", source, field,
+                json_kind(value));
+  return value.get<bool>();
+}
+
+}  // namespace
+
+nlohmann::json model_config_to_json(const tessera::nn::GPTConfig& config) {
+  return {{"vocab_size", config.vocab_size},
+          {"block_size", config.block_size},
+          {"n_layer", config.n_layer},
+          {"n_head", config.n_head},
+          {"n_embd", config.n_embd},
+          {"dropout", config.dropout},
+          {"bias", config.bias},
+          {"norm_eps", config.norm_eps}};
+}
+
+tessera::nn::GPTConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
+  TESSERA_CHECK(json.is_object(), "{}: model config must be a JSON object, got {}", source, json_kind(json));
+  for (const auto& [key, value] : json.items()) {
+    TESSERA_CHECK(std::find(kModelFields.begin(), kModelFields.end(), key) != kModelFields.end(),
+                  "{}: model config: unknown field '{}' (known: {})", source, key, kModelFields);
+  }
+  tessera::nn::GPTConfig config;
+  config.vocab_size = integer_field(json, "vocab_size", source);
+  config.block_size = integer_field(json, "block_size", source);
+  config.n_layer = integer_field(json, "n_layer", source);
+  config.n_head = integer_field(json, "n_head", source);
+  config.n_embd = integer_field(json, "n_embd", source);
+  config.dropout = number_field(json, "dropout", source);
+  config.bias = boolean_field(json, "bias", source);
+  config.norm_eps = number_field(json, "norm_eps", source);
+  try {
+    config.validate();
+  } catch (const tessera::Error& error) {
+    tessera::fail("{}: model config: {}", source, error.what());
+  }
+  return config;
+}
+
+nlohmann::json train_config_to_json(const TrainConfig& config) {
+  nlohmann::json reshard;
+  if (const bool* flag = std::get_if<bool>(&config.reshard_after_forward)) {
+    reshard = *flag;
+  } else {
+    reshard = std::get<int64_t>(config.reshard_after_forward);
+  }
+  nlohmann::json reduce_dtype = nullptr;
+  if (config.reduce_dtype) reduce_dtype = std::string(tessera::dtype_name(*config.reduce_dtype));
+  return {{"preset", config.preset},
+          {"seq_len", config.seq_len},
+          {"batch", config.batch},
+          {"grad_accum", config.grad_accum},
+          {"steps", config.steps},
+          {"lr", config.lr},
+          {"min_lr_ratio", config.min_lr_ratio},
+          {"warmup", config.warmup},
+          {"weight_decay", config.weight_decay},
+          {"clip", config.clip},
+          {"seed", config.seed},
+          {"data", config.data},
+          {"nproc", config.nproc},
+          {"hsdp", config.hsdp},
+          {"reshard_after_forward", reshard},
+          {"param_dtype", std::string(tessera::dtype_name(config.param_dtype))},
+          {"reduce_dtype", reduce_dtype},
+          {"deterministic", config.deterministic}};
+}
+
+}  // namespace gpt

@@ -1,0 +1,128 @@
+// Loading a GPT from a checkpoint directory or an exported .safetensors file.
+#include "examples/gpt/model_loader.h"
+
+#include <charconv>
+#include <filesystem>
+#include <map>
+
+#include "checkpoint/checkpoint_manager.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_export.h"
+#include "checkpoint/state_dict.h"
+#include "examples/gpt/config_json.h"
+#include "tensor/error.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+namespace checkpoint = tessera::checkpoint;
+
+namespace {
+
+std::string read_text_file(const std::string& path) {
+  const checkpoint::ReadFile file(path);
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read_at(0, text.data(), file.size());
+  return text;
+}
+
+// training_state.config.model, checked step by step so a checkpoint written
+// without a config (by another program) gets a message saying so.
+const nlohmann::json& model_config_json(const nlohmann::json& training_state, const std::string& source) {
+  const auto config = training_state.find("config");
+  TESSERA_CHECK(config != training_state.end() && config->is_object(),
+                "{}: training_state has no \"config\" object: this checkpoint does not record its model (was it "
+                "saved by gpt's train?)",
+                source);
+  const auto model = config->find("model");
+  TESSERA_CHECK(model != config->end(), "{}: training_state.config has no \"model\" entry", source);
+  return *model;
+}
+
+std::optional<int64_t> step_from_training_state(const nlohmann::json& training_state, const std::string& source) {
+  const auto step = training_state.find("step");
+  if (step == training_state.end()) return std::nullopt;
+  TESSERA_CHECK(step->is_number_integer() && step->get<int64_t>() >= 0,
+                "{}: training_state.step must be a non-negative integer, got {}", source, step->dump());
+  return step->get<int64_t>();
+}
+
+// __metadata__ "tessera.step", when the exporter wrote it.
+std::optional<int64_t> step_from_metadata(const std::map<std::string, std::string>& metadata,
+                                          const std::string& source) {
+  const auto step = metadata.find(kStepMetadataKey);
+  if (step == metadata.end()) return std::nullopt;
+  int64_t value = 0;
+  const std::string& text = step->second;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TESSERA_CHECK(error == std::errc() && end == text.data() + text.size() && value >= 0,
+                "{}: __metadata__ {} must be a non-negative integer, got '{}'", source, kStepMetadataKey, text);
+  return value;
+}
+
+std::unique_ptr<tessera::nn::GPT> build_model(const tessera::nn::GPTConfig& config) {
+  auto model = std::make_unique<tessera::nn::GPT>(config, tessera::kCPU);
+  model->eval();
+  return model;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint_dir(const std::string& path) {
+  std::error_code error;
+  TESSERA_CHECK(fs::is_directory(path, error), "checkpoint path {}: not a directory", path);
+  if (fs::exists(fs::path(path) / checkpoint::kMetadataFile, error)) return path;
+  const std::optional<checkpoint::CheckpointEntry> latest = checkpoint::latest_checkpoint(path);
+  TESSERA_CHECK(latest.has_value(),
+                "checkpoint path {}: neither a checkpoint (no {}) nor a directory holding a complete step-N checkpoint",
+                path, checkpoint::kMetadataFile);
+  return latest->path;
+}
+
+LoadedModel load_model_from_checkpoint(const std::string& path) {
+  const std::string dir = resolve_checkpoint_dir(path);
+  const std::string metadata_path = (fs::path(dir) / checkpoint::kMetadataFile).string();
+  const checkpoint::CheckpointMetadata metadata =
+      checkpoint::CheckpointMetadata::parse(read_text_file(metadata_path), metadata_path);
+  const tessera::nn::GPTConfig config = model_config_from_json(
+      model_config_json(metadata.training_state, metadata_path), metadata_path + " training_state.config.model");
+
+  LoadedModel loaded{build_model(config), dir, step_from_training_state(metadata.training_state, metadata_path)};
+  // Not strict: the checkpoint also holds the optimizer's "optim.*" state.
+  const checkpoint::LoadReport report =
+      checkpoint::load(dir, checkpoint::model_state(*loaded.model), {.strict = false});
+  TESSERA_CHECK(report.missing_keys.empty(),
+                "{}: the checkpoint lacks parameters of the model its config describes: {}", dir, report.missing_keys);
+  std::vector<std::string> unknown_model_keys;
+  for (const std::string& key : report.unexpected_keys) {
+    if (key.starts_with(checkpoint::kModelPrefix)) unknown_model_keys.push_back(key);
+  }
+  TESSERA_CHECK(unknown_model_keys.empty(), "{}: the checkpoint holds parameters its model config does not have: {}",
+                dir, unknown_model_keys);
+  return loaded;
+}
+
+LoadedModel load_model_from_safetensors(const std::string& path) {
+  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(path);
+  const auto config_text = header.metadata.find(kGptConfigMetadataKey);
+  TESSERA_CHECK(config_text != header.metadata.end(),
+                "{}: __metadata__ has no \"{}\" key: the file does not record its model config", path,
+                kGptConfigMetadataKey);
+  const std::string source = fmt::format("{} __metadata__ {}", path, kGptConfigMetadataKey);
+  nlohmann::json config_json;
+  try {
+    config_json = nlohmann::json::parse(config_text->second);
+  } catch (const nlohmann::json::parse_error& error) {
+    tessera::fail("{}: not valid JSON: {}", source, error.what());
+  }
+  const tessera::nn::GPTConfig config = model_config_from_json(config_json, source);
+
+  LoadedModel loaded{build_model(config), path, step_from_metadata(header.metadata, path)};
+  // The file names parameters plainly ("wte.weight"), without "model.".
+  checkpoint::import_safetensors(path, checkpoint::model_state(*loaded.model, ""), {.strict = true});
+  return loaded;
+}
+
+}  // namespace gpt

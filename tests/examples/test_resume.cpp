@@ -1,0 +1,203 @@
+// Checkpoints in the training example: a run resumed from step k makes
+// bitwise the losses, weights and optimizer state of the uninterrupted run on
+// the same world size, and matches it within the FSDP tolerance on another;
+// export and --init-from carry the weights; mismatched resumes are errors.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint/checkpoint_manager.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_checkpoint.h"
+#include "examples/gpt/trainer.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace fs = std::filesystem;
+namespace checkpoint = tessera::checkpoint;
+using gpt::TrainConfig;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / fmt::format("tessera-resume-{}-{}", ::getpid(), counter++);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// A small model with dropout, so the RNG state matters for exact resume.
+TrainConfig resume_config(int nproc, int64_t grad_accum, double dropout) {
+  TrainConfig config;
+  config.model = tessera::nn::GPTConfig::preset("tiny");
+  config.model.vocab_size = 97;
+  config.model.dropout = dropout;
+  config.data = gpt::kSyntheticData;
+  config.seq_len = 16;
+  config.batch = 4;
+  config.grad_accum = grad_accum;
+  config.nproc = nproc;
+  config.steps = 6;
+  config.warmup = 2;
+  config.eval_every = 0;
+  config.ckpt_every = 3;
+  return config;
+}
+
+gpt::TrainSummary run(TrainConfig config) {
+  std::ostringstream log;
+  gpt::TrainSummary summary = gpt::train(config, log);
+  INFO(log.str());
+  return summary;
+}
+
+// Every tensor of a checkpoint, whole, as f64 values (loaded in this process).
+std::map<std::string, std::vector<double>> checkpoint_values(const std::string& dir) {
+  std::ifstream file(fs::path(dir) / checkpoint::kMetadataFile);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const checkpoint::CheckpointMetadata metadata = checkpoint::CheckpointMetadata::parse(text, dir);
+  checkpoint::DistributedStateDict state;
+  for (const auto& [name, info] : metadata.tensors) {
+    state[name] = tessera::ops::zeros(info.global_shape, {.dtype = info.dtype});
+  }
+  checkpoint::load(dir, state);
+  std::map<std::string, std::vector<double>> values;
+  for (const auto& [name, entry] : state) values[name] = std::get<tessera::Tensor>(entry).to_vector<double>();
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW state of the uninterrupted run") {
+  TempDir tmp;
+  // Uninterrupted, with async checkpoints at steps 3 and 6.
+  TrainConfig whole = resume_config(2, 2, 0.1);
+  whole.deterministic = true;
+  whole.ckpt_dir = tmp / "whole";
+  whole.async_ckpt = true;
+  const gpt::TrainSummary uninterrupted = run(whole);
+  REQUIRE(uninterrupted.losses.size() == 6);
+
+  // A second run that finds only step 3 (as if it had crashed at step 4).
+  fs::create_directories(tmp / "resumed");
+  fs::copy(checkpoint::checkpoint_path(tmp / "whole", 3), checkpoint::checkpoint_path(tmp / "resumed", 3));
+  TrainConfig resumed_config = whole;
+  resumed_config.ckpt_dir = tmp / "resumed";
+  resumed_config.async_ckpt = false;
+  resumed_config.resume = true;
+  const gpt::TrainSummary resumed = run(resumed_config);
+  CHECK(resumed.first_step == 4);
+  REQUIRE(resumed.losses.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
+
+  const auto expected = checkpoint_values(checkpoint::checkpoint_path(tmp / "whole", 6));
+  const auto actual = checkpoint_values(checkpoint::checkpoint_path(tmp / "resumed", 6));
+  CHECK(expected.count("model.wte.weight") == 1);
+  CHECK(expected.count("optim.blocks.1.mlp.fc.weight.exp_avg_sq") == 1);
+  CHECK(expected.size() == actual.size());
+  for (const auto& [name, values] : expected) {
+    CAPTURE(name);
+    CHECK(actual.at(name) == values);
+  }
+}
+
+TEST_CASE("resume on another world size: 2 ranks x 2 micro-batches, then 4 ranks x 1, within the FSDP tolerance") {
+  TempDir tmp;
+  TrainConfig whole = resume_config(2, 2, 0.0);
+  whole.ckpt_dir = tmp / "whole";
+  const gpt::TrainSummary uninterrupted = run(whole);
+
+  fs::create_directories(tmp / "resumed");
+  fs::copy(checkpoint::checkpoint_path(tmp / "whole", 3), checkpoint::checkpoint_path(tmp / "resumed", 3));
+  TrainConfig wider = resume_config(4, 1, 0.0);  // the same global batch
+  wider.ckpt_dir = tmp / "resumed";
+  wider.resume = true;
+  const gpt::TrainSummary resumed = run(wider);
+  REQUIRE(resumed.losses.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(std::abs(resumed.losses[i] - uninterrupted.losses[i + 3]) <= 1e-5 * std::abs(uninterrupted.losses[i + 3]));
+  }
+  const auto expected = checkpoint_values(checkpoint::checkpoint_path(tmp / "whole", 6));
+  const auto actual = checkpoint_values(checkpoint::checkpoint_path(tmp / "resumed", 6));
+  for (const auto& [name, values] : expected) {
+    if (name.rfind("model.", 0) != 0) continue;
+    CAPTURE(name);
+    const std::vector<double>& got = actual.at(name);
+    REQUIRE(got.size() == values.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(got[i] - values[i]) / (1.0 + std::abs(values[i])));
+    CHECK(worst <= 1e-4);
+  }
+}
+
+TEST_CASE("export writes the trained weights as safetensors, and --init-from starts from them on another world size") {
+  TempDir tmp;
+  TrainConfig config = resume_config(3, 1, 0.0);
+  config.steps = 2;
+  config.ckpt_dir = tmp / "ckpt";
+  config.export_path = tmp / "model.safetensors";
+  run(config);
+  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(tmp / "model.safetensors");
+  CHECK(header.metadata.at("tessera.step") == "2");
+  CHECK(header.metadata.count("tessera.gpt_config") == 1);
+  const auto saved = checkpoint_values(checkpoint::checkpoint_path(tmp / "ckpt", 2));
+  size_t parameters = 0;
+  for (const auto& [name, values] : saved) parameters += name.rfind("model.", 0) == 0;
+  CHECK(header.entries.size() == parameters);
+
+  // The export, loaded into one plain process, is the step-2 checkpoint's weights.
+  TrainConfig plain = resume_config(1, 1, 0.0);
+  gpt::Trainer trainer(plain, gpt::build_data(plain));
+  trainer.init_from(tmp / "model.safetensors");
+  for (const auto& [name, entry] : trainer.state_dict()) {
+    if (name.rfind("model.", 0) != 0) continue;
+    CAPTURE(name);
+    CHECK(std::get<tessera::Tensor>(entry).to_vector<double>() == saved.at(name));
+  }
+}
+
+TEST_CASE("resume errors: another model shape, another seed, no checkpoint yet") {
+  TempDir tmp;
+  TrainConfig config = resume_config(1, 1, 0.0);
+  config.steps = 1;
+  config.warmup = 0;
+  config.ckpt_dir = tmp / "ckpt";
+  run(config);
+
+  TrainConfig wider = config;
+  wider.steps = 2;
+  wider.resume = true;
+  wider.model.n_embd = 96;
+  std::ostringstream log;
+  CHECK_THROWS_WITH_AS(gpt::train(wider, log), doctest::Contains("the checkpoint's model is"), tessera::Error);
+  TrainConfig reseeded = config;
+  reseeded.steps = 2;
+  reseeded.resume = true;
+  reseeded.seed = 99;
+  CHECK_THROWS_WITH_AS(gpt::train(reseeded, log), doctest::Contains("pass the same --seed"), tessera::Error);
+
+  // An empty directory: a fresh start, said so.
+  TrainConfig fresh = config;
+  fresh.ckpt_dir = tmp / "empty";
+  fresh.resume = true;
+  std::ostringstream fresh_log;
+  const gpt::TrainSummary summary = gpt::train(fresh, fresh_log);
+  CHECK(summary.first_step == 1);
+  CHECK(fresh_log.str().find("no checkpoint in") != std::string::npos);
+  // Resuming a finished run trains nothing.
+  TrainConfig finished = config;
+  finished.resume = true;
+  std::ostringstream finished_log;
+  CHECK(gpt::train(finished, finished_log).losses.empty());
+  CHECK(finished_log.str().find("nothing to train") != std::string::npos);
+}

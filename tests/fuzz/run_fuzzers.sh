@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Builds the checkpoint parser fuzzers with clang++ (libFuzzer, AddressSanitizer,
+# UndefinedBehaviorSanitizer) and runs each for a bounded time on a copy of its
+# seed corpus. Exits non-zero when a fuzzer finds an input that crashes, hits
+# UB, leaks, allocates absurdly, hangs or throws anything but tessera::Error,
+# and prints where that input was saved; exits 77 (meson's "skipped") when
+# clang++ or its libFuzzer runtime is not installed (tools/setup.sh installs both).
+#
+#   tests/fuzz/run_fuzzers.sh BUILD_DIR        FUZZ_SECONDS=300 to fuzz longer (default 20 s per target)
+#
+# Reproduce a saved input:  BUILD_DIR/fuzz_<target> BUILD_DIR/artifacts/<target>/crash-...
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 BUILD_DIR" >&2
+  exit 2
+fi
+root=$(cd "$(dirname "$0")/../.." && pwd)
+fuzz_dir="$root/tests/fuzz"
+mkdir -p "$1"
+build=$(cd "$1" && pwd)
+seconds=${FUZZ_SECONDS:-20}
+
+cxx=${FUZZ_CXX:-clang++}
+if ! command -v "$cxx" >/dev/null; then
+  echo "fuzz: skipped: $cxx is not installed (tools/setup.sh installs the Debian package clang)"
+  exit 77
+fi
+probe="$build/probe"
+mkdir -p "$probe"
+echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$probe/probe.cpp"
+if ! "$cxx" -fsanitize=fuzzer "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/probe.log"; then
+  echo "fuzz: skipped: $cxx cannot link libFuzzer (install the Debian package libclang-rt-dev):"
+  cat "$probe/probe.log"
+  exit 77
+fi
+
+# Dependencies found the way meson.build finds them (pkg-config): fmt, nlohmann_json,
+# eigen3 (the CPU kernels that tensor/ops pulls in); OpenMP through clang's libomp.
+read -r -a dep_cflags <<<"$(pkg-config --cflags fmt nlohmann_json eigen3)"
+read -r -a dep_libs <<<"$(pkg-config --libs fmt)"
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fopenmp -I"$root" "${dep_cflags[@]}")
+# UB must abort so that libFuzzer saves the input, not print and go on.
+object_sanitizers=(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all)
+link_sanitizers=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all)
+
+# The parsers and what they link against: safetensors.cpp's writer and reader
+# need tensor/ops, whose kernel table needs every CPU kernel (found with
+# `ld --trace` against libtessera.a; a missing file shows as an undefined
+# reference at the link below).
+library_sources=(
+  checkpoint/metadata.cpp checkpoint/safetensors.cpp checkpoint/file_io.cpp
+  tensor/device.cpp tensor/dtype.cpp tensor/kernels.cpp tensor/parallel.cpp tensor/philox.cpp
+  tensor/storage.cpp tensor/tensor.cpp
+  tensor/ops/copy.cpp tensor/ops/creation.cpp tensor/ops/views.cpp
+  tensor/cpu/allocator.cpp tensor/cpu/attention.cpp tensor/cpu/elementwise.cpp tensor/cpu/indexing.cpp
+  tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/reduction.cpp
+)
+targets=(metadata safetensors_header)
+declare -A max_len=([metadata]=4096 [safetensors_header]=2048)
+
+# Objects are rebuilt when their source, a header they include (clang's
+# depfiles list them) or the flags changed.
+objects_dir="$build/objects"
+mkdir -p "$objects_dir"
+signature="$cxx ${flags[*]} ${object_sanitizers[*]}"
+if [ "$(cat "$objects_dir/flags" 2>/dev/null)" != "$signature" ]; then
+  rm -f "$objects_dir"/*.o
+  echo "$signature" >"$objects_dir/flags"
+fi
+needs_build() {  # object: missing, or older than its source or a header it includes
+  local depfile=${1%.o}.d dependency
+  [ -f "$1" ] && [ -f "$depfile" ] || return 0
+  for dependency in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$depfile"); do
+    [ "$dependency" -nt "$1" ] && return 0
+  done
+  return 1
+}
+object_for() {  # source -> object: tests/fuzz/fuzz_x.cpp -> fuzz_x.o, tensor/ops/copy.cpp -> tensor_ops_copy.o
+  local name=${1%.cpp}
+  [[ $1 == tests/fuzz/* ]] && name=$(basename "$name")
+  echo "$objects_dir/${name//\//_}.o"
+}
+objects=()
+stale=()
+for source in "${library_sources[@]}"; do
+  objects+=("$(object_for "$source")")
+  if needs_build "$(object_for "$source")"; then stale+=("$source"); fi
+done
+for target in "${targets[@]}"; do
+  source=tests/fuzz/fuzz_$target.cpp
+  if needs_build "$(object_for "$source")"; then stale+=("$source"); fi
+done
+if [ ${#stale[@]} -gt 0 ]; then
+  echo "fuzz: compiling ${#stale[@]} files with $cxx"
+  jobs=$(nproc 2>/dev/null || echo 2)
+  rm -f "$objects_dir/failed"
+  for source in "${stale[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.2; done
+    object=$(object_for "$source")
+    { "$cxx" "${flags[@]}" "${object_sanitizers[@]}" -MMD -MF "${object%.o}.d" -c "$root/$source" -o "$object" ||
+        { rm -f "$object"; touch "$objects_dir/failed"; }; } &
+  done
+  wait
+  if [ -f "$objects_dir/failed" ]; then
+    echo "fuzz: compilation failed"
+    exit 1
+  fi
+fi
+
+status=0
+for target in "${targets[@]}"; do
+  binary="$build/fuzz_$target"
+  "$cxx" "${link_sanitizers[@]}" -fopenmp "$(object_for "tests/fuzz/fuzz_$target.cpp")" "${objects[@]}" "${dep_libs[@]}" -pthread \
+    -o "$binary"
+
+  # libFuzzer adds the inputs that reach new code to the first corpus folder:
+  # a working copy, so the seeds in the repository never change.
+  corpus="$build/corpus/$target"
+  artifacts="$build/artifacts/$target"
+  mkdir -p "$corpus" "$artifacts"
+  cp "$fuzz_dir/corpus/$target"/* "$corpus/"
+  log="$build/fuzz_$target.log"
+  echo "fuzz: $target for ${seconds} s (corpus $corpus, log $log)"
+  # ASan reports absurd allocations as errors; -malloc_limit_mb makes any single
+  # allocation over 256 MiB a crash (no valid input under max_len needs one).
+  set +e
+  ASAN_OPTIONS=allocator_may_return_null=0:detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$binary" -max_total_time="$seconds" -max_len="${max_len[$target]}" -timeout=10 -rss_limit_mb=2048 \
+    -malloc_limit_mb=256 -dict="$fuzz_dir/$target.dict" -print_final_stats=1 -artifact_prefix="$artifacts/" \
+    "$corpus" >"$log" 2>&1
+  rc=$?
+  set -e
+  # "#123456 DONE cov: 812 ft: 2304 corp: 301/40Kb lim: 4096 exec/s: 6172 rss: 98Mb"
+  summary=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 | tr -s '[:space:]' ' ' || true)
+  execs=$(grep -E '^stat::number_of_executed_units:' "$log" | awk '{print $2}' || true)
+  if [ $rc -eq 0 ]; then
+    echo "fuzz: $target passed: ${execs:-?} inputs in ${seconds} s; ${summary:-no summary}"
+  else
+    status=1
+    echo "fuzz: $target FAILED (exit $rc); the end of $log:"
+    tail -n 60 "$log"
+    saved=$(grep -oE 'Test unit written to [^ ]+' "$log" | sed 's/Test unit written to //' | sort -u || true)
+    if [ -n "$saved" ]; then
+      for input in $saved; do
+        echo "fuzz: the failing input was saved at: $input"
+        echo "fuzz: reproduce with: $binary $input"
+      done
+    else
+      echo "fuzz: no input was saved; see $log"
+    fi
+  fi
+done
+exit $status
