@@ -8,8 +8,8 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/rank_errors.h"
 #include "checkpoint/save_points.h"
-#include "dist/launch.h"
 
 namespace tessera::checkpoint {
 
@@ -69,19 +69,22 @@ CheckpointManager::CheckpointManager(std::string root, ManagerOptions options)
   TESSERA_CHECK(!root_.empty(), "CheckpointManager: the root directory is empty");
   TESSERA_CHECK(options_.keep_last >= 0, "CheckpointManager: keep_last must be >= 0 (0 keeps all), got {}",
                 options_.keep_last);
-  group_ = options_.group ? options_.group : dist::world_or_null();
+  group_ = resolve_group(options_.group);
   if (group_) async_group_ = group_->split(all_ranks(group_), "checkpoint");
-  if (!group_ || group_->rank() == 0) {
-    // Leftovers of a run that died mid-save or mid-prune; no save of this
-    // root is in flight while its manager is being built.
-    fs::create_directories(root_);
-    for (const fs::directory_entry& child : fs::directory_iterator(root_)) {
-      const std::string name = child.path().filename().string();
-      const bool unfinished = name.ends_with(".tmp") || name.ends_with(kDeletingSuffix);
-      if (unfinished && name.starts_with(kStepPrefix)) fs::remove_all(child.path());
-    }
+  nlohmann::json prepared = nlohmann::json::object();
+  if (rank_of(group_) == 0) {
+    prepared = report_of([this] {
+      // Leftovers of a run that died mid-save or mid-prune; no save of this
+      // root is in flight while its manager is being built.
+      fs::create_directories(root_);
+      for (const fs::directory_entry& child : fs::directory_iterator(root_)) {
+        const std::string name = child.path().filename().string();
+        const bool unfinished = name.ends_with(".tmp") || name.ends_with(kDeletingSuffix);
+        if (unfinished && name.starts_with(kStepPrefix)) fs::remove_all(child.path());
+      }
+    });
   }
-  if (group_) group_->barrier();
+  rethrow_any(gather_json(group_, prepared), "CheckpointManager");
 }
 
 CheckpointManager::~CheckpointManager() {
@@ -97,14 +100,14 @@ std::string CheckpointManager::save(int64_t step, const DistributedStateDict& st
   wait();
   const std::string path = checkpoint_path(root_, step);
   checkpoint::save(path, state, {.group = group_, .training_state = training_state, .sync = options_.sync});
-  prune(group_ ? group_->rank() : 0);
+  prune(rank_of(group_));
   return path;
 }
 
 SaveHandle CheckpointManager::async_save(int64_t step, const DistributedStateDict& state,
                                          const nlohmann::json& training_state) {
   wait();
-  const int rank = group_ ? group_->rank() : 0;
+  const int rank = rank_of(group_);
   pending_ = checkpoint::async_save(checkpoint_path(root_, step), state,
                                     {.group = async_group_, .training_state = training_state, .sync = options_.sync},
                                     [this, rank] { prune(rank); });

@@ -331,7 +331,7 @@ void Trainer::export_to(const std::string& path) {
       path, tessera::checkpoint::model_state(*model_, ""),
       {.group = distributed_ ? distributed_->world : nullptr,
        .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model).dump()},
-                    {"tessera.step", std::to_string(step_)}},
+                    {kStepMetadataKey, std::to_string(step_)}},
        .sync = true});
 }
 

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <fstream>
 
 #include "checkpoint/checkpoint_manager.h"
 #include "dist/local_backend.h"
@@ -88,4 +89,18 @@ TEST_CASE("checkpoint manager: bad options and a step saved twice are clear erro
                        Error);
   manager.async_save(3, testing::known_state(nullptr, 3, 10), {});
   CHECK_THROWS_WITH_AS(manager.wait(), doctest::Contains("already exists"), Error);
+}
+
+TEST_CASE("checkpoint manager: a root that cannot be created fails on every rank, not only rank 0") {
+  TempDir tmp;
+  { std::ofstream file(tmp / "plain-file"); }
+  std::atomic<int> errors{0};
+  dist::run_local(3, [&](const dist::ProcessGroupPtr& group) {
+    try {
+      CheckpointManager manager(tmp / "plain-file/run", {.group = group, .keep_last = 0, .sync = false});
+    } catch (const Error& error) {
+      if (std::string(error.what()).find("rank 0 failed") != std::string::npos) ++errors;
+    }
+  });
+  CHECK(errors == 3);
 }
