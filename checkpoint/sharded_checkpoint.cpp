@@ -12,6 +12,7 @@
 #include "checkpoint/chunk_reader.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/save_points.h"
 #include "dist/launch.h"
@@ -22,10 +23,6 @@ namespace tessera::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
-
-dist::ProcessGroupPtr resolve_group(const dist::ProcessGroupPtr& group) { return group ? group : dist::world_or_null(); }
-
-int rank_of(const dist::ProcessGroupPtr& group) { return group ? group->rank() : 0; }
 
 std::string rank_file(int rank) { return fmt::format("rank-{:05d}.safetensors", rank); }
 
@@ -85,26 +82,6 @@ nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDic
     chunks[entry.name]["byte_range"] = {header.data_offset + entry.begin, header.data_offset + entry.end};
   }
   return nlohmann::json{{"file", file}, {"chunks", chunks}};
-}
-
-// Everyone's JSON (or a single process's), in rank order.
-std::vector<nlohmann::json> gather_json(const dist::ProcessGroupPtr& group, const nlohmann::json& mine) {
-  if (!group) return {mine};
-  const std::string text = mine.dump();
-  const auto all = group->all_gather_bytes(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-  std::vector<nlohmann::json> parsed;
-  for (const auto& bytes : all) parsed.push_back(nlohmann::json::parse(bytes.begin(), bytes.end()));
-  return parsed;
-}
-
-// Throws on every rank the first error any rank reported.
-void rethrow_any(const std::vector<nlohmann::json>& reports, const char* phase) {
-  for (size_t rank = 0; rank < reports.size(); ++rank) {
-    if (reports[rank].contains("error")) {
-      fail("checkpoint::{}: rank {} failed: {}", phase, rank, reports[rank]["error"].get<std::string>());
-    }
-  }
 }
 
 std::string read_text(const std::string& path) {

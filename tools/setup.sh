@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin        # the mpi backend and mpirun for its tests
   libfmt-dev libcli11-dev nlohmann-json3-dev  # formatting, flags, JSON-lines logs
   fortunes                          # the GPT example's default text corpus
+  clang libclang-rt-dev libomp-dev  # tests/fuzz: clang++, its libFuzzer/sanitizer runtimes, OpenMP for clang
 )
 
 missing=()

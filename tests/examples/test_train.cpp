@@ -243,6 +243,10 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--param-dtype", "f16x"}, "--param-dtype: f16x not in {f32,bf16}"},
       {{"--backend", "nccl"}, "--backend: nccl not in"},
       {{"--backend", "mpi"}, "--backend mpi needs a launcher"},
+      {{"--resume"}, "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR"},
+      {{"--ckpt-every", "5"}, "need --ckpt-dir DIR"},
+      {{"--ckpt-dir", "d", "--keep", "-2"}, "--keep: must be >= 0, got -2"},
+      {{"--ckpt-dir", "d", "--resume", "--init-from", "m.safetensors"}, "--resume and --init-from both set the weights"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);

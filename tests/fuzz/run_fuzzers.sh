@@ -4,7 +4,8 @@
 # seed corpus. Exits non-zero when a fuzzer finds an input that crashes, hits
 # UB, leaks, allocates absurdly, hangs or throws anything but tessera::Error,
 # and prints where that input was saved; exits 77 (meson's "skipped") when
-# clang++ or its libFuzzer runtime is not installed (tools/setup.sh installs both).
+# clang++, its libFuzzer runtime or libomp is not installed (tools/setup.sh
+# installs them).
 #
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR        FUZZ_SECONDS=300 to fuzz longer (default 20 s per target)
 #
@@ -26,14 +27,6 @@ if ! command -v "$cxx" >/dev/null; then
   echo "fuzz: skipped: $cxx is not installed (tools/setup.sh installs the Debian package clang)"
   exit 77
 fi
-probe="$build/probe"
-mkdir -p "$probe"
-echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$probe/probe.cpp"
-if ! "$cxx" -fsanitize=fuzzer "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/probe.log"; then
-  echo "fuzz: skipped: $cxx cannot link libFuzzer (install the Debian package libclang-rt-dev):"
-  cat "$probe/probe.log"
-  exit 77
-fi
 
 # Dependencies found the way meson.build finds them (pkg-config): fmt, nlohmann_json,
 # eigen3 (the CPU kernels that tensor/ops pulls in); OpenMP through clang's libomp.
@@ -43,6 +36,19 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fopenmp -I"$root" "${dep_cflag
 # UB must abort so that libFuzzer saves the input, not print and go on.
 object_sanitizers=(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all)
 link_sanitizers=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all)
+
+probe="$build/probe"
+mkdir -p "$probe"
+cat >"$probe/probe.cpp" <<'PROBE'
+#include <omp.h>
+extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return omp_get_max_threads() < 0; }
+PROBE
+if ! "$cxx" "${link_sanitizers[@]}" -fopenmp "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/probe.log"; then
+  echo "fuzz: skipped: $cxx cannot build a libFuzzer target with ASan, UBSan and OpenMP" \
+    "(tools/setup.sh installs the Debian packages libclang-rt-dev and libomp-dev):"
+  cat "$probe/probe.log"
+  exit 77
+fi
 
 # The parsers and what they link against: safetensors.cpp's writer and reader
 # need tensor/ops, whose kernel table needs every CPU kernel (found with
