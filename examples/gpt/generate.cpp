@@ -18,6 +18,7 @@
 #include "examples/gpt/model_loader.h"
 #include "examples/gpt/sampling.h"
 #include "tensor/error.h"
+#include "tensor/parallel.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ struct GenerateConfig {
   int64_t top_k = 40;
   bool top_k_given = false;
   uint64_t seed = 1337;
+  int threads = 0;  // 0: tessera's default (every core)
 };
 
 // A number flag that must be >= 0 (CLI11's own range checks print the whole
@@ -60,6 +62,8 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
                          ->check(kNonNegative)
                          ->default_str("40, at most the vocabulary");
   app.add_option("--seed", config.seed, "Seed of the sampling draws");
+  app.add_option("--threads", config.threads, "CPU threads (0 = all cores; 1 is fastest for tiny models)")
+      ->check(kNonNegative);
   try {
     app.parse(argc, argv);
     if (checkpoint_flag->count() + safetensors_flag->count() == 0) {
@@ -73,6 +77,7 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
 }
 
 int run(const GenerateConfig& config) {
+  if (config.threads > 0) tessera::set_num_threads(config.threads);
   const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_safetensors(config.safetensors)
                                                             : gpt::load_model_from_checkpoint(config.checkpoint);
   const int64_t vocab_size = loaded.model->config().vocab_size;
