@@ -11,21 +11,37 @@ void SaveHandle::wait() const {
   if (done_.valid()) done_.get();
 }
 
+void SaveHandle::join() const {
+  if (done_.valid()) done_.wait();
+}
+
 bool SaveHandle::ready() const {
   return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
-namespace {
-
-Tensor private_copy(const Tensor& tensor) {
-  Tensor copy = ops::empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = tensor.device()});
-  ops::copy_(copy, tensor);
-  return copy;
+Tensor SnapshotBuffers::buffer_for(const std::string& name, const Tensor& like) {
+  Tensor& buffer = buffers_[name];
+  if (!buffer.defined() || buffer.sizes() != like.sizes() || buffer.dtype() != like.dtype() ||
+      buffer.device() != like.device()) {
+    buffer = ops::empty(like.sizes(), {.dtype = like.dtype(), .device = like.device()});
+  }
+  return buffer;
 }
 
-}  // namespace
+int64_t SnapshotBuffers::bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, buffer] : buffers_) total += buffer.nbytes();
+  return total;
+}
 
-DistributedStateDict snapshot(const DistributedStateDict& state, int rank) {
+DistributedStateDict snapshot(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers) {
+  if (buffers != nullptr) buffers->wait_for_reader();
+  auto private_copy = [buffers](const std::string& name, const Tensor& tensor) {
+    Tensor copy = buffers != nullptr ? buffers->buffer_for(name, tensor)
+                                     : ops::empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = tensor.device()});
+    ops::copy_(copy, tensor);
+    return copy;
+  };
   DistributedStateDict copies;
   for (const auto& [name, entry] : state) {
     // What this rank does not write is never read by the save beyond its
@@ -33,10 +49,10 @@ DistributedStateDict snapshot(const DistributedStateDict& state, int rank) {
     if (!writes_piece(entry, rank)) {
       copies.emplace(name, entry);
     } else if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
-      copies.emplace(name, private_copy(*tensor));
+      copies.emplace(name, private_copy(name, *tensor));
     } else {
       const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
-      copies.emplace(name, dist::DTensor(private_copy(dtensor.local()), dtensor.mesh(), dtensor.placements(),
+      copies.emplace(name, dist::DTensor(private_copy(name, dtensor.local()), dtensor.mesh(), dtensor.placements(),
                                          dtensor.global_shape()));
     }
   }
@@ -44,7 +60,7 @@ DistributedStateDict snapshot(const DistributedStateDict& state, int rank) {
 }
 
 SaveHandle async_save(const std::string& dir, const DistributedStateDict& state, SaveOptions options,
-                      std::function<void()> after_commit) {
+                      std::function<void()> after_commit, SnapshotBuffers* buffers) {
   if (!options.group) {
     // The background thread's collectives need a group of their own.
     if (const dist::ProcessGroupPtr world = dist::world_or_null()) {
@@ -59,17 +75,19 @@ SaveHandle async_save(const std::string& dir, const DistributedStateDict& state,
   std::string snapshot_error;
   DistributedStateDict copies;
   try {
-    copies = snapshot(state, rank);
+    copies = snapshot(state, rank, buffers);
   } catch (const std::exception& error) {
     snapshot_error = fmt::format("snapshot failed: {}", error.what());
   }
   // std::async's future waits in its destructor: a dropped handle joins the
   // writer instead of leaving it running past the state it reads.
-  return SaveHandle(std::async(std::launch::async, [dir, copies = std::move(copies), options, snapshot_error,
-                                                     after_commit = std::move(after_commit)]() {
-                      save_or_report(dir, copies, options, snapshot_error);
-                      if (after_commit) after_commit();
-                    }).share());
+  SaveHandle handle(std::async(std::launch::async, [dir, copies = std::move(copies), options, snapshot_error,
+                                                    after_commit = std::move(after_commit)]() {
+                       save_or_report(dir, copies, options, snapshot_error);
+                       if (after_commit) after_commit();
+                     }).share());
+  if (buffers != nullptr) buffers->set_reader(handle);
+  return handle;
 }
 
 }  // namespace tessera::checkpoint

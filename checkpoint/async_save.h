@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <future>
+#include <map>
 #include <string>
 
 #include "checkpoint/sharded_checkpoint.h"
@@ -30,22 +31,43 @@ class SaveHandle {
   // True once the save has finished (committed or failed); true for an empty handle.
   bool ready() const;
   bool valid() const { return done_.valid(); }
+  // Blocks until the save has finished, without rethrowing its error.
+  void join() const;
 
  private:
   std::shared_future<void> done_;
 };
 
+// Buffers that snapshots copy into, kept from one async save to the next
+// (CheckpointManager keeps one): after the first save a snapshot allocates
+// nothing and faults in no new pages, it is only the copy. A snapshot into
+// them first waits for the save that still reads them.
+class SnapshotBuffers {
+ public:
+  // The kept buffer for `name` when it has `like`'s shape and dtype, else a new one (kept).
+  Tensor buffer_for(const std::string& name, const Tensor& like);
+  // The save that reads the buffers now.
+  void set_reader(SaveHandle save) { reader_ = std::move(save); }
+  void wait_for_reader() const { reader_.join(); }
+  int64_t bytes() const;
+
+ private:
+  std::map<std::string, Tensor> buffers_;
+  SaveHandle reader_;
+};
+
 // Copies this rank's owned pieces of `state` to a private snapshot: the state
 // dict that async_save writes. Whole tensors are copied on rank 0 only (the
-// rank that writes them); pieces other ranks write are kept as empty shells
-// with the right layout.
-DistributedStateDict snapshot(const DistributedStateDict& state, int rank);
+// rank that writes them); pieces this rank does not write are passed through
+// uncopied (the save reads only their layout). With `buffers`, the copies
+// go into them.
+DistributedStateDict snapshot(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers = nullptr);
 
 // Collective: every rank calls it with the same directory. `after_commit`
 // runs on the background thread once the save has committed (the manager
 // prunes old checkpoints there). Dropping the last copy of the handle waits
 // for the save.
 SaveHandle async_save(const std::string& dir, const DistributedStateDict& state, SaveOptions options = {},
-                      std::function<void()> after_commit = {});
+                      std::function<void()> after_commit = {}, SnapshotBuffers* buffers = nullptr);
 
 }  // namespace tessera::checkpoint

@@ -110,7 +110,7 @@ SaveHandle CheckpointManager::async_save(int64_t step, const DistributedStateDic
   const int rank = rank_of(group_);
   pending_ = checkpoint::async_save(checkpoint_path(root_, step), state,
                                     {.group = async_group_, .training_state = training_state, .sync = options_.sync},
-                                    [this, rank] { prune(rank); });
+                                    [this, rank] { prune(rank); }, &snapshot_buffers_);
   return pending_;
 }
 

@@ -62,6 +62,7 @@ class CheckpointManager {
   dist::ProcessGroupPtr group_;        // synchronous saves
   dist::ProcessGroupPtr async_group_;  // background saves: used by nothing else
   SaveHandle pending_;
+  SnapshotBuffers snapshot_buffers_;  // reused by every async save: one copy of this rank's shards
 };
 
 }  // namespace tessera::checkpoint

@@ -1,8 +1,14 @@
-// CRC-32C with slicing-by-8: eight table lookups per 8 input bytes.
+// CRC-32C: the x86 SSE4.2 crc32 instruction (8 bytes per instruction, about
+// 4x the tables) where the CPU has it, else slicing-by-8: eight table lookups
+// per 8 input bytes. Both give the same values (tested).
 #include "checkpoint/checksum.h"
 
 #include <array>
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 
 namespace tessera::checkpoint {
 
@@ -30,9 +36,34 @@ constexpr Tables make_tables() {
 
 constexpr Tables kTables = make_tables();
 
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_instruction(const uint8_t* bytes, size_t size, uint32_t crc) {
+  uint64_t state = ~crc;
+  while (size >= 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes, 8);
+    state = _mm_crc32_u64(state, word);
+    bytes += 8;
+    size -= 8;
+  }
+  uint32_t tail = static_cast<uint32_t>(state);
+  while (size-- > 0) tail = _mm_crc32_u8(tail, *bytes++);
+  return ~tail;
+}
+
+const bool kHasCrcInstruction = __builtin_cpu_supports("sse4.2");
+#endif
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+#if defined(__x86_64__)
+  if (kHasCrcInstruction) return crc32c_instruction(static_cast<const uint8_t*>(data), size, crc);
+#endif
+  return crc32c_portable(data, size, crc);
+}
+
+uint32_t crc32c_portable(const void* data, size_t size, uint32_t crc) {
   const auto* bytes = static_cast<const uint8_t*>(data);
   crc = ~crc;
   while (size >= 8) {

@@ -217,3 +217,20 @@ TEST_CASE("checkpoint: crc32c matches the standard check value") {
   const std::string text = "123456789";
   CHECK(crc32c(text.data(), text.size()) == 0xE3069283u);
 }
+
+TEST_CASE("checkpoint: the crc32 instruction and the tables agree on every length, alignment and chaining") {
+  CHECK(crc32c_portable("123456789", 9) == 0xE3069283u);
+  std::vector<uint8_t> bytes(4099);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(philox4x32(PhiloxKey{3, 4}, i)[0]);
+  for (size_t offset : {0, 1, 3, 7}) {
+    for (size_t size : {0, 1, 7, 8, 9, 63, 64, 1000, 4091}) {
+      CAPTURE(offset);
+      CAPTURE(size);
+      CHECK(crc32c(bytes.data() + offset, size) == crc32c_portable(bytes.data() + offset, size));
+      // Extending a CRC over a second range equals the CRC of both at once.
+      const uint32_t first = crc32c(bytes.data() + offset, size / 2);
+      CHECK(crc32c(bytes.data() + offset + size / 2, size - size / 2, first) ==
+            crc32c_portable(bytes.data() + offset, size));
+    }
+  }
+}

@@ -161,3 +161,29 @@ TEST_CASE("checkpoint: an async save's error surfaces at wait() on every rank") 
   });
   CHECK(errors == 2);
 }
+
+TEST_CASE("checkpoint: snapshot buffers are reused, and a snapshot waits for the save still reading them") {
+  TempDir tmp;
+  dist::run_local(2, [&](const dist::ProcessGroupPtr& group) {
+    Run run(group);
+    SnapshotBuffers buffers;
+    const DistributedStateDict state = training_state_dict(*run.model, *run.optimizer);
+    const auto first_values = full_values(state);
+    const SaveHandle first = async_save(tmp / "first", state, {}, {}, &buffers);
+    const int64_t bytes = buffers.bytes();
+    CHECK(bytes > 0);
+    run.step(group->rank());
+    const auto second_values = full_values(state);
+    // No wait in between: the second snapshot must not overwrite what the first save is writing.
+    const SaveHandle second = async_save(tmp / "second", state, {}, {}, &buffers);
+    CHECK(buffers.bytes() == bytes);  // the same buffers, nothing new
+    first.wait();
+    second.wait();
+    Run fresh(group);
+    const DistributedStateDict loaded = training_state_dict(*fresh.model, *fresh.optimizer);
+    load(tmp / "first", loaded, {.group = group});
+    CHECK(full_values(loaded) == first_values);
+    load(tmp / "second", loaded, {.group = group});
+    CHECK(full_values(loaded) == second_values);
+  });
+}
