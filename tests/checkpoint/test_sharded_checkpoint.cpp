@@ -3,7 +3,6 @@
 // corruption detected with the file and tensor named.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,28 +12,15 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "dist/local_backend.h"
 #include "tensor/ops.h"
+#include "tests/checkpoint/temp_dir.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;
 namespace fs = std::filesystem;
 
-namespace {
+using tessera::checkpoint::testing::TempDir;
 
-// A fresh directory under /tmp for one test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / fmt::format("tessera-ckpt-{}-{}", ::getpid(), counter()++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  static int& counter() {
-    static int value = 0;
-    return value;
-  }
-};
+namespace {
 
 // The global tensors every test saves: awkward sizes, several dtypes.
 std::map<std::string, Tensor> globals() {

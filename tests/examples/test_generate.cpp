@@ -6,7 +6,6 @@
 // comes back bit for bit from a checkpoint saved on 3 FSDP ranks or from a
 // .safetensors file.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -26,6 +25,7 @@
 #include "examples/gpt/trainer.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tests/checkpoint/temp_dir.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -33,20 +33,9 @@ using tessera::PhiloxKey;
 using tessera::Tensor;
 using tessera::nn::GPTConfig;
 
-namespace {
+using tessera::checkpoint::testing::TempDir;
 
-// A fresh directory under /tmp for one test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("tessera-generate-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+namespace {
 
 GPTConfig unusual_config() {
   GPTConfig config;

@@ -4,7 +4,6 @@
 // export and --init-from carry the weights; mismatched resumes are errors.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,24 +16,15 @@
 #include "examples/gpt/trainer.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tests/checkpoint/temp_dir.h"
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
 using gpt::TrainConfig;
 
-namespace {
+using tessera::checkpoint::testing::TempDir;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("tessera-resume-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+namespace {
 
 // A small model with dropout, so the RNG state matters for exact resume.
 TrainConfig resume_config(int nproc, int64_t grad_accum, double dropout) {
