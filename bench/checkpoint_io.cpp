@@ -1,5 +1,5 @@
 // Checkpoint throughput: GPT-2 124M's model and AdamW state (params, exp_avg,
-// exp_avg_sq: 16 bytes per parameter with the step counters) sharded with
+// exp_avg_sq: 12 bytes per parameter, plus the step counters) sharded with
 // FSDP over 1 and 4 local ranks, saved sync and async and loaded back, beside
 // the disk's own sequential write (fsync'd) and cold read bandwidth measured
 // in the same run. Cold reads: every file is dropped from the page cache
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   // Virtual disks often absorb a burst at a high rate and then sustain a
   // lower one: the probe writes twice back to back and the checkpoints are
   // compared with the second (sustained) figure.
-  const int64_t probe_bytes = 16 * config.num_parameters();  // the checkpoint's size: params + AdamW, f32
+  const int64_t probe_bytes = 12 * config.num_parameters();  // about the checkpoint: params + AdamW moments, f32
   const DiskBandwidth burst = measure_disk(dir, probe_bytes);
   const DiskBandwidth disk = measure_disk(dir, probe_bytes);
   fmt::print("disk: sequential write {:.3f} GB/s sustained ({:.3f} GB/s first burst), fsync'd; cold read {:.3f} GB/s; "
