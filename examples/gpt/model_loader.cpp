@@ -6,10 +6,10 @@
 #include <map>
 
 #include "checkpoint/checkpoint_manager.h"
-#include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_export.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "examples/gpt/config_json.h"
 #include "tensor/error.h"
@@ -20,13 +20,6 @@ namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
 
 namespace {
-
-std::string read_text_file(const std::string& path) {
-  const checkpoint::ReadFile file(path);
-  std::string text(static_cast<size_t>(file.size()), '\0');
-  file.read_at(0, text.data(), file.size());
-  return text;
-}
 
 // training_state.config.model, checked step by step so a checkpoint written
 // without a config (by another program) gets a message saying so.
@@ -84,8 +77,7 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 LoadedModel load_model_from_checkpoint(const std::string& path) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string metadata_path = (fs::path(dir) / checkpoint::kMetadataFile).string();
-  const checkpoint::CheckpointMetadata metadata =
-      checkpoint::CheckpointMetadata::parse(read_text_file(metadata_path), metadata_path);
+  const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(dir);
   const tessera::nn::GPTConfig config = model_config_from_json(
       model_config_json(metadata.training_state, metadata_path), metadata_path + " training_state.config.model");
 
