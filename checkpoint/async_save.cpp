@@ -2,6 +2,7 @@
 #include "checkpoint/async_save.h"
 
 
+#include "checkpoint/rank_errors.h"
 #include "dist/launch.h"
 #include "tensor/ops.h"
 
@@ -69,7 +70,7 @@ SaveHandle async_save(const std::string& dir, const DistributedStateDict& state,
       options.group = world->split(everyone, "checkpoint");
     }
   }
-  const int rank = options.group ? options.group->rank() : 0;
+  const int rank = rank_of(options.group);
   // A rank whose snapshot fails still joins the save's collectives and
   // reports the error there, so no rank waits for it forever.
   std::string snapshot_error;
