@@ -37,7 +37,19 @@ void read_chunk_overlap(const StoredChunk& chunk, DType dtype, const std::string
   const int64_t byte_begin = first * element / unit * unit;
   const int64_t byte_end = std::min(chunk_bytes, ((last + 1) * element + unit - 1) / unit * unit);
 
-  Tensor span = ops::empty({(byte_end - byte_begin) / element}, {.dtype = dtype});
+  Tensor destination = piece;
+  for (size_t d = 0; d < ndim; ++d) {
+    destination =
+        ops::narrow(destination, static_cast<int64_t>(d), overlap_offset[d] - piece_offsets[d], overlap_size[d]);
+  }
+  // The common case (a shard loaded on the same layout, or whole rows of
+  // one): the overlap is one contiguous run of the chunk, the destination is
+  // contiguous, and the read needs no widening. Then the bytes go straight
+  // into the destination and are verified there: no staging, no copy.
+  const bool direct = destination.dtype() == dtype && destination.is_contiguous() &&
+                      last - first + 1 == destination.numel() && byte_begin == first * element &&
+                      byte_end == (last + 1) * element;
+  Tensor span = direct ? destination : ops::empty({(byte_end - byte_begin) / element}, {.dtype = dtype});
   ReadFile(chunk.path).read_at(chunk.byte_begin + byte_begin, span.raw_data(), byte_end - byte_begin);
   if (verified) {
     const auto* bytes = static_cast<const uint8_t*>(span.raw_data());
@@ -49,12 +61,8 @@ void read_chunk_overlap(const StoredChunk& chunk, DType dtype, const std::string
                     chunk.path, tensor_name, block);
     }
   }
+  if (direct) return;
   const Tensor source = Tensor::make(span.storage(), overlap_size, strides, first - byte_begin / element, dtype);
-  Tensor destination = piece;
-  for (size_t d = 0; d < ndim; ++d) {
-    destination =
-        ops::narrow(destination, static_cast<int64_t>(d), overlap_offset[d] - piece_offsets[d], overlap_size[d]);
-  }
   ops::copy_(destination, source);
 }
 

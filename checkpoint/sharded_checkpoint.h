@@ -68,6 +68,8 @@ struct LoadReport {
 CheckpointMetadata read_metadata(const std::string& dir);
 
 // Fills the local tensors of `state` in place (their dtypes are converted).
+// Names and shapes are checked before anything is read; a corrupt chunk found
+// while reading throws with the state partly loaded (load again, or discard it).
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options = {});
 
 }  // namespace tessera::checkpoint
