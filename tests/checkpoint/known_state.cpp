@@ -39,6 +39,20 @@ DistributedStateDict zero_state(const dist::ProcessGroupPtr& group, int64_t rows
   return layout(group, ops::zeros({rows, kColumns}), ops::zeros({rows}, {.dtype = DType::f64}));
 }
 
+DistributedStateDict zeros_like_state(const DistributedStateDict& state) {
+  DistributedStateDict zeros;
+  for (const auto& [name, entry] : state) {
+    if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
+      zeros[name] = ops::zeros_like(*tensor);
+      continue;
+    }
+    const auto& dtensor = std::get<dist::DTensor>(entry);
+    zeros[name] = dist::DTensor(ops::zeros_like(dtensor.local()), dtensor.mesh(), dtensor.placements(),
+                                dtensor.global_shape());
+  }
+  return zeros;
+}
+
 std::string check_known_state(const DistributedStateDict& state, int64_t step) {
   for (const auto& [name, entry] : state) {
     const Tensor local = std::holds_alternative<Tensor>(entry) ? std::get<Tensor>(entry)

@@ -15,11 +15,13 @@
 #include "checkpoint/safetensors_export.h"
 #include "dist/local_backend.h"
 #include "tensor/ops.h"
+#include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;
 using tessera::checkpoint::testing::TempDir;
+using tessera::checkpoint::testing::zeros_like_state;
 namespace fs = std::filesystem;
 
 namespace {
@@ -102,20 +104,6 @@ DistributedStateDict layout(const std::map<std::string, Tensor>& tensors, const 
 const Tensor& local_of(const StateEntry& entry) {
   if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return *tensor;
   return std::get<dist::DTensor>(entry).local();
-}
-
-DistributedStateDict zeros_like_state(const DistributedStateDict& state) {
-  DistributedStateDict zeros;
-  for (const auto& [name, entry] : state) {
-    if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
-      zeros[name] = ops::zeros_like(*tensor);
-      continue;
-    }
-    const auto& dtensor = std::get<dist::DTensor>(entry);
-    zeros[name] = dist::DTensor(ops::zeros_like(dtensor.local()), dtensor.mesh(), dtensor.placements(),
-                                dtensor.global_shape());
-  }
-  return zeros;
 }
 
 void export_on(int world, const Shape& mesh_shape, const std::string& path) {

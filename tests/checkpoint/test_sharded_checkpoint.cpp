@@ -12,6 +12,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "dist/local_backend.h"
 #include "tensor/ops.h"
+#include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
 
 using namespace tessera;
@@ -19,6 +20,7 @@ using namespace tessera::checkpoint;
 namespace fs = std::filesystem;
 
 using tessera::checkpoint::testing::TempDir;
+using tessera::checkpoint::testing::zeros_like_state;
 
 namespace {
 
@@ -41,17 +43,6 @@ DistributedStateDict distribute_all(const std::map<std::string, Tensor>& tensors
   return state;
 }
 
-// Zeroed DTensors of the same layout, to load into.
-DistributedStateDict empty_like(const DistributedStateDict& state) {
-  DistributedStateDict empty;
-  for (const auto& [name, entry] : state) {
-    const auto& dtensor = std::get<dist::DTensor>(entry);
-    empty[name] = dist::DTensor(ops::zeros_like(dtensor.local()), dtensor.mesh(), dtensor.placements(),
-                                dtensor.global_shape());
-  }
-  return empty;
-}
-
 void save_on(int world, const Shape& mesh_shape, const std::string& dir) {
   dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, mesh_shape);
@@ -65,7 +56,7 @@ void check_load_on(int world, const Shape& mesh_shape, const std::string& dir) {
   dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, mesh_shape);
     const DistributedStateDict expected = distribute_all(globals(), mesh);
-    const DistributedStateDict loaded = empty_like(expected);
+    const DistributedStateDict loaded = zeros_like_state(expected);
     const LoadReport report = load(dir, loaded, {.group = group});
     if (report.training_state.value("step", 0) != 42) ++wrong;
     for (const auto& [name, entry] : expected) {
