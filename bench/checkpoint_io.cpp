@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <random>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -64,15 +66,27 @@ struct DiskBandwidth {
 };
 
 // One stream of 8 MiB writes then fsync; then a cold read of the same file.
+// The bytes are random and every 4 KiB page is stamped with its position, so
+// a disk that compresses or deduplicates cannot make the probe look faster
+// than a checkpoint's float data.
 DiskBandwidth measure_disk(const fs::path& dir, int64_t bytes) {
   const fs::path path = dir / "disk-probe.bin";
-  std::vector<char> block(8 << 20, 1);
+  constexpr size_t kBlock = 8 << 20, kPage = 4096;
+  std::vector<uint64_t> random_words(kBlock / sizeof(uint64_t));
+  std::mt19937_64 generator(42);
+  for (uint64_t& word : random_words) word = generator();
+  std::vector<char> block(kBlock);
+  std::memcpy(block.data(), random_words.data(), kBlock);
   DiskBandwidth bandwidth;
   auto start = std::chrono::steady_clock::now();
   {
     checkpoint::WriteFile file(path.string());
-    for (int64_t written = 0; written < bytes; written += static_cast<int64_t>(block.size())) {
-      file.write(block.data(), std::min<int64_t>(static_cast<int64_t>(block.size()), bytes - written));
+    for (int64_t written = 0; written < bytes; written += static_cast<int64_t>(kBlock)) {
+      for (size_t page = 0; page < kBlock; page += kPage) {
+        const int64_t position = written + static_cast<int64_t>(page);
+        std::memcpy(block.data() + page, &position, sizeof(position));
+      }
+      file.write(block.data(), std::min<int64_t>(static_cast<int64_t>(kBlock), bytes - written));
     }
     file.close(true);
   }
