@@ -2,16 +2,16 @@
 #include "checkpoint/chunk_reader.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "checkpoint/checksum.h"
 #include "checkpoint/file_io.h"
-#include "checkpoint/metadata.h"
 #include "tensor/ops.h"
 
 namespace tessera::checkpoint {
 
-void read_chunk_overlap(const StoredChunk& chunk, DType dtype, const std::string& tensor_name, Tensor& piece,
-                        const Shape& piece_offsets) {
+void read_chunk_overlap(const std::string& dir, const ChunkInfo& chunk, DType dtype, const std::string& tensor_name,
+                        Tensor& piece, const Shape& piece_offsets) {
   const size_t ndim = chunk.sizes.size();
   Shape overlap_offset(ndim), overlap_size(ndim);
   for (size_t d = 0; d < ndim; ++d) {
@@ -31,7 +31,7 @@ void read_chunk_overlap(const StoredChunk& chunk, DType dtype, const std::string
   }
   const int64_t element = static_cast<int64_t>(element_size(dtype));
   const int64_t chunk_bytes = chunk.byte_end - chunk.byte_begin;
-  const bool verified = chunk.crc32c != nullptr && !chunk.crc32c->empty();
+  const bool verified = !chunk.crc32c.empty();
   // Verified reads widen the span to whole checksum blocks.
   const int64_t unit = verified ? kChecksumBlock : element;
   const int64_t byte_begin = first * element / unit * unit;
@@ -50,15 +50,16 @@ void read_chunk_overlap(const StoredChunk& chunk, DType dtype, const std::string
                       last - first + 1 == destination.numel() && byte_begin == first * element &&
                       byte_end == (last + 1) * element;
   Tensor span = direct ? destination : ops::empty({(byte_end - byte_begin) / element}, {.dtype = dtype});
-  ReadFile(chunk.path).read_at(chunk.byte_begin + byte_begin, span.raw_data(), byte_end - byte_begin);
+  const std::string path = (std::filesystem::path(dir) / chunk.file).string();
+  ReadFile(path).read_at(chunk.byte_begin + byte_begin, span.raw_data(), byte_end - byte_begin);
   if (verified) {
     const auto* bytes = static_cast<const uint8_t*>(span.raw_data());
     for (int64_t block = byte_begin / kChecksumBlock; block * kChecksumBlock < byte_end; ++block) {
       const int64_t begin = block * kChecksumBlock - byte_begin;
       const int64_t size = std::min(kChecksumBlock, chunk_bytes - block * kChecksumBlock);
-      TESSERA_CHECK(crc32c(bytes + begin, static_cast<size_t>(size)) == chunk.crc32c->at(static_cast<size_t>(block)),
+      TESSERA_CHECK(crc32c(bytes + begin, static_cast<size_t>(size)) == chunk.crc32c.at(static_cast<size_t>(block)),
                     "checkpoint::load: {}: the bytes of '{}' (block {}) do not match their checksum (corrupt file)",
-                    chunk.path, tensor_name, block);
+                    path, tensor_name, block);
     }
   }
   if (direct) return;

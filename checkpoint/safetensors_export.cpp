@@ -296,16 +296,12 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
     const SafetensorsEntry& file_entry = *found->second;
     const LocalBox box = local_box_of(entry);
     if (box.local.numel() == 0) continue;
-    // The whole file tensor as one stored chunk: only its overlap with the piece is read.
-    const StoredChunk chunk{path, header.data_offset + file_entry.begin, header.data_offset + file_entry.end,
-                            Shape(file_entry.shape.size(), 0), file_entry.shape, nullptr};
-    Tensor staged = box.local.dtype() == file_entry.dtype ? box.local
-                                                           : ops::empty(box.local.sizes(), {.dtype = file_entry.dtype});
-    read_chunk_overlap(chunk, file_entry.dtype, name, staged, box.offsets);
-    if (!staged.is_same(box.local)) {
-      Tensor target = box.local;
-      ops::copy_(target, staged);
-    }
+    // The whole file tensor as one chunk (no checksums): only its overlap with the piece is read.
+    const fs::path file(path);
+    const ChunkInfo chunk{file.filename().string(), header.data_offset + file_entry.begin,
+                          header.data_offset + file_entry.end, Shape(file_entry.shape.size(), 0), file_entry.shape, {}};
+    Tensor local = box.local;
+    read_chunk_overlap(file.parent_path().string(), chunk, file_entry.dtype, name, local, box.offsets);
   }
   return report;
 }

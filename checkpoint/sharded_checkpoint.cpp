@@ -215,14 +215,9 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
     if (piece.local.numel() == 0) continue;
     TESSERA_CHECK(piece.local.device().is_cpu(), "checkpoint::load: '{}' is on {}; only cpu tensors are loaded", name,
                   piece.local.device().str());
-    Piece staged = piece;
-    if (piece.local.dtype() != found->second.dtype) staged.local = ops::empty(piece.local.sizes(), {.dtype = found->second.dtype});
     for (const ChunkInfo& chunk : found->second.chunks) {
-      const StoredChunk stored{(fs::path(dir) / chunk.file).string(), chunk.byte_begin, chunk.byte_end, chunk.offsets,
-                               chunk.sizes, &chunk.crc32c};
-      read_chunk_overlap(stored, found->second.dtype, name, staged.local, staged.offsets);
+      read_chunk_overlap(dir, chunk, found->second.dtype, name, piece.local, piece.offsets);
     }
-    if (!staged.local.is_same(piece.local)) ops::copy_(piece.local, staged.local);
   }
   return report;
 }

@@ -211,3 +211,25 @@ TEST_CASE("checkpoint: the crc32 instruction and the tables agree on every lengt
     }
   }
 }
+
+TEST_CASE("checkpoint: load converts to the receiving tensor's dtype, across a resharding") {
+  TempDir tmp;
+  const Tensor saved = ops::randn({11, 6}, PhiloxKey{9, 1});
+  dist::run_local(3, [&](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {3});
+    save(tmp / "ckpt", {{"w", dist::distribute(saved, mesh, {dist::Shard{0}})}}, {.group = group});
+  });
+  for (DType dtype : {DType::f64, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    std::atomic<int> wrong{0};
+    dist::run_local(2, [&](const dist::ProcessGroupPtr& group) {
+      const dist::DeviceMesh mesh(group, kCPU, {2});
+      const dist::DTensor expected = dist::distribute(ops::to(saved, dtype), mesh, {dist::Shard{0}});
+      const DistributedStateDict loaded = zeros_like_state({{"w", expected}});
+      load(tmp / "ckpt", loaded, {.group = group});
+      const Tensor local = std::get<dist::DTensor>(loaded.at("w")).local();
+      if (local.dtype() != dtype || local.to_vector<double>() != expected.local().to_vector<double>()) ++wrong;
+    });
+    CHECK(wrong == 0);
+  }
+}
