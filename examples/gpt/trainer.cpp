@@ -12,6 +12,7 @@
 
 #include "autograd/engine.h"
 #include "checkpoint/checkpoint_manager.h"
+#include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/state_dict.h"
 #include "autograd/grad_mode.h"
@@ -260,16 +261,7 @@ tessera::checkpoint::DistributedStateDict Trainer::state_dict() {
 nlohmann::json Trainer::training_state() const {
   const tessera::Generator& generator = tessera::default_generator();
   const nlohmann::json mine = {{"seed", generator.seed()}, {"next_stream", generator.next_stream()}};
-  nlohmann::json rng = nlohmann::json::array();
-  if (distributed_) {
-    const std::string text = mine.dump();
-    for (const auto& bytes : distributed_->world->all_gather_bytes(
-             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()))) {
-      rng.push_back(nlohmann::json::parse(bytes.begin(), bytes.end()));
-    }
-  } else {
-    rng.push_back(mine);
-  }
+  const nlohmann::json rng = tessera::checkpoint::gather_json(distributed_ ? distributed_->world : nullptr, mine);
   return {{"step", step_},
           {"data", {{"next_micro_batch", next_micro_batch_}, {"seed", config_.seed}, {"batch", config_.batch},
                     {"seq_len", config_.seq_len}}},
