@@ -223,8 +223,8 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
   fmt::print("checkpoint_io: {} ({:.1f} M parameters) + AdamW state, under {}\n", preset,
              static_cast<double>(config.num_parameters()) / 1e6, dir);
-  fmt::print("machine: {}, {} hardware threads, load {}\n", bench::cpu_model(), std::thread::hardware_concurrency(),
-             bench::load_average());
+  fmt::print("machine: {}, vector ISA {}, {} hardware threads, load {}\n", bench::cpu_model(), bench::vector_isa(),
+             std::thread::hardware_concurrency(), bench::load_average());
 
   // Virtual disks often absorb a burst at a high rate and then sustain a
   // lower one: the probe writes twice back to back and the checkpoints are

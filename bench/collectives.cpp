@@ -353,8 +353,8 @@ int main(int argc, char** argv) {
       settings.json = &json_file;
     }
     if (launch.rank == 0) {
-      fmt::print("# collectives bench: cpu={} ({} cores online, load average {})\n", cpu_model(),
-                 std::thread::hardware_concurrency(), load_average());
+      fmt::print("# collectives bench: cpu={} ({} cores online, load average {}), vector ISA {}\n", cpu_model(),
+                 std::thread::hardware_concurrency(), load_average(), bench::vector_isa());
       fmt::print("# memcpy limit: one thread copying 64 MiB, median of 10 (GB = 1e9 B)\n");
       fmt::print(
           "# time: median over iterations of the slowest rank, each iteration after a barrier;\n"

@@ -407,8 +407,8 @@ int main(int argc, char** argv) {
     }
 
     const auto& m = settings.model;
-    fmt::print("# fsdp_step bench: cpu={} ({} cores online, load average {})\n", cpu_model(),
-               std::thread::hardware_concurrency(), load_average());
+    fmt::print("# fsdp_step bench: cpu={} ({} cores online, load average {}), vector ISA {}\n", cpu_model(),
+               std::thread::hardware_concurrency(), load_average(), bench::vector_isa());
     fmt::print("# {} ({} layers, {} heads, {} dims, vocab {}): {} parameters; B={} T={} per rank, random tokens\n",
                settings.preset, m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.num_parameters(), settings.batch,
                settings.seq_len);

@@ -2,6 +2,9 @@
 #include "bench/machine_context.h"
 
 #include <fstream>
+#include <sstream>
+
+#include "tensor/cpu/float_vector.h"
 
 namespace bench {
 
@@ -11,6 +14,21 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown CPU";
+}
+
+std::string vector_isa() {
+  const std::string compiled = tessera::cpu::FloatVector::kInstructionSet;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string cpu;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream flags(line.substr(line.find(':') + 1));
+    bool avx512 = false, avx2 = false, fma = false;
+    for (std::string flag; flags >> flag;) avx512 |= flag == "avx512f", avx2 |= flag == "avx2", fma |= flag == "fma";
+    cpu = avx512 ? "AVX-512" : avx2 && fma ? "AVX2+FMA" : "";
+    break;
+  }
+  return cpu.empty() || cpu == compiled ? compiled : compiled + " (CPU: " + cpu + ")";
 }
 
 std::string load_average() {

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/machine_context.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 
@@ -21,14 +22,6 @@ namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using RowMap = Eigen::Map<const RowMatrix>;
-
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
 
 // Seconds from the wall clock, or from this process's CPU clock (--cpu-time: on
 // a machine shared with other work, single-threaded runs then count only the
@@ -88,13 +81,6 @@ void run_case(const Case& c) {
              seconds[2] / seconds[0]);
 }
 
-std::string load_average() {
-  std::ifstream loadavg("/proc/loadavg");
-  std::string one_minute;
-  loadavg >> one_minute;
-  return one_minute.empty() ? "?" : one_minute;
-}
-
 Tensor random(const Shape& shape, uint64_t seed) { return ops::randn(shape, PhiloxKey{seed, 0}); }
 
 RowMap map(const Tensor& t) { return RowMap(t.data_ptr<float>(), t.size(0), t.size(1)); }
@@ -130,8 +116,10 @@ int main(int argc, char** argv) {
   }
   set_num_threads(threads);
 
-  fmt::print("# matmul bench: f32, threads={}, cpu={} ({} cores online, load average {}), eigen {}.{}.{}, {} clock\n",
-             threads, cpu_model(), std::thread::hardware_concurrency(), load_average(), EIGEN_WORLD_VERSION,
+  fmt::print("# matmul bench: f32, threads={}, cpu={} ({} cores online, load average {}), vector ISA {}, eigen {}.{}.{}, "
+             "{} clock\n",
+             threads, bench::cpu_model(), std::thread::hardware_concurrency(), bench::load_average(), bench::vector_isa(),
+             EIGEN_WORLD_VERSION,
              EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, use_cpu_clock ? "process CPU" : "wall");
   fmt::print("# GFLOP/s, best of >=5 alternating timed calls after a warm-up. eigen: into an output made once;\n"
              "# eigen+alloc: into a fresh output each call (tessera allocates one each call). ratio = tessera / eigen\n");

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/machine_context.h"
 #include "examples/gpt/trainer.h"
 #include "tensor/parallel.h"
 #include "tensor/storage.h"
@@ -24,14 +25,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
 
 // GFLOP/s of C = A B with A: [m, k], B: [k, n] row-major like tessera's
 // tensors (2 m k n FLOPs), best of `repeats`.
@@ -79,8 +72,8 @@ int main(int argc, char** argv) {
   const double flops_per_token = model_config.flops_per_token(config.seq_len);
   fmt::print("train_step: GPT-2 124M ({} parameters), B={} T={} vocab {}, synthetic tokens, AdamW, clip {}\n", params,
              config.batch, config.seq_len, model_config.vocab_size, config.clip);
-  fmt::print("machine: {}, {} threads used of {}\n", cpu_model(), tessera::num_threads(),
-             std::thread::hardware_concurrency());
+  fmt::print("machine: {}, vector ISA {}, {} threads used of {}, load average {}\n", bench::cpu_model(),
+             bench::vector_isa(), tessera::num_threads(), std::thread::hardware_concurrency(), bench::load_average());
 
   gpt::Trainer trainer(config, gpt::build_data(config));
   const int64_t param_bytes = params * 4;

@@ -9,6 +9,7 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
+#include "tensor/cpu/vector_math.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -38,8 +39,8 @@ template <typename T>
 void block_probabilities(Eigen::Ref<Matrix<T>> scores, const T* lse, int64_t i0) {
   for (int64_t r = 0; r < scores.rows(); ++r) {
     const int64_t visible = i0 + r + 1;
-    auto row = scores.row(r).head(visible).array();
-    row = (row - lse[i0 + r]).exp();
+    T* row = &scores(r, 0);
+    vec::exp_shifted(row, row, visible, lse[i0 + r]);
     scores.row(r).tail(scores.cols() - visible).setZero();
   }
 }
@@ -70,7 +71,7 @@ void attention_typed(const Tensor& out, const Tensor& logsumexp, const Tensor& q
           const int64_t visible = i0 + r + 1;
           auto row = S.row(r).head(visible).array();
           const T max = row.maxCoeff();
-          row = (row - max).exp();
+          vec::exp_shifted(&S(r, 0), &S(r, 0), visible, max);
           const T sum = row.sum();
           lse[i0 + r] = max + std::log(sum);
           row /= sum;

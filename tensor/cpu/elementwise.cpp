@@ -11,8 +11,8 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
-#include "tensor/cpu/float_vector.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cpu/vector_math.h"
 
 namespace tessera::cpu {
 
@@ -164,7 +164,14 @@ constexpr double kGeluCubic = 0.044715;
 constexpr double kSqrtHalf = 0.7071067811865476;      // 1 / sqrt(2)
 constexpr double kInvSqrt2Pi = 0.3989422804014327;    // 1 / sqrt(2 pi)
 
-// Formulas over V = FloatVector (f32) or double (f64).
+// Formulas over V = FloatVector (f32) or double (f64). At x = -inf an
+// activation is its limit, -0, not -inf * 0 = NaN. A derivative is evaluated
+// at x clamped to where it has reached its limit in both f32 and f64 (there it
+// is exactly 1 or underflows to 0), so that no inf * 0 arises for any x.
+template <typename V>
+V at_minus_infinity_zero(V x, V value) {
+  return vec::select(x == V(-std::numeric_limits<double>::infinity()), V(-0.0), value);
+}
 // gelu_tanh = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3);
 // the sigmoid form has no cancellation for negative x.
 template <typename V>
@@ -173,25 +180,34 @@ V gelu_tanh_inner(V x) {
 }
 template <typename V>
 V gelu_tanh(V x) {
-  return x * vec::sigmoid(V(2) * gelu_tanh_inner(x));
+  return at_minus_infinity_zero(x, x * vec::sigmoid(V(2) * gelu_tanh_inner(x)));
 }
-// d/dx x s(2u) = s + 2 x s (1 - s) u'
+// d/dx x s(2u) = s + 2 x s (1 - s) u'; constant beyond |x| = 30.
 template <typename V>
 V gelu_tanh_derivative(V x) {
+  x = vec::clamp(x, V(-30), V(30));
   const V s = vec::sigmoid(V(2) * gelu_tanh_inner(x));
   const V du = V(kSqrt2OverPi) * (V(1) + V(3 * kGeluCubic) * x * x);
   return s + V(2) * x * s * (V(1) - s) * du;
 }
 template <typename V>
 V gelu_erf(V x) {
-  return V(0.5) * x * (V(1) + vec::erf(x * V(kSqrtHalf)));
+  return at_minus_infinity_zero(x, V(0.5) * x * (V(1) + vec::erf(x * V(kSqrtHalf))));
 }
+// Constant beyond |x| = 40.
 template <typename V>
 V gelu_erf_derivative(V x) {
+  x = vec::clamp(x, V(-40), V(40));
   return V(0.5) * (V(1) + vec::erf(x * V(kSqrtHalf))) + x * V(kInvSqrt2Pi) * vec::exp(V(-0.5) * x * x);
 }
 template <typename V>
+V silu(V x) {
+  return at_minus_infinity_zero(x, x * vec::sigmoid(x));
+}
+// d/dx x s(x) = s (1 + x (1 - s)); constant beyond |x| = 800.
+template <typename V>
 V silu_derivative(V x) {
+  x = vec::clamp(x, V(-800), V(800));
   const V s = vec::sigmoid(x);
   return s * (V(1) + x * (V(1) - s));
 }
@@ -269,7 +285,7 @@ void unary_floating(UnaryOp op, const Tensor& out, const Tensor& x) {
     case UnaryOp::relu: return map_floating<T>(out, x, [](auto v) { return vec::relu(v); });
     case UnaryOp::gelu_tanh: return map_floating<T>(out, x, [](auto v) { return gelu_tanh(v); });
     case UnaryOp::gelu_erf: return map_floating<T>(out, x, [](auto v) { return gelu_erf(v); });
-    case UnaryOp::silu: return map_floating<T>(out, x, [](auto v) { return v * vec::sigmoid(v); });
+    case UnaryOp::silu: return map_floating<T>(out, x, [](auto v) { return silu(v); });
     case UnaryOp::logical_not: break;
   }
   fail("cpu::unary: logical_not takes a bool input, got {}", dtype_name(x.dtype()));

@@ -1,9 +1,12 @@
 // FloatVector: one SIMD register of f32 (Eigen's packet type for this machine)
-// with arithmetic operators and vectorised exp, log, tanh, erf and sigmoid, so
-// a kernel writes its formula once, as a template over FloatVector (f32) and
-// double (f64, through std::), and runs it with map_vectors. Every element,
-// the tail of a span included, takes the same vector path, so results do not
-// depend on alignment or on where a span starts.
+// with the operations IEEE 754 defines exactly (add, sub, mul, div, sqrt,
+// fused multiply-add, compare, select, sign and exponent bits), so a kernel
+// writes its formula once, as a template over FloatVector (f32) and double
+// (f64, through std::), and runs it with map_vectors. Built only from those
+// operations, a formula gives the same bits on every instruction set with
+// FMA (AVX2 and AVX-512 alike). Every element, the tail of a span included,
+// takes the same vector path, so results do not depend on alignment or on
+// where a span starts. The transcendental functions are in vector_math.h.
 #pragma once
 
 #include <algorithm>
@@ -19,13 +22,25 @@
 #pragma GCC diagnostic ignored "-Wunused-variable"
 #pragma GCC diagnostic ignored "-Wignored-attributes"
 #include <Eigen/Core>
-#include <unsupported/Eigen/SpecialFunctions>
 
 namespace tessera::cpu {
 
 struct FloatVector {
   using Packet = Eigen::internal::packet_traits<float>::type;
+  using IntPacket = Eigen::internal::unpacket_traits<Packet>::integer_packet;  // int32 lanes
   static constexpr int64_t kWidth = Eigen::internal::unpacket_traits<Packet>::size;
+  // What this build's vectors (and Eigen's GEMM) were compiled for (-march).
+#if defined(__AVX512F__)
+  static constexpr const char* kInstructionSet = "AVX-512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  static constexpr const char* kInstructionSet = "AVX2+FMA";
+#elif defined(__AVX__)
+  static constexpr const char* kInstructionSet = "AVX";
+#elif defined(__SSE2__)
+  static constexpr const char* kInstructionSet = "SSE2";
+#else
+  static constexpr const char* kInstructionSet = "scalar";
+#endif
 
   Packet packet;
 
@@ -39,58 +54,104 @@ struct FloatVector {
   void store(float* data) const { Eigen::internal::pstoreu(data, packet); }
 };
 
+// A lane-wise condition: all bits set where true (what Eigen's compares give).
+struct FloatMask {
+  FloatVector::Packet bits;
+};
+
 inline FloatVector operator+(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::padd(a.packet, b.packet)); }
 inline FloatVector operator-(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::psub(a.packet, b.packet)); }
 inline FloatVector operator*(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::pmul(a.packet, b.packet)); }
 inline FloatVector operator/(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::pdiv(a.packet, b.packet)); }
 inline FloatVector operator-(FloatVector a) { return FloatVector::of(Eigen::internal::pnegate(a.packet)); }
 
-// The math both element types share; the double overloads are the std::
-// functions, so one formula template serves f32 and f64.
+// Compares are false where either side is NaN, as IEEE says.
+inline FloatMask operator<(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_lt(a.packet, b.packet)}; }
+inline FloatMask operator<=(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_le(a.packet, b.packet)}; }
+inline FloatMask operator>(FloatVector a, FloatVector b) { return b < a; }
+inline FloatMask operator==(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_eq(a.packet, b.packet)}; }
+inline FloatMask operator&&(FloatMask a, FloatMask b) { return {Eigen::internal::pand(a.bits, b.bits)}; }
+
 namespace vec {
 
-inline FloatVector exp(FloatVector x) { return FloatVector::of(Eigen::internal::pexp(x.packet)); }
-inline FloatVector log(FloatVector x) { return FloatVector::of(Eigen::internal::plog(x.packet)); }
-inline FloatVector sqrt(FloatVector x) { return FloatVector::of(Eigen::internal::psqrt(x.packet)); }
-inline FloatVector abs(FloatVector x) { return FloatVector::of(Eigen::internal::pabs(x.packet)); }
-inline FloatVector tanh(FloatVector x) {
-  return FloatVector::of(Eigen::internal::generic_fast_tanh_float(x.packet));
+// a * b + c rounded once where the target has FMA (x86-64-v3 and up), as
+// mul then add elsewhere.
+inline FloatVector fma(FloatVector a, FloatVector b, FloatVector c) {
+  return FloatVector::of(Eigen::internal::pmadd(a.packet, b.packet, c.packet));
 }
-inline FloatVector erf(FloatVector x) {
-  return FloatVector::of(Eigen::internal::generic_fast_erf_float(x.packet));
+inline FloatVector select(FloatMask mask, FloatVector if_true, FloatVector if_false) {
+  return FloatVector::of(Eigen::internal::pselect(mask.bits, if_true.packet, if_false.packet));
 }
-// 1 / (1 + e^-x): a few ulp everywhere, tails included (Eigen's logistic
-// approximates e^x below -9, off by 1e-4 relative).
-inline FloatVector sigmoid(FloatVector x) { return FloatVector(1.0f) / (FloatVector(1.0f) + exp(-x)); }
-// max(x, 0), keeping NaN.
-inline FloatVector relu(FloatVector x) {
-  using Packet = FloatVector::Packet;
-  const Packet zero = Eigen::internal::pzero(x.packet);
-  return FloatVector::of(Eigen::internal::pselect(Eigen::internal::pcmp_lt(x.packet, zero), zero, x.packet));
+inline FloatMask is_nan(FloatVector x) {
+  const FloatVector::Packet equal = Eigen::internal::pcmp_eq(x.packet, x.packet);
+  return {Eigen::internal::pandnot(Eigen::internal::ptrue(equal), equal)};
 }
-// 1 where x > 0, else 0 (the derivative of relu).
-inline FloatVector step(FloatVector x) {
-  using Packet = FloatVector::Packet;
-  const Packet zero = Eigen::internal::pzero(x.packet);
-  const Packet one = Eigen::internal::pset1<Packet>(1.0f);
-  return FloatVector::of(Eigen::internal::pand(Eigen::internal::pcmp_lt(zero, x.packet), one));
-}
-// -1, 0 or 1 by the sign of x (the derivative of abs).
-inline FloatVector sign(FloatVector x) {
-  const FloatVector negative = step(-x);
-  return step(x) - negative;
+// |magnitude| with the sign bit of `sign` (NaN and -0 included).
+inline FloatVector copysign(FloatVector magnitude, FloatVector sign) {
+  const FloatVector::Packet sign_bit = Eigen::internal::pset1<FloatVector::Packet>(-0.0f);
+  return FloatVector::of(Eigen::internal::por(Eigen::internal::pandnot(magnitude.packet, sign_bit),
+                                              Eigen::internal::pand(sign.packet, sign_bit)));
 }
 
-inline double exp(double x) { return std::exp(x); }
-inline double log(double x) { return std::log(x); }
+// 2^k for int32 lanes k in [-126, 127], built from its exponent bits.
+inline FloatVector exp2_integer(FloatVector::IntPacket k) {
+  using namespace Eigen::internal;
+  const FloatVector::IntPacket biased = padd(k, pset1<FloatVector::IntPacket>(127));
+  return FloatVector::of(preinterpret<FloatVector::Packet>(plogical_shift_left<23>(biased)));
+}
+// x * 2^n for integer-valued n in [-252, 254], as (x * 2^ceil(n/2)) *
+// 2^floor(n/2): for x in [0.5, 2] and n >= -200 the first product is exact,
+// so the result rounds once, also where it underflows into the subnormals.
+inline FloatVector scale_by_power_of_two(FloatVector x, FloatVector n) {
+  using namespace Eigen::internal;
+  const FloatVector::IntPacket whole = pcast<FloatVector::Packet, FloatVector::IntPacket>(n.packet);
+  const FloatVector::IntPacket half = parithmetic_shift_right<1>(whole);  // floor(n / 2)
+  return x * exp2_integer(psub(whole, half)) * exp2_integer(half);
+}
+// For positive normal x = m * 2^e with m in [1, 2): e (as a float) and m.
+inline FloatVector exponent_of(FloatVector x) {
+  using namespace Eigen::internal;
+  using IntPacket = FloatVector::IntPacket;
+  const IntPacket biased = plogical_shift_right<23>(preinterpret<IntPacket>(x.packet));
+  return FloatVector::of(pcast<IntPacket, FloatVector::Packet>(psub(biased, pset1<IntPacket>(127))));
+}
+inline FloatVector significand_of(FloatVector x) {
+  using namespace Eigen::internal;
+  using IntPacket = FloatVector::IntPacket;
+  const IntPacket fraction = pand(preinterpret<IntPacket>(x.packet), pset1<IntPacket>(0x007fffff));
+  return FloatVector::of(preinterpret<FloatVector::Packet>(por(fraction, pset1<IntPacket>(0x3f800000))));
+}
+
+}  // namespace vec
+
+// The cheap maths both element types share; the double overloads are plain
+// C++, so one formula template serves f32 and f64.
+namespace vec {
+
+inline FloatVector sqrt(FloatVector x) { return FloatVector::of(Eigen::internal::psqrt(x.packet)); }
+inline FloatVector abs(FloatVector x) { return FloatVector::of(Eigen::internal::pabs(x.packet)); }
+// max(x, 0), keeping NaN.
+inline FloatVector relu(FloatVector x) { return select(x < FloatVector(0.0f), FloatVector(0.0f), x); }
+// 1 where x > 0, else 0 (the derivative of relu).
+inline FloatVector step(FloatVector x) { return select(FloatVector(0.0f) < x, FloatVector(1.0f), FloatVector(0.0f)); }
+// -1, 0 or 1 by the sign of x (the derivative of abs).
+inline FloatVector sign(FloatVector x) { return step(x) - step(-x); }
+
+inline double fma(double a, double b, double c) { return std::fma(a, b, c); }
+inline double select(bool condition, double if_true, double if_false) { return condition ? if_true : if_false; }
+inline bool is_nan(double x) { return std::isnan(x); }
+inline double copysign(double magnitude, double sign) { return std::copysign(magnitude, sign); }
 inline double sqrt(double x) { return std::sqrt(x); }
 inline double abs(double x) { return std::abs(x); }
-inline double tanh(double x) { return std::tanh(x); }
-inline double erf(double x) { return std::erf(x); }
-inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double relu(double x) { return x < 0.0 ? 0.0 : x; }
 inline double step(double x) { return x > 0.0 ? 1.0 : 0.0; }
 inline double sign(double x) { return step(x) - step(-x); }
+
+// x limited to [low, high]; NaN stays NaN (compares with NaN are false).
+template <typename V>
+V clamp(V x, V low, V high) {
+  return select(x < low, low, select(high < x, high, x));
+}
 
 }  // namespace vec
 

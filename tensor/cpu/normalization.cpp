@@ -1,6 +1,7 @@
 // CPU row-wise kernels over the last dim: softmax/log_softmax, layer/RMS norm
 // and cross-entropy, forward and backward. Rows run in parallel; the math of
-// one row goes through Eigen arrays so that exp and the sums vectorise.
+// one row goes through Eigen arrays so that the sums vectorise, and exp through
+// vector_math.h.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
+#include "tensor/cpu/vector_math.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -30,12 +32,12 @@ int64_t row_count(const Tensor& x) { return last_dim(x) == 0 ? 0 : x.numel() / l
 template <typename T>
 void softmax_row(Row<T> y, ConstRow<T> x, bool log) {
   const T max = x.maxCoeff();
+  vec::exp_shifted(y.data(), x.data(), x.size(), max);
+  const T sum = y.sum();
   if (log) {
-    y = x - max;
-    y -= std::log(y.exp().sum());
+    y = (x - max) - std::log(sum);
   } else {
-    y = (x - max).exp();
-    y *= T{1} / y.sum();
+    y *= T{1} / sum;
   }
 }
 
@@ -60,7 +62,8 @@ void softmax_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const
       const ConstRow<T> g(g_data + r * cols, cols), yr(y_data + r * cols, cols);
       Row<T> dx(dst + r * cols, cols);
       if (log) {
-        dx = g - yr.exp() * g.sum();  // y = log p: dx = g - p * sum(g)
+        vec::exp_shifted(dx.data(), yr.data(), cols, T{0});
+        dx = g - dx * g.sum();  // y = log p: dx = g - p * sum(g)
       } else {
         dx = yr * (g - (g * yr).sum());  // dx = p * (g - <g, p>)
       }
@@ -174,12 +177,14 @@ void cross_entropy_typed(const Tensor& loss, const Tensor& logits, const Tensor&
   const std::vector<int64_t> target = row_targets(targets, ignore_index);
   std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
   parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    Eigen::Array<T, Eigen::Dynamic, 1> shifted_exp(cols);  // one row's exp(x - max)
     for (int64_t r = begin; r < end; ++r) {
       const int64_t t = target[static_cast<size_t>(r)];
       if (t < 0) continue;
       const ConstRow<T> x(data + r * cols, cols);
       const T max = x.maxCoeff();
-      const T logsumexp = max + std::log((x - max).exp().sum());
+      vec::exp_shifted(shifted_exp.data(), x.data(), cols, max);
+      const T logsumexp = max + std::log(shifted_exp.sum());
       row_loss[static_cast<size_t>(r)] = static_cast<double>(logsumexp - x[t]);
     }
   });
