@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The project's test command: set-up, configure and build in build/, run every
-# meson test, then print alone on the last line "N passed, N failed" (from
-# build/meson-logs/testlog.json) and exit non-zero when anything failed.
+# The project's test command: set-up; configure, build and run every meson
+# test in build/ (-march=native); then the portable variant in
+# build-x86-64-v3/ (AVX2+FMA, what every machine of this kind has): the
+# tensor, autograd, nn and fsdp suites again, so that a machine with AVX-512
+# also runs the AVX2 code paths. Prints alone on the last line
+# "N passed, N failed" over both (from the builds' testlog.json) and exits
+# non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=build
+
+native=build
+portable=build-x86-64-v3
+portable_suites=(tensor autograd nn fsdp)
+portable_targets=(tests/tensor/test_tensor tests/autograd/test_autograd tests/nn/test_nn tests/fsdp/test_fsdp)
 
 summary() {  # passed failed
   echo "$1 passed, $2 failed"
@@ -12,24 +20,52 @@ summary() {  # passed failed
   exit $?
 }
 
+configure() {  # build-dir meson-options...
+  local dir=$1
+  shift
+  if [ -d "$dir/meson-private" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+}
+
+# Counts one build's results into passed, skipped and total.
+passed=0 skipped=0 total=0
+count_results() {  # build-dir
+  local log="$1/meson-logs/testlog.json"
+  [ -f "$log" ] || { echo "test: meson test wrote no $log"; summary "$passed" 1; }
+  # One JSON object per line, each with "result": "OK" / "FAIL" / "SKIP" / ...
+  local results
+  results=$(grep -o '"result": *"[A-Z]*"' "$log" | sed 's/.*"\([A-Z]*\)"$/\1/')
+  passed=$((passed + $(grep -cxE 'OK|EXPECTEDFAIL' <<<"$results")))
+  skipped=$((skipped + $(grep -cx 'SKIP' <<<"$results")))
+  total=$((total + $(grep -c . <<<"$results")))
+}
+
 bash tools/setup.sh || { echo "test: set-up failed"; summary 0 1; }
-if [ -d "$build/meson-private" ]; then
-  meson setup --reconfigure "$build" >/dev/null || { echo "test: meson setup failed"; summary 0 1; }
-else
-  meson setup "$build" >/dev/null || { echo "test: meson setup failed"; summary 0 1; }
-fi
-ninja -C "$build" || { echo "test: build failed"; summary 0 1; }
 
-rm -f "$build/meson-logs/testlog.json"
-meson test -C "$build" --print-errorlogs
-log="$build/meson-logs/testlog.json"
-[ -f "$log" ] || { echo "test: meson test wrote no $log"; summary 0 1; }
+start=$SECONDS
+configure "$native" || { echo "test: meson setup of $native failed"; summary 0 1; }
+ninja -C "$native" || { echo "test: build of $native failed"; summary 0 1; }
+echo "test: $native built in $((SECONDS - start)) s"
+start=$SECONDS
+rm -f "$native/meson-logs/testlog.json"
+meson test -C "$native" --print-errorlogs
+count_results "$native"
+echo "test: $native tested in $((SECONDS - start)) s"
 
-# One JSON object per line, each with "result": "OK" / "FAIL" / "SKIP" / ...
-results=$(grep -o '"result": *"[A-Z]*"' "$log" | sed 's/.*"\([A-Z]*\)"$/\1/')
-passed=$(grep -cxE 'OK|EXPECTEDFAIL' <<<"$results")
-skipped=$(grep -cx 'SKIP' <<<"$results")
-total=$(grep -c . <<<"$results")
-failed=$((total - passed - skipped))
+start=$SECONDS
+configure "$portable" -Dmarch=x86-64-v3 -Dmpi=disabled || { echo "test: meson setup of $portable failed"; summary "$passed" 1; }
+ninja -C "$portable" "${portable_targets[@]}" || { echo "test: build of $portable failed"; summary "$passed" 1; }
+echo "test: $portable built in $((SECONDS - start)) s"
+start=$SECONDS
+rm -f "$portable/meson-logs/testlog.json"
+suite_args=()
+for suite in "${portable_suites[@]}"; do suite_args+=(--suite "$suite"); done
+meson test -C "$portable" --no-rebuild --print-errorlogs "${suite_args[@]}"
+count_results "$portable"
+echo "test: $portable tested in $((SECONDS - start)) s"
+
 [ "$skipped" -eq 0 ] || echo "$skipped skipped"
-summary "$passed" "$failed"
+summary "$passed" $((total - passed - skipped))

@@ -9,6 +9,7 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
+#include "tensor/cpu/lane_sum.h"
 #include "tensor/cpu/vector_math.h"
 #include "tensor/parallel.h"
 
@@ -72,9 +73,9 @@ void attention_typed(const Tensor& out, const Tensor& logsumexp, const Tensor& q
           auto row = S.row(r).head(visible).array();
           const T max = row.maxCoeff();
           vec::exp_shifted(&S(r, 0), &S(r, 0), visible, max);
-          const T sum = row.sum();
-          lse[i0 + r] = max + std::log(sum);
-          row /= sum;
+          const double sum = lane_sum(&S(r, 0), visible);
+          lse[i0 + r] = static_cast<T>(static_cast<double>(max) + std::log(sum));
+          row *= static_cast<T>(1.0 / sum);
           S.row(r).tail(keys - visible).setZero();
         }
         // O[i0:i0+rows]: [rows, D] = P @ V[0:keys]
@@ -106,7 +107,7 @@ void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const 
       HeadMap<T> dQ(gq_data + at, seq, dim), dK(gk_data + at, seq, dim), dV(gv_data + at, seq, dim);
       const T* lse = lse_data + head * seq;
       // delta_i = dO_i . O_i = sum_j P_ij dP_ij, the softmax backward's row term.
-      delta = (dO.array() * O.array()).rowwise().sum();
+      for (int64_t i = 0; i < seq; ++i) delta[i] = static_cast<T>(lane_dot(dO.row(i).data(), O.row(i).data(), dim));
       dK.setZero();
       dV.setZero();
       for (int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {

@@ -1,7 +1,8 @@
 // CPU row-wise kernels over the last dim: softmax/log_softmax, layer/RMS norm
 // and cross-entropy, forward and backward. Rows run in parallel; the math of
-// one row goes through Eigen arrays so that the sums vectorise, and exp through
-// vector_math.h.
+// one row goes through Eigen arrays, exp through vector_math.h and every sum
+// along a row through lane_sum.h (f64, fixed lanes: accurate for long rows and
+// the same bits on every machine).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
+#include "tensor/cpu/lane_sum.h"
 #include "tensor/cpu/vector_math.h"
 #include "tensor/parallel.h"
 
@@ -33,11 +35,11 @@ template <typename T>
 void softmax_row(Row<T> y, ConstRow<T> x, bool log) {
   const T max = x.maxCoeff();
   vec::exp_shifted(y.data(), x.data(), x.size(), max);
-  const T sum = y.sum();
+  const double sum = lane_sum(y.data(), y.size());
   if (log) {
-    y = (x - max) - std::log(sum);
+    y = (x - max) - static_cast<T>(std::log(sum));
   } else {
-    y *= T{1} / sum;
+    y *= static_cast<T>(1.0 / sum);
   }
 }
 
@@ -63,9 +65,9 @@ void softmax_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const
       Row<T> dx(dst + r * cols, cols);
       if (log) {
         vec::exp_shifted(dx.data(), yr.data(), cols, T{0});
-        dx = g - dx * g.sum();  // y = log p: dx = g - p * sum(g)
+        dx = g - dx * static_cast<T>(lane_sum(g.data(), cols));  // y = log p: dx = g - p * sum(g)
       } else {
-        dx = yr * (g - (g * yr).sum());  // dx = p * (g - <g, p>)
+        dx = yr * (g - static_cast<T>(lane_dot(g.data(), yr.data(), cols)));  // dx = p * (g - <g, p>)
       }
     }
   });
@@ -88,9 +90,10 @@ void norm_typed(const Tensor& y, const Tensor& mean, const Tensor& rstd, const T
       const ConstRow<T> xr(x_data + r * cols, cols);
       Row<T> yr(y_data + r * cols, cols);
       // Two passes (centre, then square) avoid the cancellation of E[x^2] - E[x]^2.
-      const T mu = mean_data ? xr.sum() / static_cast<T>(cols) : T{0};
+      const T mu = mean_data ? static_cast<T>(lane_sum(xr.data(), cols) / static_cast<double>(cols)) : T{0};
       yr = xr - mu;
-      const T inv = T{1} / std::sqrt(yr.square().sum() / static_cast<T>(cols) + static_cast<T>(eps));
+      const double variance = lane_dot(yr.data(), yr.data(), cols) / static_cast<double>(cols);
+      const T inv = static_cast<T>(1.0 / std::sqrt(variance + eps));
       yr *= inv;
       if (w_data) yr *= ConstRow<T>(w_data, cols);
       if (b_data) yr += ConstRow<T>(b_data, cols);
@@ -140,9 +143,9 @@ void norm_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
         } else {
           gw = gy;
         }
-        const T n = static_cast<T>(cols);
-        const T gw_mean = mean_data ? gw.sum() / n : T{0};
-        const T proj = (gw * xhat).sum() / n;
+        const auto n = static_cast<double>(cols);
+        const T gw_mean = mean_data ? static_cast<T>(lane_sum(gw.data(), cols) / n) : T{0};
+        const T proj = static_cast<T>(lane_dot(gw.data(), xhat.data(), cols) / n);
         Row<T>(gx_data + r * cols, cols) = inv * (gw - gw_mean - xhat * proj);
       }
     }
@@ -184,8 +187,8 @@ void cross_entropy_typed(const Tensor& loss, const Tensor& logits, const Tensor&
       const ConstRow<T> x(data + r * cols, cols);
       const T max = x.maxCoeff();
       vec::exp_shifted(shifted_exp.data(), x.data(), cols, max);
-      const T logsumexp = max + std::log(shifted_exp.sum());
-      row_loss[static_cast<size_t>(r)] = static_cast<double>(logsumexp - x[t]);
+      const double logsumexp = static_cast<double>(max) + std::log(lane_sum(shifted_exp.data(), cols));
+      row_loss[static_cast<size_t>(r)] = logsumexp - static_cast<double>(x[t]);
     }
   });
   double total = 0.0;  // summed in row order: the same bits on any thread count

@@ -3,6 +3,7 @@
 // plus shape inference on meta and the error messages.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -37,8 +38,23 @@ int64_t broadcast_batch(const Shape& out_batch, const Shape& batch_shape, int64_
   return index;
 }
 
-// Naive torch.matmul in f64 on the logical values of a and b.
-std::vector<double> reference_matmul(const Tensor& a, const Tensor& b, Shape* out_shape) {
+// A product computed in f64 on the logical values of a and b, with what its
+// rounding error in a lower precision is bounded by.
+struct ReferenceProduct {
+  Shape shape;
+  std::vector<double> values;
+  // sum over p of |a_ip| |b_pj| per output element: a dot product of k terms
+  // evaluated in any order, with or without FMA, is within k u of this of the
+  // exact value (u = 2^-24 in f32, 2^-53 in f64; Higham, Accuracy and
+  // Stability of Numerical Algorithms, 3.1). So the bound holds for every GEMM
+  // blocking, thread count and instruction set, where a relative tolerance
+  // would not (cancellation).
+  std::vector<double> magnitudes;
+  int64_t inner = 0;  // k
+};
+
+// Naive torch.matmul in f64.
+ReferenceProduct reference_matmul(const Tensor& a, const Tensor& b) {
   Shape as = a.sizes(), bs = b.sizes();
   if (as.size() == 1) as.insert(as.begin(), 1);
   if (bs.size() == 1) bs.push_back(1);
@@ -47,51 +63,69 @@ std::vector<double> reference_matmul(const Tensor& a, const Tensor& b, Shape* ou
   const Shape batch = ops::broadcast_shapes(a_batch, b_batch, "reference");
   const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
   const int64_t batches = shape_numel(batch);
-  std::vector<double> out(static_cast<size_t>(batches * m * n), 0.0);
+  ReferenceProduct product;
+  product.inner = k;
+  product.values.assign(static_cast<size_t>(batches * m * n), 0.0);
+  product.magnitudes.assign(product.values.size(), 0.0);
   for (int64_t batch_index = 0; batch_index < batches; ++batch_index) {
     const int64_t ai = broadcast_batch(batch, a_batch, batch_index) * m * k;
     const int64_t bi = broadcast_batch(batch, b_batch, batch_index) * k * n;
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
-        double sum = 0.0;
-        for (int64_t p = 0; p < k; ++p) sum += av[ai + i * k + p] * bv[bi + p * n + j];
-        out[(batch_index * m + i) * n + j] = sum;
+        double sum = 0.0, magnitude = 0.0;
+        for (int64_t p = 0; p < k; ++p) {
+          sum += av[ai + i * k + p] * bv[bi + p * n + j];
+          magnitude += std::abs(av[ai + i * k + p] * bv[bi + p * n + j]);
+        }
+        product.values[(batch_index * m + i) * n + j] = sum;
+        product.magnitudes[(batch_index * m + i) * n + j] = magnitude;
       }
     }
   }
-  *out_shape = batch;
-  if (a.dim() > 1) out_shape->push_back(m);
-  if (b.dim() > 1) out_shape->push_back(n);
-  return out;
+  product.shape = batch;
+  if (a.dim() > 1) product.shape.push_back(m);
+  if (b.dim() > 1) product.shape.push_back(n);
+  return product;
 }
 
-void check_matmul(const Tensor& a, const Tensor& b, double tolerance = 1e-5) {
-  Shape expected_shape;
-  const std::vector<double> expected = reference_matmul(a, b, &expected_shape);
+double unit_roundoff(DType dtype) { return dtype == DType::f64 ? 0x1p-53 : 0x1p-24; }
+
+// got[i] within `terms` roundings of the reference's magnitude (twice the
+// bound: the f64 reference rounds too, which matters when got is f64).
+void check_within_rounding(const std::vector<double>& got, const ReferenceProduct& expected, DType dtype,
+                           int64_t terms) {
+  REQUIRE(got.size() == expected.values.size());
+  const double allowance = 2.0 * static_cast<double>(terms) * unit_roundoff(dtype);
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": " << got[i] << " vs " << expected.values[i]);
+    CHECK(std::abs(got[i] - expected.values[i]) <= allowance * expected.magnitudes[i]);
+  }
+}
+
+void check_matmul(const Tensor& a, const Tensor& b) {
+  const ReferenceProduct expected = reference_matmul(a, b);
   const Tensor out = ops::matmul(a, b);
-  REQUIRE(out.sizes() == expected_shape);
+  REQUIRE(out.sizes() == expected.shape);
   CHECK(out.dtype() == a.dtype());
   CHECK(out.is_contiguous());
-  const std::vector<double> got = out.to_vector<double>();
-  REQUIRE(got.size() == expected.size());
-  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(tolerance));
+  check_within_rounding(out.to_vector<double>(), expected, a.dtype(), expected.inner);
 }
 
 }  // namespace
 
 TEST_CASE("matmul: 2-d products match the naive loop in f32 and f64") {
   check_matmul(random_tensor({5, 7}), random_tensor({7, 3}, DType::f32, 2));
-  check_matmul(random_tensor({5, 7}, DType::f64), random_tensor({7, 3}, DType::f64, 2), 1e-12);
+  check_matmul(random_tensor({5, 7}, DType::f64), random_tensor({7, 3}, DType::f64, 2));
   check_matmul(random_tensor({1, 9}), random_tensor({9, 1}, DType::f32, 3));
   // Large enough for Eigen to block and (with threads) split the GEMM.
-  check_matmul(random_tensor({130, 257}), random_tensor({257, 140}, DType::f32, 4), 1e-4);
+  check_matmul(random_tensor({130, 257}), random_tensor({257, 140}, DType::f32, 4));
 }
 
 TEST_CASE("matmul: 1-d operands are promoted and the added dim dropped") {
   const Tensor dot = ops::matmul(ops::from_vector(std::vector<double>{1, 2, 3}, {3}),
                                  ops::from_vector(std::vector<double>{4, 5, 6}, {3}));
   CHECK(dot.dim() == 0);
-  CHECK(dot.item() == doctest::Approx(32.0));
+  CHECK(dot.item() == 32.0);  // exact in f64
   check_matmul(random_tensor({4}), random_tensor({4, 6}, DType::f32, 2));     // [4] x [4, 6] -> [6]
   check_matmul(random_tensor({5, 4}), random_tensor({4}, DType::f32, 2));     // [5, 4] x [4] -> [5]
   check_matmul(random_tensor({4}), random_tensor({3, 4, 6}, DType::f32, 2));  // -> [3, 6]
@@ -144,22 +178,23 @@ TEST_CASE("matmul: empty dims") {
 }
 
 TEST_CASE("matmul: bf16 and f16 compute in f32 and round once") {
+  // The widened operands run through the f32 GEMM: the result is that GEMM's
+  // output rounded once, bit for bit.
+  const auto rounded = [](const Tensor& f32_result, DType dtype) {
+    return ops::to(f32_result, dtype).to_vector<float>();
+  };
   for (DType dtype : {DType::bf16, DType::f16}) {
     const Tensor a = random_tensor({6, 32}, dtype), b = random_tensor({32, 5}, dtype, 2);
     const Tensor out = ops::matmul(a, b);
     CHECK(out.dtype() == dtype);
-    const std::vector<float> expected = ops::matmul(ops::to(a, DType::f32), ops::to(b, DType::f32)).to_vector<float>();
-    const std::vector<float> got = out.to_vector<float>();
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-2));
+    CHECK(out.to_vector<float>() == rounded(ops::matmul(ops::to(a, DType::f32), ops::to(b, DType::f32)), dtype));
     // linear: x [2, 3, 32] (a batch over one weight), bias added before the single rounding.
     const Tensor x = random_tensor({2, 3, 32}, dtype, 3), bias = random_tensor({5}, dtype, 4);
     const Tensor weight = ops::transpose(b, 0, 1);  // [5, 32]
     const Tensor y = ops::linear(x, weight, bias);
     CHECK(y.dtype() == dtype);
-    const std::vector<float> y_expected =
-        ops::linear(ops::to(x, DType::f32), ops::to(weight, DType::f32), ops::to(bias, DType::f32)).to_vector<float>();
-    const std::vector<float> y_got = y.to_vector<float>();
-    for (size_t i = 0; i < y_got.size(); ++i) CHECK(y_got[i] == doctest::Approx(y_expected[i]).epsilon(1e-2));
+    const Tensor y_f32 = ops::linear(ops::to(x, DType::f32), ops::to(weight, DType::f32), ops::to(bias, DType::f32));
+    CHECK(y.to_vector<float>() == rounded(y_f32, dtype));
   }
 }
 
@@ -192,24 +227,25 @@ TEST_CASE("linear: x @ weight^T + bias over any leading dims") {
   const Tensor x = random_tensor({2, 3, 4});
   const Tensor weight = random_tensor({5, 4}, DType::f32, 2);
   const Tensor bias = random_tensor({5}, DType::f32, 3);
-  Shape shape;
-  const std::vector<double> product = reference_matmul(x, ops::transpose(weight, 0, 1), &shape);
+  const ReferenceProduct product = reference_matmul(x, ops::transpose(weight, 0, 1));
+  ReferenceProduct with_bias_expected = product;  // k + 1 terms: the bias is one more
   const std::vector<double> bias_values = bias.to_vector<double>();
+  for (size_t i = 0; i < product.values.size(); ++i) {
+    with_bias_expected.values[i] += bias_values[i % 5];
+    with_bias_expected.magnitudes[i] += std::abs(bias_values[i % 5]);
+  }
 
   const Tensor with_bias = ops::linear(x, weight, bias);
   CHECK(with_bias.sizes() == Shape{2, 3, 5});
-  const std::vector<double> got = with_bias.to_vector<double>();
-  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(product[i] + bias_values[i % 5]));
-
-  const std::vector<double> no_bias = ops::linear(x, weight, Tensor()).to_vector<double>();
-  for (size_t i = 0; i < no_bias.size(); ++i) CHECK(no_bias[i] == doctest::Approx(product[i]));
+  check_within_rounding(with_bias.to_vector<double>(), with_bias_expected, DType::f32, product.inner + 1);
+  check_within_rounding(ops::linear(x, weight, Tensor()).to_vector<double>(), product, DType::f32, product.inner);
 
   const Tensor row = ops::linear(random_tensor({4}), weight, bias);  // 1-d input
   CHECK(row.sizes() == Shape{5});
-  // A non-contiguous input (a transposed [B, T] pair) gives the same values.
+  // A non-contiguous input (a transposed [B, T] pair).
   const Tensor x_t = ops::transpose(ops::contiguous(ops::transpose(x, 0, 1)), 0, 1);
-  const std::vector<double> strided = ops::linear(x_t, weight, bias).to_vector<double>();
-  for (size_t i = 0; i < strided.size(); ++i) CHECK(strided[i] == doctest::Approx(got[i]));
+  check_within_rounding(ops::linear(x_t, weight, bias).to_vector<double>(), with_bias_expected, DType::f32,
+                        product.inner + 1);
 }
 
 TEST_CASE("linear: the weight is used as a transposed view, not copied") {
@@ -218,10 +254,8 @@ TEST_CASE("linear: the weight is used as a transposed view, not copied") {
   const int64_t before = memory_stats(kCPU).allocation_count;
   const Tensor out = ops::linear(x, weight, Tensor());
   CHECK(memory_stats(kCPU).allocation_count - before == 1);
-  Shape shape;
-  const std::vector<double> expected = reference_matmul(x, ops::transpose(weight, 0, 1), &shape);
-  const std::vector<double> got = out.to_vector<double>();
-  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-5));
+  const ReferenceProduct expected = reference_matmul(x, ops::transpose(weight, 0, 1));
+  check_within_rounding(out.to_vector<double>(), expected, DType::f32, expected.inner);
 }
 
 TEST_CASE("linear: meta shapes and errors") {
@@ -248,6 +282,11 @@ TEST_CASE("matmul: the same values on 1 and 2 threads") {
   const std::vector<float> two = ops::matmul(a, b).to_vector<float>();
   const std::vector<float> batched_two = ops::matmul(batched_a, batched_b).to_vector<float>();
   set_num_threads(threads);
-  for (size_t i = 0; i < one.size(); ++i) CHECK(one[i] == doctest::Approx(two[i]).epsilon(1e-5));
+  // Eigen's blocking depends on the thread count, so the summation order may
+  // differ: both within rounding of the exact product. Batched small GEMMs
+  // are split by batch: bitwise equal.
+  const ReferenceProduct expected = reference_matmul(a, b);
+  check_within_rounding(std::vector<double>(one.begin(), one.end()), expected, DType::f32, expected.inner);
+  check_within_rounding(std::vector<double>(two.begin(), two.end()), expected, DType::f32, expected.inner);
   CHECK(batched_one == batched_two);
 }

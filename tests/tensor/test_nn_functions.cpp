@@ -149,6 +149,8 @@ TEST_CASE("layer_norm and rms_norm: outputs and statistics match the reference")
                                                ops::to(bias, DType::bf16), eps);
   CHECK(half.y.dtype() == DType::bf16);
   CHECK(half.rstd.dtype() == DType::f32);
+  // bf16 inputs (x, weight and bias rounded by 2^-9 relative) and output: a
+  // few bf16 roundings of values below ~3, against 3e-2 (1 + |y|).
   check_close(half.y, layer, 3e-2);
 }
 
@@ -275,6 +277,8 @@ TEST_CASE("cross_entropy: mean over kept rows, backward (softmax - onehot) / cou
   const Tensor targets_i32 = ops::from_vector(std::vector<int64_t>{3, 1, 0, 6, 1}, {rows}, {.dtype = DType::i32});
   const Tensor loss_f32 = ops::cross_entropy(ops::to(logits, DType::f32), targets_i32, 1);
   CHECK(loss_f32.dtype() == DType::f32);
+  // f32 logits (rounded from the f64 ones, 6e-8 relative) and an f32
+  // log-sum-exp: a few 1e-7 from the f64 loss, against 1e-6 (1 + |loss|).
   CHECK(loss_f32.item() == doctest::Approx(expected).epsilon(1e-6));
 
   // Every row ignored: 0/0 gives NaN like torch; the gradient is zero.
@@ -293,6 +297,9 @@ TEST_CASE("cross_entropy: large vocabularies stay accurate") {
   const std::vector<double> log_probs = reference_softmax(logits.to_vector<double>(), rows, classes, true);
   double expected = 0.0;
   for (int64_t r = 0; r < rows; ++r) expected -= log_probs[r * classes + target_values[r]] / rows;
+  // Each row's 50257 exponentials are summed in f64 (lane_sum.h), so the
+  // log-sum-exp is as accurate as one f32 exp (~1e-7 relative) and the row
+  // loss within an f32 rounding of ~12 (1e-6): 1e-5 (1 + |loss|) is 10x that.
   CHECK(ops::cross_entropy(logits, targets).item() == doctest::Approx(expected).epsilon(1e-5));
 }
 
@@ -356,6 +363,9 @@ TEST_CASE("causal_attention: matches explicit softmax(q k^T / sqrt(D) + mask) v"
     const ops::AttentionOutput result = ops::causal_attention(q, k, v);
     CHECK(result.out.dtype() == dtype);
     CHECK(result.logsumexp.sizes() == Shape{2, 2, 70});
+    // Rounding bounds: each output is a convex combination of |v| <= 1 over at
+    // most 70 keys of 8-term scores, so f32 is within ~100 u = 6e-6 of exact,
+    // f64 within 1e-14; the tolerances keep a factor 15 and 10^4 over that.
     const double tolerance = dtype == DType::f64 ? 1e-10 : 1e-4;
     check_close(result.out, out, tolerance);
     check_close(result.logsumexp, lse, tolerance);
@@ -369,7 +379,7 @@ TEST_CASE("causal_attention: matches explicit softmax(q k^T / sqrt(D) + mask) v"
   const ops::AttentionOutput half = ops::causal_attention(q, k, v);
   CHECK(half.out.dtype() == DType::bf16);
   CHECK(half.logsumexp.dtype() == DType::f32);
-  check_close(half.out, out, 2e-2);
+  check_close(half.out, out, 2e-2);  // f32 inside, then one rounding to bf16 (2^-9 relative)
   check_close(half.logsumexp, lse, 1e-5);
 }
 
