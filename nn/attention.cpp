@@ -15,10 +15,11 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Device device)
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   qkv_ = register_module("qkv", std::make_shared<Linear>(n_embd_, 3 * n_embd_,
                                                          LinearOptions{.bias = config.bias, .init_std = 0.02,
-                                                                       .device = kMeta}));
+                                                                       .device = kMeta, .dtype = config.dtype}));
   proj_ = register_module("proj", std::make_shared<Linear>(n_embd_, n_embd_,
                                                            LinearOptions{.bias = config.bias,
-                                                                         .init_std = residual_std, .device = kMeta}));
+                                                                         .init_std = residual_std, .device = kMeta,
+                                                                         .dtype = config.dtype}));
   drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout));
   materialize(device);
 }

@@ -8,7 +8,7 @@ namespace tessera::nn {
 
 GPT::GPT(const GPTConfig& config, Device device) : Module("GPT"), config_(config) {
   config_.validate();
-  const EmbeddingOptions embedding{.init_std = 0.02, .device = kMeta};
+  const EmbeddingOptions embedding{.init_std = 0.02, .device = kMeta, .dtype = config_.dtype};
   wte_ = register_module("wte", std::make_shared<Embedding>(config_.vocab_size, config_.n_embd, embedding));
   wpe_ = register_module("wpe", std::make_shared<Embedding>(config_.block_size, config_.n_embd, embedding));
   drop_ = register_module("drop", std::make_shared<Dropout>(config_.dropout));
@@ -16,7 +16,7 @@ GPT::GPT(const GPTConfig& config, Device device) : Module("GPT"), config_(config
   for (int64_t i = 0; i < config_.n_layer; ++i) blocks_->push_back(std::make_shared<TransformerBlock>(config_, kMeta));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(
                                       config_.n_embd, LayerNormOptions{.eps = config_.norm_eps, .bias = config_.bias,
-                                                                       .device = kMeta}));
+                                                                       .device = kMeta, .dtype = config_.dtype}));
   lm_head_ = register_module("lm_head", std::make_shared<TiedLinear>(wte_->parameter("weight")));
   materialize(device);
 }

@@ -55,6 +55,8 @@ void GPTConfig::validate() const {
                 n_embd, n_head);
   TESSERA_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got {}", dropout);
   TESSERA_CHECK(norm_eps > 0.0, "GPTConfig: norm_eps must be positive, got {}", norm_eps);
+  TESSERA_CHECK(dtype == DType::f32 || dtype == DType::f64, "GPTConfig: dtype must be f32 or f64, got {}",
+                dtype_name(dtype));
 }
 
 int64_t GPTConfig::num_parameters() const {

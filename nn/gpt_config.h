@@ -1,12 +1,14 @@
-// nn::GPTConfig: the shape of a GPT-2 style model, named presets from a
-// few-thousand-parameter test model to GPT-2 XL, and the parameter and FLOP
-// counts that benchmarks report (MFU) without building the model.
+// nn::GPTConfig: the shape and parameter dtype of a GPT-2 style model, named
+// presets from a few-thousand-parameter test model to GPT-2 XL, and the
+// parameter and FLOP counts that benchmarks report (MFU) without building it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tensor/dtype.h"
 
 namespace tessera::nn {
 
@@ -19,6 +21,10 @@ struct GPTConfig {
   double dropout = 0.0;  // embedding, attention-output and MLP-output dropout
   bool bias = true;      // biases in Linear and LayerNorm (GPT-2: true)
   double norm_eps = 1e-5;
+  // Every parameter's dtype, hence the compute dtype (activations follow the
+  // parameters). f64 is for oracles: it makes rounding noise ~1e-16, so runs
+  // that sum in different orders can be compared tightly.
+  DType dtype = DType::f32;
 
   // "nano"        1 layer,  2 heads,   16 dims, vocab 256,   T 32   (7,920 params; unit tests)
   // "tiny"        2 layers, 2 heads,   64 dims, vocab 256,   T 64   (120,576; trains on a CPU in seconds)

@@ -10,11 +10,11 @@ MLP::MLP(const GPTConfig& config, Device device) : Module("MLP") {
   const int64_t C = config.n_embd;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   fc_ = register_module("fc", std::make_shared<Linear>(C, 4 * C, LinearOptions{.bias = config.bias, .init_std = 0.02,
-                                                                               .device = kMeta}));
+                                                                               .device = kMeta, .dtype = config.dtype}));
   gelu_ = register_module("gelu", std::make_shared<GELU>(GeluApproximation::tanh));
   proj_ = register_module("proj", std::make_shared<Linear>(4 * C, C, LinearOptions{.bias = config.bias,
                                                                                    .init_std = residual_std,
-                                                                                   .device = kMeta}));
+                                                                                   .device = kMeta, .dtype = config.dtype}));
   drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout));
   materialize(device);
 }

@@ -7,7 +7,7 @@ namespace tessera::nn {
 
 TransformerBlock::TransformerBlock(const GPTConfig& config, Device device) : Module("TransformerBlock") {
   config.validate();
-  const LayerNormOptions norm{.eps = config.norm_eps, .bias = config.bias, .device = kMeta};
+  const LayerNormOptions norm{.eps = config.norm_eps, .bias = config.bias, .device = kMeta, .dtype = config.dtype};
   ln1_ = register_module("ln1", std::make_shared<LayerNorm>(config.n_embd, norm));
   attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(config, kMeta));
   ln2_ = register_module("ln2", std::make_shared<LayerNorm>(config.n_embd, norm));

@@ -17,10 +17,11 @@ void check_options(const AdamWOptions& options) {
 }
 
 // One pass over [begin, end): decay, both moments, and the parameter.
+// 1 - beta comes in from f64: in f32, 1 - float(0.999) is 1.3e-5 off.
 template <typename T>
 void adamw_range(T* __restrict param, const T* __restrict grad, T* __restrict exp_avg, T* __restrict exp_avg_sq,
-                 int64_t begin, int64_t end, T decay, T beta1, T beta2, T step_size, T inv_sqrt_bias2, T eps) {
-  const T one_minus_beta1 = T(1) - beta1, one_minus_beta2 = T(1) - beta2;
+                 int64_t begin, int64_t end, T decay, T beta1, T beta2, T one_minus_beta1, T one_minus_beta2,
+                 T step_size, T inv_sqrt_bias2, T eps) {
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const T g = grad[i];
@@ -41,7 +42,8 @@ void adamw_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t co
   const T inv_sqrt_bias2 = static_cast<T>(1.0 / std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
   parallel_for(count, 1 << 15, [&](int64_t begin, int64_t end) {
     adamw_range(param, grad, exp_avg, exp_avg_sq, begin, end, decay, static_cast<T>(beta1), static_cast<T>(beta2),
-                step_size, inv_sqrt_bias2, static_cast<T>(eps));
+                static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2), step_size, inv_sqrt_bias2,
+                static_cast<T>(eps));
   });
 }
 
