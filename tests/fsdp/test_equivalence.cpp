@@ -1,10 +1,25 @@
-// FSDP against unsharded training on the same global batch: tiny GPT and an
-// awkward GPT (vocabulary 97, width 72, 3 heads) on 1..8 ranks, every
+// FSDP against unsharded training on the same global batch: a tiny GPT and an
+// awkward one (vocabulary 97, width 72, 3 heads) on 1..8 ranks, every
 // reshard_after_forward mode, HSDP, both gradient-accumulation modes, unused
-// and tied parameters, clipping, bf16 parameters; bitwise in deterministic mode.
+// and tied parameters, clipping, bf16 parameters.
+//
+// Each comparison is exact or provably within its tolerance on any machine:
+// - Where FSDP does the unsharded arithmetic (each rank's micro-batch gradient
+//   is the one the single process computes on as many intra-op threads, the
+//   ranks' gradients are added in rank order and divided once, as the local
+//   backend and deterministic mode always reduce): bitwise, in f32 with AdamW,
+//   the configuration people run.
+// - Where the order of the sums differs (HSDP adds per replica first,
+//   accumulation per rank first, clipping's norm per shard first), the runs
+//   part by rounding. f32 AdamW cannot be compared then: where a gradient is
+//   near zero, AdamW divides its rounding noise by its own size and steps lr
+//   in a random direction, and which elements do so depends on the machine's
+//   summation order. These cases run twice instead, in f64 with AdamW and in
+//   f32 with SGD (tolerances and why they hold: equivalence.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "tests/fsdp/training_harness.h"
 
@@ -21,11 +36,7 @@ TrainingSetup tiny() {
   return setup;
 }
 
-// Without biases: the key bias has an identically zero true gradient (softmax
-// ignores a constant added to every score), so its gradient is pure rounding
-// noise, which AdamW normalises into lr-sized steps of random sign: any two
-// summation orders part there by ~lr. (The tiny model keeps biases: its
-// noise stays below AdamW's eps.)
+// Without biases, where the tiny model has them: both layouts get sharded.
 TrainingSetup awkward() {
   TrainingSetup setup;
   setup.model =
@@ -33,71 +44,95 @@ TrainingSetup awkward() {
   return setup;
 }
 
-constexpr double kLossRtol = 1e-5;
-constexpr double kParamTol = 1e-4;
+// For a case whose summation order differs from unsharded training's: f64
+// AdamW and f32 SGD, each against its own unsharded run; returns those two.
+std::vector<TrainingResult> check_across_orders(const TrainingSetup& setup, int64_t micro_batches,
+                                                const ShardingSetup& sharding) {
+  const TrainingSetup f64 = in_f64(setup), sgd = with_sgd(setup);
+  std::vector<TrainingResult> unsharded = {train_unsharded(f64, micro_batches), train_unsharded(sgd, micro_batches)};
+  {
+    INFO("f64 AdamW");
+    check_close(unsharded[0], train_fsdp(f64, sharding), kF64AdamW);
+  }
+  INFO("f32 SGD");
+  check_close(unsharded[1], train_fsdp(sgd, sharding), kF32Sgd);
+  return unsharded;
+}
 
 }  // namespace
 
-TEST_CASE("fsdp: tiny GPT on 1, 2, 3, 4, 5, 8 ranks matches unsharded training") {
+TEST_CASE("fsdp: tiny GPT on 1, 2, 3, 4, 5, 8 ranks is bitwise unsharded training") {
   const TrainingSetup setup = tiny();
   for (int world : {1, 2, 3, 4, 5, 8}) {
     CAPTURE(world);
-    const TrainingResult expected = train_unsharded(setup, world);
-    check_close(expected, train_fsdp(setup, {.world = world}), kLossRtol, kParamTol);
+    check_bitwise(train_unsharded(setup, world), train_fsdp(setup, {.world = world}));
   }
 }
 
-TEST_CASE("fsdp: an awkward GPT (vocab 97, width 72, 3 heads) with uneven and empty shards matches unsharded") {
+TEST_CASE("fsdp: an awkward GPT (vocab 97, width 72, 3 heads) with uneven and empty shards is bitwise unsharded") {
   // 97 rows on 8 ranks: chunks of 13, the last rank holds 6; wpe's 8 rows on 5
   // ranks leave rank 4 empty.
   const TrainingSetup setup = awkward();
   for (int world : {1, 2, 3, 4, 5, 8}) {
     CAPTURE(world);
-    check_close(train_unsharded(setup, world), train_fsdp(setup, {.world = world}), kLossRtol, kParamTol);
+    check_bitwise(train_unsharded(setup, world), train_fsdp(setup, {.world = world}));
   }
 }
 
-TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give the same training") {
+TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise the same training") {
   for (const TrainingSetup& setup : {tiny(), awkward()}) {
     const TrainingResult expected = train_unsharded(setup, 4);
     for (const ReshardAfterForward mode : {ReshardAfterForward{true}, ReshardAfterForward{false},
                                            ReshardAfterForward{int64_t{2}}}) {
       CAPTURE(mode.index());
-      check_close(expected, train_fsdp(setup, {.world = 4, .reshard_after_forward = mode}), kLossRtol, kParamTol);
+      check_bitwise(expected, train_fsdp(setup, {.world = 4, .reshard_after_forward = mode}));
     }
+  }
+}
+
+TEST_CASE("fsdp: deterministic mode with 2 intra-op threads per rank is bitwise one process with N micro-batches") {
+  TrainingSetup setup = awkward();
+  setup.threads = 2;
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    check_bitwise(train_unsharded(setup, world), train_fsdp(setup, {.world = world, .deterministic = true}));
   }
 }
 
 TEST_CASE("fsdp: HSDP on 2x2 and 2x3 meshes matches unsharded training") {
   for (const TrainingSetup& setup : {tiny(), awkward()}) {
-    check_close(train_unsharded(setup, 4), train_fsdp(setup, {.world = 4, .replicate = 2}), kLossRtol, kParamTol);
-    check_close(train_unsharded(setup, 6), train_fsdp(setup, {.world = 6, .replicate = 2}), kLossRtol, kParamTol);
+    check_across_orders(setup, 4, {.world = 4, .replicate = 2});
+    check_across_orders(setup, 6, {.world = 6, .replicate = 2});
   }
 }
 
 TEST_CASE("fsdp: gradient accumulation with and without per-micro-batch sync matches unsharded training") {
   TrainingSetup setup = awkward();
   setup.grad_accum = 3;
+  // One rank adds its micro-batches in the unsharded order: bitwise.
+  check_bitwise(train_unsharded(setup, 3), train_fsdp(setup, {.world = 1}));
+  check_bitwise(train_unsharded(setup, 3), train_fsdp(setup, {.world = 1, .sync_every_micro_batch = false}));
   for (int world : {2, 3}) {
     CAPTURE(world);
-    const TrainingResult expected = train_unsharded(setup, world * setup.grad_accum);
-    check_close(expected, train_fsdp(setup, {.world = world, .sync_every_micro_batch = true}), kLossRtol, kParamTol);
-    check_close(expected, train_fsdp(setup, {.world = world, .sync_every_micro_batch = false}), kLossRtol, kParamTol);
+    for (bool sync : {true, false}) {
+      CAPTURE(sync);
+      check_across_orders(setup, world * setup.grad_accum, {.world = world, .sync_every_micro_batch = sync});
+    }
   }
 }
 
 TEST_CASE("fsdp: unused parameters get no gradient and are left alone, as unsharded") {
   TrainingSetup setup = tiny();
   setup.unused_parameters = true;
+  TrainingSetup untrained = setup;
+  untrained.steps = 0;
+  const auto initial = train_unsharded(untrained, 1).parameters.at("unused.weight");
   for (int world : {2, 3}) {
     CAPTURE(world);
-    const TrainingResult expected = train_unsharded(setup, world);
     const TrainingResult actual = train_fsdp(setup, {.world = world});
-    check_close(expected, actual, kLossRtol, kParamTol);
+    check_bitwise(train_unsharded(setup, world), actual);
     // No gradient, no AdamW step, no weight decay: still the initial values.
-    TrainingSetup untrained = setup;
-    untrained.steps = 0;
-    CHECK(actual.parameters.at("unused.weight") == train_unsharded(untrained, 1).parameters.at("unused.weight"));
+    CHECK(actual.parameters.at("unused.weight") == initial);
   }
 }
 
@@ -106,11 +141,10 @@ TEST_CASE("fsdp: the tied embedding and head train as one parameter under uneven
   TrainingSetup untrained = setup;
   untrained.steps = 0;
   const auto initial = train_unsharded(untrained, 1).parameters.at("gpt.wte.weight");
-  const TrainingResult expected = train_unsharded(setup, 3);
   const TrainingResult actual = train_fsdp(setup, {.world = 3});
   CHECK(actual.parameters.count("gpt.lm_head.weight") == 0);  // listed once, under wte
   CHECK(actual.parameters.at("gpt.wte.weight") != initial);
-  check_close(expected, actual, kLossRtol, kParamTol);
+  check_bitwise(train_unsharded(setup, 3), actual);
 }
 
 TEST_CASE("fsdp: clipping uses the global gradient norm") {
@@ -118,53 +152,49 @@ TEST_CASE("fsdp: clipping uses the global gradient norm") {
   setup.clip = 0.05;  // below the norms these steps see, so every step clips
   for (int world : {2, 3, 4}) {
     CAPTURE(world);
-    const TrainingResult expected = train_unsharded(setup, world);
-    const TrainingResult actual = train_fsdp(setup, {.world = world});
-    for (size_t step = 0; step < expected.grad_norms.size(); ++step) {
-      CHECK(expected.grad_norms[step] > setup.clip);
-      CHECK(actual.grad_norms[step] == doctest::Approx(expected.grad_norms[step]).epsilon(1e-5));
+    for (const TrainingResult& unsharded : check_across_orders(setup, world, {.world = world})) {
+      for (double norm : unsharded.grad_norms) CHECK(norm > setup.clip);
     }
-    check_close(expected, actual, kLossRtol, kParamTol);
   }
 }
 
-TEST_CASE("fsdp: bf16 parameters with f32 reduction: sharding exact, precision within bf16 tolerance") {
-  // Sharding adds nothing to bf16's error: 3 ranks match 1 rank with 3
-  // micro-batches, both in bf16, as tightly as f32 runs match.
-  const TrainingSetup setup = awkward();
+TEST_CASE("fsdp: bf16 parameters with f32 reduction: sharding exact, precision within bf16's") {
   const MixedPrecisionPolicy bf16{.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
-  // (1 rank does the 3 micro-batches as gradient accumulation)
+  // Sharding adds nothing to bf16's error: 3 ranks compute what 1 rank
+  // accumulating the same 3 micro-batches computes (each micro-batch's bf16
+  // gradient widened to f32, added in the same order, divided once).
+  const TrainingSetup setup = awkward();
   TrainingSetup accumulated = setup;
   accumulated.grad_accum = 3;
   const TrainingResult three_ranks = train_fsdp(setup, {.world = 3, .mp_policy = bf16});
-  check_close(train_fsdp(accumulated, {.world = 1, .mp_policy = bf16}), three_ranks, kLossRtol, kParamTol);
+  check_bitwise(train_fsdp(accumulated, {.world = 1, .mp_policy = bf16}), three_ranks);
 
-  // Against f32: bf16 rounds every parameter and activation to 8 mantissa
-  // bits (relative 2^-9) in forward and backward. Losses stay within 1e-2
-  // relative. Elementwise, AdamW turns small gradient differences into
-  // lr-sized steps of either sign, so parameters are compared by how much of
-  // the f32 run's update they reproduce: RMS(bf16 - f32) <= 0.5 RMS(f32 update)
-  // (measured: 0.08 to 0.40 on this model).
-  TrainingSetup untrained = setup;
+  // Against f32, with SGD, whose parameter difference is lr times the sum of
+  // the gradient differences: RMS(bf16 - f32) / RMS(f32 update) is the
+  // relative RMS error of bf16's gradients. bf16 rounds every parameter and
+  // activation to 2^-9 relative, forward and backward, and the roundings of
+  // a 2-block model's gradient chain add in quadrature to about a percent
+  // (measured at most 1.2% per parameter); 10% allows eight times that, and
+  // a sharding error would be of the order of the update itself. Each
+  // micro-batch loss is a bf16 number (half an ulp: at most 2^-8 relative)
+  // of logits ~0.2 whose error is ~2^-9 of that: within 1e-2 (measured 1.8e-3).
+  const TrainingSetup sgd = with_sgd(setup);
+  TrainingSetup untrained = sgd;
   untrained.steps = 0;
   const TrainingResult initial = train_unsharded(untrained, 1);
-  const TrainingResult expected = train_unsharded(setup, 3);
-  check_close(expected, three_ranks, /*loss_rtol=*/1e-2, /*param_tol=*/1.0);
+  const TrainingResult expected = train_unsharded(sgd, 3);
+  const TrainingResult actual = train_fsdp(sgd, {.world = 3, .mp_policy = bf16});
+  for (size_t step = 0; step < expected.losses.size(); ++step) {
+    INFO("step " << step + 1 << ": loss " << actual.losses[step] << " vs f32 " << expected.losses[step]);
+    CHECK(std::abs(actual.losses[step] - expected.losses[step]) <= 1e-2 * expected.losses[step]);
+  }
   for (const auto& [name, values] : expected.parameters) {
     double difference = 0.0, update = 0.0;
     for (size_t i = 0; i < values.size(); ++i) {
-      difference += std::pow(three_ranks.parameters.at(name)[i] - values[i], 2);
+      difference += std::pow(actual.parameters.at(name)[i] - values[i], 2);
       update += std::pow(values[i] - initial.parameters.at(name)[i], 2);
     }
     INFO(name << ": RMS difference / RMS update = " << std::sqrt(difference / update));
-    CHECK(std::sqrt(difference) <= 0.5 * std::sqrt(update));
-  }
-}
-
-TEST_CASE("fsdp: deterministic mode is bitwise equal to one rank with N micro-batches") {
-  const TrainingSetup setup = awkward();
-  for (int world : {1, 2, 3, 4}) {
-    CAPTURE(world);
-    check_bitwise(train_unsharded(setup, world), train_fsdp(setup, {.world = world, .deterministic = true}));
+    CHECK(std::sqrt(difference) <= 0.1 * std::sqrt(update));
   }
 }

@@ -13,6 +13,7 @@
 #include "nn/linear.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/clip_grad.h"
+#include "nn/optim/sgd.h"
 #include "tensor/ops.h"
 
 namespace tessera::fsdp::testing {
@@ -21,7 +22,9 @@ class HarnessModel : public nn::Module {
  public:
   HarnessModel(const nn::GPTConfig& config, bool unused) : Module("HarnessModel") {
     gpt_ = register_module("gpt", std::make_shared<nn::GPT>(config, kMeta));
-    if (unused) unused_ = register_module("unused", std::make_shared<nn::Linear>(config.n_embd, 5, nn::LinearOptions{.device = kMeta}));
+    if (unused) {
+      unused_ = register_module("unused", std::make_shared<nn::Linear>(config.n_embd, 5, nn::LinearOptions{.device = kMeta, .dtype = config.dtype}));
+    }
   }
   Tensor forward_inputs(const nn::TensorList& inputs) override { return (*gpt_)(inputs); }
   nn::GPT& gpt() { return *gpt_; }
@@ -54,13 +57,17 @@ std::unique_ptr<HarnessModel> build_meta(const TrainingSetup& setup) {
   return std::make_unique<HarnessModel>(setup.model, setup.unused_parameters);
 }
 
-std::unique_ptr<optim::AdamW> build_optimizer(HarnessModel& model, const TrainingSetup& setup) {
-  return std::make_unique<optim::AdamW>(optim::weight_decay_groups(model.named_parameters(), 0.1),
+std::unique_ptr<optim::Optimizer> build_optimizer(HarnessModel& model, const TrainingSetup& setup) {
+  auto groups = optim::weight_decay_groups(model.named_parameters(), 0.1);
+  if (setup.optimizer == OptimizerKind::sgd) {
+    return std::make_unique<optim::SGD>(std::move(groups), optim::SGDOptions{.lr = setup.lr, .weight_decay = 0.1});
+  }
+  return std::make_unique<optim::AdamW>(std::move(groups),
                                         optim::AdamWOptions{.lr = setup.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
 }
 
 // Divides every gradient by the number of micro-batches (sum -> mean), clips, steps.
-double finish_step(HarnessModel& model, optim::AdamW& optimizer, const TrainingSetup& setup, int64_t divisor) {
+double finish_step(HarnessModel& model, optim::Optimizer& optimizer, const TrainingSetup& setup, int64_t divisor) {
   if (divisor > 1) {
     for (auto& param : model.parameters()) {
       Tensor& tensor = param->tensor();
@@ -83,6 +90,7 @@ double forward_backward(HarnessModel& model, const TrainingSetup& setup, int64_t
 }  // namespace
 
 TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches) {
+  const IntraOpThreads threads(setup.threads);
   auto model = build_meta(setup);
   model->to_empty(kCPU);
   model->reset_parameters(setup.seed);
@@ -102,6 +110,7 @@ TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches
 TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingSetup& setup,
                              const ShardingSetup& sharding) {
   REQUIRE(world->size() % sharding.replicate == 0);
+  const IntraOpThreads threads(setup.threads);
   const int shards = world->size() / sharding.replicate;
   const dist::DeviceMesh mesh = sharding.replicate > 1
                                     ? dist::DeviceMesh(world, kCPU, {sharding.replicate, shards}, {"replicate", "shard"})
@@ -140,7 +149,6 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
 TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& sharding) {
   TrainingResult result;
   dist::LocalOptions options;
-  options.threads_per_rank = sharding.threads_per_rank;
   options.group.deterministic = sharding.deterministic;
   dist::run_local(sharding.world, [&](const dist::ProcessGroupPtr& world) {
     TrainingResult local = train_fsdp_on(world, setup, sharding);
@@ -149,11 +157,25 @@ TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& shard
   return result;
 }
 
-void check_close(const TrainingResult& expected, const TrainingResult& actual, double loss_rtol, double param_tol) {
+TrainingSetup in_f64(TrainingSetup setup) {
+  setup.model.dtype = DType::f64;
+  return setup;
+}
+
+TrainingSetup with_sgd(TrainingSetup setup) {
+  setup.optimizer = OptimizerKind::sgd;
+  return setup;
+}
+
+void check_close(const TrainingResult& expected, const TrainingResult& actual, const Tolerance& tolerance) {
   REQUIRE(actual.losses.size() == expected.losses.size());
+  REQUIRE(actual.grad_norms.size() == expected.grad_norms.size());
   for (size_t step = 0; step < expected.losses.size(); ++step) {
-    INFO("step " << step + 1 << ": loss " << actual.losses[step] << " vs unsharded " << expected.losses[step]);
-    CHECK(std::abs(actual.losses[step] - expected.losses[step]) <= loss_rtol * std::abs(expected.losses[step]));
+    INFO("step " << step + 1 << ": loss " << actual.losses[step] << " vs unsharded " << expected.losses[step]
+                 << ", gradient norm " << actual.grad_norms[step] << " vs " << expected.grad_norms[step]);
+    CHECK(std::abs(actual.losses[step] - expected.losses[step]) <= tolerance.loss_rtol * std::abs(expected.losses[step]));
+    CHECK(std::abs(actual.grad_norms[step] - expected.grad_norms[step]) <=
+          tolerance.norm_rtol * std::abs(expected.grad_norms[step]));
   }
   REQUIRE(actual.parameters.size() == expected.parameters.size());
   for (const auto& [name, values] : expected.parameters) {
@@ -163,7 +185,8 @@ void check_close(const TrainingResult& expected, const TrainingResult& actual, d
     double worst = 0.0;
     size_t worst_index = 0;
     for (size_t i = 0; i < values.size(); ++i) {
-      const double excess = std::abs(got[i] - values[i]) - param_tol * (1.0 + std::abs(values[i]));
+      const double excess =
+          std::abs(got[i] - values[i]) - (tolerance.param_atol + tolerance.param_rtol * std::abs(values[i]));
       if (excess > worst) worst = excess, worst_index = i;
     }
     INFO("parameter " << name << " element " << worst_index << ": " << got[worst_index] << " vs unsharded "
@@ -174,12 +197,20 @@ void check_close(const TrainingResult& expected, const TrainingResult& actual, d
 
 void check_bitwise(const TrainingResult& expected, const TrainingResult& actual) {
   REQUIRE(actual.losses.size() == expected.losses.size());
+  REQUIRE(actual.grad_norms.size() == expected.grad_norms.size());
+  REQUIRE(actual.parameters.size() == expected.parameters.size());
+  int64_t elements = 0;
+  for (const auto& [name, values] : expected.parameters) elements += static_cast<int64_t>(values.size());
+  const double norm_rtol = reassociated_norm_rtol(elements);
   for (size_t step = 0; step < expected.losses.size(); ++step) {
-    INFO("step " << step + 1);
+    INFO("step " << step + 1 << ": loss " << actual.losses[step] << " vs unsharded " << expected.losses[step]
+                 << ", gradient norm " << actual.grad_norms[step] << " vs " << expected.grad_norms[step]);
     CHECK(actual.losses[step] == expected.losses[step]);
+    CHECK(std::abs(actual.grad_norms[step] - expected.grad_norms[step]) <= norm_rtol * expected.grad_norms[step]);
   }
   for (const auto& [name, values] : expected.parameters) {
     INFO("parameter " << name);
+    REQUIRE(actual.parameters.count(name) == 1);
     CHECK(actual.parameters.at(name) == values);
   }
 }

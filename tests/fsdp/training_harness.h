@@ -1,6 +1,7 @@
-// The FSDP equivalence harness: the same training (model, data, AdamW,
-// clipping) run unsharded in one process and with fully_shard on N ranks, so
-// tests can compare losses and parameters step by step.
+// The FSDP equivalence harness: the same training (model and its dtype, data,
+// optimizer, clipping) run unsharded in one process and with fully_shard on N
+// ranks, so tests can compare losses, gradient norms and parameters step by
+// step, bitwise or within the tolerances of equivalence.h.
 //
 // Data: micro-batch m of step s is a fixed set of random token sequences,
 // whatever the world size. Unsharded training takes micro-batches
@@ -18,20 +19,27 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "nn/gpt.h"
+#include "tests/fsdp/equivalence.h"
 
 namespace tessera::fsdp::testing {
 
+enum class OptimizerKind { adamw, sgd };
+
 struct TrainingSetup {
-  nn::GPTConfig model;
+  nn::GPTConfig model;     // model.dtype f32, or f64 for comparisons across summation orders
   int64_t batch = 2;       // sequences per micro-batch
   int64_t seq_len = 8;
   int64_t steps = 10;
   int64_t grad_accum = 1;  // micro-batches per rank per step
+  // AdamW (betas 0.9, 0.95) or SGD without momentum; both decay matrices by 0.1.
+  OptimizerKind optimizer = OptimizerKind::adamw;
   double lr = 1e-2;
   double clip = 0.0;       // 0 = off
   uint64_t seed = 7;
   // Adds a Linear that forward never calls (its parameters get no gradient).
   bool unused_parameters = false;
+  // Intra-op threads of the unsharded run and of every rank (see IntraOpThreads).
+  int threads = 1;
 };
 
 struct ShardingSetup {
@@ -40,28 +48,32 @@ struct ShardingSetup {
   std::optional<ReshardAfterForward> reshard_after_forward = std::nullopt;  // for every block
   MixedPrecisionPolicy mp_policy = {};
   bool sync_every_micro_batch = true;  // false: set_requires_gradient_sync(false) but on the last
-  bool deterministic = false;
-  int threads_per_rank = 1;
+  bool deterministic = false;  // rank-order reductions (the local backend's anyway)
 };
 
 struct TrainingResult {
   std::vector<double> losses;                           // per step, mean over the global batch
   std::map<std::string, std::vector<double>> parameters;  // full values after the last step
-  std::vector<double> grad_norms;
+  std::vector<double> grad_norms;                       // per step, before clipping
 };
 
 // One process, `micro_batches` micro-batches per step (the global batch).
 TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches);
 // On sharding.world local ranks (run_local); the result is rank 0's.
 TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& sharding);
-// On an existing world (any backend; sharding.world, threads and
-// deterministic are the world's own); every rank gets the result.
+// On an existing world (any backend; sharding.world and deterministic are the
+// world's own); every rank gets the result.
 TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingSetup& setup,
                              const ShardingSetup& sharding);
 
-// Checks losses within `loss_rtol` relative and every parameter within
-// `param_tol` absolute plus relative; failures name the step or parameter.
-void check_close(const TrainingResult& expected, const TrainingResult& actual, double loss_rtol, double param_tol);
+// The setup with the model in f64 / with SGD.
+TrainingSetup in_f64(TrainingSetup setup);
+TrainingSetup with_sgd(TrainingSetup setup);
+
+// Failures name the step or the parameter and element.
+void check_close(const TrainingResult& expected, const TrainingResult& actual, const Tolerance& tolerance);
+// For runs that do the same arithmetic: losses and parameters bitwise equal,
+// gradient norms within reassociated_norm_rtol.
 void check_bitwise(const TrainingResult& expected, const TrainingResult& actual);
 
 }  // namespace tessera::fsdp::testing
