@@ -119,7 +119,7 @@ TEST_CASE("CommStats: total sums every kind; to_string has one line per kind cal
   CHECK(total.calls == 15);
   CHECK(total.bytes_sent == 3 * 1024 * 1024 + 512);
   CHECK(total.bytes_received == 3 * 1024 * 1024 + 1536);
-  CHECK(total.seconds == doctest::Approx(0.50435));
+  CHECK(total.seconds == doctest::Approx(0.50435));  // a sum of three doubles: rounding only
   CHECK(stats.to_string() ==
         "all_gather_into: 12 calls, 3.0 MiB sent, 3.0 MiB received, 4.1 ms\n"
         "broadcast: 2 calls, 512 B sent, 1.5 KiB received, 500.0 ms\n"
