@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tensor/cpu/float_vector.h"
+#include "tensor/device.h"
 
 namespace bench {
 
@@ -17,7 +17,7 @@ std::string cpu_model() {
 }
 
 std::string vector_isa() {
-  const std::string compiled = tessera::cpu::FloatVector::kInstructionSet;
+  const std::string compiled = tessera::cpu_instruction_set();
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string cpu;
   for (std::string line; std::getline(cpuinfo, line);) {

@@ -3,6 +3,7 @@
 
 #include <charconv>
 
+#include "tensor/cpu/float_vector.h"
 #include "tensor/error.h"
 
 namespace tessera {
@@ -30,5 +31,7 @@ std::string Device::str() const {
   }
   return "?";
 }
+
+const char* cpu_instruction_set() { return cpu::FloatVector::kInstructionSet; }
 
 }  // namespace tessera

@@ -32,4 +32,8 @@ struct Device {
 inline constexpr Device kCPU{DeviceType::cpu};
 inline constexpr Device kMeta{DeviceType::meta};
 
+// The vector instruction set the CPU kernels (and Eigen's GEMM) were compiled
+// for (-Dmarch): "AVX-512", "AVX2+FMA", "AVX", "SSE2" or "scalar".
+const char* cpu_instruction_set();
+
 }  // namespace tessera

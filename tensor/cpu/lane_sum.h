@@ -19,7 +19,11 @@ double lane_sum(int64_t n, const Term& term) {
   for (; i + kSumLanes <= n; i += kSumLanes) {
     for (int64_t j = 0; j < kSumLanes; ++j) lanes[j] += term(i + j);
   }
-  for (int64_t j = 0; i < n; ++i, ++j) lanes[j] += term(i);
+  // The tail as one more block padded with zeros: lane j still takes
+  // element i + j, and adding 0 changes no sum.
+  double tail[kSumLanes] = {};
+  for (int64_t j = 0; i + j < n; ++j) tail[j] = term(i + j);
+  for (int64_t j = 0; j < kSumLanes; ++j) lanes[j] += tail[j];
   for (int64_t width = kSumLanes / 2; width > 0; width /= 2) {
     for (int64_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
   }
