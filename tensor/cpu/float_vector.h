@@ -67,10 +67,8 @@ inline FloatVector operator-(FloatVector a) { return FloatVector::of(Eigen::inte
 
 // Compares are false where either side is NaN, as IEEE says.
 inline FloatMask operator<(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_lt(a.packet, b.packet)}; }
-inline FloatMask operator<=(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_le(a.packet, b.packet)}; }
 inline FloatMask operator>(FloatVector a, FloatVector b) { return b < a; }
 inline FloatMask operator==(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_eq(a.packet, b.packet)}; }
-inline FloatMask operator&&(FloatMask a, FloatMask b) { return {Eigen::internal::pand(a.bits, b.bits)}; }
 
 namespace vec {
 
@@ -137,10 +135,7 @@ inline FloatVector step(FloatVector x) { return select(FloatVector(0.0f) < x, Fl
 // -1, 0 or 1 by the sign of x (the derivative of abs).
 inline FloatVector sign(FloatVector x) { return step(x) - step(-x); }
 
-inline double fma(double a, double b, double c) { return std::fma(a, b, c); }
 inline double select(bool condition, double if_true, double if_false) { return condition ? if_true : if_false; }
-inline bool is_nan(double x) { return std::isnan(x); }
-inline double copysign(double magnitude, double sign) { return std::copysign(magnitude, sign); }
 inline double sqrt(double x) { return std::sqrt(x); }
 inline double abs(double x) { return std::abs(x); }
 inline double relu(double x) { return x < 0.0 ? 0.0 : x; }
