@@ -67,7 +67,6 @@ inline FloatVector operator-(FloatVector a) { return FloatVector::of(Eigen::inte
 
 // Compares are false where either side is NaN, as IEEE says.
 inline FloatMask operator<(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_lt(a.packet, b.packet)}; }
-inline FloatMask operator>(FloatVector a, FloatVector b) { return b < a; }
 inline FloatMask operator==(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_eq(a.packet, b.packet)}; }
 
 namespace vec {
@@ -120,12 +119,8 @@ inline FloatVector significand_of(FloatVector x) {
   return FloatVector::of(preinterpret<FloatVector::Packet>(por(fraction, pset1<IntPacket>(0x3f800000))));
 }
 
-}  // namespace vec
-
 // The cheap maths both element types share; the double overloads are plain
 // C++, so one formula template serves f32 and f64.
-namespace vec {
-
 inline FloatVector sqrt(FloatVector x) { return FloatVector::of(Eigen::internal::psqrt(x.packet)); }
 inline FloatVector abs(FloatVector x) { return FloatVector::of(Eigen::internal::pabs(x.packet)); }
 // max(x, 0), keeping NaN.

@@ -9,6 +9,7 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
+#include "tensor/cpu/lane_sum.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/ops.h"
 
@@ -16,7 +17,6 @@ namespace tessera::cpu {
 
 namespace {
 
-constexpr int64_t kLanes = 16;             // independent accumulators per block
 constexpr int64_t kRowBlock = 8192;        // a row is summed as partial sums of this many elements
 constexpr int64_t kColumnBlock = 65536;    // elements per partial block of a column reduction
 constexpr int64_t kWideColumns = 1024;     // from this many columns, split columns instead of rows
@@ -61,21 +61,10 @@ struct MinOp {
   static Acc combine(Acc a, Acc b) { return (a != a || a < b) ? a : b; }
 };
 
-// Reduces n contiguous elements: kLanes running accumulators, then a fixed tree.
+// Reduces n contiguous elements over the fixed lanes of lane_sum.h.
 template <typename Op, typename T>
 typename Op::Acc reduce_contiguous(const T* x, int64_t n) {
-  using Acc = typename Op::Acc;
-  Acc lanes[kLanes];
-  for (auto& lane : lanes) lane = Op::identity();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], Op::load(x[i + j]));
-  }
-  for (int64_t j = 0; i < n; ++i, ++j) lanes[j] = Op::combine(lanes[j], Op::load(x[i]));
-  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
-    for (int64_t j = 0; j < width; ++j) lanes[j] = Op::combine(lanes[j], lanes[j + width]);
-  }
-  return lanes[0];
+  return lane_reduce(n, Op::identity(), [x](int64_t i) { return Op::load(x[i]); }, Op::combine);
 }
 
 // Reduces n elements `stride` elements apart, in order.
