@@ -1,5 +1,7 @@
-// A run's checkpoints under one root: naming, latest, keep-last-K, async.
+// A run's checkpoints under one root: ownership, naming, latest, keep-last-K, async.
 #include "checkpoint/checkpoint_manager.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -9,6 +11,8 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/rank_errors.h"
+#include "checkpoint/root_lock.h"
+#include "checkpoint/run_record.h"
 #include "checkpoint/save_points.h"
 
 namespace tessera::checkpoint {
@@ -19,8 +23,9 @@ namespace {
 
 constexpr std::string_view kStepPrefix = "step-";
 constexpr const char* kDeletingSuffix = ".deleting";
+constexpr const char* kTmpSuffix = ".tmp";
 
-// N for a directory named exactly step-N; nullopt for anything else (.tmp, .deleting).
+// N for a name of exactly step-N; nullopt for anything else (.tmp, .deleting).
 std::optional<int64_t> step_of(const std::string& name) {
   if (name.size() <= kStepPrefix.size() || name.compare(0, kStepPrefix.size(), kStepPrefix) != 0) return std::nullopt;
   int64_t step = 0;
@@ -35,6 +40,82 @@ std::vector<int> all_ranks(const dist::ProcessGroupPtr& group) {
   std::vector<int> ranks(static_cast<size_t>(group->size()));
   for (int rank = 0; rank < group->size(); ++rank) ranks[static_cast<size_t>(rank)] = rank;
   return ranks;
+}
+
+// A step-N directory that holds metadata.json: whose it is, or why it cannot be read.
+struct FoundCheckpoint {
+  int64_t step = 0;
+  std::string path;
+  std::string run_id;
+  std::string damage;  // non-empty: the metadata is unreadable or contradicts the name
+};
+
+// Everything in a root, sorted into what the manager does with it.
+struct RootContents {
+  std::vector<FoundCheckpoint> checkpoints;  // oldest first
+  std::vector<std::string> torn;             // step-N without metadata.json
+  std::vector<std::string> leftovers;        // step-N.tmp, step-N.deleting, run.json.tmp: interrupted writes
+  std::vector<std::string> others;           // not the manager's
+  bool has_record = false;
+};
+
+FoundCheckpoint inspect_checkpoint(int64_t step, const std::string& path) {
+  FoundCheckpoint found{step, path, "", ""};
+  try {
+    const CheckpointMetadata metadata = read_metadata(path);
+    found.run_id = metadata.run_id;
+    if (metadata.step != step) {
+      found.damage = fmt::format("its metadata says step {}, its name step {}",
+                                 metadata.step ? std::to_string(*metadata.step) : "none", step);
+    }
+  } catch (const std::exception& error) {
+    found.damage = error.what();
+  }
+  return found;
+}
+
+RootContents scan_root(const std::string& root) {
+  RootContents contents;
+  for (const fs::directory_entry& child : fs::directory_iterator(root)) {
+    const std::string name = child.path().filename().string();
+    if (name == kRunRecordFile) {
+      contents.has_record = true;
+    } else if (name == kRootLockFile || name.starts_with(".probe-")) {
+      continue;
+    } else if (name == std::string(kRunRecordFile) + kTmpSuffix ||
+               (name.starts_with(kStepPrefix) && (name.ends_with(kTmpSuffix) || name.ends_with(kDeletingSuffix)))) {
+      contents.leftovers.push_back(child.path().string());
+    } else if (const std::optional<int64_t> step = step_of(name); step && child.is_directory()) {
+      if (fs::exists(child.path() / kMetadataFile)) {
+        contents.checkpoints.push_back(inspect_checkpoint(*step, child.path().string()));
+      } else {
+        contents.torn.push_back(child.path().string());
+      }
+    } else {
+      contents.others.push_back(name);
+    }
+  }
+  std::sort(contents.checkpoints.begin(), contents.checkpoints.end(),
+            [](const auto& a, const auto& b) { return a.step < b.step; });
+  std::sort(contents.torn.begin(), contents.torn.end());
+  std::sort(contents.others.begin(), contents.others.end());
+  return contents;
+}
+
+std::string names_of(const std::vector<FoundCheckpoint>& checkpoints) {
+  std::vector<std::string> paths;
+  for (const FoundCheckpoint& found : checkpoints) paths.push_back(found.path);
+  return fmt::format("{}", fmt::join(paths, ", "));
+}
+
+// Creating a file is what every rank does in a save; a root mounted read-only
+// on one node, or owned by another user, is found here rather than at step N.
+void probe_writable(const std::string& root, int rank) {
+  const std::string probe = (fs::path(root) / fmt::format(".probe-{}-{}", rank, ::getpid())).string();
+  WriteFile file(probe);
+  file.write("x", 1);
+  file.close(false);
+  fs::remove(probe);
 }
 
 }  // namespace
@@ -64,27 +145,117 @@ std::optional<CheckpointEntry> latest_checkpoint(const std::string& root) {
   return entries.back();
 }
 
+// ---- opening a root ------------------------------------------------------------------------------
+
 CheckpointManager::CheckpointManager(std::string root, ManagerOptions options)
     : root_(std::move(root)), options_(std::move(options)) {
   TESSERA_CHECK(!root_.empty(), "CheckpointManager: the root directory is empty");
   TESSERA_CHECK(options_.keep_last >= 0, "CheckpointManager: keep_last must be >= 0 (0 keeps all), got {}",
                 options_.keep_last);
+  TESSERA_CHECK(options_.identity.is_object(), "CheckpointManager: the identity must be a JSON object, got {}",
+                options_.identity.dump());
   group_ = resolve_group(options_.group);
   if (group_) async_group_ = group_->split(all_ranks(group_), "checkpoint");
-  nlohmann::json prepared = nlohmann::json::object();
-  if (rank_of(group_) == 0) {
-    prepared = report_of([this] {
-      // Leftovers of a run that died mid-save or mid-prune; no save of this
-      // root is in flight while its manager is being built.
-      fs::create_directories(root_);
-      for (const fs::directory_entry& child : fs::directory_iterator(root_)) {
-        const std::string name = child.path().filename().string();
-        const bool unfinished = name.ends_with(".tmp") || name.ends_with(kDeletingSuffix);
-        if (unfinished && name.starts_with(kStepPrefix)) fs::remove_all(child.path());
+  const int rank = rank_of(group_);
+  const nlohmann::json verdict = rank == 0 ? open_root() : nlohmann::json::object();
+  const std::vector<nlohmann::json> verdicts = gather_json(group_, verdict);
+  rethrow_any(verdicts, "open");
+  run_id_ = verdicts[0]["run_id"].get<std::string>();
+  notices_ = verdicts[0]["notices"].get<std::vector<std::string>>();
+  rethrow_any(gather_json(group_, report_of([&] { probe_writable(root_, rank); })), "open");
+}
+
+nlohmann::json CheckpointManager::open_root() {
+  std::vector<std::string> notices;
+  const nlohmann::json outcome = report_of([&] {
+    fs::create_directories(root_);
+    TESSERA_CHECK(fs::is_directory(root_), "{}: not a directory", root_);
+    lock_ = std::make_unique<RootLock>(root_);
+    const RootContents contents = scan_root(root_);
+    const std::string record_path = (fs::path(root_) / kRunRecordFile).string();
+
+    RunRecord record;
+    if (!contents.has_record) {
+      const bool holds_steps = !contents.checkpoints.empty() || !contents.torn.empty() || !contents.leftovers.empty();
+      TESSERA_CHECK(!holds_steps,
+                    "{} holds checkpoint directories but no {} saying which run wrote them (an older tessera, or "
+                    "copied in); tessera will not save, prune or resume among them: move them away or choose another "
+                    "root",
+                    root_, kRunRecordFile);
+      record = RunRecord::start(options_.identity);
+      record.write(record_path, options_.sync);
+      notices.push_back(fmt::format("{}: started run {}", root_, record.run_id));
+    } else {
+      record = RunRecord::read(record_path);
+      const std::vector<std::string> differences = identity_differences(record.identity, options_.identity);
+      std::vector<std::string> refused;
+      for (const std::string& difference : differences) {
+        const std::string key = difference.substr(0, difference.find(':'));
+        const bool allowed = options_.mode == RootMode::continue_run &&
+                             std::find(options_.may_change.begin(), options_.may_change.end(), key) !=
+                                 options_.may_change.end();
+        if (!allowed) refused.push_back(difference);
       }
-    });
-  }
-  rethrow_any(gather_json(group_, prepared), "CheckpointManager");
+      TESSERA_CHECK(refused.empty(), "{} belongs to run {} (started {}), not to this launch: {}; choose another root",
+                    root_, record.run_id, record.created, fmt::join(refused, "; "));
+    }
+
+    std::vector<FoundCheckpoint> foreign;
+    for (const FoundCheckpoint& found : contents.checkpoints) {
+      if (found.damage.empty() && found.run_id != record.run_id) foreign.push_back(found);
+    }
+    TESSERA_CHECK(foreign.empty(), "{} holds checkpoints of another run (copied in?): {}; move them away", root_,
+                  names_of(foreign));
+    TESSERA_CHECK(contents.torn.empty(),
+                  "{} holds step directories without {} (tessera commits a checkpoint by renaming it whole, so these "
+                  "were copied or edited): {}; move them away",
+                  root_, kMetadataFile, fmt::join(contents.torn, ", "));
+    if (options_.mode == RootMode::new_run) {
+      TESSERA_CHECK(contents.checkpoints.empty(),
+                    "{} already holds this run's checkpoints ({}); resume from the newest, or choose another root",
+                    root_, names_of(contents.checkpoints));
+    }
+    if (!contents.checkpoints.empty()) {
+      const FoundCheckpoint& newest = contents.checkpoints.back();
+      TESSERA_CHECK(newest.damage.empty(),
+                    "the newest checkpoint {} is damaged: {}; move it away to resume from the one before", newest.path,
+                    newest.damage);
+      for (const FoundCheckpoint& found : contents.checkpoints) {
+        if (!found.damage.empty()) {
+          notices.push_back(fmt::format("{} is damaged ({}); it is kept and never loaded", found.path, found.damage));
+        }
+      }
+    }
+
+    // Allowed changes of identity are written into the record before anything else changes.
+    const std::vector<std::string> changes = identity_differences(record.identity, options_.identity);
+    if (!changes.empty()) {
+      const int64_t at_step = contents.checkpoints.empty() ? 0 : contents.checkpoints.back().step;
+      for (const auto& [key, value] : options_.identity.items()) {
+        if (record.identity.contains(key) && record.identity[key] == value) continue;
+        record.amendments.push_back({{"at_step", at_step},
+                                     {"key", key},
+                                     {"from", record.identity.contains(key) ? record.identity[key] : nullptr},
+                                     {"to", value}});
+        record.identity[key] = value;
+      }
+      record.write(record_path, options_.sync);
+      notices.push_back(fmt::format("{}: identity amended at step {}: {}", record_path, at_step,
+                                    fmt::join(changes, "; ")));
+    }
+
+    for (const std::string& leftover : contents.leftovers) {
+      fs::remove_all(leftover);
+      notices.push_back(fmt::format("removed {} (an interrupted save or prune)", leftover));
+    }
+    if (!contents.others.empty()) {
+      notices.push_back(fmt::format("{} also holds {} (not checkpoints; left alone)", root_,
+                                    fmt::join(contents.others, ", ")));
+    }
+    run_id_ = record.run_id;
+  });
+  if (outcome.contains("error")) return outcome;
+  return {{"run_id", run_id_}, {"notices", notices}};
 }
 
 CheckpointManager::~CheckpointManager() {
@@ -95,22 +266,39 @@ CheckpointManager::~CheckpointManager() {
   }
 }
 
+std::optional<CheckpointEntry> CheckpointManager::latest() const {
+  const RootContents contents = scan_root(root_);
+  for (auto found = contents.checkpoints.rbegin(); found != contents.checkpoints.rend(); ++found) {
+    if (found->damage.empty() && found->run_id == run_id_) return CheckpointEntry{found->step, found->path};
+  }
+  return std::nullopt;
+}
+
+// ---- saving and pruning --------------------------------------------------------------------------
+
+SaveOptions CheckpointManager::save_options(int64_t step, const dist::ProcessGroupPtr& group,
+                                            const nlohmann::json& training_state) const {
+  return {.group = group, .training_state = training_state, .step = step, .run_id = run_id_, .sync = options_.sync};
+}
+
 std::string CheckpointManager::save(int64_t step, const DistributedStateDict& state,
                                     const nlohmann::json& training_state) {
   wait();
   const std::string path = checkpoint_path(root_, step);
-  checkpoint::save(path, state, {.group = group_, .training_state = training_state, .sync = options_.sync});
-  prune(rank_of(group_));
+  checkpoint::save(path, state, save_options(step, group_, training_state));
+  if (rank_of(group_) == 0) prune(step);
   return path;
 }
 
 SaveHandle CheckpointManager::async_save(int64_t step, const DistributedStateDict& state,
                                          const nlohmann::json& training_state) {
   wait();
-  const int rank = rank_of(group_);
-  pending_ = checkpoint::async_save(checkpoint_path(root_, step), state,
-                                    {.group = async_group_, .training_state = training_state, .sync = options_.sync},
-                                    [this, rank] { prune(rank); }, &snapshot_buffers_);
+  const bool prunes = rank_of(group_) == 0;
+  pending_ = checkpoint::async_save(checkpoint_path(root_, step), state, save_options(step, async_group_, training_state),
+                                    [this, prunes, step] {
+                                      if (prunes) prune(step);
+                                    },
+                                    &snapshot_buffers_);
   return pending_;
 }
 
@@ -120,17 +308,22 @@ void CheckpointManager::wait() {
   pending.wait();
 }
 
-void CheckpointManager::prune(int rank) const {
-  if (rank != 0 || options_.keep_last == 0) return;
-  const std::vector<CheckpointEntry> entries = list_checkpoints(root_);
-  const size_t excess = entries.size() > static_cast<size_t>(options_.keep_last)
-                            ? entries.size() - static_cast<size_t>(options_.keep_last)
-                            : 0;
+// Keeps the checkpoint just committed and this run's newest keep_last - 1
+// before it. Anything else (another run's, a damaged one, a newer step) is
+// not this manager's to delete.
+void CheckpointManager::prune(int64_t committed_step) const {
+  if (options_.keep_last == 0) return;
+  std::vector<FoundCheckpoint> older;
+  for (const FoundCheckpoint& found : scan_root(root_).checkpoints) {
+    if (found.damage.empty() && found.run_id == run_id_ && found.step < committed_step) older.push_back(found);
+  }
+  const size_t keep_older = static_cast<size_t>(options_.keep_last - 1);
+  const size_t excess = older.size() > keep_older ? older.size() - keep_older : 0;
   for (size_t index = 0; index < excess; ++index) {
     // Renamed aside first, so a crash mid-delete leaves no step-N directory
     // with half its files.
-    const std::string aside = entries[index].path + kDeletingSuffix;
-    fs::rename(entries[index].path, aside);
+    const std::string aside = older[index].path + kDeletingSuffix;
+    fs::rename(older[index].path, aside);
     if (options_.sync) sync_directory(root_);
     reach_save_point("pruning");
     fs::remove_all(aside);

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sealed_json.h"
 
 namespace tessera::checkpoint {
 
@@ -14,9 +15,6 @@ namespace {
 // below 2^53, so no product or sum in the checks below can overflow int64.
 constexpr int64_t kMaxExtent = int64_t{1} << 48;    // one dimension, or one byte offset
 constexpr int64_t kMaxElements = int64_t{1} << 50;  // one tensor
-// training_state may be any JSON, but copying or printing a value recurses
-// once per level: a few MB of '[' would overflow the stack.
-constexpr int kMaxJsonDepth = 64;
 
 Shape read_shape(const nlohmann::json& value, const std::string& what, const std::string& source,
                  const std::string& name) {
@@ -58,6 +56,8 @@ std::string CheckpointMetadata::to_json_text() const {
   nlohmann::ordered_json json;
   json["format"] = kFormatName;
   json["format_version"] = kFormatVersion;
+  json["step"] = step ? nlohmann::ordered_json(*step) : nlohmann::ordered_json(nullptr);
+  json["run_id"] = run_id;
   nlohmann::ordered_json tensor_json = nlohmann::ordered_json::object();
   for (const auto& [name, info] : tensors) {
     nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
@@ -74,17 +74,13 @@ std::string CheckpointMetadata::to_json_text() const {
   }
   json["tensors"] = std::move(tensor_json);
   json["training_state"] = training_state;
-  return json.dump(1);
+  return seal_json(json);
 }
 
 CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std::string& source) {
-  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    TESSERA_CHECK(depth < kMaxJsonDepth, "{}: JSON nested deeper than {} levels (corrupt metadata?)", source,
-                  kMaxJsonDepth);
-    return true;
-  };
-  const nlohmann::json json = nlohmann::json::parse(text, limit_depth, /*allow_exceptions=*/false);
-  TESSERA_CHECK(!json.is_discarded() && json.is_object(), "{}: not a JSON object (corrupt metadata?)", source);
+  // The seal first: a file changed in any byte is reported as changed, not
+  // as whatever its changed bytes now happen to say.
+  const nlohmann::json json = parse_sealed_json(text, source);
   TESSERA_CHECK(json.contains("format") && json["format"].is_string() &&
                     json["format"].get<std::string>() == kFormatName,
                 "{}: not a tessera checkpoint (format {})", source,
@@ -98,6 +94,16 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   TESSERA_CHECK(json.contains("tensors") && json["tensors"].is_object(), "{}: no tensors object", source);
 
   CheckpointMetadata metadata;
+  if (json.contains("step") && !json["step"].is_null()) {
+    TESSERA_CHECK(json["step"].is_number_unsigned() && json["step"].get<uint64_t>() < static_cast<uint64_t>(kMaxExtent),
+                  "{}: step must be a non-negative integer or null, got {}", source,
+                  json["step"].dump());
+    metadata.step = json["step"].get<int64_t>();
+  }
+  if (json.contains("run_id")) {
+    TESSERA_CHECK(json["run_id"].is_string(), "{}: run_id must be a string, got {}", source, json["run_id"].dump());
+    metadata.run_id = json["run_id"].get<std::string>();
+  }
   if (json.contains("training_state")) metadata.training_state = json["training_state"];
   for (const auto& [name, value] : json["tensors"].items()) {
     TESSERA_CHECK(value.is_object() && value.contains("dtype") && value["dtype"].is_string() &&

@@ -1,11 +1,17 @@
 // checkpoint::CheckpointMetadata: the one JSON file that describes a
-// checkpoint (`metadata.json`, written last by rank 0):
+// checkpoint (`metadata.json`, written last by rank 0, sealed: see sealed_json.h):
 //
-//   { "format": "tessera-checkpoint", "format_version": 1,
+//   { "format": "tessera-checkpoint", "format_version": 2,
+//     "step": 400, "run_id": "20261124T101500Z-4f2a9c1e",
 //     "tensors": { "<name>": { "dtype": "F32", "global_shape": [97, 72],
 //         "chunks": [ { "file": "rank-00001.safetensors", "byte_range": [b, e],
 //                       "offsets": [25, 0], "sizes": [25, 72], "crc32c": [123, ...] } ] } },
-//     "training_state": { ... anything: step, RNG states, data position, config } }
+//     "training_state": { ... anything: step, RNG states, data position, config },
+//     "crc32c": 3735928559 }
+//
+// step and run_id are set when a CheckpointManager saved it (null and ""
+// for a plain save): the step must match the step-N directory's name, and the
+// run id the root's run.json, or the checkpoint is not the one it claims to be.
 //
 // Chunks are boxes of the global tensor (offsets, sizes); byte_range is
 // absolute in the chunk's file (a valid .safetensors file whose tensor of the
@@ -17,6 +23,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +33,7 @@
 
 namespace tessera::checkpoint {
 
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;  // 2: sealed, with step and run_id
 inline constexpr const char* kFormatName = "tessera-checkpoint";
 inline constexpr const char* kMetadataFile = "metadata.json";
 inline constexpr int64_t kChecksumBlock = 1 << 20;
@@ -47,11 +54,13 @@ struct TensorInfo {
 };
 
 struct CheckpointMetadata {
+  std::optional<int64_t> step;  // the manager's step; nullopt for a plain save
+  std::string run_id;           // the manager's run; "" for a plain save
   std::map<std::string, TensorInfo> tensors;
   nlohmann::json training_state = nlohmann::json::object();
 
   std::string to_json_text() const;
-  // Parses and validates (format and version, dtypes, every chunk inside its
+  // Checks the seal, then parses and validates (format and version, dtypes, every chunk inside its
   // tensor, the chunks tiling it exactly once, byte ranges that match the
   // sizes); errors name `source` and the tensor.
   static CheckpointMetadata parse(const std::string& text, const std::string& source);

@@ -135,6 +135,8 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
   if (rank == 0) {
     try {
       CheckpointMetadata metadata;
+      metadata.step = options.step;
+      metadata.run_id = options.run_id;
       metadata.training_state = options.training_state;
       for (const auto& [name, entry] : state) {
         const Piece piece = piece_of(entry, rank);

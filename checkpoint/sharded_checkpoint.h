@@ -15,6 +15,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -35,6 +36,8 @@ struct SaveOptions {
   // or this process alone when there is none.
   dist::ProcessGroupPtr group = nullptr;
   nlohmann::json training_state = nlohmann::json::object();  // step, RNG, data position, config...
+  std::optional<int64_t> step = std::nullopt;  // recorded in the metadata (CheckpointManager sets it and the run id)
+  std::string run_id = "";
   bool sync = true;  // fsync files and directories (off only for tests of speed)
 };
 

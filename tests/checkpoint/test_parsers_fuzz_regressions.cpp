@@ -8,6 +8,7 @@
 
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sealed_json.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;
@@ -18,11 +19,19 @@ namespace {
 // chunk `chunk` (a JSON object's members) and `extra` members at the top.
 std::string metadata_text(const std::string& dtype, const std::string& global_shape, const std::string& chunk,
                           const std::string& extra = "") {
-  return R"({"format": "tessera-checkpoint", "format_version": 1, )" + extra + R"("tensors": {"w": {"dtype": ")" +
+  return R"({"format": "tessera-checkpoint", "format_version": 2, )" + extra + R"("tensors": {"w": {"dtype": ")" +
          dtype + R"(", "global_shape": )" + global_shape + R"(, "chunks": [{)" + chunk + "}]}}}";
 }
 
-CheckpointMetadata parse_metadata(const std::string& text) { return CheckpointMetadata::parse(text, "ckpt/metadata.json"); }
+// The parsers check the seal before anything else, so each hand-written case
+// is sealed: what is under test is the content.
+CheckpointMetadata parse_metadata(const std::string& text) {
+  return CheckpointMetadata::parse(seal_json(nlohmann::ordered_json::parse(text)), "ckpt/metadata.json");
+}
+
+CheckpointMetadata parse_unsealed_metadata(const std::string& text) {
+  return CheckpointMetadata::parse(text, "ckpt/metadata.json");
+}
 
 SafetensorsHeader parse_header(const std::string& text, int64_t data_size) {
   return parse_safetensors_header(text, data_size, "model.safetensors");
@@ -32,9 +41,9 @@ SafetensorsHeader parse_header(const std::string& text, int64_t data_size) {
 
 TEST_CASE("fuzz regression: metadata whose format is not a string") {
   // Threw nlohmann::json::type_error from json.value("format", "").
-  CHECK_THROWS_WITH_AS(parse_metadata(R"({"format": 7, "format_version": 1, "tensors": {}})"),
+  CHECK_THROWS_WITH_AS(parse_metadata(R"({"format": 7, "format_version": 2, "tensors": {}})"),
                        doctest::Contains("ckpt/metadata.json: not a tessera checkpoint (format 7)"), Error);
-  CHECK_THROWS_WITH_AS(parse_metadata(R"({"format": ["tessera-checkpoint"], "format_version": 1, "tensors": {}})"),
+  CHECK_THROWS_WITH_AS(parse_metadata(R"({"format": ["tessera-checkpoint"], "format_version": 2, "tensors": {}})"),
                        doctest::Contains("not a tessera checkpoint"), Error);
 }
 
@@ -68,13 +77,13 @@ TEST_CASE("fuzz regression: metadata nested deep enough to overflow the stack") 
   // Copying training_state recursed once per level: 10^6 '[' crashed.
   const int depth = 1000000;
   const std::string nested = std::string(depth, '[') + std::string(depth, ']');
-  CHECK_THROWS_WITH_AS(parse_metadata(R"({"format": "tessera-checkpoint", "format_version": 1, "tensors": {}, )"
-                                      R"("training_state": )" +
-                                      nested + "}"),
+  CHECK_THROWS_WITH_AS(parse_unsealed_metadata(R"({"format": "tessera-checkpoint", "format_version": 2, "tensors": {}, )"
+                                               R"("training_state": )" +
+                                               nested + "}"),
                        doctest::Contains("ckpt/metadata.json: JSON nested deeper than 64 levels"), Error);
   // Realistic nesting still parses.
   const CheckpointMetadata shallow = parse_metadata(
-      R"({"format": "tessera-checkpoint", "format_version": 1, "tensors": {}, "training_state": {"a": [[{"b": [1]}]]}})");
+      R"({"format": "tessera-checkpoint", "format_version": 2, "tensors": {}, "training_state": {"a": [[{"b": [1]}]]}})");
   CHECK(shallow.training_state["a"][0][0]["b"][0] == 1);
 }
 

@@ -9,6 +9,7 @@
 
 #include "checkpoint/checksum.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sealed_json.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "dist/local_backend.h"
 #include "tensor/ops.h"
@@ -164,10 +165,18 @@ TEST_CASE("checkpoint: corrupt, truncated, missing and foreign files are reporte
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
   std::ofstream(metadata, std::ios::trunc) << "{\"format\": \"something else\"}";
-  expect_load_error("not a tessera checkpoint");
+  expect_load_error("no \"crc32c\" seal");
+  // metadata.json is sealed: any changed byte is reported as a change.
   std::string future = text;
-  future.replace(future.find("\"format_version\": 1"), 19, "\"format_version\": 9");
+  future.replace(future.find("\"format_version\": 2"), 19, "\"format_version\": 9");
   std::ofstream(metadata, std::ios::trunc) << future;
+  expect_load_error("metadata.json: checksum mismatch");
+  std::ofstream(metadata, std::ios::trunc) << seal_json(
+      [&] {
+        nlohmann::ordered_json json = nlohmann::ordered_json::parse(future);
+        json.erase("crc32c");
+        return json;
+      }());
   expect_load_error("format version 9");
   std::ofstream(metadata, std::ios::trunc) << text.substr(0, text.size() / 2);
   expect_load_error("not a JSON object");

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint_manager.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/run_record.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "examples/gpt/trainer.h"
@@ -65,6 +66,14 @@ std::map<std::string, std::vector<double>> checkpoint_values(const std::string& 
   return values;
 }
 
+// A new root holding `root`'s run record and its checkpoint `step` only, as
+// if the run had crashed right after saving it.
+void copy_run(const std::string& root, const std::string& copy, int64_t step) {
+  fs::create_directories(copy);
+  fs::copy(fs::path(root) / checkpoint::kRunRecordFile, fs::path(copy) / checkpoint::kRunRecordFile);
+  fs::copy(checkpoint::checkpoint_path(root, step), checkpoint::checkpoint_path(copy, step));
+}
+
 }  // namespace
 
 TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW state of the uninterrupted run") {
@@ -78,8 +87,7 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   REQUIRE(uninterrupted.losses.size() == 6);
 
   // A second run that finds only step 3 (as if it had crashed at step 4).
-  fs::create_directories(tmp / "resumed");
-  fs::copy(checkpoint::checkpoint_path(tmp / "whole", 3), checkpoint::checkpoint_path(tmp / "resumed", 3));
+  copy_run(tmp / "whole", tmp / "resumed", 3);
   TrainConfig resumed_config = whole;
   resumed_config.ckpt_dir = tmp / "resumed";
   resumed_config.async_ckpt = false;
@@ -115,8 +123,7 @@ TEST_CASE("resume on another world size: 4 ranks x 1 micro-batch, resumed on 1 r
   whole.ckpt_dir = tmp / "whole";
   const gpt::TrainSummary uninterrupted = run(whole);
 
-  fs::create_directories(tmp / "resumed");
-  fs::copy(checkpoint::checkpoint_path(tmp / "whole", 3), checkpoint::checkpoint_path(tmp / "resumed", 3));
+  copy_run(tmp / "whole", tmp / "resumed", 3);
   TrainConfig narrower = whole;
   narrower.nproc = 1;
   narrower.grad_accum = 4;  // the same global batch

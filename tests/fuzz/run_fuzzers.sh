@@ -55,7 +55,8 @@ fi
 
 # The parsers and the code they run (dtype names and sizes), instrumented.
 fuzzed_sources=(
-  checkpoint/metadata.cpp checkpoint/safetensors.cpp checkpoint/file_io.cpp tensor/dtype.cpp tensor/tensor.cpp
+  checkpoint/metadata.cpp checkpoint/sealed_json.cpp checkpoint/checksum.cpp checkpoint/safetensors.cpp
+  checkpoint/file_io.cpp tensor/dtype.cpp tensor/tensor.cpp
 )
 # What they link against without running it: safetensors.cpp's writer and
 # reader need tensor/ops, whose kernel table needs every CPU kernel (found with
