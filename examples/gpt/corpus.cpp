@@ -93,6 +93,19 @@ TokenData load_token_file(const fs::path& path) {
   return bytes_to_tokens(bytes, fmt::format("{} (text, {} bytes)", path.string(), bytes.size()));
 }
 
+int64_t token_count_of_file(const fs::path& path) {
+  std::error_code error;
+  const uintmax_t size = fs::file_size(path, error);
+  if (error) return 0;
+  std::ifstream file(path, std::ios::binary);
+  std::vector<char> magic(sizeof(int32_t));
+  if (!file.read(magic.data(), static_cast<std::streamsize>(magic.size())) || !starts_with_llmc_magic(magic)) {
+    return static_cast<int64_t>(size);  // text: one token per byte
+  }
+  const int64_t header_bytes = kLlmcHeaderInts * static_cast<int64_t>(sizeof(int32_t));
+  return std::max<int64_t>(0, (static_cast<int64_t>(size) - header_bytes) / 2);
+}
+
 TokenData load_text_files(const std::vector<fs::path>& files, const std::string& description) {
   std::vector<char> bytes;
   for (const auto& file : files) {

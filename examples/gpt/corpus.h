@@ -29,6 +29,11 @@ inline constexpr int64_t kLlmcHeaderInts = 256;
 // cannot be read, is empty, or has a broken llm.c header.
 TokenData load_token_file(const std::filesystem::path& path);
 
+// How many tokens load_token_file(path) would hold, from the file's size and
+// (for llm.c's format) its magic, without reading the tokens: memory
+// estimates need it before anything is loaded. 0 when the file cannot be read.
+int64_t token_count_of_file(const std::filesystem::path& path);
+
 // Concatenates the bytes of `files` (in the given order) into byte-level tokens.
 TokenData load_text_files(const std::vector<std::filesystem::path>& files, const std::string& description);
 

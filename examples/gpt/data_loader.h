@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "examples/gpt/corpus.h"
@@ -30,6 +31,8 @@ inline int64_t global_micro_batch(int64_t step, int64_t grad_accum, int64_t micr
   return step * grad_accum + micro;
 }
 
+// Copies share one read-only TokenData: every local rank holds a copy of the
+// loader, and the tokens are held once per process.
 class DataLoader {
  public:
   // The last `val_fraction` of the tokens is held out for validation; each
@@ -51,15 +54,17 @@ class DataLoader {
   int64_t train_tokens() const { return train_end_; }
   int64_t val_tokens() const;
   bool is_synthetic() const { return synthetic_vocab_ > 0; }
-  const std::string& description() const { return data_.description; }
+  const std::string& description() const { return data_->description; }
   const LoaderOptions& options() const { return options_; }
+  // The tokens, shared by every copy of this loader (empty for synthetic data).
+  const std::shared_ptr<const TokenData>& token_data() const { return data_; }
 
  private:
   DataLoader(LoaderOptions options, int64_t synthetic_vocab);
   Batch window_batch(int64_t micro_batch_index, uint64_t stream, int64_t begin, int64_t end) const;
   Batch synthetic_batch(int64_t micro_batch_index, uint64_t stream) const;
 
-  TokenData data_;
+  std::shared_ptr<const TokenData> data_;
   LoaderOptions options_;
   int64_t synthetic_vocab_ = 0;  // > 0: synthetic data
   int64_t train_end_ = 0;        // tokens [0, train_end_) train, the rest validate

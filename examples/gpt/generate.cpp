@@ -4,18 +4,22 @@
 // number of ranks, it loads whole here) or from an exported .safetensors file
 // (--init-from). Prints the prompt and its continuation to stdout (bytes that
 // are not printable escaped as \xHH) and where the model came from and the
-// speed to stderr. Flags: generate --help.
+// speed to stderr. --max-new-tokens is refused, before the model loads, when
+// its buffers would not fit in half the available memory (resource_limits.h).
+// Flags: generate --help.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <iostream>
 #include <optional>
 
 #include "examples/gpt/byte_text.h"
 #include "examples/gpt/model_loader.h"
+#include "examples/gpt/resource_limits.h"
 #include "examples/gpt/sampling.h"
 #include "tensor/error.h"
 #include "tensor/parallel.h"
@@ -34,12 +38,13 @@ struct GenerateConfig {
   int threads = 0;  // 0: tessera's default (every core)
 };
 
-// A number flag that must be >= 0 (CLI11's own range checks print the whole
-// double range in their message).
+// A number flag that must be finite and >= 0 (CLI11's own range checks print
+// the whole double range in their message, and its parser takes inf and nan).
 const CLI::Validator kNonNegative(
     [](std::string& input) -> std::string {
       double value = 0.0;
       if (!CLI::detail::lexical_cast(input, value)) return fmt::format("'{}' is not a number", input);
+      if (!std::isfinite(value)) return fmt::format("must be a finite number >= 0, got {}", input);
       if (value >= 0.0) return {};
       return fmt::format("must be >= 0, got {}", input);
     },
@@ -77,6 +82,9 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
 }
 
 int run(const GenerateConfig& config) {
+  // Before the model is loaded: a length whose buffers cannot fit is refused at once.
+  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens(config.prompt);
+  gpt::check_generation_length(static_cast<int64_t>(prompt.size()), config.max_new_tokens, gpt::machine_resources());
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_safetensors(config.safetensors)
                                                             : gpt::load_model_from_checkpoint(config.checkpoint);
@@ -93,7 +101,7 @@ int run(const GenerateConfig& config) {
 
   const auto start = std::chrono::steady_clock::now();
   const std::vector<uint16_t> tokens =
-      gpt::generate_tokens(*loaded.model, gpt::text_to_byte_tokens(config.prompt), config.max_new_tokens, options);
+      gpt::generate_tokens(*loaded.model, prompt, config.max_new_tokens, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::cout << gpt::byte_tokens_to_printable(tokens) << '\n' << std::flush;

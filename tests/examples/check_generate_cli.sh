@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The `generate` command line: number flags that are not finite, and a
+# --max-new-tokens whose buffers cannot fit in memory, exit non-zero with a
+# message naming the flag, before any model is loaded (--ckpt names no
+# checkpoint here, so reaching the load would print a different error).
+# Usage: check_generate_cli.sh path/to/generate
+set -euo pipefail
+generate=$1
+missing=/nonexistent/tessera-checkpoint
+
+# Each case: a piece of the message, then the flags.
+expect_failure() {
+  local message=$1
+  shift
+  local output status=0
+  output=$("$generate" "$@" 2>&1) || status=$?
+  [ "$status" -ne 0 ] || { echo "generate $* exited 0:"; echo "$output"; exit 1; }
+  grep -qF -- "$message" <<<"$output" || { echo "generate $* did not say '$message':"; echo "$output"; exit 1; }
+}
+# The issue's case: 99999999999 tokens need ~559 GiB (this fails only where
+# more than twice that is available).
+expect_failure "--max-new-tokens 99999999999: the tokens and their printed text need about" \
+  --max-new-tokens 99999999999 --ckpt "$missing"
+expect_failure "this machine allows at most --max-new-tokens" --max-new-tokens 99999999999 --ckpt "$missing"
+expect_failure "--temperature: must be a finite number >= 0, got inf" --temperature inf --ckpt "$missing"
+expect_failure "--temperature: must be a finite number >= 0, got nan" --temperature nan --ckpt "$missing"
+expect_failure "--top-k: must be a finite number >= 0, got inf" --top-k inf --ckpt "$missing"
+expect_failure "--temperature: must be >= 0, got -1" --temperature -1 --ckpt "$missing"
+
+# A sane length passes the check and reaches the model load, which fails on the missing checkpoint.
+output=$("$generate" --max-new-tokens 10 --ckpt "$missing" 2>&1) && { echo "generate loaded $missing?"; exit 1; }
+if grep -qF -- "--max-new-tokens" <<<"$output"; then echo "--max-new-tokens 10 was refused:"; echo "$output"; exit 1; fi
+grep -qF -- "$missing" <<<"$output" || { echo "the load error does not name $missing:"; echo "$output"; exit 1; }
+echo "generate: the flags' errors as expected"
