@@ -1,8 +1,6 @@
 // A run's checkpoints under one root: ownership, naming, latest, keep-last-K, async.
 #include "checkpoint/checkpoint_manager.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
@@ -80,7 +78,7 @@ RootContents scan_root(const std::string& root) {
     const std::string name = child.path().filename().string();
     if (name == kRunRecordFile) {
       contents.has_record = true;
-    } else if (name == kRootLockFile || name.starts_with(".probe-")) {
+    } else if (name == kRootLockFile || name.starts_with(".rank-")) {
       continue;
     } else if (name == std::string(kRunRecordFile) + kTmpSuffix ||
                (name.starts_with(kStepPrefix) && (name.ends_with(kTmpSuffix) || name.ends_with(kDeletingSuffix)))) {
@@ -111,11 +109,7 @@ std::string names_of(const std::vector<FoundCheckpoint>& checkpoints) {
 // Creating a file is what every rank does in a save; a root mounted read-only
 // on one node, or owned by another user, is found here rather than at step N.
 void probe_writable(const std::string& root, int rank) {
-  const std::string probe = (fs::path(root) / fmt::format(".probe-{}-{}", rank, ::getpid())).string();
-  WriteFile file(probe);
-  file.write("x", 1);
-  file.close(false);
-  fs::remove(probe);
+  check_can_create((fs::path(root) / fmt::format(".rank-{}", rank)).string());
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
 
 #include "tensor/error.h"
 
@@ -82,6 +85,23 @@ void sync_directory(const std::string& path) {
   const int error = errno;
   ::close(fd);
   TESSERA_CHECK(result == 0, "{}: fsync of the directory failed: {}", path, std::strerror(error));
+}
+
+void check_can_create(const std::string& path) {
+  namespace fs = std::filesystem;
+  TESSERA_CHECK(!path.empty(), "an empty path");
+  std::error_code error;
+  TESSERA_CHECK(!fs::is_directory(path, error), "{}: is a directory, not a file name", path);
+  const fs::path directory = fs::absolute(path).parent_path();
+  TESSERA_CHECK(fs::is_directory(directory, error), "{}: the directory {} does not exist", path, directory.string());
+  const std::string probe = fmt::format("{}.probe-{}", path, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TESSERA_CHECK(fd >= 0, "{}: cannot create files in {}: {}", path, directory.string(), std::strerror(errno));
+  const bool written = ::write(fd, "x", 1) == 1;
+  const int write_error = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  TESSERA_CHECK(written, "{}: cannot write in {}: {}", path, directory.string(), std::strerror(write_error));
 }
 
 }  // namespace tessera::checkpoint

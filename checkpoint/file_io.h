@@ -48,4 +48,10 @@ class WriteFile {
 // fsync on a directory, so that renames and new entries in it are durable.
 void sync_directory(const std::string& path);
 
+// Proves now that a file can be created where `path` names one, without
+// touching `path` itself: its directory must exist, `path` must not be a
+// directory, and a sibling probe file is created, written and removed. A run
+// calls it before its first step for everything it writes at the end.
+void check_can_create(const std::string& path);
+
 }  // namespace tessera::checkpoint

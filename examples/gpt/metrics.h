@@ -25,6 +25,7 @@ struct StepMetrics {
   int64_t comm_bytes = 0;      // bytes one rank sent during the step (every group's stats)
   std::optional<double> val_loss;  // set on evaluation steps
   std::optional<double> ckpt_blocked_ms;  // set on checkpoint steps: how long the save held training up
+  int stop_signal = 0;  // SIGINT/SIGTERM received by any rank by the end of the step (GracefulStop); 0: none
 };
 
 // "step   10 | loss 3.1234 | lr 6.00e-04 | ..." on one line.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 
 #include "dist/launch.h"
 #include "tensor/error.h"
@@ -16,14 +17,16 @@ namespace gpt {
 
 namespace {
 
-// A flag's value must be a number above (or at least) `bound`: CLI11's own
-// range checks print the whole double range in their message.
+// A flag's value must be a finite number above (or at least) `bound`:
+// CLI11's own range checks print the whole double range in their message,
+// and accept inf.
 CLI::Validator bounded_below(double bound, bool inclusive) {
   const std::string relation = inclusive ? ">=" : ">";
   return CLI::Validator(
       [bound, inclusive, relation](std::string& input) -> std::string {
         double value = 0.0;
         if (!CLI::detail::lexical_cast(input, value)) return fmt::format("'{}' is not a number", input);
+        if (!std::isfinite(value)) return fmt::format("must be a finite number, got {}", input);
         if (inclusive ? value >= bound : value > bound) return {};
         return fmt::format("must be {} {:g}, got {}", relation, bound, input);
       },
@@ -80,6 +83,10 @@ void read_world_size(TrainConfig& config, bool nproc_given) {
 
 void TrainConfig::validate() const {
   model.validate();
+  for (const auto& [flag, value] : {std::pair{"--lr", lr}, std::pair{"min_lr_ratio", min_lr_ratio},
+                                    std::pair{"--weight-decay", weight_decay}, std::pair{"--clip", clip}}) {
+    TESSERA_CHECK(std::isfinite(value), "{} must be a finite number, got {}", flag, value);
+  }
   TESSERA_CHECK(seq_len >= 1 && seq_len <= model.block_size, "--seq-len must be in [1, block_size = {}], got {}",
                 model.block_size, seq_len);
   TESSERA_CHECK(batch >= 1, "--batch must be >= 1, got {}", batch);
@@ -113,6 +120,7 @@ void TrainConfig::validate() const {
   const bool checkpoints_asked = ckpt_every > 0 || keep > 0 || resume || async_ckpt;
   TESSERA_CHECK(!checkpoints_asked || !ckpt_dir.empty(),
                 "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR");
+  TESSERA_CHECK(!allow_data_change || resume, "--allow-data-change is for --resume (a fresh run takes any --data)");
   TESSERA_CHECK(!(resume && !init_from.empty()),
                 "--resume and --init-from both set the weights; pass one of them");
 }
@@ -151,6 +159,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--threads", config.threads, "CPU threads per rank (0 = the cores shared out among the ranks)")->check(kNonNegative);
   app.add_option("--data", config.data, "Token file (text, or llm.c .bin), or 'synthetic'")
       ->default_str("the Debian corpus");
+  app.add_flag("--allow-data-change", config.allow_data_change,
+               "Let --resume continue on other data than the run's (recorded in the checkpoint root's run.json)");
   app.add_option("--log-json", config.log_json, "Write one JSON object per step to this file");
   app.add_option("--eval-every", config.eval_every, "Validation loss every N steps (0 = never)")
       ->check(kNonNegative);

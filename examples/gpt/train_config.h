@@ -32,6 +32,7 @@ struct TrainConfig {
   uint64_t seed = 1337;     // model init and data order
   int threads = 0;          // per rank; 0 = the cores shared out among the ranks
   std::string data;         // "" = the default corpus, "synthetic", or a file
+  bool allow_data_change = false;  // --resume may continue on other data (recorded in the run's run.json)
   std::string log_json;     // "" = no JSON-lines log
   int64_t eval_every = 50;  // validation loss every N steps (and at the last); 0 = never
   int64_t eval_batches = 8;  // micro-batches per validation
@@ -59,7 +60,7 @@ struct TrainConfig {
   // Every rank's micro-batches: the global batch of one optimizer step.
   int64_t tokens_per_step() const { return batch * seq_len * grad_accum * nproc; }
   int64_t shard_ranks() const { return nproc / hsdp; }
-  // Throws tessera::Error naming the first bad setting.
+  // Throws tessera::Error naming the first bad setting (non-finite numbers included).
   void validate() const;
 };
 

@@ -19,6 +19,7 @@
 #include "dist/launch.h"
 #include "dist/local_backend.h"
 #include "examples/gpt/config_json.h"
+#include "examples/gpt/graceful_stop.h"
 #include "fsdp/plan.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
@@ -191,6 +192,12 @@ StepMetrics Trainer::train_step() {
     tessera::autograd::backward(loss);
   }
 
+  // Every rank's losses, summed before the optimizer touches anything: a
+  // non-finite loss stops the run on every rank at the same step.
+  const double mean_loss = sum_over_ranks(loss_sum) / static_cast<double>(micro_batches * ranks);
+  TESSERA_CHECK(std::isfinite(mean_loss), "train: step {}: the loss is {}; the model has diverged (lower --lr?)",
+                step_ + 1, mean_loss);
+
   double grad_norm = 0.0;
   {
     dist::TraceSpan span(tracer(), rank(), "compute", "optimizer", "train");
@@ -204,30 +211,33 @@ StepMetrics Trainer::train_step() {
     }
     const double max_norm = config_.clip > 0.0 ? config_.clip : std::numeric_limits<double>::infinity();
     grad_norm = tessera::optim::clip_grad_norm_(parameters_, max_norm);  // global: the same on every rank
-    TESSERA_CHECK(std::isfinite(grad_norm), "train: the gradient norm is {} at step {} (loss {}); try a lower --lr",
-                  grad_norm, step_ + 1, loss_sum / static_cast<double>(micro_batches));
+    TESSERA_CHECK(std::isfinite(grad_norm), "train: step {}: the gradient norm is {} (loss {}); lower --lr?",
+                  step_ + 1, grad_norm, mean_loss);
     optimizer_->step();
   }
   ++step_;
   next_micro_batch_ += micro_batches * ranks;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  // Read before the metric reductions below, so they count the step's own traffic.
+  // Read before the metric reduction below, so they count the step's own
+  // traffic. The stop request rides along, so every rank stops after the
+  // same step however the signal reached the ranks.
   int64_t comm_bytes = bytes_sent(process_groups_);
   int64_t peak_bytes = dist::rank_memory_stats().peak_bytes;
-  loss_sum = sum_over_ranks(loss_sum);
+  int64_t stop_signal = GracefulStop::requested();
   if (distributed_) {
-    Tensor largest = tessera::ops::from_vector(std::vector<int64_t>{peak_bytes, comm_bytes}, {2});
+    Tensor largest = tessera::ops::from_vector(std::vector<int64_t>{peak_bytes, comm_bytes, stop_signal}, {3});
     distributed_->world->all_reduce(largest, dist::ReduceOp::max);
     const std::vector<int64_t> values = largest.to_vector<int64_t>();
     peak_bytes = values[0];
     comm_bytes = values[1];
+    stop_signal = values[2];
   }
 
   const double tokens = static_cast<double>(config_.tokens_per_step());
   StepMetrics metrics;
   metrics.step = step_;
-  metrics.loss = loss_sum / static_cast<double>(micro_batches * ranks);
+  metrics.loss = mean_loss;
   metrics.lr = lr;
   metrics.grad_norm = grad_norm;
   metrics.step_ms = seconds * 1e3;
@@ -236,6 +246,7 @@ StepMetrics Trainer::train_step() {
   metrics.peak_mem_bytes = peak_bytes;
   metrics.peak_rss_bytes = process_peak_rss_bytes();
   metrics.comm_bytes = comm_bytes;
+  metrics.stop_signal = static_cast<int>(stop_signal);
   return metrics;
 }
 
@@ -258,6 +269,39 @@ tessera::checkpoint::DistributedStateDict Trainer::state_dict() {
   return tessera::checkpoint::training_state_dict(*model_, *optimizer_);
 }
 
+namespace {
+
+// x * 0 is 0 for every finite x and NaN for an infinity or a NaN, so the sum
+// is NaN exactly when some element is not finite (a plain sum could overflow
+// to inf on finite values).
+bool all_finite(const Tensor& tensor) {
+  if (tensor.numel() == 0 || !tessera::is_floating(tensor.dtype())) return true;
+  return std::isfinite(tessera::ops::sum(tessera::ops::mul(tensor, 0.0)).item());
+}
+
+}  // namespace
+
+void Trainer::require_finite_state() {
+  std::string first_bad;
+  for (const auto& [name, entry] : state_dict()) {
+    const Tensor& local = std::holds_alternative<Tensor>(entry) ? std::get<Tensor>(entry)
+                                                                : std::get<dist::DTensor>(entry).local();
+    if (!all_finite(local)) {
+      first_bad = name;
+      break;
+    }
+  }
+  const std::vector<nlohmann::json> reports = tessera::checkpoint::gather_json(
+      distributed_ ? distributed_->world : nullptr, nlohmann::json(first_bad));
+  for (size_t rank = 0; rank < reports.size(); ++rank) {
+    const std::string name = reports[rank].get<std::string>();
+    TESSERA_CHECK(name.empty(),
+                  "train: step {}: {} holds NaN or infinite values (rank {}'s shard); nothing is saved or exported "
+                  "(lower --lr?)",
+                  step_, name, rank);
+  }
+}
+
 nlohmann::json Trainer::training_state() const {
   const tessera::Generator& generator = tessera::default_generator();
   const nlohmann::json mine = {{"seed", generator.seed()}, {"next_stream", generator.next_stream()}};
@@ -274,7 +318,8 @@ nlohmann::json Trainer::training_state() const {
 
 void Trainer::resume_from(const std::string& dir) {
   // The settings are checked before any tensor is read.
-  const nlohmann::json state = tessera::checkpoint::read_metadata(dir).training_state;
+  const tessera::checkpoint::CheckpointMetadata metadata = tessera::checkpoint::read_metadata(dir);
+  const nlohmann::json& state = metadata.training_state;
   try {
     const nlohmann::json saved_model = state.at("config").at("model");
     model_config_from_json(saved_model, dir);  // validates the saved shape
@@ -289,6 +334,8 @@ void Trainer::resume_from(const std::string& dir) {
                   data.at("seed").dump(), data.at("batch").dump(), data.at("seq_len").dump(), config_.seed,
                   config_.batch, config_.seq_len);
     step_ = state.at("step").get<int64_t>();
+    TESSERA_CHECK(!metadata.step || *metadata.step == step_,
+                  "the training state is at step {}, the checkpoint's metadata at step {}", step_, *metadata.step);
     next_micro_batch_ = data.at("next_micro_batch").get<int64_t>();
     const nlohmann::json& schedule = state.at("schedule");
     schedule_ = tessera::optim::WarmupCosineSchedule(
@@ -325,118 +372,6 @@ void Trainer::export_to(const std::string& path) {
        .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model).dump()},
                     {kStepMetadataKey, std::to_string(step_)}},
        .sync = true});
-}
-
-// ---- the run -------------------------------------------------------------------------------------
-
-namespace {
-
-void print_setup(const TrainConfig& config, const DataLoader& data, std::ostream& out) {
-  out << describe(config) << '\n';
-  out << fmt::format("data     {}\n         {} training and {} validation tokens\n", data.description(),
-                     data.is_synthetic() ? std::string("unbounded") : std::to_string(data.train_tokens()),
-                     data.is_synthetic() ? std::string("unbounded") : std::to_string(data.val_tokens()));
-  out << fmt::format("threads  {} per rank, vector ISA {}\n", tessera::num_threads(), tessera::cpu_instruction_set());
-  out << fmt::format("target   unigram entropy of the training data {:.4f} nats (a model that ignores context); "
-                     "uniform guess ln({}) = {:.4f}\n",
-                     data.unigram_entropy(), config.model.vocab_size,
-                     std::log(static_cast<double>(config.model.vocab_size)));
-  out.flush();
-}
-
-}  // namespace
-
-TrainSummary train(const TrainConfig& config, std::ostream& out) {
-  config.validate();
-  const DataLoader data = build_data(config);
-  TrainSummary summary;
-  summary.unigram_entropy = data.unigram_entropy();
-
-  init_distributed(config, [&](const Distributed& distributed) {
-    const bool leader = distributed.rank() == 0;
-    std::optional<JsonLinesWriter> log;
-    if (leader && !config.log_json.empty() && !config.plan) log.emplace(config.log_json);
-    if (leader) print_setup(config, data, out);
-
-    Trainer trainer(config, data, distributed);
-    if (config.plan) {
-      if (leader) out << '\n' << fsdp::sharding_plan(trainer.model());
-      return;
-    }
-
-    std::optional<tessera::checkpoint::CheckpointManager> checkpoints;
-    if (!config.ckpt_dir.empty()) {
-      checkpoints.emplace(config.ckpt_dir, tessera::checkpoint::ManagerOptions{
-                                               .group = distributed.world, .keep_last = config.keep, .sync = true});
-    }
-    if (config.resume) {
-      const auto latest = checkpoints->latest();
-      if (latest) trainer.resume_from(latest->path);
-      if (leader) {
-        out << (latest ? fmt::format("resume   from {} (step {})\n", latest->path, latest->step)
-                       : fmt::format("resume   no checkpoint in {}: starting at step 0\n", config.ckpt_dir));
-      }
-    }
-    if (!config.init_from.empty()) {
-      trainer.init_from(config.init_from);
-      if (leader) out << fmt::format("init     weights from {}\n", config.init_from);
-    }
-    summary.first_step = trainer.steps_done() + 1;
-
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t step = summary.first_step; step <= config.steps; ++step) {
-      StepMetrics metrics = trainer.train_step();
-      const bool eval_due = config.eval_every > 0 && (step % config.eval_every == 0 || step == config.steps);
-      if (eval_due) metrics.val_loss = trainer.evaluate();
-      const bool save_due =
-          checkpoints && (step == config.steps || (config.ckpt_every > 0 && step % config.ckpt_every == 0));
-      if (save_due) {
-        // Blocked: what the training thread waits for (an async save: the
-        // previous save, if still running, and the snapshot copy).
-        const auto save_start = std::chrono::steady_clock::now();
-        if (config.async_ckpt) {
-          checkpoints->async_save(step, trainer.state_dict(), trainer.training_state());
-        } else {
-          checkpoints->save(step, trainer.state_dict(), trainer.training_state());
-        }
-        metrics.ckpt_blocked_ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - save_start).count();
-      }
-      if (!leader) continue;
-      if (metrics.val_loss) summary.val_loss = metrics.val_loss;
-      summary.losses.push_back(metrics.loss);
-      out << format_progress(metrics) << '\n';
-      if (metrics.ckpt_blocked_ms) {
-        out << fmt::format("ckpt     {} ({}; training blocked {:.1f} ms)\n",
-                           tessera::checkpoint::checkpoint_path(config.ckpt_dir, step),
-                           config.async_ckpt ? "async, writing in the background" : "sync, committed",
-                           *metrics.ckpt_blocked_ms);
-      }
-      out.flush();
-      if (log) log->write(to_json(metrics));
-    }
-    if (checkpoints) checkpoints->wait();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!config.export_path.empty()) {
-      trainer.export_to(config.export_path);
-      if (leader) out << fmt::format("export   {} (safetensors, step {})\n", config.export_path, trainer.steps_done());
-    }
-
-    if (distributed.tracer) dist::write_chrome_trace(*distributed.tracer, *distributed.world, config.trace);
-    if (!leader) return;
-    summary.seconds = seconds;
-    if (summary.losses.empty()) {
-      out << fmt::format("done     nothing to train: the run is at step {} of {}\n", trainer.steps_done(),
-                         config.steps);
-      return;
-    }
-    out << fmt::format("done     {} steps in {:.1f} s: loss {:.4f} -> {:.4f}{}; unigram entropy {:.4f} nats\n",
-                       config.steps, summary.seconds, summary.losses.front(), summary.losses.back(),
-                       summary.val_loss ? fmt::format(" (val {:.4f})", *summary.val_loss) : std::string(),
-                       summary.unigram_entropy);
-    if (distributed.tracer) out << fmt::format("trace    {} (open in ui.perfetto.dev)\n", config.trace);
-  });
-  return summary;
 }
 
 }  // namespace gpt

@@ -78,6 +78,8 @@ class Trainer {
   // clipped by the global norm (unless --clip 0), and AdamW steps with the
   // schedule's lr. The metrics are the same on every rank: the loss is the
   // mean over all ranks' micro-batches, memory and bytes the largest rank's.
+  // Stops with a tessera::Error naming the step when the loss or the
+  // gradient norm is not finite (the same on every rank: both are global).
   StepMetrics train_step();
   // Mean loss over config.eval_batches validation micro-batches, without the
   // graph (every rank runs the same batches; the ranks' means are averaged).
@@ -91,10 +93,15 @@ class Trainer {
   // every rank's RNG state): step, data position, lr schedule, RNG states,
   // and the config (the model's, which generate reads, and the run's).
   nlohmann::json training_state() const;
+  // Throws on every rank when any rank's model or AdamW state holds a NaN or
+  // an infinity, naming the rank and the tensor: called before every save,
+  // so no checkpoint or export ever holds a non-finite value (collective).
+  void require_finite_state();
   // Loads a checkpoint saved on any world size and restores the state above.
   // The model shape, seed, batch and sequence length must match the
-  // checkpoint's (a different data order would not be a resume); the lr
-  // schedule is the checkpoint's. Same world size: RNG states per rank; a
+  // checkpoint's (a different data order would not be a resume), and its
+  // training state's step that of its metadata; the lr schedule is the
+  // checkpoint's. Same world size: RNG states per rank; a
   // different one: rank r takes saved rank r mod N.
   void resume_from(const std::string& dir);
   // Starts from the weights of an exported .safetensors file (optimizer state stays fresh).
@@ -132,21 +139,5 @@ class Trainer {
   // Global index of the next step's first micro-batch: the data position.
   int64_t next_micro_batch_ = 0;
 };
-
-struct TrainSummary {
-  double unigram_entropy = 0.0;  // nats: what a model without context reaches
-  int64_t first_step = 1;       // 1, or the step after the checkpoint a --resume started from
-  std::vector<double> losses;   // per optimizer step from first_step
-  std::optional<double> val_loss;  // the last evaluation
-  double seconds = 0.0;
-};
-
-// The whole run: loads the data, starts the ranks (init_distributed), builds
-// the sharded model and trains config.steps steps. Rank 0 prints the set-up
-// and a progress line per step to `out` and, with config.log_json, writes one
-// JSON object per step to that file; with config.trace every rank's events are
-// written at the end. With config.plan it prints the sharding plan instead of
-// training. The summary is rank 0's (under MPI, empty on the other ranks).
-TrainSummary train(const TrainConfig& config, std::ostream& out);
 
 }  // namespace gpt

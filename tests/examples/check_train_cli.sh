@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `train` command line around FSDP: --plan prints the sharding plan and
-# exits 0 without training; bad parallel settings exit non-zero with a message
-# naming the flag.
+# exits 0 without training; bad parallel settings, non-finite numbers and
+# unbounded resources exit non-zero with a message naming the flag.
 # Usage: check_train_cli.sh path/to/train
 set -euo pipefail
 train=$1
@@ -30,4 +30,11 @@ expect_failure "--reshard-after-forward: expected true, false or a positive rank
   --reshard-after-forward maybe
 expect_failure "--nproc: must be > 0, got 0" --nproc 0
 expect_failure "--backend mpi needs a launcher" --backend mpi
+# Numbers must be finite; resources are bounded before anything is allocated.
+expect_failure "--lr: must be a finite number, got inf" --lr inf
+expect_failure "--weight-decay: must be a finite number, got nan" --weight-decay nan
+expect_failure "--clip: must be a finite number, got -inf" --clip -inf
+expect_failure "--nproc 1000: more than 256 local ranks" --nproc 1000
+expect_failure "--threads 999: 1 rank x 999 = 999 threads on" --threads 999
+expect_failure "--allow-data-change is for --resume" --allow-data-change
 echo "train: --plan and the FSDP flags' errors as expected"

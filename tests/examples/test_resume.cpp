@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "examples/gpt/trainer.h"
+#include "examples/gpt/training_run.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
@@ -169,7 +170,7 @@ TEST_CASE("export writes the trained weights as safetensors, and --init-from sta
   }
 }
 
-TEST_CASE("resume errors: another model shape, another seed, no checkpoint yet") {
+TEST_CASE("resume errors: another model shape, another seed (refused by the root's run record), no checkpoint yet") {
   TempDir tmp;
   TrainConfig config = resume_config(1, 1, 0.0);
   config.steps = 1;
@@ -182,12 +183,15 @@ TEST_CASE("resume errors: another model shape, another seed, no checkpoint yet")
   wider.resume = true;
   wider.model.n_embd = 96;
   std::ostringstream log;
-  CHECK_THROWS_WITH_AS(gpt::train(wider, log), doctest::Contains("the checkpoint's model is"), tessera::Error);
+  CHECK_THROWS_WITH_AS(gpt::train(wider, log), doctest::Contains("not to this launch: model: the run's"),
+                       tessera::Error);
   TrainConfig reseeded = config;
   reseeded.steps = 2;
   reseeded.resume = true;
   reseeded.seed = 99;
-  CHECK_THROWS_WITH_AS(gpt::train(reseeded, log), doctest::Contains("pass the same --seed"), tessera::Error);
+  CHECK_THROWS_WITH_AS(gpt::train(reseeded, log), doctest::Contains("seed: the run's 1337, this launch's 99"),
+                       tessera::Error);
+  CHECK(log.str().find("| loss") == std::string::npos);  // refused before the first step
 
   // An empty directory: a fresh start, said so.
   TrainConfig fresh = config;
@@ -196,7 +200,7 @@ TEST_CASE("resume errors: another model shape, another seed, no checkpoint yet")
   std::ostringstream fresh_log;
   const gpt::TrainSummary summary = gpt::train(fresh, fresh_log);
   CHECK(summary.first_step == 1);
-  CHECK(fresh_log.str().find("no checkpoint in") != std::string::npos);
+  CHECK(fresh_log.str().find("no checkpoint of this run in") != std::string::npos);
   // Resuming a finished run trains nothing.
   TrainConfig finished = config;
   finished.resume = true;

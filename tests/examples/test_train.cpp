@@ -21,6 +21,7 @@
 #include "dist/comm_stats.h"
 #include "examples/gpt/train_config.h"
 #include "examples/gpt/trainer.h"
+#include "examples/gpt/training_run.h"
 #include "fsdp/fsdp.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -381,7 +382,7 @@ TEST_CASE("FSDP on 2 ranks x 2 micro-batches makes the steps of 1 rank x 4, with
   }
 }
 
-TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus clipping's norm all-reduce") {
+TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's and clipping's all-reduces") {
   struct Case {
     const char* name;
     int nproc, hsdp;
@@ -412,7 +413,11 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus clipping's
       // clip_grad_norm_ sums one f64 over the shard group.
       const auto norm = tessera::dist::collective_volume(tessera::dist::CollectiveKind::all_reduce, 8,
                                                          static_cast<int>(config.shard_ranks()), false);
-      expected[distributed.rank()] = volume.total_sent() + norm.sent;
+      // The step's mean loss sums one f64 over the world, before the optimizer
+      // (a non-finite loss stops every rank at the same step).
+      const auto loss = tessera::dist::collective_volume(tessera::dist::CollectiveKind::all_reduce, 8,
+                                                         static_cast<int>(config.nproc), false);
+      expected[distributed.rank()] = volume.total_sent() + norm.sent + loss.sent;
       for (int64_t step = 0; step < config.steps; ++step) {
         measured[distributed.rank()] = trainer.train_step().comm_bytes;
       }

@@ -1,0 +1,33 @@
+// Graceful stop: what a cluster scheduler's SIGTERM (or a user's Ctrl-C,
+// SIGINT) means to `train`. The first signal only sets a flag: the run
+// finishes the step it is in, the ranks agree on that step (the largest flag
+// travels in the step's metrics all-reduce), a checkpoint is written when
+// --ckpt-dir is set, and the process exits with kStoppedExitCode. A second
+// signal exits at once with 128 + the signal number, the shell's convention
+// for "killed"; a checkpoint commit is atomic, so that never tears one.
+#pragma once
+
+namespace gpt {
+
+// EX_TEMPFAIL of sysexits.h: "try again later". Job scripts requeue on it
+// (`train ... --resume` continues), and it differs from success (0), a failed
+// run (1), bad flags (2) and death by a signal (128 + N).
+inline constexpr int kStoppedExitCode = 75;
+
+// Installs the handlers for SIGINT and SIGTERM for its lifetime, then puts
+// the previous ones back. One at a time per process.
+class GracefulStop {
+ public:
+  GracefulStop();
+  ~GracefulStop();
+  GracefulStop(const GracefulStop&) = delete;
+  GracefulStop& operator=(const GracefulStop&) = delete;
+
+  // The first signal received while installed, or 0 (also once uninstalled).
+  static int requested();
+};
+
+// "SIGINT", "SIGTERM", or "signal N".
+const char* signal_name(int signal);
+
+}  // namespace gpt

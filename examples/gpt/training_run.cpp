@@ -1,0 +1,233 @@
+// The run: checks, banner, the step loop with checkpoints and evaluation, the stop, the export.
+#include "examples/gpt/training_run.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include "checkpoint/checkpoint_manager.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/rank_errors.h"
+#include "examples/gpt/graceful_stop.h"
+#include "examples/gpt/metrics.h"
+#include "examples/gpt/resource_limits.h"
+#include "examples/gpt/run_identity.h"
+#include "examples/gpt/trainer.h"
+#include "fsdp/plan.h"
+#include "tensor/parallel.h"
+
+namespace gpt {
+
+namespace checkpoint = tessera::checkpoint;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void print_setup(const TrainConfig& config, const DataLoader& data, std::ostream& out) {
+  out << describe(config) << '\n';
+  out << fmt::format("data     {}\n         {} training and {} validation tokens\n", data.description(),
+                     data.is_synthetic() ? std::string("unbounded") : std::to_string(data.train_tokens()),
+                     data.is_synthetic() ? std::string("unbounded") : std::to_string(data.val_tokens()));
+  out << fmt::format("threads  {} per rank, vector ISA {}\n", tessera::num_threads(), tessera::cpu_instruction_set());
+  out << fmt::format("target   unigram entropy of the training data {:.4f} nats (a model that ignores context); "
+                     "uniform guess ln({}) = {:.4f}\n",
+                     data.unigram_entropy(), config.model.vocab_size,
+                     std::log(static_cast<double>(config.model.vocab_size)));
+}
+
+// Throws on every rank the first error any rank reported ("" = none).
+void agree_on_errors(const Distributed& distributed, const std::string& mine) {
+  for (const nlohmann::json& report : checkpoint::gather_json(distributed.world, nlohmann::json(mine))) {
+    TESSERA_CHECK(report.get<std::string>().empty(), "{}", report.get<std::string>());
+  }
+}
+
+// The files rank 0 writes at the end (--export, --trace) are proven
+// creatable now; the log (--log-json) is opened now, and kept. The checkpoint
+// root is checked on every rank when it is opened.
+std::optional<JsonLinesWriter> open_outputs(const TrainConfig& config, const Distributed& distributed) {
+  std::optional<JsonLinesWriter> log;
+  std::string error;
+  if (distributed.rank() == 0) {
+    try {
+      for (const auto& [flag, path] : {std::pair{"--export", config.export_path}, std::pair{"--trace", config.trace}}) {
+        if (path.empty()) continue;
+        try {
+          checkpoint::check_can_create(path);
+        } catch (const tessera::Error& failure) {
+          tessera::fail("{} {}", flag, failure.what());  // the error starts with the path
+        }
+      }
+      if (!config.log_json.empty()) log.emplace(config.log_json);
+    } catch (const tessera::Error& failure) {
+      error = failure.what();
+    }
+  }
+  agree_on_errors(distributed, error);
+  return log;
+}
+
+// The checkpoint root, claimed for this run: a fresh run needs one without
+// checkpoints, --resume one of this run's identity (CheckpointManager says
+// what it found; the flags to change are added here).
+std::unique_ptr<checkpoint::CheckpointManager> open_checkpoints(const TrainConfig& config, const DataLoader& data,
+                                                                const Distributed& distributed) {
+  if (config.ckpt_dir.empty()) return nullptr;
+  checkpoint::ManagerOptions options{
+      .group = distributed.world,
+      .keep_last = config.keep,
+      .sync = true,
+      .mode = config.resume ? checkpoint::RootMode::continue_run : checkpoint::RootMode::new_run,
+      .identity = run_identity(config, data),
+      .may_change = {}};
+  if (config.allow_data_change) options.may_change.push_back(kDataIdentityKey);
+  try {
+    return std::make_unique<checkpoint::CheckpointManager>(config.ckpt_dir, options);
+  } catch (const tessera::Error& error) {
+    tessera::fail("--ckpt-dir {}: {}\n{}", config.ckpt_dir, error.what(),
+                  config.resume ? "A resume needs the run's model, --seed, data, --batch, --seq-len and global batch "
+                                  "(--grad-accum x --nproc); --allow-data-change permits other data."
+                                : "To continue the run saved there, pass --resume; to start another, choose another "
+                                  "--ckpt-dir.");
+  }
+}
+
+void print_resume(const TrainConfig& config, const std::optional<checkpoint::CheckpointEntry>& point,
+                  const ResumeSettings& settings, std::ostream& out) {
+  if (!point) {
+    out << fmt::format("resume   no checkpoint of this run in {} yet: starting at step 0\n", config.ckpt_dir);
+    return;
+  }
+  out << fmt::format("resume   from {} (step {})\n", point->path, point->step);
+  if (!settings.overridden.empty()) {
+    out << fmt::format("resume   the checkpoint's settings replace the command line's: {}\n",
+                       fmt::join(settings.overridden, ", "));
+  }
+}
+
+void print_stop(const TrainConfig& config, int signal, int64_t step, std::ostream& out) {
+  out << fmt::format("stopped  on {} after step {} of {}: {}\n", signal_name(signal), step, config.steps,
+                     config.ckpt_dir.empty()
+                         ? std::string("no --ckpt-dir, so nothing was saved")
+                         : fmt::format("{} committed; continue with --resume",
+                                       checkpoint::checkpoint_path(config.ckpt_dir, step)));
+  if (!config.export_path.empty()) out << fmt::format("export   skipped: the run did not reach step {}\n", config.steps);
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& config, std::ostream& out) {
+  config.validate();
+  const MachineResources machine = machine_resources();
+  const std::vector<std::string> resource_warnings = check_train_resources(config, machine);
+  const DataLoader data = build_data(config);
+  TrainSummary summary;
+  summary.unigram_entropy = data.unigram_entropy();
+
+  init_distributed(config, [&](const Distributed& distributed) {
+    const bool leader = distributed.rank() == 0;
+    if (config.plan) {
+      if (leader) print_setup(config, data, out);
+      Trainer trainer(config, data, distributed);
+      if (leader) out << '\n' << tessera::fsdp::sharding_plan(trainer.model()) << std::flush;
+      return;
+    }
+
+    // ---- before the first step: everything the run will need ----
+    std::optional<JsonLinesWriter> log = open_outputs(config, distributed);
+    const std::unique_ptr<checkpoint::CheckpointManager> checkpoints = open_checkpoints(config, data, distributed);
+    std::optional<checkpoint::CheckpointEntry> resume_point;
+    if (checkpoints && config.resume) resume_point = checkpoints->latest();
+    const ResumeSettings settings =
+        resume_point ? settings_from_checkpoint(config, checkpoint::read_metadata(resume_point->path).training_state,
+                                                resume_point->path)
+                     : ResumeSettings{config, {}};
+    const TrainConfig& run = settings.config;
+    if (leader) {
+      print_setup(run, data, out);
+      out << "memory   "
+          << describe_memory(estimate_rank_memory(run), ranks_on_machine(run, tessera::dist::detect_launch()), machine)
+          << '\n';
+      for (const std::string& warning : resource_warnings) out << "warning  " << warning << '\n';
+      if (checkpoints) {
+        for (const std::string& notice : checkpoints->notices()) out << "ckpt     " << notice << '\n';
+      }
+      if (config.resume) print_resume(config, resume_point, settings, out);
+      out.flush();
+    }
+
+    Trainer trainer(run, data, distributed);
+    if (resume_point) trainer.resume_from(resume_point->path);
+    if (!run.init_from.empty()) {
+      trainer.init_from(run.init_from);
+      if (leader) out << fmt::format("init     weights from {}\n", run.init_from);
+    }
+    summary.first_step = trainer.steps_done() + 1;
+
+    // ---- the steps ----
+    const auto start = Clock::now();
+    for (int64_t step = summary.first_step; step <= run.steps; ++step) {
+      StepMetrics metrics = trainer.train_step();
+      const bool stopping = metrics.stop_signal != 0;
+      const bool last = step == run.steps;
+      if (!stopping && run.eval_every > 0 && (step % run.eval_every == 0 || last)) metrics.val_loss = trainer.evaluate();
+      const bool save_due = checkpoints && (stopping || last || (run.ckpt_every > 0 && step % run.ckpt_every == 0));
+      if (save_due) {
+        trainer.require_finite_state();
+        // Blocked: what the training thread waits for (an async save: the
+        // previous save, if still running, and the snapshot copy). A stop
+        // saves synchronously: the process is about to exit.
+        const auto save_start = Clock::now();
+        if (run.async_ckpt && !stopping) {
+          checkpoints->async_save(step, trainer.state_dict(), trainer.training_state());
+        } else {
+          checkpoints->save(step, trainer.state_dict(), trainer.training_state());
+        }
+        metrics.ckpt_blocked_ms = std::chrono::duration<double, std::milli>(Clock::now() - save_start).count();
+      }
+      if (stopping) summary.stop_signal = metrics.stop_signal;
+      if (leader) {
+        if (metrics.val_loss) summary.val_loss = metrics.val_loss;
+        summary.losses.push_back(metrics.loss);
+        out << format_progress(metrics) << '\n';
+        if (metrics.ckpt_blocked_ms) {
+          out << fmt::format("ckpt     {} ({}; training blocked {:.1f} ms)\n",
+                             checkpoint::checkpoint_path(run.ckpt_dir, step),
+                             run.async_ckpt && !stopping ? "async, writing in the background" : "sync, committed",
+                             *metrics.ckpt_blocked_ms);
+        }
+        out.flush();
+        if (log) log->write(to_json(metrics));
+      }
+      if (stopping) break;
+    }
+    if (checkpoints) checkpoints->wait();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!run.export_path.empty() && summary.stop_signal == 0) {
+      trainer.require_finite_state();
+      trainer.export_to(run.export_path);
+      if (leader) out << fmt::format("export   {} (safetensors, step {})\n", run.export_path, trainer.steps_done());
+    }
+
+    if (distributed.tracer) tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world, run.trace);
+    if (!leader) return;
+    summary.seconds = seconds;
+    if (summary.stop_signal != 0) {
+      print_stop(run, summary.stop_signal, trainer.steps_done(), out);
+    } else if (summary.losses.empty()) {
+      out << fmt::format("done     nothing to train: the run is at step {} of {}\n", trainer.steps_done(), run.steps);
+    } else {
+      out << fmt::format("done     {} steps in {:.1f} s: loss {:.4f} -> {:.4f}{}; unigram entropy {:.4f} nats\n",
+                         run.steps, summary.seconds, summary.losses.front(), summary.losses.back(),
+                         summary.val_loss ? fmt::format(" (val {:.4f})", *summary.val_loss) : std::string(),
+                         summary.unigram_entropy);
+    }
+    if (distributed.tracer) out << fmt::format("trace    {} (open in ui.perfetto.dev)\n", run.trace);
+    out.flush();
+  });
+  return summary;
+}
+
+}  // namespace gpt
