@@ -9,14 +9,9 @@ generate=$1
 missing=/nonexistent/tessera-checkpoint
 
 # Each case: a piece of the message, then the flags.
-expect_failure() {
-  local message=$1
-  shift
-  local output status=0
-  output=$("$generate" "$@" 2>&1) || status=$?
-  [ "$status" -ne 0 ] || { echo "generate $* exited 0:"; echo "$output"; exit 1; }
-  grep -qF -- "$message" <<<"$output" || { echo "generate $* did not say '$message':"; echo "$output"; exit 1; }
-}
+program=$generate
+source "$(dirname "$0")/expect_failure.sh"
+
 # The issue's case: 99999999999 tokens need ~559 GiB (this fails only where
 # more than twice that is available).
 expect_failure "--max-new-tokens 99999999999: the tokens and their printed text need about" \

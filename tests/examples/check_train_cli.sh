@@ -13,15 +13,9 @@ for expected in "FSDP sharding plan" "mesh DeviceMesh(cpu, (shard=4)" "module (r
 done
 if grep -q '^step ' <<<"$plan"; then echo "--plan trained:"; echo "$plan"; exit 1; fi
 
-# Each case: the flags, then a piece of the message they must print.
-expect_failure() {
-  local message=$1
-  shift
-  local output status=0
-  output=$("$train" "$@" 2>&1) || status=$?
-  [ "$status" -ne 0 ] || { echo "train $* exited 0:"; echo "$output"; exit 1; }
-  grep -qF -- "$message" <<<"$output" || { echo "train $* did not say '$message':"; echo "$output"; exit 1; }
-}
+# Each case: a piece of the message, then the flags.
+program=$train
+source "$(dirname "$0")/expect_failure.sh"
 expect_failure "--hsdp 3 must divide the 4 ranks" --hsdp 3 --nproc 4
 expect_failure "--reshard-after-forward 3 must divide the shard group size 4" --reshard-after-forward 3 --nproc 4
 expect_failure "--param-dtype: f16x not in" --param-dtype f16x
