@@ -159,6 +159,100 @@ CheckpointManager::CheckpointManager(std::string root, ManagerOptions options)
   rethrow_any(gather_json(group_, report_of([&] { probe_writable(root_, rank); })), "open");
 }
 
+namespace {
+
+// The root's run record: a new one when the root has none (and no step
+// directories either), else the recorded one, whose identity must be this
+// launch's but for the keys a continue_run may change.
+RunRecord claim_record(const std::string& root, const RootContents& contents, const ManagerOptions& options,
+                       std::vector<std::string>& notices) {
+  const std::string record_path = (fs::path(root) / kRunRecordFile).string();
+  const bool holds_steps = !contents.checkpoints.empty() || !contents.torn.empty() || !contents.leftovers.empty();
+  std::optional<RunRecord> recorded;
+  if (contents.has_record) recorded = RunRecord::read(record_path);
+  if (!recorded || !holds_steps) {
+    TESSERA_CHECK(!holds_steps,
+                  "{} holds checkpoint directories but no {} saying which run wrote them (an older tessera, or "
+                  "copied in); tessera will not save, prune or resume among them: move them away or choose another "
+                  "root",
+                  root, kRunRecordFile);
+    // A record without a single step directory protects nothing: the launch
+    // that wrote it died before its first save.
+    RunRecord record = RunRecord::start(options.identity);
+    record.write(record_path, options.sync);
+    notices.push_back(recorded ? fmt::format("{}: started run {} (run {} saved no checkpoint here)", root,
+                                             record.run_id, recorded->run_id)
+                               : fmt::format("{}: started run {}", root, record.run_id));
+    return record;
+  }
+  RunRecord record = std::move(*recorded);
+  std::vector<std::string> refused;
+  for (const IdentityDifference& difference : identity_differences(record.identity, options.identity)) {
+    const bool allowed =
+        options.mode == RootMode::continue_run &&
+        std::find(options.may_change.begin(), options.may_change.end(), difference.key) != options.may_change.end();
+    if (!allowed) refused.push_back(difference.description);
+  }
+  TESSERA_CHECK(refused.empty(), "{} belongs to run {} (started {}), not to this launch: {}; choose another root", root,
+                record.run_id, record.created, fmt::join(refused, "; "));
+  return record;
+}
+
+// What the step directories may hold for this launch: only the record's
+// run's complete checkpoints (none for a new run), the newest one intact.
+void check_checkpoints(const std::string& root, const RootContents& contents, const RunRecord& record, RootMode mode,
+                       std::vector<std::string>& notices) {
+  std::vector<FoundCheckpoint> foreign;
+  for (const FoundCheckpoint& found : contents.checkpoints) {
+    if (found.damage.empty() && found.run_id != record.run_id) foreign.push_back(found);
+  }
+  TESSERA_CHECK(foreign.empty(), "{} holds checkpoints of another run (copied in?): {}; move them away", root,
+                names_of(foreign));
+  TESSERA_CHECK(contents.torn.empty(),
+                "{} holds step directories without {} (tessera commits a checkpoint by renaming it whole, so these "
+                "were copied or edited): {}; move them away",
+                root, kMetadataFile, fmt::join(contents.torn, ", "));
+  if (mode == RootMode::new_run) {
+    TESSERA_CHECK(contents.checkpoints.empty(),
+                  "{} already holds this run's checkpoints ({}); resume from the newest, or choose another root", root,
+                  names_of(contents.checkpoints));
+  }
+  if (contents.checkpoints.empty()) return;
+  const FoundCheckpoint& newest = contents.checkpoints.back();
+  TESSERA_CHECK(newest.damage.empty(),
+                "the newest checkpoint {} is damaged: {}; move it away to resume from the one before", newest.path,
+                newest.damage);
+  for (const FoundCheckpoint& found : contents.checkpoints) {
+    if (!found.damage.empty()) {
+      notices.push_back(fmt::format("{} is damaged ({}); it is kept and never loaded", found.path, found.damage));
+    }
+  }
+}
+
+// Writes the permitted identity changes into the record, each an amendment
+// at the newest checkpoint's step.
+void amend_identity(const std::string& root, const RootContents& contents, RunRecord& record,
+                    const nlohmann::json& identity, bool sync, std::vector<std::string>& notices) {
+  const std::vector<IdentityDifference> changes = identity_differences(record.identity, identity);
+  if (changes.empty()) return;
+  const int64_t at_step = contents.checkpoints.empty() ? 0 : contents.checkpoints.back().step;
+  std::vector<std::string> described;
+  for (const IdentityDifference& change : changes) {
+    const auto value_in = [&](const nlohmann::json& json) {
+      return json.contains(change.key) ? json[change.key] : nlohmann::json(nullptr);
+    };
+    record.amendments.push_back(
+        {{"at_step", at_step}, {"key", change.key}, {"from", value_in(record.identity)}, {"to", value_in(identity)}});
+    described.push_back(change.description);
+  }
+  record.identity = identity;
+  const std::string record_path = (fs::path(root) / kRunRecordFile).string();
+  record.write(record_path, sync);
+  notices.push_back(fmt::format("{}: identity amended at step {}: {}", record_path, at_step, fmt::join(described, "; ")));
+}
+
+}  // namespace
+
 nlohmann::json CheckpointManager::open_root() {
   std::vector<std::string> notices;
   const nlohmann::json outcome = report_of([&] {
@@ -166,78 +260,9 @@ nlohmann::json CheckpointManager::open_root() {
     TESSERA_CHECK(fs::is_directory(root_), "{}: not a directory", root_);
     lock_ = std::make_unique<RootLock>(root_);
     const RootContents contents = scan_root(root_);
-    const std::string record_path = (fs::path(root_) / kRunRecordFile).string();
-
-    RunRecord record;
-    if (!contents.has_record) {
-      const bool holds_steps = !contents.checkpoints.empty() || !contents.torn.empty() || !contents.leftovers.empty();
-      TESSERA_CHECK(!holds_steps,
-                    "{} holds checkpoint directories but no {} saying which run wrote them (an older tessera, or "
-                    "copied in); tessera will not save, prune or resume among them: move them away or choose another "
-                    "root",
-                    root_, kRunRecordFile);
-      record = RunRecord::start(options_.identity);
-      record.write(record_path, options_.sync);
-      notices.push_back(fmt::format("{}: started run {}", root_, record.run_id));
-    } else {
-      record = RunRecord::read(record_path);
-      const std::vector<std::string> differences = identity_differences(record.identity, options_.identity);
-      std::vector<std::string> refused;
-      for (const std::string& difference : differences) {
-        const std::string key = difference.substr(0, difference.find(':'));
-        const bool allowed = options_.mode == RootMode::continue_run &&
-                             std::find(options_.may_change.begin(), options_.may_change.end(), key) !=
-                                 options_.may_change.end();
-        if (!allowed) refused.push_back(difference);
-      }
-      TESSERA_CHECK(refused.empty(), "{} belongs to run {} (started {}), not to this launch: {}; choose another root",
-                    root_, record.run_id, record.created, fmt::join(refused, "; "));
-    }
-
-    std::vector<FoundCheckpoint> foreign;
-    for (const FoundCheckpoint& found : contents.checkpoints) {
-      if (found.damage.empty() && found.run_id != record.run_id) foreign.push_back(found);
-    }
-    TESSERA_CHECK(foreign.empty(), "{} holds checkpoints of another run (copied in?): {}; move them away", root_,
-                  names_of(foreign));
-    TESSERA_CHECK(contents.torn.empty(),
-                  "{} holds step directories without {} (tessera commits a checkpoint by renaming it whole, so these "
-                  "were copied or edited): {}; move them away",
-                  root_, kMetadataFile, fmt::join(contents.torn, ", "));
-    if (options_.mode == RootMode::new_run) {
-      TESSERA_CHECK(contents.checkpoints.empty(),
-                    "{} already holds this run's checkpoints ({}); resume from the newest, or choose another root",
-                    root_, names_of(contents.checkpoints));
-    }
-    if (!contents.checkpoints.empty()) {
-      const FoundCheckpoint& newest = contents.checkpoints.back();
-      TESSERA_CHECK(newest.damage.empty(),
-                    "the newest checkpoint {} is damaged: {}; move it away to resume from the one before", newest.path,
-                    newest.damage);
-      for (const FoundCheckpoint& found : contents.checkpoints) {
-        if (!found.damage.empty()) {
-          notices.push_back(fmt::format("{} is damaged ({}); it is kept and never loaded", found.path, found.damage));
-        }
-      }
-    }
-
-    // Allowed changes of identity are written into the record before anything else changes.
-    const std::vector<std::string> changes = identity_differences(record.identity, options_.identity);
-    if (!changes.empty()) {
-      const int64_t at_step = contents.checkpoints.empty() ? 0 : contents.checkpoints.back().step;
-      for (const auto& [key, value] : options_.identity.items()) {
-        if (record.identity.contains(key) && record.identity[key] == value) continue;
-        record.amendments.push_back({{"at_step", at_step},
-                                     {"key", key},
-                                     {"from", record.identity.contains(key) ? record.identity[key] : nullptr},
-                                     {"to", value}});
-        record.identity[key] = value;
-      }
-      record.write(record_path, options_.sync);
-      notices.push_back(fmt::format("{}: identity amended at step {}: {}", record_path, at_step,
-                                    fmt::join(changes, "; ")));
-    }
-
+    RunRecord record = claim_record(root_, contents, options_, notices);
+    check_checkpoints(root_, contents, record, options_.mode, notices);
+    amend_identity(root_, contents, record, options_.identity, options_.sync, notices);
     for (const std::string& leftover : contents.leftovers) {
       fs::remove_all(leftover);
       notices.push_back(fmt::format("removed {} (an interrupted save or prune)", leftover));

@@ -44,11 +44,11 @@ std::string checkpoint_path(const std::string& root, int64_t step);
 // How a launch takes its root.
 enum class RootMode {
   // A fresh run: the root must hold no checkpoint. It may be new, empty, or
-  // hold this identity's record from a launch that died before its first save.
+  // hold the record of a launch that died before its first save (replaced).
   new_run,
   // Continue the root's run (resume): the record's identity must be this
-  // launch's, except for the keys in ManagerOptions::may_change. An empty or
-  // new root starts the run.
+  // launch's, except for the keys in ManagerOptions::may_change. A root
+  // without checkpoints starts the run.
   continue_run,
 };
 

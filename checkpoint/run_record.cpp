@@ -68,12 +68,14 @@ void RunRecord::write(const std::string& path, bool sync) const {
   write_sealed_json_file(path, json, sync);
 }
 
-std::vector<std::string> identity_differences(const nlohmann::json& recorded, const nlohmann::json& current) {
-  std::vector<std::string> differences;
+std::vector<IdentityDifference> identity_differences(const nlohmann::json& recorded, const nlohmann::json& current) {
+  std::vector<IdentityDifference> differences;
   auto describe = [&](const std::string& key) {
     const nlohmann::json before = recorded.contains(key) ? recorded[key] : nlohmann::json("(absent)");
     const nlohmann::json now = current.contains(key) ? current[key] : nlohmann::json("(absent)");
-    if (before != now) differences.push_back(fmt::format("{}: the run's {}, this launch's {}", key, before.dump(), now.dump()));
+    if (before != now) {
+      differences.push_back({key, fmt::format("{}: the run's {}, this launch's {}", key, before.dump(), now.dump())});
+    }
   };
   for (const auto& [key, value] : recorded.items()) describe(key);
   for (const auto& [key, value] : current.items()) {

@@ -33,8 +33,12 @@ struct RunRecord {
   void write(const std::string& path, bool sync) const;
 };
 
-// The keys of `recorded` and `current` (two identities) whose values differ,
-// each described as `key: recorded ... , this run's ...`.
-std::vector<std::string> identity_differences(const nlohmann::json& recorded, const nlohmann::json& current);
+// A key whose value differs between two identities, and
+// "key: the run's <recorded>, this launch's <current>".
+struct IdentityDifference {
+  std::string key;
+  std::string description;
+};
+std::vector<IdentityDifference> identity_differences(const nlohmann::json& recorded, const nlohmann::json& current);
 
 }  // namespace tessera::checkpoint

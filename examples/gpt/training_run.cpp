@@ -136,8 +136,9 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     }
 
     // ---- before the first step: everything the run will need ----
-    std::optional<JsonLinesWriter> log = open_outputs(config, distributed);
+    // The root first: a launch it refuses has not yet truncated the log.
     const std::unique_ptr<checkpoint::CheckpointManager> checkpoints = open_checkpoints(config, data, distributed);
+    std::optional<JsonLinesWriter> log = open_outputs(config, distributed);
     std::optional<checkpoint::CheckpointEntry> resume_point;
     if (checkpoints && config.resume) resume_point = checkpoints->latest();
     const ResumeSettings settings =
@@ -170,8 +171,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     const auto start = Clock::now();
     for (int64_t step = summary.first_step; step <= run.steps; ++step) {
       StepMetrics metrics = trainer.train_step();
-      const bool stopping = metrics.stop_signal != 0;
       const bool last = step == run.steps;
+      const bool stopping = metrics.stop_signal != 0 && !last;  // a stop in the last step just finishes
       if (!stopping && run.eval_every > 0 && (step % run.eval_every == 0 || last)) metrics.val_loss = trainer.evaluate();
       const bool save_due = checkpoints && (stopping || last || (run.ckpt_every > 0 && step % run.ckpt_every == 0));
       if (save_due) {

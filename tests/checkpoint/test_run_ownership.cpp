@@ -72,9 +72,15 @@ TEST_CASE("run ownership: a fresh run into a root holding this run's checkpoints
   CheckpointManager manager(root, run_options(RootMode::continue_run, kSeed1));
   REQUIRE(manager.latest().has_value());
   CHECK(manager.latest()->step == 6);
-  // A launch that died before its first save left only the record: a fresh run may take it.
+  // A launch that died before its first save left only its record, which
+  // protects nothing: any run may take the root, and says so.
   save_steps(tmp / "empty-run", kSeed1, {});
-  CHECK_NOTHROW(CheckpointManager(tmp / "empty-run", run_options(RootMode::new_run, kSeed1)));
+  const std::string dead_run = RunRecord::read(tmp / "empty-run/run.json").run_id;
+  CheckpointManager taken(tmp / "empty-run", run_options(RootMode::new_run, kSeed42));
+  REQUIRE(taken.notices().size() == 1);
+  CHECK(taken.notices()[0].find("(run " + dead_run + " saved no checkpoint here)") != std::string::npos);
+  CHECK(taken.run_id() != dead_run);
+  CHECK(RunRecord::read(tmp / "empty-run/run.json").identity == kSeed42);
 }
 
 TEST_CASE("run ownership: torn, foreign and unrecorded step directories are named") {
