@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint_manager.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/run_record.h"
+#include "checkpoint/sealed_json.h"
 #include "examples/gpt/graceful_stop.h"
 #include "examples/gpt/trainer.h"
 #include "examples/gpt/training_run.h"
@@ -163,6 +164,15 @@ TEST_CASE("run safety: a changed metadata.json is named, never resumed from") {
   const Outcome refused = run(resume);
   CHECK(refused.error.find(metadata + ": checksum mismatch") != std::string::npos);
   CHECK(!trained_a_step(refused));
+
+  // Resealed by hand: the seal holds, but the training state's step is not the checkpoint's.
+  nlohmann::ordered_json resealed = nlohmann::ordered_json::parse(text);
+  resealed.erase("crc32c");
+  std::ofstream(metadata, std::ios::trunc) << checkpoint::seal_json(resealed);
+  const Outcome contradicted = run(resume);
+  CHECK(contradicted.error.find("the training state is at step 5, the checkpoint's metadata at step 4") !=
+        std::string::npos);
+  CHECK(!trained_a_step(contradicted));
 }
 
 TEST_CASE("run safety: --resume prints the settings it really uses and which flags the checkpoint overrides") {
