@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "autograd/engine.h"
-#include "checkpoint/checkpoint_manager.h"
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/state_dict.h"
@@ -20,7 +19,6 @@
 #include "dist/local_backend.h"
 #include "examples/gpt/config_json.h"
 #include "examples/gpt/graceful_stop.h"
-#include "fsdp/plan.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"

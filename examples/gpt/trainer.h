@@ -8,7 +8,7 @@
 //                      mean, global-norm clipping, warmup + cosine lr, AdamW;
 //   evaluate           every rank the same validation batches.
 // A Trainer built without a Distributed trains the plain, unsharded model on
-// the calling thread (benchmarks and tests use that); `train` always runs
+// the calling thread (benchmarks and tests use that); `train` (training_run.h) always runs
 // FSDP, over one rank too.
 #pragma once
 
