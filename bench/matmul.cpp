@@ -1,4 +1,4 @@
-// GEMM benchmark: tessera's ops::matmul / ops::linear against a direct Eigen
+// GEMM benchmark: tessera's ops::matmul / ops::linear (on its GEMM backend) against a direct Eigen
 // GEMM on the same operands, in f32, for square matrices and the GPT-2 124M
 // layer shapes (B=4, T=64: 256 tokens, C=768) forward and backward.
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench/machine_context.h"
+#include "tensor/gemm_backend.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 
@@ -116,11 +117,11 @@ int main(int argc, char** argv) {
   }
   set_num_threads(threads);
 
-  fmt::print("# matmul bench: f32, threads={}, cpu={} ({} cores online, load average {}), vector ISA {}, eigen {}.{}.{}, "
-             "{} clock\n",
+  fmt::print("# matmul bench: f32, threads={}, cpu={} ({} cores online, load average {}), vector ISA {}, {} clock\n",
              threads, bench::cpu_model(), std::thread::hardware_concurrency(), bench::load_average(), bench::vector_isa(),
-             EIGEN_WORLD_VERSION,
-             EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, use_cpu_clock ? "process CPU" : "wall");
+             use_cpu_clock ? "process CPU" : "wall");
+  fmt::print("# tessera's GEMM: {} (TESSERA_GEMM={}); eigen: Eigen {}.{}.{} called directly\n", gemm_description(),
+             gemm_backend_name(gemm_backend()), EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION);
   fmt::print("# GFLOP/s, best of >=5 alternating timed calls after a warm-up. eigen: into an output made once;\n"
              "# eigen+alloc: into a fresh output each call (tessera allocates one each call). ratio = tessera / eigen\n");
 

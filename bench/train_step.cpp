@@ -15,6 +15,7 @@
 
 #include "bench/machine_context.h"
 #include "examples/gpt/trainer.h"
+#include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
 #include "tensor/storage.h"
 
@@ -72,8 +73,9 @@ int main(int argc, char** argv) {
   const double flops_per_token = model_config.flops_per_token(config.seq_len);
   fmt::print("train_step: GPT-2 124M ({} parameters), B={} T={} vocab {}, synthetic tokens, AdamW, clip {}\n", params,
              config.batch, config.seq_len, model_config.vocab_size, config.clip);
-  fmt::print("machine: {}, vector ISA {}, {} threads used of {}, load average {}\n", bench::cpu_model(),
-             bench::vector_isa(), tessera::num_threads(), std::thread::hardware_concurrency(), bench::load_average());
+  fmt::print("machine: {}, vector ISA {}, GEMM {}, {} threads used of {}, load average {}\n", bench::cpu_model(),
+             bench::vector_isa(), tessera::gemm_description(), tessera::num_threads(),
+             std::thread::hardware_concurrency(), bench::load_average());
 
   gpt::Trainer trainer(config, gpt::build_data(config));
   const int64_t param_bytes = params * 4;

@@ -6,7 +6,8 @@ set -euo pipefail
 
 packages=(
   g++ meson ninja-build pkg-config  # toolchain
-  libeigen3-dev                     # CPU GEMM
+  libeigen3-dev                     # CPU kernels, and the fallback GEMM
+  libopenblas-openmp-dev            # CPU GEMM: OpenBLAS on tessera's OpenMP team (tensor/gemm_backend.h)
   doctest-dev                       # tests
   libopenmpi-dev openmpi-bin        # the mpi backend and mpirun for its tests
   libfmt-dev libcli11-dev nlohmann-json3-dev  # formatting, flags, JSON-lines logs

@@ -16,6 +16,7 @@
 #include "examples/gpt/run_identity.h"
 #include "examples/gpt/trainer.h"
 #include "fsdp/plan.h"
+#include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
 
 namespace gpt {
@@ -30,7 +31,8 @@ void print_setup(const TrainConfig& config, const DataLoader& data, std::ostream
   out << fmt::format("data     {}\n         {} training and {} validation tokens\n", data.description(),
                      data.is_synthetic() ? std::string("unbounded") : std::to_string(data.train_tokens()),
                      data.is_synthetic() ? std::string("unbounded") : std::to_string(data.val_tokens()));
-  out << fmt::format("threads  {} per rank, vector ISA {}\n", tessera::num_threads(), tessera::cpu_instruction_set());
+  out << fmt::format("threads  {} per rank, vector ISA {}, GEMM {}\n", tessera::num_threads(),
+                     tessera::cpu_instruction_set(), tessera::gemm_description());
   out << fmt::format("target   unigram entropy of the training data {:.4f} nats (a model that ignores context); "
                      "uniform guess ln({}) = {:.4f}\n",
                      data.unigram_entropy(), config.model.vocab_size,

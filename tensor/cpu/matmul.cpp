@@ -1,13 +1,14 @@
-// CPU GEMM: out[..., M, N] = a[..., M, K] @ b[..., K, N] with Eigen. Row-major
-// and transposed (column-major) operands are mapped in place, so x @ W^T never
-// copies W; only operands with no unit stride in their last two dims are packed.
-#include <Eigen/Core>
+// CPU matmul: out[..., M, N] = a[..., M, K] @ b[..., K, N], one cpu::gemm per
+// batch matrix (Eigen or a BLAS: gemm_backend.h). Row-major and transposed
+// (column-major) operands are passed in place, so x @ W^T never copies W;
+// only operands with no unit stride in their last two dims are packed.
 #include <algorithm>
 #include <optional>
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
+#include "tensor/cpu/gemm.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -83,12 +84,6 @@ bool batch_broadcast(const Tensor& t, int64_t batch_dims) {
   return true;
 }
 
-template <typename T, int Order>
-using MatrixMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned,
-                             Eigen::OuterStride<>>;
-template <typename T>
-using OutMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, Eigen::Unaligned>;
-
 // Pointer to batch `batch` of `op`, packed row-major into `scratch` when its strides are irregular.
 template <typename T>
 const T* operand_data(const Operand& op, int64_t batch, std::vector<T>& scratch) {
@@ -101,20 +96,20 @@ const T* operand_data(const Operand& op, int64_t batch, std::vector<T>& scratch)
   return scratch.data();
 }
 
-template <typename T, int LhsOrder, int RhsOrder>
+template <typename T>
 void gemm_batches(T* out, const Operand& a, const Operand& b, int64_t batches) {
   const int64_t m = a.rows, k = a.cols, n = b.cols;
   const auto run = [&](int64_t begin, int64_t end) {
     std::vector<T> a_scratch, b_scratch;
     for (int64_t batch = begin; batch < end; ++batch) {
-      const MatrixMap<T, LhsOrder> lhs(operand_data<T>(a, batch, a_scratch), m, k, Eigen::OuterStride<>(a.leading));
-      const MatrixMap<T, RhsOrder> rhs(operand_data<T>(b, batch, b_scratch), k, n, Eigen::OuterStride<>(b.leading));
-      OutMap<T> dst(out + batch * m * n, m, n);
-      dst.noalias() = lhs * rhs;
+      const GemmMatrix<T> lhs{operand_data<T>(a, batch, a_scratch), a.layout == Layout::col_major, a.leading};
+      const GemmMatrix<T> rhs{operand_data<T>(b, batch, b_scratch), b.layout == Layout::col_major, b.leading};
+      gemm(m, n, k, lhs, rhs, out + batch * m * n);
     }
   };
-  // Eigen splits one big GEMM across the OpenMP team itself (and runs serially
-  // inside our parallel region); small batched GEMMs are split over batches.
+  // One big GEMM is split across the OpenMP team by the library itself (which
+  // runs serially inside our parallel region); small batched GEMMs are split
+  // over batches.
   constexpr int64_t kSmallGemmWork = int64_t{1} << 21;  // multiply-adds, ~128^3
   if (batches > 1 && m * n * k < kSmallGemmWork) {
     parallel_for(batches, 1, run);
@@ -122,8 +117,6 @@ void gemm_batches(T* out, const Operand& a, const Operand& b, int64_t batches) {
     run(0, batches);
   }
 }
-
-int order_of(const Operand& op) { return op.layout == Layout::col_major ? Eigen::ColMajor : Eigen::RowMajor; }
 
 template <typename T>
 void matmul_typed(const Tensor& out, const Tensor& a_tensor, const Tensor& b_tensor) {
@@ -146,11 +139,7 @@ void matmul_typed(const Tensor& out, const Tensor& a_tensor, const Tensor& b_ten
     std::fill(dst, dst + out.numel(), T{0});
     return;
   }
-  const bool lhs_col = order_of(a) == Eigen::ColMajor, rhs_col = order_of(b) == Eigen::ColMajor;
-  if (!lhs_col && !rhs_col) gemm_batches<T, Eigen::RowMajor, Eigen::RowMajor>(dst, a, b, batches);
-  if (!lhs_col && rhs_col) gemm_batches<T, Eigen::RowMajor, Eigen::ColMajor>(dst, a, b, batches);
-  if (lhs_col && !rhs_col) gemm_batches<T, Eigen::ColMajor, Eigen::RowMajor>(dst, a, b, batches);
-  if (lhs_col && rhs_col) gemm_batches<T, Eigen::ColMajor, Eigen::ColMajor>(dst, a, b, batches);
+  gemm_batches<T>(dst, a, b, batches);
 }
 
 }  // namespace

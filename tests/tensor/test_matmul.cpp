@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "tensor/gemm_backend.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 
@@ -289,4 +290,57 @@ TEST_CASE("matmul: the same values on 1 and 2 threads") {
   check_within_rounding(std::vector<double>(one.begin(), one.end()), expected, DType::f32, expected.inner);
   check_within_rounding(std::vector<double>(two.begin(), two.end()), expected, DType::f32, expected.inner);
   CHECK(batched_one == batched_two);
+}
+
+namespace {
+
+// Selects a GEMM backend for its lifetime.
+struct GemmBackendScope {
+  GemmBackend previous = gemm_backend();
+  explicit GemmBackendScope(GemmBackend backend) { set_gemm_backend(backend); }
+  ~GemmBackendScope() { set_gemm_backend(previous); }
+};
+
+}  // namespace
+
+TEST_CASE("matmul: every GEMM backend built in is within rounding on every layout, and reproducible") {
+  const Tensor a = random_tensor({37, 53}), b = random_tensor({53, 29}, DType::f32, 2);
+  const Tensor at = ops::transpose(random_tensor({53, 37}, DType::f32, 3), 0, 1);  // column-major [37, 53]
+  const Tensor bt = ops::transpose(random_tensor({29, 53}, DType::f32, 4), 0, 1);  // column-major [53, 29]
+  const Tensor strided = ops::narrow(random_tensor({37, 106}, DType::f32, 5), 1, 0, 53);  // rows 106 apart
+  const Tensor every_other = ops::slice(random_tensor({37, 106}, DType::f32, 6), 1, 0, 106, 2);  // packed
+  const Tensor batched = random_tensor({3, 5, 37, 53}, DType::f32, 7), shared = random_tensor({53, 29}, DType::f32, 8);
+  const Tensor a64 = random_tensor({37, 53}, DType::f64, 9), b64 = random_tensor({53, 29}, DType::f64, 10);
+  const std::vector<std::pair<Tensor, Tensor>> products = {
+      {a, b}, {a, bt}, {at, b}, {at, bt}, {strided, b}, {every_other, bt}, {batched, shared}, {a64, b64}};
+  for (const GemmBackend backend : {GemmBackend::eigen, GemmBackend::blas}) {
+    CAPTURE(gemm_backend_name(backend));
+    if (!gemm_backend_built(backend)) {
+      CHECK_THROWS_WITH_AS(set_gemm_backend(backend), doctest::Contains("this build has no blas backend"), Error);
+      continue;
+    }
+    const GemmBackendScope scope(backend);
+    CHECK(gemm_backend() == backend);
+    for (size_t index = 0; index < products.size(); ++index) {
+      CAPTURE(index);
+      const auto& [lhs, rhs] = products[index];
+      check_matmul(lhs, rhs);
+      CHECK(ops::matmul(lhs, rhs).to_vector<double>() == ops::matmul(lhs, rhs).to_vector<double>());
+    }
+  }
+}
+
+TEST_CASE("matmul: GEMM backends by name, as TESSERA_GEMM names them") {
+  CHECK(gemm_backend_named("eigen") == GemmBackend::eigen);
+  CHECK_THROWS_WITH_AS(gemm_backend_named("mkl"), doctest::Contains("unknown GEMM backend 'mkl': expected eigen or blas"),
+                       Error);
+  if (gemm_backend_built(GemmBackend::blas)) {
+    CHECK(gemm_backend_named("blas") == GemmBackend::blas);
+    const GemmBackendScope scope(GemmBackend::blas);
+    CHECK(gemm_description().find("OpenBLAS") == 0);
+  } else {
+    CHECK_THROWS_WITH_AS(gemm_backend_named("blas"), doctest::Contains("not in this build"), Error);
+  }
+  const GemmBackendScope scope(GemmBackend::eigen);
+  CHECK(gemm_description().find("Eigen 3.") == 0);
 }
