@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <limits>
-#include <mutex>
 #include <string_view>
 
 #include "tensor/error.h"
@@ -137,9 +136,9 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b
 }  // namespace
 
 template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* out) {
+void gemm(GemmBackend backend, int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* out) {
 #if TESSERA_HAVE_BLAS
-  if (gemm_backend() == GemmBackend::blas && fits_blas_int(m, n, k, a.leading, b.leading)) {
+  if (backend == GemmBackend::blas && fits_blas_int(m, n, k, a.leading, b.leading)) {
     blas_gemm(m, n, k, a, b, out);
     return;
   }
@@ -147,8 +146,8 @@ void gemm(int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* 
   eigen_gemm(m, n, k, a, b, out);
 }
 
-template void gemm<float>(int64_t, int64_t, int64_t, GemmMatrix<float>, GemmMatrix<float>, float*);
-template void gemm<double>(int64_t, int64_t, int64_t, GemmMatrix<double>, GemmMatrix<double>, double*);
+template void gemm<float>(GemmBackend, int64_t, int64_t, int64_t, GemmMatrix<float>, GemmMatrix<float>, float*);
+template void gemm<double>(GemmBackend, int64_t, int64_t, int64_t, GemmMatrix<double>, GemmMatrix<double>, double*);
 
 }  // namespace cpu
 

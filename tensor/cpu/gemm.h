@@ -1,9 +1,12 @@
-// One GEMM, out = A B, on the backend gemm_backend() names: the engine
-// under cpu::matmul, which works out layouts and batches and calls this per
+// One GEMM, out = A B, on a given backend: the engine under cpu::matmul,
+// which works out layouts and batches, reads gemm_backend() once (outside
+// any parallel region: reading TESSERA_GEMM may throw) and calls this per
 // matrix product.
 #pragma once
 
 #include <cstdint>
+
+#include "tensor/gemm_backend.h"
 
 namespace tessera::cpu {
 
@@ -17,8 +20,8 @@ struct GemmMatrix {
 };
 
 // out [m, n] (row-major, rows n apart) = a [m, k] @ b [k, n]; k >= 1.
-// T is float or double.
+// T is float or double. Products too large for CBLAS's int sizes run on Eigen.
 template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* out);
+void gemm(GemmBackend backend, int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* out);
 
 }  // namespace tessera::cpu

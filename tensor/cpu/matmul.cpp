@@ -99,12 +99,13 @@ const T* operand_data(const Operand& op, int64_t batch, std::vector<T>& scratch)
 template <typename T>
 void gemm_batches(T* out, const Operand& a, const Operand& b, int64_t batches) {
   const int64_t m = a.rows, k = a.cols, n = b.cols;
+  const GemmBackend backend = gemm_backend();
   const auto run = [&](int64_t begin, int64_t end) {
     std::vector<T> a_scratch, b_scratch;
     for (int64_t batch = begin; batch < end; ++batch) {
       const GemmMatrix<T> lhs{operand_data<T>(a, batch, a_scratch), a.layout == Layout::col_major, a.leading};
       const GemmMatrix<T> rhs{operand_data<T>(b, batch, b_scratch), b.layout == Layout::col_major, b.leading};
-      gemm(m, n, k, lhs, rhs, out + batch * m * n);
+      gemm(backend, m, n, k, lhs, rhs, out + batch * m * n);
     }
   };
   // One big GEMM is split across the OpenMP team by the library itself (which
