@@ -78,6 +78,13 @@ void WriteFile::close(bool sync) {
   TESSERA_CHECK(::close(fd) == 0, "{}: close failed: {}", path_, std::strerror(errno));
 }
 
+std::string read_file_text(const std::string& path) {
+  const ReadFile file(path);
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read_at(0, text.data(), file.size());
+  return text;
+}
+
 void sync_directory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   TESSERA_CHECK(fd >= 0, "{}: cannot open the directory: {}", path, std::strerror(errno));

@@ -45,6 +45,9 @@ class WriteFile {
   int64_t written_ = 0;
 };
 
+// The whole file as text (metadata.json, run.json).
+std::string read_file_text(const std::string& path);
+
 // fsync on a directory, so that renames and new entries in it are durable.
 void sync_directory(const std::string& path);
 

@@ -64,10 +64,7 @@ nlohmann::json parse_sealed_json(const std::string& text, const std::string& sou
 }
 
 nlohmann::json read_sealed_json_file(const std::string& path) {
-  ReadFile file(path);
-  std::string text(static_cast<size_t>(file.size()), '\0');
-  file.read_at(0, text.data(), file.size());
-  return parse_sealed_json(text, path);
+  return parse_sealed_json(read_file_text(path), path);
 }
 
 void write_sealed_json_file(const std::string& path, const nlohmann::ordered_json& object, bool sync) {

@@ -84,13 +84,6 @@ nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDic
   return nlohmann::json{{"file", file}, {"chunks", chunks}};
 }
 
-std::string read_text(const std::string& path) {
-  ReadFile file(path);
-  std::string text(static_cast<size_t>(file.size()), '\0');
-  file.read_at(0, text.data(), file.size());
-  return text;
-}
-
 }  // namespace
 
 // ---- save ----------------------------------------------------------------------------------------
@@ -177,7 +170,7 @@ CheckpointMetadata read_metadata(const std::string& dir) {
   TESSERA_CHECK(fs::is_directory(dir), "checkpoint::load: '{}' is not a directory", dir);
   TESSERA_CHECK(fs::exists(metadata_path), "checkpoint::load: '{}' has no {} (not a checkpoint, or an unfinished save)",
                 dir, kMetadataFile);
-  return CheckpointMetadata::parse(read_text(metadata_path), metadata_path);
+  return CheckpointMetadata::parse(read_file_text(metadata_path), metadata_path);
 }
 
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
