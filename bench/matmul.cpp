@@ -1,6 +1,7 @@
 // GEMM benchmark: tessera's ops::matmul / ops::linear (on its GEMM backend) against a direct Eigen
 // GEMM on the same operands, in f32, for square matrices and the GPT-2 124M
-// layer shapes (B=4, T=64: 256 tokens, C=768) forward and backward.
+// layer shapes (B=4, T=64: 256 tokens, C=768) forward and backward, each also
+// as a fraction of the machine's FMA peak measured in the same run.
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "bench/machine_context.h"
+#include "tensor/cpu/float_vector.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
@@ -57,6 +59,37 @@ std::vector<double> best_seconds(const std::vector<std::function<void()>>& calls
   return best;
 }
 
+// The FMA throughput of this build's vector ISA on `threads` cores, in
+// GFLOP/s: independent chains of fused multiply-adds, enough of them to hide
+// the FMA latency on every pipe, and no memory traffic. No GEMM can beat it,
+// so a GEMM's fraction of it says how much any other library could still gain.
+double fma_peak_gflops(int threads) {
+  constexpr int kChains = 12;
+  constexpr int64_t kIterations = 4'000'000;
+  double best = 1e30;
+  float sink = 0.0f;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double start = now_seconds();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      cpu::FloatVector chains[kChains] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+      const cpu::FloatVector scale(0.999999f), shift(1e-7f);
+      for (int64_t i = 0; i < kIterations; ++i) {
+        for (cpu::FloatVector& chain : chains) chain = cpu::vec::fma(chain, scale, shift);
+      }
+      float lanes[cpu::FloatVector::kWidth];
+      for (const cpu::FloatVector& chain : chains) {
+        chain.store(lanes);
+        sink += lanes[0];
+      }
+    }
+    best = std::min(best, now_seconds() - start);
+  }
+  if (sink == 42.0f) fmt::print("");  // keeps the chains alive
+  return 2.0 * static_cast<double>(cpu::FloatVector::kWidth) * kChains * static_cast<double>(kIterations) * threads /
+         best * 1e-9;
+}
+
 // One row of the table: a [M, K] x [K, N] product.
 struct Case {
   std::string name;
@@ -65,7 +98,7 @@ struct Case {
   std::function<void(RowMatrix&)> eigen;
 };
 
-void run_case(const Case& c) {
+void run_case(const Case& c, double peak_gflops) {
   const double flops = 2.0 * static_cast<double>(c.m) * static_cast<double>(c.k) * static_cast<double>(c.n);
   RowMatrix out(c.m, c.n);
   const std::vector<double> seconds = best_seconds({
@@ -77,9 +110,9 @@ void run_case(const Case& c) {
       },
   });
   const auto gflops = [&](double s) { return flops / s * 1e-9; };
-  fmt::print("{:<36} {:>6} {:>6} {:>6} {:>8.1f} {:>8.1f} {:>6.2f} {:>8.1f} {:>6.2f}\n", c.name, c.m, c.k, c.n,
-             gflops(seconds[0]), gflops(seconds[1]), seconds[1] / seconds[0], gflops(seconds[2]),
-             seconds[2] / seconds[0]);
+  fmt::print("{:<36} {:>6} {:>6} {:>6} {:>8.1f} {:>8.1f} {:>6.2f} {:>8.1f} {:>6.2f} {:>7.2f} {:>7.2f}\n", c.name, c.m,
+             c.k, c.n, gflops(seconds[0]), gflops(seconds[1]), seconds[1] / seconds[0], gflops(seconds[2]),
+             seconds[2] / seconds[0], gflops(seconds[0]) / peak_gflops, gflops(seconds[1]) / peak_gflops);
 }
 
 Tensor random(const Shape& shape, uint64_t seed) { return ops::randn(shape, PhiloxKey{seed, 0}); }
@@ -122,8 +155,12 @@ int main(int argc, char** argv) {
              use_cpu_clock ? "process CPU" : "wall");
   fmt::print("# tessera's GEMM: {} (TESSERA_GEMM={}); eigen: Eigen {}.{}.{} called directly\n", gemm_description(),
              gemm_backend_name(gemm_backend()), EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION);
+  const double peak = fma_peak_gflops(threads);
   fmt::print("# GFLOP/s, best of >=5 alternating timed calls after a warm-up. eigen: into an output made once;\n"
-             "# eigen+alloc: into a fresh output each call (tessera allocates one each call). ratio = tessera / eigen\n");
+             "# eigen+alloc: into a fresh output each call (tessera allocates one each call). ratio = tessera / eigen\n"
+             "# FMA peak ({} x {}-lane FMA chains on {} thread(s), measured now): {:.1f} GFLOP/s; t/peak, e/peak:\n"
+             "# tessera's and eigen's fraction of it\n",
+             cpu::FloatVector::kInstructionSet, cpu::FloatVector::kWidth, threads, peak);
 
   std::vector<Case> cases;
   for (int64_t size : {1024, 2048}) {
@@ -138,8 +175,8 @@ int main(int argc, char** argv) {
   add_layer(cases, "fc proj", tokens, 4 * channels, channels, 40);
   add_layer(cases, "lm head (tied wte)", tokens, channels, 50257, 50);
 
-  fmt::print("{:<36} {:>6} {:>6} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6}\n", "shape", "M", "K", "N", "tessera", "eigen",
-             "ratio", "e+alloc", "ratio");
-  for (const Case& c : cases) run_case(c);
+  fmt::print("{:<36} {:>6} {:>6} {:>6} {:>8} {:>8} {:>6} {:>8} {:>6} {:>7} {:>7}\n", "shape", "M", "K", "N", "tessera",
+             "eigen", "ratio", "e+alloc", "ratio", "t/peak", "e/peak");
+  for (const Case& c : cases) run_case(c, peak);
   return 0;
 }
