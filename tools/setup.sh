@@ -13,6 +13,7 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev  # formatting, flags, JSON-lines logs
   fortunes                          # the GPT example's default text corpus
   clang libclang-rt-dev libomp-dev  # tests/fuzz: clang++, its libFuzzer/sanitizer runtimes, OpenMP for clang
+  libboost-context-dev              # the cuda simulator's fibers (tensor/cuda/sim); the CUDA toolkit is not Debian's
 )
 
 missing=()

@@ -1,0 +1,147 @@
+// The one header a kernel source (.cu) includes. nvcc compiles the source for
+// the GPU; in the simulator build g++ compiles the same file as C++, and this
+// header maps CUDA's built-ins (threadIdx, __syncthreads, __shfl_*_sync,
+// __ballot_sync, atomics, __shared__) onto tessera::cuda::sim. Kernels are
+// plain CUDA C++ plus two spellings of ours: TESSERA_LAUNCH for a launch
+// (nvcc's <<<>>> is not C++) and dynamic_shared_memory<T>() for
+// `extern __shared__` storage.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include "tensor/cuda/launch_config.h"
+
+#if defined(__CUDACC__)
+
+#include "tensor/cuda/nvidia/launch.h"
+
+// Shared memory sized at launch (LaunchConfig::dynamic_shared_bytes).
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared_memory() {
+  extern __shared__ __align__(16) unsigned char tessera_dynamic_shared[];
+  return reinterpret_cast<T*>(tessera_dynamic_shared);
+}
+
+#define TESSERA_LAUNCH(kernel, config, ...) \
+  ::tessera::cuda::nvidia::launch(#kernel, reinterpret_cast<const void*>(&kernel), config, __VA_ARGS__)
+
+#else  // the simulator
+
+#include <atomic>
+#include <cstring>
+#include <source_location>
+#include <type_traits>
+
+#include "tensor/cuda/sim/intrinsics.h"
+#include "tensor/cuda/sim/launch.h"
+
+// Static shared memory is per OS thread, and a block's fibers all run on one
+// OS thread, one block at a time.
+#undef __shared__
+#define __shared__ thread_local
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+#define threadIdx (::tessera::cuda::sim::thread_index())
+#define blockIdx (::tessera::cuda::sim::block_index())
+#define blockDim (::tessera::cuda::sim::block_dim())
+#define gridDim (::tessera::cuda::sim::grid_dim())
+constexpr int warpSize = 32;
+
+inline void __syncthreads(std::source_location site = std::source_location::current()) {
+  ::tessera::cuda::sim::sync_threads(site);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location site = std::source_location::current()) {
+  ::tessera::cuda::sim::warp_operation(::tessera::cuda::sim::WarpOp::syncwarp, mask, 0, 0, warpSize, site);
+}
+inline unsigned __activemask() { return ::tessera::cuda::sim::active_mask(); }
+
+namespace tessera::cuda::sim {
+template <typename T>
+T shuffle(WarpOp op, unsigned mask, T value, int argument, int width, std::source_location site) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>, "__shfl_*_sync of a wide type");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  bits = warp_operation(op, mask, bits, argument, width, site);
+  std::memcpy(&value, &bits, sizeof(T));
+  return value;
+}
+}  // namespace tessera::cuda::sim
+
+template <typename T>
+T __shfl_sync(unsigned mask, T value, int source_lane, int width = warpSize,
+              std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::shuffle(::tessera::cuda::sim::WarpOp::shfl, mask, value, source_lane, width, site);
+}
+template <typename T>
+T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = warpSize,
+                 std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::shuffle(::tessera::cuda::sim::WarpOp::shfl_up, mask, value, static_cast<int>(delta),
+                                       width, site);
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize,
+                   std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::shuffle(::tessera::cuda::sim::WarpOp::shfl_down, mask, value, static_cast<int>(delta),
+                                       width, site);
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = warpSize,
+                  std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::shuffle(::tessera::cuda::sim::WarpOp::shfl_xor, mask, value, lane_mask, width, site);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate,
+                              std::source_location site = std::source_location::current()) {
+  return static_cast<unsigned>(::tessera::cuda::sim::warp_operation(::tessera::cuda::sim::WarpOp::ballot, mask,
+                                                                    predicate != 0, 0, warpSize, site));
+}
+inline int __any_sync(unsigned mask, int predicate, std::source_location site = std::source_location::current()) {
+  return static_cast<int>(
+      ::tessera::cuda::sim::warp_operation(::tessera::cuda::sim::WarpOp::any, mask, predicate != 0, 0, warpSize, site));
+}
+inline int __all_sync(unsigned mask, int predicate, std::source_location site = std::source_location::current()) {
+  return static_cast<int>(
+      ::tessera::cuda::sim::warp_operation(::tessera::cuda::sim::WarpOp::all, mask, predicate != 0, 0, warpSize, site));
+}
+
+// CUDA's atomics, with the value converted to the pointee as nvcc does.
+template <typename T>
+T atomicAdd(T* address, std::type_identity_t<T> value) {
+  return ::tessera::cuda::sim::atomic_add(address, value);
+}
+template <typename T>
+T atomicMax(T* address, std::type_identity_t<T> value) {
+  return ::tessera::cuda::sim::atomic_max(address, value);
+}
+template <typename T>
+T atomicMin(T* address, std::type_identity_t<T> value) {
+  return ::tessera::cuda::sim::atomic_min(address, value);
+}
+template <typename T>
+T atomicExch(T* address, std::type_identity_t<T> value) {
+  return ::tessera::cuda::sim::atomic_exchange(address, value);
+}
+template <typename T>
+T atomicCAS(T* address, std::type_identity_t<T> expected, std::type_identity_t<T> desired) {
+  return ::tessera::cuda::sim::atomic_compare_and_swap(address, expected, desired);
+}
+
+// A load through the read-only data cache; in the simulator a plain load.
+template <typename T>
+T __ldg(const T* address) {
+  return *address;
+}
+
+template <typename T>
+T* dynamic_shared_memory() {
+  return static_cast<T*>(::tessera::cuda::sim::dynamic_shared_memory());
+}
+
+#define TESSERA_LAUNCH(kernel, config, ...)                                                                   \
+  ::tessera::cuda::sim::launch(#kernel, reinterpret_cast<const void*>(&kernel), config,                       \
+                               [=] { kernel(__VA_ARGS__); })
+
+#endif

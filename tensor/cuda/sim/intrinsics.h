@@ -1,0 +1,58 @@
+// The simulator's side of the CUDA built-ins a kernel uses: the thread's
+// coordinates, barriers, warp-level exchange and votes, atomics and dynamic
+// shared memory. tensor/cuda/portability.h maps CUDA's names onto these; a
+// kernel never calls them directly. They are ordinary (uninstrumented)
+// functions, so a kernel's coordinates are never cached across a barrier.
+#pragma once
+
+#include <vector_types.h>
+
+#include <cstdint>
+#include <source_location>
+
+namespace tessera::cuda::sim {
+
+uint3 thread_index();
+uint3 block_index();
+dim3 block_dim();
+dim3 grid_dim();
+
+// __syncthreads(): every thread of the block waits here; `site` names the
+// barrier in the error when threads diverge.
+void sync_threads(std::source_location site);
+
+enum class WarpOp : uint8_t { syncwarp, shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all };
+const char* warp_op_name(WarpOp op);
+
+// A warp-level operation over the lanes of `mask` (which must include the
+// caller): every lane of the mask arrives with the same op and mask. For the
+// shuffles, `value` holds the caller's bits and the result is the source
+// lane's; `argument` is the source lane, delta or lane mask. For the votes
+// `value` is the predicate and the result the ballot.
+uint64_t warp_operation(WarpOp op, unsigned mask, uint64_t value, int argument, int width, std::source_location site);
+// The lanes of the caller's warp that have not exited.
+unsigned active_mask();
+
+// The block's dynamic shared memory (LaunchConfig::dynamic_shared_bytes).
+void* dynamic_shared_memory();
+
+// Atomics: the read-modify-write is atomic against every other thread of the
+// process, and the access is checked like any other.
+int atomic_add(int* address, int value);
+unsigned atomic_add(unsigned* address, unsigned value);
+unsigned long long atomic_add(unsigned long long* address, unsigned long long value);
+float atomic_add(float* address, float value);
+double atomic_add(double* address, double value);
+int atomic_max(int* address, int value);
+unsigned atomic_max(unsigned* address, unsigned value);
+int atomic_min(int* address, int value);
+unsigned atomic_min(unsigned* address, unsigned value);
+int atomic_exchange(int* address, int value);
+unsigned atomic_exchange(unsigned* address, unsigned value);
+float atomic_exchange(float* address, float value);
+int atomic_compare_and_swap(int* address, int expected, int desired);
+unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired);
+unsigned long long atomic_compare_and_swap(unsigned long long* address, unsigned long long expected,
+                                           unsigned long long desired);
+
+}  // namespace tessera::cuda::sim

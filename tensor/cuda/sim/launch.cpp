@@ -1,0 +1,185 @@
+#include "tensor/cuda/sim/launch.h"
+
+#include <elf.h>
+#include <link.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tensor/cuda/sim/architecture.h"
+#include "tensor/cuda/sim/device_heap.h"
+#include "tensor/cuda/sim/fiber_stacks.h"
+#include "tensor/cuda/sim/launch_state.h"
+#include "tensor/cuda/sim/thread_block.h"
+#include "tensor/error.h"
+#include "tensor/stream.h"
+
+namespace tessera::cuda::sim {
+
+namespace {
+
+std::atomic<uint64_t> block_order_seed{0x7e55e7a};
+std::atomic<uint64_t> launches_so_far{0};
+
+std::mutex counters_mutex;
+std::map<std::string, KernelCounters>& all_counters() {
+  static auto* counters = new std::map<std::string, KernelCounters>;
+  return *counters;
+}
+
+// Extra bytes past the configured dynamic shared memory, so an overrun lands
+// in the window and is reported instead of touching the heap.
+constexpr int64_t kSharedRedZone = 1024;
+
+void validate(const char* kernel, const LaunchConfig& config) {
+  const Architecture& arch = target_architecture();
+  const dim3 grid = config.grid, block = config.block;
+  const int64_t block_dims[3] = {block.x, block.y, block.z}, grid_dims[3] = {grid.x, grid.y, grid.z};
+  for (int axis = 0; axis < 3; ++axis) {
+    TESSERA_CHECK(block_dims[axis] >= 1 && block_dims[axis] <= arch.max_block_dim[axis],
+                  "cuda sim: launch of `{}`: block ({},{},{}) is outside {}'s limits ({},{},{})", kernel, block.x,
+                  block.y, block.z, arch.name, arch.max_block_dim[0], arch.max_block_dim[1], arch.max_block_dim[2]);
+    TESSERA_CHECK(grid_dims[axis] >= 1 && grid_dims[axis] <= arch.max_grid_dim[axis],
+                  "cuda sim: launch of `{}`: grid ({},{},{}) is outside {}'s limits ({},{},{})", kernel, grid.x, grid.y,
+                  grid.z, arch.name, arch.max_grid_dim[0], arch.max_grid_dim[1], arch.max_grid_dim[2]);
+  }
+  const int64_t threads = block_dims[0] * block_dims[1] * block_dims[2];
+  TESSERA_CHECK(threads <= arch.max_threads_per_block,
+                "cuda sim: launch of `{}`: {} threads per block, above {}'s {}", kernel, threads, arch.name,
+                arch.max_threads_per_block);
+  const int64_t shared = config.dynamic_shared_bytes;
+  const int64_t limit = config.shared_memory_opt_in ? arch.max_shared_bytes_per_block : arch.default_shared_bytes;
+  TESSERA_CHECK(shared >= 0 && shared <= limit,
+                "cuda sim: launch of `{}`: {} bytes of dynamic shared memory, above the {} bytes a block may have on "
+                "{}{}",
+                kernel, shared, limit, arch.name,
+                config.shared_memory_opt_in ? "" : " without opting in (LaunchConfig::shared_memory_opt_in)");
+  for (const BufferUse& buffer : config.buffers) {
+    TESSERA_CHECK(buffer.bytes >= 0 && (buffer.bytes == 0 || is_live_device_range(buffer.data, buffer.bytes)),
+                  "cuda sim: launch of `{}`: buffer `{}` ({} bytes at {}) is not live device memory: {}", kernel,
+                  buffer.name, buffer.bytes, buffer.data, describe_device_address(buffer.data, buffer.bytes));
+  }
+}
+
+// This OS thread's copy of the TLS segment of the module holding `code`:
+// where the kernel's __shared__ (thread_local) variables live.
+Window static_shared_window(const void* code) {
+  struct Search {
+    uintptr_t code;
+    Window window;
+  } search{reinterpret_cast<uintptr_t>(code), {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto& search = *static_cast<Search*>(data);
+        bool holds_code = false;
+        const ElfW(Phdr)* tls = nullptr;
+        for (int index = 0; index < info->dlpi_phnum; ++index) {
+          const ElfW(Phdr)& header = info->dlpi_phdr[index];
+          const uintptr_t begin = info->dlpi_addr + header.p_vaddr;
+          if (header.p_type == PT_LOAD && search.code - begin < header.p_memsz) holds_code = true;
+          if (header.p_type == PT_TLS) tls = &header;
+        }
+        if (!holds_code) return 0;
+        if (tls != nullptr && info->dlpi_tls_data != nullptr) {
+          search.window = Window{reinterpret_cast<uintptr_t>(info->dlpi_tls_data), static_cast<int64_t>(tls->p_memsz)};
+        }
+        return 1;
+      },
+      &search);
+  return search.window;
+}
+
+// The dynamic shared memory of the blocks this OS thread runs, with its red
+// zone; filled with all-ones bytes (NaN in every float type) before each
+// block, as shared memory starts with garbage on the GPU.
+std::vector<unsigned char>& dynamic_shared_buffer(int64_t bytes) {
+  thread_local std::vector<unsigned char> buffer;
+  if (static_cast<int64_t>(buffer.size()) < bytes + kSharedRedZone) buffer.resize(bytes + kSharedRedZone);
+  return buffer;
+}
+
+std::vector<uint3> block_order(dim3 grid, uint64_t launch_number) {
+  std::vector<uint3> blocks;
+  blocks.reserve(static_cast<size_t>(grid.x) * grid.y * grid.z);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) blocks.push_back(uint3{x, y, z});
+    }
+  }
+  std::mt19937_64 random(block_order_seed.load() ^ (launch_number * 0x9e3779b97f4a7c15ull));
+  std::shuffle(blocks.begin(), blocks.end(), random);
+  return blocks;
+}
+
+void run_launch(const std::string& kernel_name, const void* kernel_address, const LaunchConfig& config,
+                const std::function<void()>& thread_body, uint64_t launch_number) {
+  LaunchState launch;
+  launch.kernel_name = kernel_name;
+  launch.config = &config;
+  launch.thread_body = &thread_body;
+  launch.static_shared = static_shared_window(kernel_address);
+  std::vector<unsigned char>& dynamic = dynamic_shared_buffer(config.dynamic_shared_bytes);
+  launch.dynamic_shared = Window{reinterpret_cast<uintptr_t>(dynamic.data()), static_cast<int64_t>(dynamic.size())};
+  launch.dynamic_shared_bytes = config.dynamic_shared_bytes;
+  thread_local FiberStacks stacks;
+
+  struct Restore {
+    LaunchState* previous = current_launch();
+    ~Restore() { set_current_launch(previous); }
+  } restore;
+  set_current_launch(&launch);
+  const std::vector<uint3> blocks = block_order(config.grid, launch_number);
+  for (const uint3& index : blocks) {
+    std::memset(dynamic.data(), 0xff, dynamic.size());
+    launch.static_racecheck.reset(launch.static_shared.bytes);
+    launch.dynamic_racecheck.reset(launch.dynamic_shared.bytes);
+    ThreadBlock block(launch, index, stacks);
+    block.run();
+    launch.block = nullptr;
+  }
+  const dim3 block = config.block;
+  std::lock_guard lock(counters_mutex);
+  KernelCounters& total = all_counters()[kernel_name];
+  total.launches += 1;
+  total.blocks += static_cast<int64_t>(blocks.size());
+  total.threads += static_cast<int64_t>(blocks.size()) * block.x * block.y * block.z;
+  total.device_bytes_read += launch.counters.device_bytes_read;
+  total.device_bytes_written += launch.counters.device_bytes_written;
+  total.shared_bytes_accessed += launch.counters.shared_bytes_accessed;
+}
+
+}  // namespace
+
+void launch(const char* kernel_name, const void* kernel_address, const LaunchConfig& config,
+            std::function<void()> thread_body) {
+  validate(kernel_name, config);
+  const uint64_t launch_number = launches_so_far.fetch_add(1);
+  if (config.stream == nullptr) {
+    run_launch(kernel_name, kernel_address, config, thread_body, launch_number);
+    return;
+  }
+  config.stream->enqueue([name = std::string(kernel_name), kernel_address, config, body = std::move(thread_body),
+                          launch_number] { run_launch(name, kernel_address, config, body, launch_number); });
+}
+
+void set_block_order_seed(uint64_t seed) {
+  block_order_seed.store(seed);
+  launches_so_far.store(0);
+}
+
+std::map<std::string, KernelCounters> kernel_counters() {
+  std::lock_guard lock(counters_mutex);
+  return all_counters();
+}
+
+void reset_kernel_counters() {
+  std::lock_guard lock(counters_mutex);
+  all_counters().clear();
+}
+
+}  // namespace tessera::cuda::sim

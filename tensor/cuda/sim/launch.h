@@ -1,0 +1,41 @@
+// A simulated kernel launch: the limits the hardware enforces, then every
+// block in a seeded random order (so no kernel can rely on an order between
+// blocks), each as a ThreadBlock of fibers. Errors in a kernel (a race, an
+// out-of-bounds access, a divergent barrier) are tessera::Errors naming the
+// kernel; with a stream they surface at its synchronize().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "tensor/cuda/launch_config.h"
+
+namespace tessera::cuda::sim {
+
+// Runs the kernel's body once per simulated thread. `kernel_address` tells
+// the simulator which module's thread-local storage holds the kernel's
+// __shared__ variables.
+void launch(const char* kernel_name, const void* kernel_address, const LaunchConfig& config,
+            std::function<void()> thread_body);
+
+// The order of blocks in launch n is a permutation drawn from (seed, n);
+// setting the seed restarts n, so a sequence of launches replays exactly.
+void set_block_order_seed(uint64_t seed);
+
+// What the simulator counted, per kernel name, over every launch since the
+// last reset: device bytes each launch's threads read and wrote (atomics count
+// as both), and shared-memory bytes.
+struct KernelCounters {
+  int64_t launches = 0;
+  int64_t blocks = 0;
+  int64_t threads = 0;
+  int64_t device_bytes_read = 0;
+  int64_t device_bytes_written = 0;
+  int64_t shared_bytes_accessed = 0;
+};
+std::map<std::string, KernelCounters> kernel_counters();
+void reset_kernel_counters();
+
+}  // namespace tessera::cuda::sim

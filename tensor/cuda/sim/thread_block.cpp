@@ -1,0 +1,323 @@
+#include "tensor/cuda/sim/thread_block.h"
+
+#include <bit>
+#include <cstring>
+#include <map>
+#include <new>
+
+#include "tensor/error.h"
+
+namespace tessera::cuda::sim {
+
+namespace {
+
+// Destroying a suspended fiber would unwind its stack through kernel code
+// that the compiler's instrumentation treats as never throwing. A faulted
+// block's fibers are dropped instead: their stacks belong to the pool, and a
+// kernel holds nothing that needs a destructor.
+void abandon(boost::context::fiber&& fiber) {
+  alignas(boost::context::fiber) static thread_local unsigned char dropped[sizeof(boost::context::fiber)];
+  new (dropped) boost::context::fiber(std::move(fiber));
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+
+std::string site_name(const std::source_location& site) {
+  return fmt::format("{}:{}", site.file_name(), site.line());
+}
+
+bool is_shuffle(WarpOp op) {
+  return op == WarpOp::shfl || op == WarpOp::shfl_up || op == WarpOp::shfl_down || op == WarpOp::shfl_xor;
+}
+
+// The lane whose value `lane` receives, CUDA's rules for a segment of `width`
+// lanes: out-of-segment sources give the lane its own value.
+int32_t shuffle_source(WarpOp op, int32_t lane, int32_t argument, int32_t width) {
+  const int32_t segment = lane / width * width;
+  switch (op) {
+    case WarpOp::shfl: return segment + ((argument % width) + width) % width;
+    case WarpOp::shfl_up: return lane - argument >= segment ? lane - argument : lane;
+    case WarpOp::shfl_down: return lane + argument < segment + width ? lane + argument : lane;
+    case WarpOp::shfl_xor: {
+      const int32_t source = lane ^ argument;
+      return source < segment + width ? source : lane;
+    }
+    default: return lane;
+  }
+}
+
+}  // namespace
+
+const char* warp_op_name(WarpOp op) {
+  switch (op) {
+    case WarpOp::syncwarp: return "__syncwarp";
+    case WarpOp::shfl: return "__shfl_sync";
+    case WarpOp::shfl_up: return "__shfl_up_sync";
+    case WarpOp::shfl_down: return "__shfl_down_sync";
+    case WarpOp::shfl_xor: return "__shfl_xor_sync";
+    case WarpOp::ballot: return "__ballot_sync";
+    case WarpOp::any: return "__any_sync";
+    case WarpOp::all: return "__all_sync";
+  }
+  return "?";
+}
+
+ThreadBlock::ThreadBlock(LaunchState& launch, uint3 index, FiberStacks& stacks) : launch_(launch), index_(index) {
+  const dim3 block = launch.config->block;
+  const int32_t count = static_cast<int32_t>(block.x * block.y * block.z);
+  threads_.resize(count);
+  warps_.resize((count + 31) / 32);
+  stacks.reserve(count);
+  for (int32_t linear = 0; linear < count; ++linear) {
+    KernelThread& thread = threads_[linear];
+    thread.index = uint3{linear % block.x, linear / block.x % block.y, linear / (block.x * block.y)};
+    thread.linear = linear;
+    thread.warp = linear / 32;
+    thread.lane = linear % 32;
+    warps_[thread.warp].lanes |= 1u << thread.lane;
+    start(thread, stacks);
+  }
+}
+
+ThreadBlock::~ThreadBlock() {
+  for (KernelThread& thread : threads_) {
+    if (thread.suspended) abandon(std::move(thread.suspended));
+  }
+}
+
+void ThreadBlock::start(KernelThread& thread, FiberStacks& stacks) {
+  thread.suspended = boost::context::fiber(
+      std::allocator_arg, PooledStack{stacks.stack(thread.linear)},
+      [this, &thread](boost::context::fiber&& scheduler) {
+        thread.scheduler = std::move(scheduler);
+        try {
+          (*launch_.thread_body)();
+          thread.state = KernelThread::State::exited;
+        } catch (const boost::context::detail::forced_unwind&) {
+          throw;
+        } catch (const std::exception& error) {
+          thread.state = KernelThread::State::faulted;
+          faulted_ = true;
+          fault_ = fmt::format("cuda sim: {} thread {}: {}", where(), describe_thread(thread.linear), error.what());
+        }
+        return std::move(thread.scheduler);
+      });
+}
+
+void ThreadBlock::resume(KernelThread& thread) {
+  running_ = &thread;
+  launch_.block = this;
+  thread.suspended = std::move(thread.suspended).resume();
+  running_ = nullptr;
+}
+
+void ThreadBlock::yield() {
+  KernelThread& thread = *running_;
+  thread.scheduler = std::move(thread.scheduler).resume();
+}
+
+void ThreadBlock::fault(const std::string& message) {
+  running_->state = KernelThread::State::faulted;
+  faulted_ = true;
+  fault_ = message;
+  yield();
+  std::abort();  // a faulted thread is never resumed
+}
+
+void ThreadBlock::run() {
+  for (;;) {
+    bool ran = false;
+    for (KernelThread& thread : threads_) {
+      if (thread.state != KernelThread::State::runnable) continue;
+      resume(thread);
+      ran = true;
+      if (faulted_) throw Error(fault_);
+    }
+    if (ran) continue;
+    bool all_exited = true;
+    for (const KernelThread& thread : threads_) all_exited = all_exited && thread.state == KernelThread::State::exited;
+    if (all_exited) return;
+    release_barrier_or_fail();
+  }
+}
+
+// No thread can run: either every live thread waits at one __syncthreads,
+// which then opens, or the block can never finish.
+void ThreadBlock::release_barrier_or_fail() {
+  const KernelThread* first_waiter = nullptr;
+  int32_t waiting = 0, exited = 0;
+  for (const KernelThread& thread : threads_) {
+    if (thread.state == KernelThread::State::exited) ++exited;
+    if (thread.state != KernelThread::State::at_barrier) continue;
+    ++waiting;
+    if (first_waiter == nullptr) first_waiter = &thread;
+  }
+  const int32_t count = static_cast<int32_t>(threads_.size());
+  const bool one_site = [&] {
+    for (const KernelThread& thread : threads_) {
+      if (thread.state == KernelThread::State::at_barrier && !same_site(thread.wait_site, first_waiter->wait_site)) {
+        return false;
+      }
+    }
+    return true;
+  }();
+  if (waiting == count && one_site) {
+    for (KernelThread& thread : threads_) thread.state = KernelThread::State::runnable;
+    launch_.static_racecheck.next_epoch();
+    launch_.dynamic_racecheck.next_epoch();
+    return;
+  }
+  if (waiting + exited == count && waiting > 0 && one_site) {
+    throw Error(fmt::format(
+        "cuda sim: {}: divergent barrier: __syncthreads() at {} is reached by {} of {} threads; the other {} "
+        "exited without reaching it (a barrier inside a branch that not every thread of the block takes)",
+        where(), site_name(first_waiter->wait_site), waiting, count, exited));
+  }
+  throw Error(fmt::format("cuda sim: {}: the block can never finish: {}", where(), describe_waiting()));
+}
+
+std::string ThreadBlock::describe_waiting() const {
+  // Threads grouped by what they wait at, in order of first appearance.
+  std::vector<std::string> keys;
+  std::map<std::string, std::vector<int32_t>> groups;
+  for (const KernelThread& thread : threads_) {
+    std::string key;
+    switch (thread.state) {
+      case KernelThread::State::at_barrier: key = "wait at __syncthreads() at " + site_name(thread.wait_site); break;
+      case KernelThread::State::at_warp_operation:
+        key = fmt::format("wait at {}(mask 0x{:08x}) at {} for lanes that never arrive", warp_op_name(thread.op),
+                          thread.mask, site_name(thread.wait_site));
+        break;
+      case KernelThread::State::exited: key = "exited"; break;
+      default: key = "run"; break;
+    }
+    if (!groups.contains(key)) keys.push_back(key);
+    groups[key].push_back(thread.linear);
+  }
+  std::string text;
+  for (const std::string& key : keys) {
+    const std::vector<int32_t>& members = groups[key];
+    if (!text.empty()) text += "; ";
+    text += fmt::format("{} thread{} ({}{}) {}", members.size(), members.size() == 1 ? "" : "s",
+                        describe_thread(members.front()),
+                        members.size() > 1 ? " to " + describe_thread(members.back()) : "", key);
+  }
+  return text;
+}
+
+void ThreadBlock::sync_threads(std::source_location site) {
+  KernelThread& thread = running();
+  thread.state = KernelThread::State::at_barrier;
+  thread.wait_site = site;
+  yield();
+}
+
+uint64_t ThreadBlock::warp_operation(WarpOp op, unsigned mask, uint64_t value, int argument, int width,
+                                     std::source_location site) {
+  KernelThread& thread = running();
+  WarpState& warp = warps_[thread.warp];
+  const unsigned own = 1u << thread.lane;
+  if ((mask & own) == 0) {
+    fault(fmt::format("cuda sim: {}: thread {} (lane {}) calls {} at {} with mask 0x{:08x}, which does not include "
+                      "its own lane",
+                      where(), describe_thread(thread.linear), thread.lane, warp_op_name(op), site_name(site), mask));
+  }
+  if ((mask & ~warp.lanes) != 0) {
+    fault(fmt::format("cuda sim: {}: {} at {} has mask 0x{:08x}, but warp {} only has lanes 0x{:08x} (the block has "
+                      "{} threads)",
+                      where(), warp_op_name(op), site_name(site), mask, thread.warp, warp.lanes, threads_.size()));
+  }
+  if (is_shuffle(op) && (width < 1 || width > 32 || !std::has_single_bit(static_cast<unsigned>(width)))) {
+    fault(fmt::format("cuda sim: {}: {} at {} with width {} (a power of two up to 32)", where(), warp_op_name(op),
+                      site_name(site), width));
+  }
+  thread.op = op;
+  thread.mask = mask;
+  thread.value = value;
+  thread.argument = argument;
+  thread.width = width;
+  thread.wait_site = site;
+  warp.waiting |= own;
+  if ((warp.waiting & mask) == mask) {
+    complete_warp_operation(warp, thread.warp, mask);
+  } else {
+    thread.state = KernelThread::State::at_warp_operation;
+    yield();
+  }
+  return thread.result;
+}
+
+void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, unsigned mask) {
+  KernelThread* lanes = &threads_[warp_index * 32];
+  const KernelThread& last = running();
+  const auto disagree = [&](const KernelThread& other) {
+    fault(fmt::format("cuda sim: {}: lanes of warp {} disagree: lane {} is at {}(mask 0x{:08x}) at {}, lane {} at "
+                      "{}(mask 0x{:08x}) at {}",
+                      where(), warp_index, last.lane, warp_op_name(last.op), last.mask, site_name(last.wait_site),
+                      other.lane, warp_op_name(other.op), other.mask, site_name(other.wait_site)));
+  };
+  uint64_t ballot = 0;
+  for (int32_t lane = 0; lane < 32; ++lane) {
+    if ((mask >> lane & 1u) == 0) continue;
+    const KernelThread& other = lanes[lane];
+    if (other.op != last.op || other.mask != last.mask) disagree(other);
+    if (other.value != 0) ballot |= uint64_t{1} << lane;
+  }
+  // A lane still waiting with a mask that names these lanes expected them at its own operation.
+  for (int32_t lane = 0; lane < 32; ++lane) {
+    const bool waits_elsewhere = (warp.waiting >> lane & 1u) != 0 && (mask >> lane & 1u) == 0;
+    if (waits_elsewhere && (lanes[lane].mask & mask) != 0) disagree(lanes[lane]);
+  }
+  for (int32_t lane = 0; lane < 32; ++lane) {
+    if ((mask >> lane & 1u) == 0) continue;
+    KernelThread& member = lanes[lane];
+    switch (member.op) {
+      case WarpOp::syncwarp: member.result = 0; break;
+      case WarpOp::ballot: member.result = ballot; break;
+      case WarpOp::any: member.result = ballot != 0; break;
+      case WarpOp::all: member.result = ballot == mask; break;
+      default: {
+        const int32_t source = shuffle_source(member.op, lane, member.argument, member.width);
+        if (source < 0 || source >= 32 || (mask >> source & 1u) == 0) {
+          fault(fmt::format("cuda sim: {}: {} at {}: lane {} reads lane {}, which is not in mask 0x{:08x} (its value "
+                            "is undefined on the GPU)",
+                            where(), warp_op_name(member.op), site_name(member.wait_site), lane, source, mask));
+        }
+        member.result = lanes[source].value;
+      }
+    }
+    if (member.state == KernelThread::State::at_warp_operation) member.state = KernelThread::State::runnable;
+  }
+  warp.waiting &= ~mask;
+  if (last.op == WarpOp::syncwarp) ++warp.syncs;
+}
+
+unsigned ThreadBlock::active_mask() const {
+  const KernelThread& thread = *running_;
+  unsigned mask = 0;
+  for (int32_t lane = 0; lane < 32; ++lane) {
+    const int32_t linear = thread.warp * 32 + lane;
+    if (linear < static_cast<int32_t>(threads_.size()) && threads_[linear].state != KernelThread::State::exited) {
+      mask |= 1u << lane;
+    }
+  }
+  return mask;
+}
+
+Accessor ThreadBlock::accessor() const {
+  return Accessor{running_->linear, running_->warp, warps_[running_->warp].syncs};
+}
+
+std::string ThreadBlock::where() const {
+  return fmt::format("kernel `{}` block ({},{},{})", launch_.kernel_name, index_.x, index_.y, index_.z);
+}
+
+std::string ThreadBlock::describe_thread(int32_t linear) const {
+  if (linear < 0 || linear >= static_cast<int32_t>(threads_.size())) return "(another thread)";
+  const uint3 index = threads_[linear].index;
+  return fmt::format("({},{},{})", index.x, index.y, index.z);
+}
+
+}  // namespace tessera::cuda::sim

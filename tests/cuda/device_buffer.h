@@ -1,0 +1,36 @@
+// A typed device allocation for simulator tests, filled from and read back to
+// host vectors (the copy API arrives with the cuda device; until then tests
+// copy with memcpy outside kernels, which the simulator allows).
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "tensor/cuda/sim/device_heap.h"
+#include "tensor/error.h"
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    data_ = static_cast<T*>(tessera::cuda::sim::device_malloc(static_cast<int64_t>(count * sizeof(T))));
+    TESSERA_CHECK(data_ != nullptr, "test: device_malloc of {} elements failed", count);
+  }
+  explicit DeviceBuffer(const std::vector<T>& values) : DeviceBuffer(values.size()) {
+    std::memcpy(data_, values.data(), values.size() * sizeof(T));
+  }
+  ~DeviceBuffer() { tessera::cuda::sim::device_free(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return data_; }
+  std::vector<T> read() const {
+    std::vector<T> values(count_);
+    std::memcpy(values.data(), data_, count_ * sizeof(T));
+    return values;
+  }
+
+ private:
+  size_t count_;
+  T* data_;
+};
