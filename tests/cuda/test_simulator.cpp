@@ -137,7 +137,7 @@ TEST_CASE("dynamic shared memory, and a launch on a stream surfaces at synchroni
   const int n = 200;
   const std::vector<float> values = iota_floats(n);
   DeviceBuffer<float> in(values), out(n);
-  const std::shared_ptr<Stream> stream = Stream::create(kCPU);
+  const std::shared_ptr<Stream> stream = Stream::create(Device(DeviceType::cuda));
   simulator_kernels::reverse_in_shared(in.get(), out.get(), n, stream.get());
   stream->synchronize();
   std::vector<float> reversed(values.rbegin(), values.rend());
@@ -266,6 +266,8 @@ TEST_CASE("launch limits are the architecture's") {
   CHECK_THROWS_WITH_AS(sim::architecture_named("sm_75"), doctest::Contains("sm_80, sm_90 or sm_100"), Error);
   CHECK_THROWS_WITH_AS(simulator_kernels::block_sums(out.get(), reinterpret_cast<float*>(out.get()) + 0, 0, 32),
                        doctest::Contains("grid (0,1,1) is outside"), Error);
+  CHECK_THROWS_WITH_AS(simulator_kernels::coordinates(reinterpret_cast<int*>(out.get()), 1 << 20, 32, 1, 1, 1, 1),
+                       doctest::Contains("the simulator runs at most 16777216 per launch"), Error);
   float host[32];
   CHECK_THROWS_WITH_AS(simulator_kernels::write_read_only(host), doctest::Contains("is not live device memory"), Error);
 }

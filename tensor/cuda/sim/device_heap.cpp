@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/error.h"
 
 namespace tessera::cuda::sim {
@@ -68,6 +69,7 @@ class DeviceHeap {
     const auto it = live_.find(address);
     TESSERA_CHECK(it != live_.end(), "cuda sim: device_free({}) of {}", pointer, describe_locked(address, 1));
     const int64_t mapped = it->second.mapped;
+    StreamOrderChecker::instance().forget(pointer, mapped);
     madvise(pointer, mapped, MADV_DONTNEED);
     mprotect(pointer, mapped, PROT_NONE);
     freed_[address] = it->second;

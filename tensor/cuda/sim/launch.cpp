@@ -15,6 +15,8 @@
 #include "tensor/cuda/sim/device_heap.h"
 #include "tensor/cuda/sim/fiber_stacks.h"
 #include "tensor/cuda/sim/launch_state.h"
+#include "tensor/cuda/sim/sim_stream.h"
+#include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/cuda/sim/thread_block.h"
 #include "tensor/error.h"
 #include "tensor/stream.h"
@@ -36,6 +38,10 @@ std::map<std::string, KernelCounters>& all_counters() {
 // in the window and is reported instead of touching the heap.
 constexpr int64_t kSharedRedZone = 1024;
 
+// The GPU accepts grids of 2^31 blocks; simulating one would take hours and
+// the block order alone gigabytes, so the simulator stops well before.
+constexpr int64_t kMaxSimulatedBlocks = int64_t{1} << 24;
+
 void validate(const char* kernel, const LaunchConfig& config) {
   const Architecture& arch = target_architecture();
   const dim3 grid = config.grid, block = config.block;
@@ -48,6 +54,10 @@ void validate(const char* kernel, const LaunchConfig& config) {
                   "cuda sim: launch of `{}`: grid ({},{},{}) is outside {}'s limits ({},{},{})", kernel, grid.x, grid.y,
                   grid.z, arch.name, arch.max_grid_dim[0], arch.max_grid_dim[1], arch.max_grid_dim[2]);
   }
+  const int64_t blocks = grid_dims[0] * grid_dims[1] * grid_dims[2];
+  TESSERA_CHECK(blocks <= kMaxSimulatedBlocks,
+                "cuda sim: launch of `{}`: grid ({},{},{}) has {} blocks; the simulator runs at most {} per launch",
+                kernel, grid.x, grid.y, grid.z, blocks, kMaxSimulatedBlocks);
   const int64_t threads = block_dims[0] * block_dims[1] * block_dims[2];
   TESSERA_CHECK(threads <= arch.max_threads_per_block,
                 "cuda sim: launch of `{}`: {} threads per block, above {}'s {}", kernel, threads, arch.name,
@@ -163,6 +173,10 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
     run_launch(kernel_name, kernel_address, config, thread_body, launch_number);
     return;
   }
+  const auto* stream = dynamic_cast<const SimStream*>(config.stream);
+  TESSERA_CHECK(stream != nullptr, "cuda sim: launch of `{}` on a {} stream (kernels run on cuda streams)",
+                kernel_name, config.stream->device().str());
+  StreamOrderChecker::instance().check_and_record(stream->checker_id(), kernel_name, config.buffers);
   config.stream->enqueue([name = std::string(kernel_name), kernel_address, config, body = std::move(thread_body),
                           launch_number] { run_launch(name, kernel_address, config, body, launch_number); });
 }
