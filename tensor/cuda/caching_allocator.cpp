@@ -1,0 +1,230 @@
+#include "tensor/cuda/caching_allocator.h"
+
+#include <algorithm>
+
+#include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+}  // namespace
+
+CachingAllocator& CachingAllocator::instance() {
+  static auto* allocator = new CachingAllocator;  // never destroyed: tensors may outlive statics
+  return *allocator;
+}
+
+CachingAllocator::~CachingAllocator() { release_cached_memory(); }
+
+bool CachingAllocator::reusable_on(const Block& block, const Stream& stream) {
+  const size_t first = block.stream.get() == &stream ? 1 : 0;
+  for (size_t index = first; index < block.freed.size(); ++index) {
+    if (!block.freed[index].query()) return false;
+  }
+  return true;
+}
+
+CachingAllocator::Block* CachingAllocator::find_free(int64_t bytes, bool small,
+                                                     const std::shared_ptr<Stream>& stream) {
+  FreeBlocks& pool = small ? free_small_ : free_large_;
+  Block probe;
+  probe.bytes = bytes;
+  for (auto it = pool.lower_bound(&probe); it != pool.end(); ++it) {
+    Block* block = *it;
+    if (!reusable_on(*block, *stream)) continue;
+    pool.erase(it);
+    block->stream = stream;
+    block->other_streams.clear();
+    block->freed.clear();
+    return block;
+  }
+  return nullptr;
+}
+
+CachingAllocator::Block* CachingAllocator::take_segment(int64_t bytes, bool small) {
+  const int64_t size = small ? kSmallSegment : round_up(bytes, kLargeRounding);
+  void* data = device_malloc(size);
+  if (data == nullptr) return nullptr;
+  auto* block = new Block;
+  block->data = static_cast<char*>(data);
+  block->bytes = size;
+  block->small = small;
+  segments_.push_back(block);
+  stats_.reserved_bytes += size;
+  stats_.device_mallocs += 1;
+  return block;
+}
+
+// Cuts `block` to `bytes` when the rest is worth keeping (any 512 bytes in
+// the small pool, more than a small request in the large one); the rest goes
+// back to the free blocks.
+CachingAllocator::Block* CachingAllocator::split(Block* block, int64_t bytes) {
+  const int64_t rest = block->bytes - bytes;
+  if (block->small ? rest < kRounding : rest <= kSmallRequest) return block;
+  auto* remainder = new Block(*block);
+  remainder->data = block->data + bytes;
+  remainder->bytes = rest;
+  remainder->previous = block;
+  remainder->next = block->next;
+  if (block->next != nullptr) block->next->previous = remainder;
+  block->next = remainder;
+  block->bytes = bytes;
+  insert_free(remainder);
+  return block;
+}
+
+void* CachingAllocator::allocate(int64_t bytes, const std::shared_ptr<Stream>& stream) {
+  TESSERA_CHECK(bytes >= 0, "cuda allocator: negative size {} bytes", bytes);
+  TESSERA_CHECK(stream != nullptr && stream->device().is_cuda(), "cuda allocator: a block needs a cuda stream");
+  const int64_t rounded = std::max(kRounding, round_up(bytes, kRounding));
+  const bool small = rounded <= kSmallRequest;
+  std::lock_guard lock(mutex_);
+  Block* block = find_free(rounded, small, stream);
+  if (block == nullptr) {
+    block = take_segment(rounded, small);
+    if (block == nullptr) {
+      release_free_segments();
+      stats_.cache_flushes += 1;
+      block = take_segment(rounded, small);
+    }
+    if (block == nullptr) fail_out_of_memory(bytes);
+    block->stream = stream;
+  }
+  block = split(block, rounded);
+  block->in_use = true;
+  block->requested = bytes;
+  live_[block->data] = block;
+  stats_.allocated_bytes += block->bytes;
+  stats_.requested_bytes += bytes;
+  stats_.live_blocks += 1;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  return block->data;
+}
+
+void CachingAllocator::free(void* pointer) {
+  std::lock_guard lock(mutex_);
+  const auto it = live_.find(static_cast<char*>(pointer));
+  TESSERA_CHECK(it != live_.end(), "cuda allocator: free of {}, which it did not hand out (or freed twice)", pointer);
+  Block* block = it->second;
+  live_.erase(it);
+  block->in_use = false;
+  stats_.allocated_bytes -= block->bytes;
+  stats_.requested_bytes -= block->requested;
+  stats_.live_blocks -= 1;
+  block->freed.emplace_back();
+  block->freed.back().record(*block->stream);
+  for (const std::shared_ptr<Stream>& other : block->other_streams) {
+    block->freed.emplace_back();
+    block->freed.back().record(*other);
+  }
+  block->other_streams.clear();
+  merge_free_neighbours(block);
+}
+
+// A free block absorbs free neighbours of the same stream (their events
+// join its own), so segments do not fragment into pieces nothing fits.
+void CachingAllocator::merge_free_neighbours(Block* block) {
+  FreeBlocks& pool = block->small ? free_small_ : free_large_;
+  const auto mergeable = [&](const Block* other) {
+    return other != nullptr && !other->in_use && other->stream == block->stream;
+  };
+  if (mergeable(block->previous)) {
+    Block* previous = block->previous;
+    pool.erase(previous);
+    previous->bytes += block->bytes;
+    previous->next = block->next;
+    if (block->next != nullptr) block->next->previous = previous;
+    previous->freed.insert(previous->freed.end(), block->freed.begin(), block->freed.end());
+    delete block;
+    block = previous;
+  }
+  if (mergeable(block->next)) {
+    Block* next = block->next;
+    pool.erase(next);
+    block->bytes += next->bytes;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->previous = block;
+    block->freed.insert(block->freed.end(), next->freed.begin(), next->freed.end());
+    delete next;
+  }
+  insert_free(block);
+}
+
+void CachingAllocator::insert_free(Block* block) { (block->small ? free_small_ : free_large_).insert(block); }
+
+void CachingAllocator::record_stream(void* pointer, const std::shared_ptr<Stream>& stream) {
+  std::lock_guard lock(mutex_);
+  const auto it = live_.find(static_cast<char*>(pointer));
+  TESSERA_CHECK(it != live_.end(), "cuda allocator: record_stream on {}, which is not a live block", pointer);
+  Block* block = it->second;
+  if (stream == block->stream) return;
+  if (std::find(block->other_streams.begin(), block->other_streams.end(), stream) == block->other_streams.end()) {
+    block->other_streams.push_back(stream);
+  }
+}
+
+// Segments whose blocks are all free go back to the runtime, once their
+// last uses have run.
+void CachingAllocator::release_free_segments() {
+  std::vector<Block*> kept;
+  for (Block* first : segments_) {
+    bool all_free = true;
+    for (Block* block = first; block != nullptr; block = block->next) all_free = all_free && !block->in_use;
+    if (!all_free) {
+      kept.push_back(first);
+      continue;
+    }
+    char* base = first->data;
+    int64_t size = 0;
+    for (Block* block = first; block != nullptr;) {
+      for (const Event& event : block->freed) event.synchronize();
+      (block->small ? free_small_ : free_large_).erase(block);
+      size += block->bytes;
+      Block* next = block->next;
+      delete block;
+      block = next;
+    }
+    device_free(base);
+    stats_.reserved_bytes -= size;
+    stats_.device_frees += 1;
+  }
+  segments_ = std::move(kept);
+}
+
+void CachingAllocator::release_cached_memory() {
+  std::lock_guard lock(mutex_);
+  release_free_segments();
+}
+
+AllocatorStats CachingAllocator::stats() {
+  std::lock_guard lock(mutex_);
+  AllocatorStats stats = stats_;
+  for (const FreeBlocks* pool : {&free_small_, &free_large_}) {
+    if (!pool->empty()) stats.largest_free_block = std::max(stats.largest_free_block, (*pool->rbegin())->bytes);
+  }
+  return stats;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
+void CachingAllocator::fail_out_of_memory(int64_t bytes) {
+  AllocatorStats stats = stats_;
+  for (const FreeBlocks* pool : {&free_small_, &free_large_}) {
+    if (!pool->empty()) stats.largest_free_block = std::max(stats.largest_free_block, (*pool->rbegin())->bytes);
+  }
+  fail("cuda allocator: out of memory allocating {} ({} bytes) on the {} device, after emptying the cache: {} "
+       "allocated in {} blocks, {} reserved in segments, {} peak, {} device mallocs, largest free block {}",
+       mib(bytes), bytes, runtime_name(), mib(stats.allocated_bytes), stats.live_blocks, mib(stats.reserved_bytes),
+       mib(stats.peak_allocated_bytes), stats.device_mallocs, mib(stats.largest_free_block));
+}
+
+}  // namespace tessera::cuda
