@@ -35,7 +35,7 @@ struct Accumulation<BFloat16> {
   static float load(BFloat16 value) { return std::bit_cast<float>(static_cast<uint32_t>(value.bits) << 16); }
   static BFloat16 store(float value) {
     BFloat16 result;
-    result.bits = BFloat16::from_float(value);
+    result.bits = float16_bits::bfloat16_from_float(value);
     return result;
   }
 };

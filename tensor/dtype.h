@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "tensor/float16_bits.h"
+
 namespace tessera {
 
 enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean };
@@ -29,30 +31,16 @@ DType promote_types(DType a, DType b);
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
-  explicit BFloat16(float value) : bits(from_float(value)) {}
-  explicit operator float() const {
-    uint32_t word = static_cast<uint32_t>(bits) << 16;
-    float value;
-    std::memcpy(&value, &word, sizeof value);
-    return value;
-  }
-  static uint16_t from_float(float value) {
-    uint32_t word;
-    std::memcpy(&word, &value, sizeof word);
-    if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);  // quiet NaN
-    uint32_t rounding_bias = 0x7fffu + ((word >> 16) & 1u);  // ties to even
-    return static_cast<uint16_t>((word + rounding_bias) >> 16);
-  }
+  explicit BFloat16(float value) : bits(float16_bits::bfloat16_from_float(value)) {}
+  explicit operator float() const { return float16_bits::float_from_bfloat16(bits); }
 };
 
 // IEEE 754 binary16.
 struct Half {
   uint16_t bits = 0;
   Half() = default;
-  explicit Half(float value) : bits(from_float(value)) {}
-  explicit operator float() const { return to_float(bits); }
-  static uint16_t from_float(float value);
-  static float to_float(uint16_t bits);
+  explicit Half(float value) : bits(float16_bits::half_from_float(value)) {}
+  explicit operator float() const { return float16_bits::float_from_half(bits); }
 };
 
 // Maps a C++ element type to its DType.

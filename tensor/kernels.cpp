@@ -8,9 +8,14 @@ const KernelTable& kernels(Device device) {
     case DeviceType::cpu: return cpu::kernel_table();
     case DeviceType::meta:
       fail("kernels: meta tensors have no data to compute on (ops on meta stop after shape inference)");
-    case DeviceType::cuda: break;
+    case DeviceType::cuda:
+#if TESSERA_HAVE_CUDA
+      return cuda::kernel_table();
+#else
+      break;
+#endif
   }
-  fail("kernels: no kernels for {} in this build (configure with -Dcuda=enabled on a machine with the CUDA toolkit)",
+  fail("kernels: no kernels for {} in this build (configure on a machine with the CUDA toolkit and Boost.Context)",
        device.str());
 }
 

@@ -12,22 +12,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "tensor/op_kinds.h"
 #include "tensor/philox.h"
 #include "tensor/tensor.h"
 
 namespace tessera {
-
-enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu, logical_not
-};
-
-enum class BinaryOp : uint8_t {
-  add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge
-};
-
-enum class ReduceOp : uint8_t { sum, max, min };
-
-enum class RandomDistribution : uint8_t { uniform, normal };
 
 struct KernelTable {
   // out[...] = value (converted to out's dtype).
@@ -104,6 +93,9 @@ const KernelTable& kernels(Device device);
 
 namespace cpu {
 const KernelTable& kernel_table();  // tensor/cpu/kernel_table.cpp
+}
+namespace cuda {
+const KernelTable& kernel_table();  // tensor/cuda/kernel_table.cpp
 }
 
 }  // namespace tessera

@@ -3,6 +3,10 @@
 
 #include "tensor/cpu/allocator.h"
 #include "tensor/error.h"
+#if TESSERA_HAVE_CUDA
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/stream.h"
+#endif
 
 namespace tessera {
 
@@ -14,6 +18,25 @@ MemoryCounters& device_counters(Device device) {
 }
 
 thread_local std::shared_ptr<MemoryCounters> current_scope;
+
+// Bytes for a new storage on cpu or cuda (meta has none).
+void* allocate_data(Device device, int64_t bytes, const char* what) {
+  void* data = nullptr;
+  if (device.is_cpu()) {
+    data = cpu::allocate_bytes(static_cast<size_t>(bytes));
+  } else {
+#if TESSERA_HAVE_CUDA
+    // On the allocating thread's current stream, as PyTorch does; the cuda
+    // allocator throws its own out-of-memory error with its statistics.
+    return cuda::CachingAllocator::instance().allocate(bytes, current_stream(device));
+#else
+    fail("{}: no allocator for device {} in this build (configure with the CUDA toolkit for the cuda device)", what,
+         device.str());
+#endif
+  }
+  TESSERA_CHECK(data != nullptr, "{}: out of memory on {} asking for {} bytes", what, device.str(), bytes);
+  return data;
+}
 
 }  // namespace
 
@@ -61,6 +84,9 @@ Storage::~Storage() {
 
 void Storage::free_data() {
   if (device_.is_cpu()) cpu::free_bytes(data_, static_cast<size_t>(bytes_));
+#if TESSERA_HAVE_CUDA
+  if (device_.is_cuda()) cuda::CachingAllocator::instance().free(data_);
+#endif
   device_counters(device_).on_free(bytes_);
   if (scope_) scope_->on_free(bytes_);
 }
@@ -74,10 +100,7 @@ void Storage::release_data() {
 
 void Storage::restore_data() {
   if (!released_) return;
-  TESSERA_CHECK(device_.is_cpu(), "Storage::restore_data: no allocator for {}", device_.str());
-  void* data = cpu::allocate_bytes(static_cast<size_t>(bytes_));
-  TESSERA_CHECK(data != nullptr, "Storage::restore_data: out of memory on cpu asking for {} bytes", bytes_);
-  data_ = data;
+  data_ = allocate_data(device_, bytes_, "Storage::restore_data");
   scope_ = current_scope;
   released_ = false;
   device_counters(device_).on_allocate(bytes_);
@@ -89,25 +112,30 @@ std::shared_ptr<Storage> allocate(Device device, int64_t bytes) {
   switch (device.type) {
     case DeviceType::meta:
       return std::make_shared<Storage>(nullptr, 0, device, nullptr);
-    case DeviceType::cpu: {
-      void* data = cpu::allocate_bytes(static_cast<size_t>(bytes));
-      TESSERA_CHECK(data != nullptr, "allocate: out of memory on cpu asking for {} bytes", bytes);
-      return std::make_shared<Storage>(data, bytes, device, current_scope);
-    }
+    case DeviceType::cpu:
     case DeviceType::cuda:
-      break;
+      return std::make_shared<Storage>(allocate_data(device, bytes, "allocate"), bytes, device, current_scope);
   }
-  fail("allocate: no allocator for device {} in this build (CUDA support is not compiled in)", device.str());
+  fail("allocate: unknown device {}", device.str());
 }
 
 MemoryStats memory_stats(Device device) {
   MemoryStats stats = device_counters(device).snapshot();
   if (device.is_cpu()) stats.cached_bytes = cpu::cached_bytes();
+#if TESSERA_HAVE_CUDA
+  if (device.is_cuda()) {
+    const cuda::AllocatorStats allocator = cuda::CachingAllocator::instance().stats();
+    stats.cached_bytes = allocator.reserved_bytes - allocator.allocated_bytes;
+  }
+#endif
   return stats;
 }
 
 void release_cached_memory(Device device) {
   if (device.is_cpu()) cpu::release_cached_blocks();
+#if TESSERA_HAVE_CUDA
+  if (device.is_cuda()) cuda::CachingAllocator::instance().release_cached_memory();
+#endif
 }
 
 void reset_peak_memory(Device device) { device_counters(device).reset_peak(); }

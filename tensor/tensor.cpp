@@ -94,15 +94,36 @@ void Tensor::check_data_access(DType expected, const char* what) const {
                 dtype_name(expected));
 }
 
+namespace {
+
+// The address of `impl`'s first element; `what` names the accessor in errors.
+void* first_element(const TensorImpl& impl, const char* what) {
+  TESSERA_CHECK(!impl.storage->is_released(),
+                "{}: tensor of shape {} has had its storage released (an FSDP parameter read while resharded?)", what,
+                impl.shape);
+  return static_cast<char*>(impl.storage->data()) + impl.offset * static_cast<int64_t>(element_size(impl.dtype));
+}
+
+}  // namespace
+
 void* Tensor::raw_data() const {
   const auto& impl = checked(impl_);
-  TESSERA_CHECK(!impl.storage->device().is_meta(),
+  const Device device = impl.storage->device();
+  TESSERA_CHECK(!device.is_meta(),
                 "raw_data: tensor of shape {} is on the meta device and has no data (materialise it with to_empty)",
                 impl.shape);
-  TESSERA_CHECK(!impl.storage->is_released(),
-                "raw_data: tensor of shape {} has had its storage released (an FSDP parameter read while resharded?)",
-                impl.shape);
-  return static_cast<char*>(impl.storage->data()) + impl.offset * static_cast<int64_t>(element_size());
+  TESSERA_CHECK(!device.is_cuda(),
+                "raw_data: tensor of shape {} is on {}: its bytes are device memory, which host code never reads; "
+                "copy it to cpu first (ops::to)",
+                impl.shape, device.str());
+  return first_element(impl, "raw_data");
+}
+
+void* Tensor::cuda_data() const {
+  const auto& impl = checked(impl_);
+  TESSERA_CHECK(impl.storage->device().is_cuda(), "cuda_data: tensor of shape {} is on {}, not cuda", impl.shape,
+                impl.storage->device().str());
+  return first_element(impl, "cuda_data");
 }
 
 Tensor Tensor::detach() const {

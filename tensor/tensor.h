@@ -80,8 +80,12 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const;
   bool shares_storage_with(const Tensor& other) const;
 
-  // Data access (CPU only). data_ptr<T> checks that T matches the dtype.
+  // Data access (CPU only: a cuda tensor's bytes are device memory, reached
+  // through the copy API). data_ptr<T> checks that T matches the dtype.
   void* raw_data() const;
+  // The device address of a cuda tensor's first element, for its kernels;
+  // an error on any other device.
+  void* cuda_data() const;
   template <typename T>
   T* data_ptr() const {
     check_data_access(dtype_of<T>::value, "data_ptr");

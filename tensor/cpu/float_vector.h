@@ -63,7 +63,11 @@ inline FloatVector operator+(FloatVector a, FloatVector b) { return FloatVector:
 inline FloatVector operator-(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::psub(a.packet, b.packet)); }
 inline FloatVector operator*(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::pmul(a.packet, b.packet)); }
 inline FloatVector operator/(FloatVector a, FloatVector b) { return FloatVector::of(Eigen::internal::pdiv(a.packet, b.packet)); }
-inline FloatVector operator-(FloatVector a) { return FloatVector::of(Eigen::internal::pnegate(a.packet)); }
+// IEEE negation flips the sign bit (-0 for 0, NaN's sign too); Eigen's
+// pnegate computes 0 - a on SSE/AVX/AVX-512, which gives +0.
+inline FloatVector operator-(FloatVector a) {
+  return FloatVector::of(Eigen::internal::pxor(a.packet, Eigen::internal::pset1<FloatVector::Packet>(-0.0f)));
+}
 
 // Compares are false where either side is NaN, as IEEE says.
 inline FloatMask operator<(FloatVector a, FloatVector b) { return {Eigen::internal::pcmp_lt(a.packet, b.packet)}; }

@@ -23,9 +23,8 @@ CachingAllocator& CachingAllocator::instance() {
 CachingAllocator::~CachingAllocator() { release_cached_memory(); }
 
 bool CachingAllocator::reusable_on(const Block& block, const Stream& stream) {
-  const size_t first = block.stream.get() == &stream ? 1 : 0;
-  for (size_t index = first; index < block.freed.size(); ++index) {
-    if (!block.freed[index].query()) return false;
+  for (const Block::LastUse& use : block.last_uses) {
+    if (use.stream.get() != &stream && !use.done.query()) return false;
   }
   return true;
 }
@@ -41,7 +40,7 @@ CachingAllocator::Block* CachingAllocator::find_free(int64_t bytes, bool small,
     pool.erase(it);
     block->stream = stream;
     block->other_streams.clear();
-    block->freed.clear();
+    block->last_uses.clear();
     return block;
   }
   return nullptr;
@@ -117,12 +116,9 @@ void CachingAllocator::free(void* pointer) {
   stats_.allocated_bytes -= block->bytes;
   stats_.requested_bytes -= block->requested;
   stats_.live_blocks -= 1;
-  block->freed.emplace_back();
-  block->freed.back().record(*block->stream);
-  for (const std::shared_ptr<Stream>& other : block->other_streams) {
-    block->freed.emplace_back();
-    block->freed.back().record(*other);
-  }
+  block->last_uses.push_back({block->stream, Event()});
+  for (const std::shared_ptr<Stream>& other : block->other_streams) block->last_uses.push_back({other, Event()});
+  for (Block::LastUse& use : block->last_uses) use.done.record(*use.stream);
   block->other_streams.clear();
   merge_free_neighbours(block);
 }
@@ -140,7 +136,7 @@ void CachingAllocator::merge_free_neighbours(Block* block) {
     previous->bytes += block->bytes;
     previous->next = block->next;
     if (block->next != nullptr) block->next->previous = previous;
-    previous->freed.insert(previous->freed.end(), block->freed.begin(), block->freed.end());
+    previous->last_uses.insert(previous->last_uses.end(), block->last_uses.begin(), block->last_uses.end());
     delete block;
     block = previous;
   }
@@ -150,7 +146,7 @@ void CachingAllocator::merge_free_neighbours(Block* block) {
     block->bytes += next->bytes;
     block->next = next->next;
     if (next->next != nullptr) next->next->previous = block;
-    block->freed.insert(block->freed.end(), next->freed.begin(), next->freed.end());
+    block->last_uses.insert(block->last_uses.end(), next->last_uses.begin(), next->last_uses.end());
     delete next;
   }
   insert_free(block);
@@ -183,7 +179,7 @@ void CachingAllocator::release_free_segments() {
     char* base = first->data;
     int64_t size = 0;
     for (Block* block = first; block != nullptr;) {
-      for (const Event& event : block->freed) event.synchronize();
+      for (const Block::LastUse& use : block->last_uses) use.done.synchronize();
       (block->small ? free_small_ : free_large_).erase(block);
       size += block->bytes;
       Block* next = block->next;

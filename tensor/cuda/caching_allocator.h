@@ -69,10 +69,14 @@ class CachingAllocator {
     bool in_use = false;
     std::shared_ptr<Stream> stream;                      // allocated on
     std::vector<std::shared_ptr<Stream>> other_streams;  // record_stream
-    // Recorded at the free: on the block's stream first, then on each other
-    // stream. Reuse on the block's stream waits for the others; reuse on
-    // another stream waits for all of them.
-    std::vector<Event> freed;
+    // Recorded at the free on every stream that used the block (merged
+    // neighbours bring theirs). Reuse on a stream waits for the events of
+    // the other streams; its own are covered by stream order.
+    struct LastUse {
+      std::shared_ptr<Stream> stream;
+      Event done;
+    };
+    std::vector<LastUse> last_uses;
     Block* previous = nullptr;  // neighbours within the segment, for splitting and merging
     Block* next = nullptr;
   };

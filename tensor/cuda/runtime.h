@@ -6,6 +6,10 @@
 
 #include <cstdint>
 
+namespace tessera {
+class Stream;
+}
+
 namespace tessera::cuda {
 
 // "sim" or "nvidia": what runs the cuda device in this build.
@@ -15,5 +19,15 @@ const char* runtime_name();
 void* device_malloc(int64_t bytes);
 // cudaFree (which also waits for the device to finish with it).
 void device_free(void* pointer);
+
+// Page-locked host memory for transfers (cudaHostAlloc); the simulator's is
+// ordinary host memory.
+void* pinned_host_malloc(int64_t bytes);
+void pinned_host_free(void* pointer);
+
+enum class CopyKind : uint8_t { host_to_device, device_to_host, device_to_device };
+// cudaMemcpyAsync on `stream`. The simulator checks the device side like a
+// kernel's buffers (bounds, and the stream-ordering checker).
+void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream);
 
 }  // namespace tessera::cuda

@@ -60,8 +60,8 @@ TEST_CASE("f16 conversions: exact values, ties to even, subnormals, overflow") {
   // Every finite half survives half -> float -> half.
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {
     if ((bits & 0x7c00u) == 0x7c00u) continue;
-    float value = Half::to_float(static_cast<uint16_t>(bits));
-    REQUIRE(Half::from_float(value) == bits);
+    float value = float16_bits::float_from_half(static_cast<uint16_t>(bits));
+    REQUIRE(float16_bits::half_from_float(value) == bits);
   }
 }
 
@@ -91,7 +91,11 @@ TEST_CASE("storage statistics: live, peak, count, reset") {
   auto meta = allocate(kMeta, 1 << 20);
   CHECK(meta->data() == nullptr);
   CHECK(meta->bytes() == 0);
+#if TESSERA_HAVE_CUDA
+  CHECK(allocate(Device(DeviceType::cuda, 0), 16)->device().is_cuda());  // the cuda device: tests/cuda
+#else
   CHECK_THROWS_WITH_AS(allocate(Device(DeviceType::cuda, 0), 16), doctest::Contains("cuda:0"), Error);
+#endif
   CHECK_THROWS_AS(allocate(kCPU, -1), Error);
 }
 

@@ -1,12 +1,44 @@
 // The simulator as the cuda device's runtime.
 #include "tensor/cuda/runtime.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "tensor/cuda/sim/device_heap.h"
+#include "tensor/cuda/sim/sim_stream.h"
+#include "tensor/cuda/sim/stream_order_checker.h"
+#include "tensor/error.h"
 
 namespace tessera::cuda {
 
 const char* runtime_name() { return "sim"; }
 void* device_malloc(int64_t bytes) { return sim::device_malloc(bytes); }
 void device_free(void* pointer) { sim::device_free(pointer); }
+
+void* pinned_host_malloc(int64_t bytes) {
+  void* pointer = std::aligned_alloc(64, static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64));
+  TESSERA_CHECK(pointer != nullptr, "cuda sim: out of host memory for a {}-byte pinned buffer", bytes);
+  return pointer;
+}
+void pinned_host_free(void* pointer) { std::free(pointer); }
+
+void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream) {
+  auto* sim_stream = dynamic_cast<sim::SimStream*>(&stream);
+  TESSERA_CHECK(sim_stream != nullptr, "cuda sim: memcpy_async on a {} stream (copies run on cuda streams)",
+                stream.device().str());
+  if (bytes == 0) return;
+  std::vector<BufferUse> device_side;
+  const char* operation = "memcpy device to device";
+  if (kind != CopyKind::host_to_device) device_side.push_back({"source", src, bytes, BufferAccess::read});
+  if (kind != CopyKind::device_to_host) device_side.push_back({"destination", dst, bytes, BufferAccess::write});
+  if (kind == CopyKind::host_to_device) operation = "memcpy host to device";
+  if (kind == CopyKind::device_to_host) operation = "memcpy device to host";
+  for (const BufferUse& buffer : device_side) {
+    TESSERA_CHECK(sim::is_live_device_range(buffer.data, bytes), "cuda sim: {}: the {} is not live device memory: {}",
+                  operation, buffer.name, sim::describe_device_address(buffer.data, bytes));
+  }
+  sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, device_side);
+  stream.enqueue([dst, src, bytes] { std::memcpy(dst, src, static_cast<size_t>(bytes)); });
+}
 
 }  // namespace tessera::cuda

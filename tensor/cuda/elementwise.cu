@@ -1,0 +1,448 @@
+// Elementwise cuda kernels: fill, copy (any strides, dtype conversion,
+// broadcast views), arange, unary and its backward, binary, where. One
+// source for nvcc and the simulator. Each kernel walks its elements with a
+// grid-stride loop; dense operands take a path without index arithmetic,
+// and same-width dense operands move 16 bytes per load and store.
+// The formulas are the cpu kernels' (tensor/cpu/elementwise.cpp): IEEE-exact
+// operations give the same bits; exp, log, tanh, erf, pow and what is built
+// on them use the device's math library, within a few ulp of the cpu's.
+#include "tensor/cuda/elementwise.h"
+
+#include <cmath>
+
+#include "tensor/cuda/element_conversion.h"
+#include "tensor/cuda/portability.h"
+#include "tensor/error.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 256;
+
+LaunchConfig config_for(int64_t work_items, const KernelLaunch& launch) {
+  LaunchConfig config;
+  const int64_t blocks = std::max<int64_t>(1, std::min(kMaxBlocks, (work_items + kThreads - 1) / kThreads));
+  config.grid = dim3(static_cast<unsigned>(blocks));
+  config.block = dim3(kThreads);
+  config.buffers = launch.buffers;
+  config.stream = launch.stream;
+  return config;
+}
+
+__device__ int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// 16 bytes of T: one 128-bit load or store.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kCount = 16 / sizeof(T);
+  T values[kCount];
+};
+
+template <typename T>
+bool packable(const Operand& operand) {
+  return operand.contiguous && reinterpret_cast<uintptr_t>(operand.data) % 16 == 0 && sizeof(T) <= 16;
+}
+
+// ---- maths (the cpu's formulas, on the device's math library) -------------
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+constexpr double kSqrtHalf = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+template <typename C>
+__device__ C clamp(C x, C low, C high) {
+  return x < low ? low : (high < x ? high : x);
+}
+template <typename C>
+__device__ C step(C x) {
+  return C(0) < x ? C(1) : C(0);
+}
+template <typename C>
+__device__ C sigmoid(C x) {
+  const C e = std::exp(-std::fabs(x));
+  return x < C(0) ? e / (C(1) + e) : C(1) / (C(1) + e);
+}
+template <typename C>
+__device__ C at_minus_infinity_zero(C x, C value) {
+  return x == -std::numeric_limits<C>::infinity() ? C(-0.0) : value;
+}
+template <typename C>
+__device__ C gelu_tanh_inner(C x) {
+  return C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
+}
+template <typename C>
+__device__ C gelu_tanh_derivative(C x) {
+  x = clamp(x, C(-30), C(30));
+  const C s = sigmoid(C(2) * gelu_tanh_inner(x));
+  const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
+  return s + C(2) * x * s * (C(1) - s) * du;
+}
+template <typename C>
+__device__ C gelu_erf_derivative(C x) {
+  x = clamp(x, C(-40), C(40));
+  return C(0.5) * (C(1) + std::erf(x * C(kSqrtHalf))) + x * C(kInvSqrt2Pi) * std::exp(C(-0.5) * x * x);
+}
+template <typename C>
+__device__ C silu_derivative(C x) {
+  x = clamp(x, C(-800), C(800));
+  const C s = sigmoid(x);
+  return s * (C(1) + x * (C(1) - s));
+}
+
+template <typename C>
+__device__ C apply_unary(UnaryOp op, C x) {
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case UnaryOp::neg: return -x;
+      case UnaryOp::exp: return std::exp(x);
+      case UnaryOp::log: return std::log(x);
+      case UnaryOp::sqrt: return std::sqrt(x);
+      case UnaryOp::rsqrt: return C(1) / std::sqrt(x);
+      case UnaryOp::abs: return std::fabs(x);
+      case UnaryOp::tanh: return std::tanh(x);
+      case UnaryOp::sigmoid: return sigmoid(x);
+      case UnaryOp::relu: return x < C(0) ? C(0) : x;
+      case UnaryOp::gelu_tanh: return at_minus_infinity_zero(x, x * sigmoid(C(2) * gelu_tanh_inner(x)));
+      case UnaryOp::gelu_erf: return at_minus_infinity_zero(x, C(0.5) * x * (C(1) + std::erf(x * C(kSqrtHalf))));
+      case UnaryOp::silu: return at_minus_infinity_zero(x, x * sigmoid(x));
+      case UnaryOp::logical_not: break;
+    }
+    return x;
+  } else if constexpr (std::is_same_v<C, bool>) {
+    return !x;  // logical_not; the table refuses other ops on bool
+  } else {
+    using U = std::make_unsigned_t<C>;  // two's complement wrap, no signed overflow
+    switch (op) {
+      case UnaryOp::neg: return static_cast<C>(U(0) - U(x));
+      case UnaryOp::abs: return x < 0 ? static_cast<C>(U(0) - U(x)) : x;
+      default: return x < 0 ? C(0) : x;  // relu
+    }
+  }
+}
+
+template <typename C>
+__device__ C apply_unary_backward(UnaryOp op, C dy, C s) {  // s: y for tanh/sigmoid, x otherwise
+  switch (op) {
+    case UnaryOp::neg: return -dy;
+    case UnaryOp::exp: return dy * std::exp(s);
+    case UnaryOp::log: return dy / s;
+    case UnaryOp::sqrt: return dy / (C(2) * std::sqrt(s));
+    case UnaryOp::rsqrt: return C(-0.5) * dy / (s * std::sqrt(s));
+    case UnaryOp::abs: return dy * (step(s) - step(-s));
+    case UnaryOp::tanh: return dy * (C(1) - s * s);
+    case UnaryOp::sigmoid: return dy * s * (C(1) - s);
+    case UnaryOp::relu: return dy * step(s);
+    case UnaryOp::gelu_tanh: return dy * gelu_tanh_derivative(s);
+    case UnaryOp::gelu_erf: return dy * gelu_erf_derivative(s);
+    case UnaryOp::silu: return dy * silu_derivative(s);
+    case UnaryOp::logical_not: break;
+  }
+  return dy;
+}
+
+template <typename T>
+__device__ T integer_pow(T base, T exponent) {
+  using U = std::make_unsigned_t<T>;
+  if (exponent < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (exponent & 1) ? T(-1) : T(1);
+    return 0;
+  }
+  U result = 1, factor = static_cast<U>(base);
+  for (auto e = static_cast<U>(exponent); e != 0; e >>= 1) {
+    if (e & 1u) result *= factor;
+    factor *= factor;
+  }
+  return static_cast<T>(result);
+}
+
+// a op b for arithmetic ops (comparisons are compare()).
+template <typename C>
+__device__ C apply_binary(BinaryOp op, C a, C b) {
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case BinaryOp::add: return a + b;
+      case BinaryOp::sub: return a - b;
+      case BinaryOp::mul: return a * b;
+      case BinaryOp::div: return a / b;
+      case BinaryOp::pow: return std::pow(a, b);
+      case BinaryOp::maximum: return (a != a || a > b) ? a : b;  // NaN propagates
+      case BinaryOp::minimum: return (a != a || a < b) ? a : b;
+      default: return a;
+    }
+  } else if constexpr (std::is_same_v<C, bool>) {
+    return (op == BinaryOp::add || op == BinaryOp::maximum) ? (a || b) : (a && b);  // logic, as in torch
+  } else {
+    using U = std::make_unsigned_t<C>;
+    switch (op) {
+      case BinaryOp::add: return static_cast<C>(U(a) + U(b));
+      case BinaryOp::sub: return static_cast<C>(U(a) - U(b));
+      case BinaryOp::mul: return static_cast<C>(U(a) * U(b));
+      case BinaryOp::pow: return integer_pow(a, b);
+      case BinaryOp::maximum: return a > b ? a : b;
+      case BinaryOp::minimum: return a < b ? a : b;
+      default: return a;
+    }
+  }
+}
+
+template <typename C>
+__device__ bool compare(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::eq: return a == b;
+    case BinaryOp::ne: return a != b;
+    case BinaryOp::lt: return a < b;
+    case BinaryOp::le: return a <= b;
+    case BinaryOp::gt: return a > b;
+    default: return a >= b;
+  }
+}
+
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+
+// ---- kernels ---------------------------------------------------------------
+
+template <typename T>
+__global__ void fill_packed_kernel(Pack<T>* out, int64_t packs, T value) {
+  Pack<T> pack;
+  for (int lane = 0; lane < Pack<T>::kCount; ++lane) pack.values[lane] = value;
+  for (int64_t i = first_index(); i < packs; i += index_stride()) out[i] = pack;
+}
+
+template <typename T>
+__global__ void fill_kernel(T* out, int64_t count, T value) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) out[i] = value;
+}
+
+template <typename To, typename From>
+__global__ void copy_kernel(To* out, Layout out_layout, bool out_dense, const From* in, Layout in_layout,
+                            bool in_dense, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const From value = in[in_dense ? i : in_layout.offset(i)];
+    out[out_dense ? i : out_layout.offset(i)] = convert<To>(value);
+  }
+}
+
+template <typename T>
+__global__ void copy_packed_kernel(Pack<T>* out, const Pack<T>* in, int64_t packs) {
+  for (int64_t i = first_index(); i < packs; i += index_stride()) out[i] = in[i];
+}
+
+template <typename T>
+__global__ void arange_kernel(T* out, Layout layout, bool dense, int64_t count, double start, double step) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    out[dense ? i : layout.offset(i)] = convert<T>(start + static_cast<double>(i) * step);
+  }
+}
+
+template <typename Out, typename C>
+__global__ void unary_kernel(UnaryOp op, Out* out, Layout out_layout, bool out_dense, const C* x, Layout x_layout,
+                             bool x_dense, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    out[out_dense ? i : out_layout.offset(i)] = static_cast<Out>(apply_unary(op, x[x_dense ? i : x_layout.offset(i)]));
+  }
+}
+
+template <typename C>
+__global__ void unary_packed_kernel(UnaryOp op, Pack<C>* out, const Pack<C>* x, int64_t packs) {
+  for (int64_t i = first_index(); i < packs; i += index_stride()) {
+    Pack<C> values = x[i];
+    for (int lane = 0; lane < Pack<C>::kCount; ++lane) values.values[lane] = apply_unary(op, values.values[lane]);
+    out[i] = values;
+  }
+}
+
+template <typename C>
+__global__ void unary_backward_kernel(UnaryOp op, C* grad_in, Layout in_layout, const C* grad_out,
+                                      Layout out_layout, const C* saved, Layout saved_layout, bool dense,
+                                      int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const C dy = grad_out[dense ? i : out_layout.offset(i)];
+    const C s = saved[dense ? i : saved_layout.offset(i)];
+    grad_in[dense ? i : in_layout.offset(i)] = apply_unary_backward(op, dy, s);
+  }
+}
+
+template <typename Out, typename C>
+__global__ void binary_kernel(BinaryOp op, bool comparison, Out* out, Layout out_layout, const C* a, Layout a_layout,
+                              const C* b, Layout b_layout, bool dense, int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const C x = a[dense ? i : a_layout.offset(i)];
+    const C y = b[dense ? i : b_layout.offset(i)];
+    const int64_t at = dense ? i : out_layout.offset(i);
+    if constexpr (std::is_same_v<Out, bool>) {
+      out[at] = comparison ? compare(op, x, y) : static_cast<bool>(apply_binary(op, x, y));
+    } else {
+      out[at] = apply_binary(op, x, y);
+    }
+  }
+}
+
+template <typename C>
+__global__ void binary_packed_kernel(BinaryOp op, Pack<C>* out, const Pack<C>* a, const Pack<C>* b, int64_t packs) {
+  for (int64_t i = first_index(); i < packs; i += index_stride()) {
+    const Pack<C> x = a[i], y = b[i];
+    Pack<C> result;
+    for (int lane = 0; lane < Pack<C>::kCount; ++lane) result.values[lane] = apply_binary(op, x.values[lane], y.values[lane]);
+    out[i] = result;
+  }
+}
+
+// Selection moves bits: words of the element size, any dtype.
+template <typename Word>
+__global__ void where_kernel(Word* out, Layout out_layout, const bool* condition, Layout condition_layout,
+                             const Word* a, Layout a_layout, const Word* b, Layout b_layout, bool dense,
+                             int64_t count) {
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const bool take_a = condition[dense ? i : condition_layout.offset(i)];
+    out[dense ? i : out_layout.offset(i)] = take_a ? a[dense ? i : a_layout.offset(i)] : b[dense ? i : b_layout.offset(i)];
+  }
+}
+
+// Calls fn(T{}) for the compute dtypes.
+template <typename Fn>
+void visit_compute(DType dtype, const char* kernel, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
+    case DType::boolean: return fn(bool{});
+    default: break;
+  }
+  fail("cuda::{}: computes in f32, f64, i32, i64 or bool, got {} (the op converts 16-bit floats)", kernel,
+       dtype_name(dtype));
+}
+
+
+}  // namespace
+
+void fill(const Operand& out, double value, const KernelLaunch& launch) {
+  TESSERA_CHECK(out.contiguous, "cuda::fill: needs a contiguous output");
+  visit_dtype(out.dtype, [&]<typename T>(T) {
+    const T element = convert<T>(value);
+    T* data = static_cast<T*>(out.data);
+    const int64_t packs = packable<T>(out) ? out.count / Pack<T>::kCount : 0;
+    if (packs > 0) {
+      TESSERA_LAUNCH(fill_packed_kernel<T>, config_for(packs, launch), reinterpret_cast<Pack<T>*>(data), packs, element);
+    }
+    const int64_t tail = out.count - packs * Pack<T>::kCount;
+    if (tail > 0) {
+      TESSERA_LAUNCH(fill_kernel<T>, config_for(tail, launch), data + packs * Pack<T>::kCount, tail, element);
+    }
+  });
+}
+
+void copy(const Operand& out, const Operand& in, const KernelLaunch& launch) {
+  visit_dtype(out.dtype, [&]<typename To>(To) {
+    visit_dtype(in.dtype, [&]<typename From>(From) {
+      if constexpr (std::is_same_v<To, From>) {
+        if (packable<To>(out) && packable<From>(in) && out.count % Pack<To>::kCount == 0) {
+          const int64_t packs = out.count / Pack<To>::kCount;
+          TESSERA_LAUNCH(copy_packed_kernel<To>, config_for(packs, launch), static_cast<Pack<To>*>(out.data),
+                         static_cast<const Pack<From>*>(in.data), packs);
+          return;
+        }
+      }
+      TESSERA_LAUNCH((copy_kernel<To, From>), config_for(out.count, launch), static_cast<To*>(out.data), out.layout,
+                     out.contiguous, static_cast<const From*>(in.data), in.layout, in.contiguous, out.count);
+    });
+  });
+}
+
+void arange(const Operand& out, double start, double step, const KernelLaunch& launch) {
+  visit_dtype(out.dtype, [&]<typename T>(T) {
+    TESSERA_LAUNCH(arange_kernel<T>, config_for(out.count, launch), static_cast<T*>(out.data), out.layout,
+                   out.contiguous, out.count, start, step);
+  });
+}
+
+void unary(UnaryOp op, const Operand& out, const Operand& x, const KernelLaunch& launch) {
+  visit_compute(x.dtype, "unary", [&]<typename C>(C) {
+    if constexpr (std::is_same_v<C, bool>) {
+      TESSERA_CHECK(op == UnaryOp::logical_not, "cuda::unary: bool input to an arithmetic op");
+    } else if constexpr (std::is_integral_v<C>) {
+      TESSERA_CHECK(op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::relu,
+                    "cuda::unary: this op needs a floating input, got {}", dtype_name(x.dtype));
+    } else {
+      TESSERA_CHECK(op != UnaryOp::logical_not, "cuda::unary: logical_not takes a bool input, got {}",
+                    dtype_name(x.dtype));
+    }
+    TESSERA_CHECK(out.dtype == x.dtype, "cuda::unary: output {} for input {}", dtype_name(out.dtype),
+                  dtype_name(x.dtype));
+    if (packable<C>(out) && packable<C>(x) && out.count % Pack<C>::kCount == 0) {
+      const int64_t packs = out.count / Pack<C>::kCount;
+      TESSERA_LAUNCH(unary_packed_kernel<C>, config_for(packs, launch), op, static_cast<Pack<C>*>(out.data),
+                     static_cast<const Pack<C>*>(x.data), packs);
+      return;
+    }
+    TESSERA_LAUNCH((unary_kernel<C, C>), config_for(out.count, launch), op, static_cast<C*>(out.data), out.layout,
+                   out.contiguous, static_cast<const C*>(x.data), x.layout, x.contiguous, out.count);
+  });
+}
+
+void unary_backward(UnaryOp op, const Operand& grad_in, const Operand& grad_out, const Operand& saved,
+                    const KernelLaunch& launch) {
+  TESSERA_CHECK(op != UnaryOp::logical_not, "cuda::unary_backward: logical_not has no derivative");
+  const bool dense = grad_in.contiguous && grad_out.contiguous && saved.contiguous;
+  visit_compute(grad_in.dtype, "unary_backward", [&]<typename C>(C) {
+    if constexpr (std::is_floating_point_v<C>) {
+      TESSERA_LAUNCH(unary_backward_kernel<C>, config_for(grad_in.count, launch), op, static_cast<C*>(grad_in.data),
+                     grad_in.layout, static_cast<const C*>(grad_out.data), grad_out.layout,
+                     static_cast<const C*>(saved.data), saved.layout, dense, grad_in.count);
+    } else {
+      fail("cuda::unary_backward: needs floating operands, got {}", dtype_name(grad_in.dtype));
+    }
+  });
+}
+
+void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b, const KernelLaunch& launch) {
+  const bool dense = out.contiguous && a.contiguous && b.contiguous;
+  visit_compute(a.dtype, "binary", [&]<typename C>(C) {
+    const bool comparison = is_comparison(op);
+    if (!comparison) {
+      const bool defined = std::is_floating_point_v<C> ||
+                           (std::is_same_v<C, bool> ? (op == BinaryOp::add || op == BinaryOp::maximum ||
+                                                       op == BinaryOp::mul || op == BinaryOp::minimum)
+                                                    : op != BinaryOp::div);
+      TESSERA_CHECK(defined, "cuda::binary: this op is not defined for {} operands", dtype_name(a.dtype));
+    }
+    if (comparison || std::is_same_v<C, bool>) {
+      TESSERA_LAUNCH((binary_kernel<bool, C>), config_for(out.count, launch), op, comparison,
+                     static_cast<bool*>(out.data), out.layout, static_cast<const C*>(a.data), a.layout,
+                     static_cast<const C*>(b.data), b.layout, dense, out.count);
+      return;
+    }
+    if (packable<C>(out) && packable<C>(a) && packable<C>(b) && out.count % Pack<C>::kCount == 0) {
+      const int64_t packs = out.count / Pack<C>::kCount;
+      TESSERA_LAUNCH(binary_packed_kernel<C>, config_for(packs, launch), op, static_cast<Pack<C>*>(out.data),
+                     static_cast<const Pack<C>*>(a.data), static_cast<const Pack<C>*>(b.data), packs);
+      return;
+    }
+    TESSERA_LAUNCH((binary_kernel<C, C>), config_for(out.count, launch), op, false, static_cast<C*>(out.data),
+                   out.layout, static_cast<const C*>(a.data), a.layout, static_cast<const C*>(b.data), b.layout,
+                   dense, out.count);
+  });
+}
+
+void where(const Operand& out, const Operand& condition, const Operand& a, const Operand& b,
+           const KernelLaunch& launch) {
+  const bool dense = out.contiguous && condition.contiguous && a.contiguous && b.contiguous;
+  const auto run = [&]<typename Word>(Word) {
+    TESSERA_LAUNCH(where_kernel<Word>, config_for(out.count, launch), static_cast<Word*>(out.data), out.layout,
+                   static_cast<const bool*>(condition.data), condition.layout, static_cast<const Word*>(a.data),
+                   a.layout, static_cast<const Word*>(b.data), b.layout, dense, out.count);
+  };
+  switch (element_size(out.dtype)) {
+    case 1: return run(uint8_t{});
+    case 2: return run(uint16_t{});
+    case 4: return run(uint32_t{});
+    default: return run(uint64_t{});
+  }
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,61 @@
+#include "tensor/cuda/transfer.h"
+
+#include <cstring>
+#include <memory>
+
+#include "tensor/cuda/elementwise.h"
+#include "tensor/cuda/operands.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
+#include "tensor/kernels.h"
+#include "tensor/ops.h"
+#include "tensor/stream.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+// A cuda tensor with `tensor`'s shape and dtype, dense.
+Tensor dense_on_device(const Tensor& like, Device device) {
+  return ops::empty(like.sizes(), {.dtype = like.dtype(), .device = device});
+}
+
+}  // namespace
+
+void copy_host_to_device(const Tensor& dst, const Tensor& src) {
+  // The source in the destination's dtype and shape, dense, on the host.
+  const Tensor host = ops::empty(dst.sizes(), {.dtype = dst.dtype(), .device = kCPU});
+  kernels(kCPU).copy(host, src);
+  const int64_t bytes = host.nbytes();
+  const Tensor target = dst.is_contiguous() ? dst : dense_on_device(dst, dst.device());
+  const std::shared_ptr<Stream> stream = current_stream(dst.device());
+  void* pinned = pinned_host_malloc(bytes);
+  std::memcpy(pinned, host.raw_data(), static_cast<size_t>(bytes));
+  memcpy_async(target.cuda_data(), pinned, bytes, CopyKind::host_to_device, *stream);
+  stream->enqueue([pinned] { pinned_host_free(pinned); });  // once the copy has run
+  if (!dst.is_contiguous()) {
+    copy(operand(dst), operand(target),
+         launch_on_current_stream(dst.device(), {buffer_use("in", target, BufferAccess::read),
+                                                  buffer_use("out", dst, BufferAccess::write)}));
+  }
+}
+
+void copy_device_to_host(const Tensor& dst, const Tensor& src) {
+  Tensor source = src;
+  if (!src.is_contiguous()) {
+    source = dense_on_device(src, src.device());
+    copy(operand(source), operand(src),
+         launch_on_current_stream(src.device(), {buffer_use("in", src, BufferAccess::read),
+                                                  buffer_use("out", source, BufferAccess::write)}));
+  }
+  const int64_t bytes = source.nbytes();
+  const std::shared_ptr<Stream> stream = current_stream(src.device());
+  const std::unique_ptr<void, void (*)(void*)> pinned(pinned_host_malloc(bytes), pinned_host_free);
+  memcpy_async(pinned.get(), source.cuda_data(), bytes, CopyKind::device_to_host, *stream);
+  stream->synchronize();
+  const Tensor host = ops::empty(source.sizes(), {.dtype = source.dtype(), .device = kCPU});
+  std::memcpy(host.raw_data(), pinned.get(), static_cast<size_t>(bytes));
+  kernels(kCPU).copy(dst, host);
+}
+
+}  // namespace tessera::cuda
