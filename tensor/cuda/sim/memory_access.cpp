@@ -29,20 +29,21 @@ const char* access_name(BufferAccess access) {
 
 void check_device_access(LaunchState& launch, uintptr_t address, int64_t bytes, AccessKind kind) {
   ThreadBlock& block = *launch.block;
-  const std::string who = fmt::format("cuda sim memcheck: {} thread {}", block.where(),
-                                      block.describe_thread(block.running().linear));
+  const auto who = [&] {  // only formatted on a fault: this runs on every device access
+    return fmt::format("cuda sim memcheck: {} thread {}", block.where(), block.describe_thread(block.running().linear));
+  };
   for (const BufferUse& buffer : launch.config->buffers) {
     const auto begin = reinterpret_cast<uintptr_t>(buffer.data);
     if (address - begin >= static_cast<uint64_t>(buffer.bytes)) continue;
     if (address + bytes > begin + buffer.bytes) {
-      block.fault(fmt::format("{} {} {} bytes at byte {} of buffer `{}`, {} bytes past its end ({} bytes)", who,
+      block.fault(fmt::format("{} {} {} bytes at byte {} of buffer `{}`, {} bytes past its end ({} bytes)", who(),
                               verb(kind), bytes, address - begin, buffer.name, address + bytes - begin - buffer.bytes,
                               buffer.bytes));
     }
     const bool allowed = kind == AccessKind::read ? buffer.access != BufferAccess::write
                                                   : buffer.access != BufferAccess::read;
     if (!allowed) {
-      block.fault(fmt::format("{} {} buffer `{}`, which the launch declared {}", who, verb(kind), buffer.name,
+      block.fault(fmt::format("{} {} buffer `{}`, which the launch declared {}", who(), verb(kind), buffer.name,
                               access_name(buffer.access)));
     }
     if (kind != AccessKind::write) launch.counters.device_bytes_read += bytes;
@@ -51,10 +52,10 @@ void check_device_access(LaunchState& launch, uintptr_t address, int64_t bytes, 
   }
   const void* pointer = reinterpret_cast<const void*>(address);
   if (is_live_device_range(pointer, bytes)) {
-    block.fault(fmt::format("{} {} {} bytes of device memory at {}, outside every buffer the launch declared", who,
+    block.fault(fmt::format("{} {} {} bytes of device memory at {}, outside every buffer the launch declared", who(),
                             verb(kind), bytes, describe_device_address(pointer, bytes)));
   }
-  block.fault(fmt::format("{} {} {} bytes out of bounds: {}", who, verb(kind), bytes,
+  block.fault(fmt::format("{} {} {} bytes out of bounds: {}", who(), verb(kind), bytes,
                           describe_device_address(pointer, bytes)));
 }
 
