@@ -8,6 +8,8 @@
 #include "tensor/error.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/sim_stream.h"
+#elif TESSERA_HAVE_CUDA_NVIDIA
+#include "tensor/cuda/nvidia/nvidia_stream.h"
 #endif
 
 namespace tessera {
@@ -17,6 +19,8 @@ namespace {
 std::shared_ptr<Stream> create_cuda_stream([[maybe_unused]] Device device, [[maybe_unused]] int priority) {
 #if TESSERA_HAVE_CUDA_SIM
   return cuda::sim::SimStream::create(device, priority);
+#elif TESSERA_HAVE_CUDA_NVIDIA
+  return cuda::nvidia::NvidiaStream::create(device, priority);
 #else
   fail("Stream: no cuda runtime in this build (configure with the CUDA toolkit for the simulator)");
 #endif

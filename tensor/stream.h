@@ -110,6 +110,8 @@ struct EventState {
   // (query or synchronize), so that the checker learns what the host knows.
   std::vector<uint64_t> ordering_clock;
   std::function<void()> on_host_observed;
+  // The nvidia runtime's cudaEvent_t, which other streams wait on.
+  std::shared_ptr<void> native_event;
 };
 
 // A marker in a stream: completes when every task enqueued before record()

@@ -3,7 +3,8 @@
 # test in build/ (-march=native); then the portable variant in
 # build-x86-64-v3/ (AVX2+FMA, what every machine of this kind has): the
 # tensor, autograd, nn and fsdp suites again, so that a machine with AVX-512
-# also runs the AVX2 code paths. Prints alone on the last line
+# also runs the AVX2 code paths; then, when nvcc is there, the nvidia
+# runtime in build-nvidia/, compiled and resource-checked. Prints alone on the last line
 # "N passed, N failed" over both (from the builds' testlog.json) and exits
 # non-zero when anything failed.
 set -uo pipefail
@@ -67,6 +68,25 @@ for suite in "${portable_suites[@]}"; do suite_args+=(--suite "$suite"); done
 OPENBLAS_CORETYPE=Haswell meson test -C "$portable" --no-rebuild --print-errorlogs "${suite_args[@]}"
 count_results "$portable"
 echo "test: $portable tested in $((SECONDS - start)) s"
+
+# The nvidia runtime: compile and link it (no GPU here to run it), then check
+# every kernel's registers, spills and local memory on sm_80/90/100.
+nvidia=build-nvidia
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+if command -v nvcc >/dev/null; then
+  start=$SECONDS
+  total=$((total + 1))
+  if configure "$nvidia" -Dgpu_runtime=nvidia --buildtype=release -Dmpi=disabled &&
+    ninja -C "$nvidia" libtessera.a examples/gpt/train &&
+    python3 tools/check_cuda_resources.py "$nvidia" | tail -1; then
+    passed=$((passed + 1))
+    echo "test: $nvidia built and resource-checked in $((SECONDS - start)) s"
+  else
+    echo "test: $nvidia failed (build or tools/check_cuda_resources.py)"
+  fi
+else
+  echo "test: nvcc not found: the nvidia runtime was not compiled (the simulator's suite ran)"
+fi
 
 [ "$skipped" -eq 0 ] || echo "$skipped skipped"
 summary "$passed" $((total - passed - skipped))

@@ -12,7 +12,6 @@
 
 #include "tensor/cuda/element_conversion.h"
 #include "tensor/cuda/portability.h"
-#include "tensor/error.h"
 
 namespace tessera::cuda {
 
@@ -207,19 +206,19 @@ bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
 // ---- kernels ---------------------------------------------------------------
 
 template <typename T>
-__global__ void fill_packed_kernel(Pack<T>* out, int64_t packs, T value) {
+__global__ void __launch_bounds__(kThreads) fill_packed_kernel(Pack<T>* out, int64_t packs, T value) {
   Pack<T> pack;
   for (int lane = 0; lane < Pack<T>::kCount; ++lane) pack.values[lane] = value;
   for (int64_t i = first_index(); i < packs; i += index_stride()) out[i] = pack;
 }
 
 template <typename T>
-__global__ void fill_kernel(T* out, int64_t count, T value) {
+__global__ void __launch_bounds__(kThreads) fill_kernel(T* out, int64_t count, T value) {
   for (int64_t i = first_index(); i < count; i += index_stride()) out[i] = value;
 }
 
 template <typename To, typename From>
-__global__ void copy_kernel(To* out, Layout out_layout, bool out_dense, const From* in, Layout in_layout,
+__global__ void __launch_bounds__(kThreads) copy_kernel(To* out, Layout out_layout, bool out_dense, const From* in, Layout in_layout,
                             bool in_dense, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     const From value = in[in_dense ? i : in_layout.offset(i)];
@@ -228,19 +227,19 @@ __global__ void copy_kernel(To* out, Layout out_layout, bool out_dense, const Fr
 }
 
 template <typename T>
-__global__ void copy_packed_kernel(Pack<T>* out, const Pack<T>* in, int64_t packs) {
+__global__ void __launch_bounds__(kThreads) copy_packed_kernel(Pack<T>* out, const Pack<T>* in, int64_t packs) {
   for (int64_t i = first_index(); i < packs; i += index_stride()) out[i] = in[i];
 }
 
 template <typename T>
-__global__ void arange_kernel(T* out, Layout layout, bool dense, int64_t count, double start, double step) {
+__global__ void __launch_bounds__(kThreads) arange_kernel(T* out, Layout layout, bool dense, int64_t count, double start, double step) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     out[dense ? i : layout.offset(i)] = convert<T>(start + static_cast<double>(i) * step);
   }
 }
 
 template <typename Out, typename C>
-__global__ void unary_kernel(UnaryOp op, Out* out, Layout out_layout, bool out_dense, const C* x, Layout x_layout,
+__global__ void __launch_bounds__(kThreads) unary_kernel(UnaryOp op, Out* out, Layout out_layout, bool out_dense, const C* x, Layout x_layout,
                              bool x_dense, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     out[out_dense ? i : out_layout.offset(i)] = static_cast<Out>(apply_unary(op, x[x_dense ? i : x_layout.offset(i)]));
@@ -248,7 +247,7 @@ __global__ void unary_kernel(UnaryOp op, Out* out, Layout out_layout, bool out_d
 }
 
 template <typename C>
-__global__ void unary_packed_kernel(UnaryOp op, Pack<C>* out, const Pack<C>* x, int64_t packs) {
+__global__ void __launch_bounds__(kThreads) unary_packed_kernel(UnaryOp op, Pack<C>* out, const Pack<C>* x, int64_t packs) {
   for (int64_t i = first_index(); i < packs; i += index_stride()) {
     Pack<C> values = x[i];
     for (int lane = 0; lane < Pack<C>::kCount; ++lane) values.values[lane] = apply_unary(op, values.values[lane]);
@@ -257,7 +256,7 @@ __global__ void unary_packed_kernel(UnaryOp op, Pack<C>* out, const Pack<C>* x, 
 }
 
 template <typename C>
-__global__ void unary_backward_kernel(UnaryOp op, C* grad_in, Layout in_layout, const C* grad_out,
+__global__ void __launch_bounds__(kThreads) unary_backward_kernel(UnaryOp op, C* grad_in, Layout in_layout, const C* grad_out,
                                       Layout out_layout, const C* saved, Layout saved_layout, bool dense,
                                       int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
@@ -268,7 +267,7 @@ __global__ void unary_backward_kernel(UnaryOp op, C* grad_in, Layout in_layout, 
 }
 
 template <typename Out, typename C>
-__global__ void binary_kernel(BinaryOp op, bool comparison, Out* out, Layout out_layout, const C* a, Layout a_layout,
+__global__ void __launch_bounds__(kThreads) binary_kernel(BinaryOp op, bool comparison, Out* out, Layout out_layout, const C* a, Layout a_layout,
                               const C* b, Layout b_layout, bool dense, int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
     const C x = a[dense ? i : a_layout.offset(i)];
@@ -283,7 +282,7 @@ __global__ void binary_kernel(BinaryOp op, bool comparison, Out* out, Layout out
 }
 
 template <typename C>
-__global__ void binary_packed_kernel(BinaryOp op, Pack<C>* out, const Pack<C>* a, const Pack<C>* b, int64_t packs) {
+__global__ void __launch_bounds__(kThreads) binary_packed_kernel(BinaryOp op, Pack<C>* out, const Pack<C>* a, const Pack<C>* b, int64_t packs) {
   for (int64_t i = first_index(); i < packs; i += index_stride()) {
     const Pack<C> x = a[i], y = b[i];
     Pack<C> result;
@@ -294,7 +293,7 @@ __global__ void binary_packed_kernel(BinaryOp op, Pack<C>* out, const Pack<C>* a
 
 // Selection moves bits: words of the element size, any dtype.
 template <typename Word>
-__global__ void where_kernel(Word* out, Layout out_layout, const bool* condition, Layout condition_layout,
+__global__ void __launch_bounds__(kThreads) where_kernel(Word* out, Layout out_layout, const bool* condition, Layout condition_layout,
                              const Word* a, Layout a_layout, const Word* b, Layout b_layout, bool dense,
                              int64_t count) {
   for (int64_t i = first_index(); i < count; i += index_stride()) {
@@ -314,15 +313,14 @@ void visit_compute(DType dtype, const char* kernel, Fn&& fn) {
     case DType::boolean: return fn(bool{});
     default: break;
   }
-  fail("cuda::{}: computes in f32, f64, i32, i64 or bool, got {} (the op converts 16-bit floats)", kernel,
-       dtype_name(dtype));
+  refuse_operands(kernel, "computes in f32, f64, i32, i64 or bool (the op converts 16-bit floats), got", dtype);
 }
 
 
 }  // namespace
 
 void fill(const Operand& out, double value, const KernelLaunch& launch) {
-  TESSERA_CHECK(out.contiguous, "cuda::fill: needs a contiguous output");
+  if (!out.contiguous) refuse_operands("fill", "needs a contiguous output, got one of dtype", out.dtype);
   visit_dtype(out.dtype, [&]<typename T>(T) {
     const T element = convert<T>(value);
     T* data = static_cast<T*>(out.data);
@@ -363,17 +361,11 @@ void arange(const Operand& out, double start, double step, const KernelLaunch& l
 
 void unary(UnaryOp op, const Operand& out, const Operand& x, const KernelLaunch& launch) {
   visit_compute(x.dtype, "unary", [&]<typename C>(C) {
-    if constexpr (std::is_same_v<C, bool>) {
-      TESSERA_CHECK(op == UnaryOp::logical_not, "cuda::unary: bool input to an arithmetic op");
-    } else if constexpr (std::is_integral_v<C>) {
-      TESSERA_CHECK(op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::relu,
-                    "cuda::unary: this op needs a floating input, got {}", dtype_name(x.dtype));
-    } else {
-      TESSERA_CHECK(op != UnaryOp::logical_not, "cuda::unary: logical_not takes a bool input, got {}",
-                    dtype_name(x.dtype));
-    }
-    TESSERA_CHECK(out.dtype == x.dtype, "cuda::unary: output {} for input {}", dtype_name(out.dtype),
-                  dtype_name(x.dtype));
+    const bool defined = std::is_same_v<C, bool>    ? op == UnaryOp::logical_not
+                         : std::is_integral_v<C> ? (op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::relu)
+                                                 : op != UnaryOp::logical_not;
+    if (!defined) refuse_operands("unary", "this op is not defined for an input of dtype", x.dtype);
+    if (out.dtype != x.dtype) refuse_operands("unary", "the output's dtype differs from the input's,", out.dtype);
     if (packable<C>(out) && packable<C>(x) && out.count % Pack<C>::kCount == 0) {
       const int64_t packs = out.count / Pack<C>::kCount;
       TESSERA_LAUNCH(unary_packed_kernel<C>, config_for(packs, launch), op, static_cast<Pack<C>*>(out.data),
@@ -387,7 +379,7 @@ void unary(UnaryOp op, const Operand& out, const Operand& x, const KernelLaunch&
 
 void unary_backward(UnaryOp op, const Operand& grad_in, const Operand& grad_out, const Operand& saved,
                     const KernelLaunch& launch) {
-  TESSERA_CHECK(op != UnaryOp::logical_not, "cuda::unary_backward: logical_not has no derivative");
+  if (op == UnaryOp::logical_not) refuse_operands("unary_backward", "logical_not has no derivative; input", grad_in.dtype);
   const bool dense = grad_in.contiguous && grad_out.contiguous && saved.contiguous;
   visit_compute(grad_in.dtype, "unary_backward", [&]<typename C>(C) {
     if constexpr (std::is_floating_point_v<C>) {
@@ -395,7 +387,7 @@ void unary_backward(UnaryOp op, const Operand& grad_in, const Operand& grad_out,
                      grad_in.layout, static_cast<const C*>(grad_out.data), grad_out.layout,
                      static_cast<const C*>(saved.data), saved.layout, dense, grad_in.count);
     } else {
-      fail("cuda::unary_backward: needs floating operands, got {}", dtype_name(grad_in.dtype));
+      refuse_operands("unary_backward", "needs floating operands, got", grad_in.dtype);
     }
   });
 }
@@ -409,7 +401,7 @@ void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b,
                            (std::is_same_v<C, bool> ? (op == BinaryOp::add || op == BinaryOp::maximum ||
                                                        op == BinaryOp::mul || op == BinaryOp::minimum)
                                                     : op != BinaryOp::div);
-      TESSERA_CHECK(defined, "cuda::binary: this op is not defined for {} operands", dtype_name(a.dtype));
+      if (!defined) refuse_operands("binary", "this op is not defined for operands of dtype", a.dtype);
     }
     if (comparison || std::is_same_v<C, bool>) {
       TESSERA_LAUNCH((binary_kernel<bool, C>), config_for(out.count, launch), op, comparison,

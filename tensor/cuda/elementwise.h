@@ -12,6 +12,10 @@
 
 namespace tessera::cuda {
 
+// Throws tessera::Error "cuda::<kernel>: <what> <dtype>" (kernel_table.cpp:
+// kernel sources stay free of host-only formatting that nvcc cannot compile).
+[[noreturn]] void refuse_operands(const char* kernel, const char* what, DType dtype);
+
 struct KernelLaunch {
   Stream* stream = nullptr;
   std::vector<BufferUse> buffers;

@@ -64,6 +64,10 @@ void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, c
 
 }  // namespace
 
+void refuse_operands(const char* kernel, const char* what, DType dtype) {
+  fail("cuda::{}: {} {}", kernel, what, dtype_name(dtype));
+}
+
 const KernelTable& kernel_table() {
   static const KernelTable table{
       .fill = fill_kernel,

@@ -16,10 +16,16 @@
 
 #if defined(__CUDACC__)
 
-// nvcc's side of this header (TESSERA_LAUNCH through cudaLaunchKernel on a
-// tessera stream, dynamic_shared_memory<T>() over `extern __shared__`) comes
-// with the nvidia runtime, the next part of the cuda device's work.
-#error "tessera's nvidia runtime is not in this tree yet: build the cuda device with its simulator"
+#include "tensor/cuda/nvidia/launch.h"
+
+// Shared memory sized at launch (LaunchConfig::dynamic_shared_bytes).
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared_memory() {
+  extern __shared__ __align__(16) unsigned char tessera_dynamic_shared[];
+  return reinterpret_cast<T*>(tessera_dynamic_shared);
+}
+
+#define TESSERA_LAUNCH(kernel, config, ...) ::tessera::cuda::nvidia::launch(#kernel, kernel, config, __VA_ARGS__)
 
 #else  // the simulator
 
