@@ -14,16 +14,16 @@ namespace tessera::autograd {
 
 namespace {
 
-// Address of logical element `index` of a CPU f64 tensor of any strides.
-double* element_at(const Tensor& tensor, int64_t index) {
-  double* base = tensor.data_ptr<double>();
+// Logical element `index` of `tensor` as a 0-d view, on any device: read with
+// item(), written with fill_ (a cuda input is perturbed through the copy API).
+Tensor element_view(const Tensor& tensor, int64_t index) {
   int64_t offset = 0;
   for (int64_t d = tensor.dim() - 1; d >= 0; --d) {
     const int64_t size = tensor.size(d);
     offset += (index % size) * tensor.stride(d);
     index /= size;
   }
-  return base + offset;
+  return ops::as_strided(tensor, {}, {}, tensor.storage_offset() + offset);
 }
 
 Shape multi_index(const Shape& shape, int64_t index) {
@@ -53,8 +53,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const TensorList&)>& f, con
   for (size_t i = 0; i < inputs.size(); ++i) {
     TESSERA_CHECK(inputs[i].defined(), "gradcheck: input {} is undefined", i);
     if (!inputs[i].requires_grad()) continue;
-    TESSERA_CHECK(inputs[i].dtype() == DType::f64 && inputs[i].device().is_cpu() && inputs[i].is_leaf(),
-                  "gradcheck: input {} must be a CPU f64 leaf, got dtype {} on {}", i,
+    TESSERA_CHECK(inputs[i].dtype() == DType::f64 && !inputs[i].is_meta() && inputs[i].is_leaf(),
+                  "gradcheck: input {} must be an f64 leaf on cpu or cuda, got dtype {} on {}", i,
                   dtype_name(inputs[i].dtype()), inputs[i].device().str());
     wrt.push_back(inputs[i]);
     wrt_index.push_back(i);
@@ -68,7 +68,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const TensorList&)>& f, con
 
   TensorList analytic(wrt.size());
   if (output.requires_grad()) {
-    const Tensor w = ops::from_vector(weights, output.sizes(), {.dtype = output.dtype()});
+    const Tensor w = ops::to(ops::from_vector(weights, output.sizes(), {.dtype = output.dtype()}), output.device());
     analytic = grad({output}, wrt, {w});
   }
 
@@ -98,13 +98,13 @@ GradcheckResult gradcheck(const std::function<Tensor(const TensorList&)>& f, con
     const Tensor& input = wrt[k];
     const size_t input_nr = wrt_index[k];
     for (int64_t j = 0; j < input.numel(); ++j) {
-      double* element = element_at(input, j);
-      const double original = *element;
-      *element = original + options.eps;
+      Tensor element = element_view(input, j);
+      const double original = element.item();
+      ops::fill_(element, original + options.eps);
       const double plus = project(f(inputs), weights);
-      *element = original - options.eps;
+      ops::fill_(element, original - options.eps);
       const double minus = project(f(inputs), weights);
-      *element = original;
+      ops::fill_(element, original);
       const double numeric = (plus - minus) / (2.0 * options.eps);
       const double analytic_value = analytic_values[k][static_cast<size_t>(j)];
       const double error = std::abs(analytic_value - numeric);

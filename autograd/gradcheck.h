@@ -25,7 +25,7 @@ struct GradcheckResult {
 };
 
 // inputs must be f64 leaves with requires_grad set (those without are held
-// constant). f returns one tensor.
+// constant), on cpu or cuda. f returns one tensor.
 GradcheckResult gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorList& inputs,
                           GradcheckOptions options = {});
 

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <numbers>
 
+#include "tensor/host_device.h"
+
 namespace tessera {
 
 // Names one independent random sequence: the seed of the run and a stream id
@@ -20,8 +22,9 @@ struct PhiloxKey {
 };
 
 // Ten rounds of Philox 4x32 on counter (index, stream) with key seed. Inline:
-// fill loops call it once per element and must not pay a call for it.
-inline std::array<uint32_t, 4> philox4x32(PhiloxKey key, uint64_t index) {
+// fill loops call it once per element and must not pay a call for it. The
+// cuda kernels call the same code, so a device fills the same bits.
+TESSERA_HOST_DEVICE inline std::array<uint32_t, 4> philox4x32(PhiloxKey key, uint64_t index) {
   constexpr uint32_t kMultiplier0 = 0xD2511F53u;
   constexpr uint32_t kMultiplier1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u;
@@ -44,12 +47,12 @@ inline std::array<uint32_t, 4> philox4x32(PhiloxKey key, uint64_t index) {
 
 // Element i of the uniform [0, 1) sequence of `key` (24 random bits, so every
 // value is exactly representable in f32).
-inline float philox_uniform(PhiloxKey key, uint64_t index) {
+TESSERA_HOST_DEVICE inline float philox_uniform(PhiloxKey key, uint64_t index) {
   return static_cast<float>(philox4x32(key, index)[0] >> 8) * (1.0f / 16777216.0f);
 }
 
 // Element i of the standard normal sequence of `key` (Box-Muller on two words).
-inline double philox_normal(PhiloxKey key, uint64_t index) {
+TESSERA_HOST_DEVICE inline double philox_normal(PhiloxKey key, uint64_t index) {
   const auto words = philox4x32(key, index);
   // u1 in (0, 1] so the log is finite; u2 in [0, 1).
   const double u1 = (static_cast<double>(words[0]) + 1.0) * (1.0 / 4294967296.0);

@@ -3,10 +3,14 @@
 // on the current stream of the tensors' device. Entries whose kernels are
 // not written yet refuse with an error naming the op.
 #include "tensor/cuda/elementwise.h"
+#include "tensor/cuda/indexing.h"
 #include "tensor/cuda/operands.h"
+#include "tensor/cuda/random.h"
+#include "tensor/cuda/reduction.h"
 #include "tensor/cuda/transfer.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
+#include "tensor/ops.h"
 
 namespace tessera::cuda {
 
@@ -16,8 +20,8 @@ constexpr BufferAccess kRead = BufferAccess::read;
 constexpr BufferAccess kWrite = BufferAccess::write;
 
 [[noreturn]] void not_on_cuda_yet(const char* op) {
-  fail("{} has no cuda kernel yet (the cuda device is being built: elementwise ops, copies and fills run on it "
-       "today); compute it on cpu",
+  fail("{} has no cuda kernel yet (the cuda device is being built: elementwise, random, reduction and indexing "
+       "ops run on it today); compute it on cpu",
        op);
 }
 
@@ -56,6 +60,90 @@ void binary_kernel(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor
                                                  buffer_use("out", out, kWrite)}));
 }
 
+void random_kernel(const Tensor& out, RandomDistribution distribution, PhiloxKey key, double a, double b,
+                   uint64_t first_index) {
+  random(operand(out), distribution, key, a, b, first_index,
+         launch_on_current_stream(out.device(), {buffer_use("out", out, kWrite)}));
+}
+
+// Dims of x (sizes and strides) where `reduced` is `which`.
+Layout dims_where(const Tensor& x, const std::vector<bool>& reduced, bool which) {
+  Layout layout;
+  for (int64_t dim = 0; dim < x.dim(); ++dim) {
+    if (reduced[dim] != which) continue;
+    layout.sizes[layout.dims] = x.sizes()[dim];
+    layout.strides[layout.dims] = x.strides()[dim];
+    ++layout.dims;
+  }
+  return layout;
+}
+
+void reduce_kernel(ReduceOp op, const Tensor& out, const Tensor& x, const std::vector<bool>& reduced) {
+  TESSERA_CHECK(static_cast<int64_t>(reduced.size()) == x.dim() && out.dim() == x.dim() && out.is_contiguous(),
+                "cuda::reduce: x of shape {}, out of shape {} (contiguous) and {} reduce flags", x.sizes(),
+                out.sizes(), reduced.size());
+  TESSERA_CHECK(x.dim() <= kMaxDims, "cuda::reduce: {} dims (shape {}); cuda kernels take up to {}", x.dim(),
+                x.sizes(), kMaxDims);
+  if (x.dtype() == DType::boolean) return reduce_kernel(op, out, ops::to(x, DType::i32), reduced);  // any / all
+  ReduceGeometry geometry;
+  geometry.kept = dims_where(x, reduced, false);
+  geometry.reduced = dims_where(x, reduced, true);
+  geometry.outputs = out.numel();
+  geometry.reduced_count = 1;
+  for (int32_t dim = 0; dim < geometry.reduced.dims; ++dim) geometry.reduced_count *= geometry.reduced.sizes[dim];
+  reduce(op, operand(out), operand(x), geometry,
+         launch_on_current_stream(out.device(), {buffer_use("x", x, kRead), buffer_use("out", out, kWrite)}));
+}
+
+void max_along_kernel(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t dim) {
+  TESSERA_CHECK(values.dtype() == x.dtype() && indices.dtype() == DType::i64,
+                "cuda::max_along: values must be {} and indices i64, got {} and {}", dtype_name(x.dtype()),
+                dtype_name(values.dtype()), dtype_name(indices.dtype()));
+  if (values.numel() == 0) return;
+  const int64_t length = x.dim() == 0 ? 1 : x.size(dim);
+  const int64_t step = x.dim() == 0 ? 0 : x.stride(dim);
+  // x at index 0 along dim, shaped like values: each output's first element.
+  const Tensor first = Tensor::make(x.storage(), values.sizes(), x.strides(), x.storage_offset(), x.dtype());
+  max_along(operand(values), operand(indices), operand(first), length, step,
+            launch_on_current_stream(values.device(), {buffer_use("x", x, kRead),
+                                                       buffer_use("values", values, kWrite),
+                                                       buffer_use("indices", indices, kWrite)}));
+}
+
+// [outer, size, inner] around `dim` of `tensor`, for `count` indices.
+IndexGeometry rows_around(const Tensor& tensor, int64_t dim, int64_t count) {
+  IndexGeometry geometry;
+  for (int64_t d = 0; d < dim; ++d) geometry.outer *= tensor.sizes()[d];
+  for (int64_t d = dim + 1; d < tensor.dim(); ++d) geometry.inner *= tensor.sizes()[d];
+  geometry.size = tensor.sizes()[dim];
+  geometry.count = count;
+  return geometry;
+}
+
+void check_contiguous(const char* op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* tensor : tensors) {
+    TESSERA_CHECK(tensor->is_contiguous(), "cuda::{}: expects contiguous operands, got shape {} strides {}", op,
+                  tensor->sizes(), tensor->strides());
+  }
+}
+
+void index_select_kernel(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index) {
+  check_contiguous("index_select", {&out, &x, &index});
+  index_select(operand(out), operand(x), operand(index), rows_around(x, dim, index.numel()),
+               launch_on_current_stream(out.device(), {buffer_use("x", x, kRead), buffer_use("index", index, kRead),
+                                                       buffer_use("out", out, kWrite)}));
+}
+
+void index_add_kernel(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& source) {
+  check_contiguous("index_add", {&out, &index, &source});
+  TESSERA_CHECK(out.dtype() == source.dtype(), "cuda::index_add: out is {}, source {}", dtype_name(out.dtype()),
+                dtype_name(source.dtype()));
+  index_add(operand(out), operand(index), operand(source), rows_around(out, dim, index.numel()),
+            launch_on_current_stream(out.device(), {buffer_use("source", source, kRead),
+                                                    buffer_use("index", index, kRead),
+                                                    buffer_use("out", out, BufferAccess::read_write)}));
+}
+
 void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b) {
   where(operand(out), operand(condition), operand(a), operand(b),
         launch_on_current_stream(out.device(), {buffer_use("condition", condition, kRead), buffer_use("a", a, kRead),
@@ -73,15 +161,15 @@ const KernelTable& kernel_table() {
       .fill = fill_kernel,
       .copy = copy_kernel,
       .arange = arange_kernel,
-      .random = [](const Tensor&, RandomDistribution, PhiloxKey, double, double, uint64_t) { not_on_cuda_yet("random"); },
+      .random = random_kernel,
       .unary = unary_kernel,
       .unary_backward = unary_backward_kernel,
       .binary = binary_kernel,
       .where = where_kernel,
-      .reduce = [](ReduceOp, const Tensor&, const Tensor&, const std::vector<bool>&) { not_on_cuda_yet("reduce"); },
-      .max_along = [](const Tensor&, const Tensor&, const Tensor&, int64_t) { not_on_cuda_yet("max_along"); },
-      .index_select = [](const Tensor&, const Tensor&, int64_t, const Tensor&) { not_on_cuda_yet("index_select"); },
-      .index_add = [](const Tensor&, int64_t, const Tensor&, const Tensor&) { not_on_cuda_yet("index_add"); },
+      .reduce = reduce_kernel,
+      .max_along = max_along_kernel,
+      .index_select = index_select_kernel,
+      .index_add = index_add_kernel,
       .matmul = [](const Tensor&, const Tensor&, const Tensor&) { not_on_cuda_yet("matmul"); },
       .softmax = [](const Tensor&, const Tensor&, bool) { not_on_cuda_yet("softmax"); },
       .softmax_backward = [](const Tensor&, const Tensor&, const Tensor&, bool) { not_on_cuda_yet("softmax"); },

@@ -11,6 +11,8 @@
 #include <limits>
 #include <random>
 
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/sim/launch.h"
 #include "tensor/error.h"
@@ -20,6 +22,7 @@
 #include "tensor/stream.h"
 
 using namespace tessera;
+
 
 namespace {
 
@@ -239,4 +242,112 @@ TEST_CASE("memory: statistics, no device malloc in steady state, and exact bytes
   }
   CHECK(read == count * 4);  // each input read once, with 16-byte loads
   CHECK(written == count * 4);
+}
+
+TEST_CASE("random numbers on the device are the cpu's, index for index, in every floating dtype") {
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    CAPTURE(dtype_name(dtype));
+    for (const RandomDistribution distribution : {RandomDistribution::uniform, RandomDistribution::normal}) {
+      const auto fill = [&](Device device) {
+        Tensor out = ops::empty({33, 17}, {.dtype = dtype, .device = device});
+        kernels(device).random(out, distribution, PhiloxKey{9, 4}, -1.0, 3.0, 1000);
+        return out;
+      };
+      CHECK(bitwise_equal(fill(kCPU), fill(kCuda)));
+    }
+  }
+  // A shard filled from its first index equals the rows of the whole tensor.
+  Tensor whole = ops::empty({40}, {.device = kCuda}), shard = ops::empty({10}, {.device = kCuda});
+  kernels(kCuda).random(whole, RandomDistribution::normal, PhiloxKey{1, 2}, 0.0, 1.0, 0);
+  kernels(kCuda).random(shard, RandomDistribution::normal, PhiloxKey{1, 2}, 0.0, 1.0, 20);
+  CHECK(bitwise_equal(ops::to(ops::slice(whole, 0, 20, 30), kCPU), shard));
+}
+
+TEST_CASE("reductions: max and min bit for bit, sums within one f32 rounding of the cpu's, deterministic") {
+  const Tensor x = ops::randn({6, 50, 7}, PhiloxKey{3, 1});
+  const Tensor device = ops::to(x, kCuda);
+  for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{}, {0}, {1}, {2}, {0, 2}, {1, 2}}) {
+    CAPTURE(dims.size());
+    CHECK(bitwise_equal(ops::amax(x, dims, true), ops::amax(device, dims, true)));
+    CHECK(bitwise_equal(ops::amin(x, dims, true), ops::amin(device, dims, true)));
+    // Both sum f32 in f64 (each within n 2^-53 sum|x| of the exact sum), then round once to f32.
+    const std::vector<float> cpu = ops::sum(x, dims, true).to_vector<float>();
+    const std::vector<float> gpu = ops::sum(device, dims, true).to_vector<float>();
+    const std::vector<float> magnitude = ops::sum(ops::abs(x), dims, true).to_vector<float>();
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      CHECK(std::abs(double(cpu[i]) - double(gpu[i])) <= ulp_at<float>(cpu[i]) + 700 * 0x1p-52 * magnitude[i]);
+    }
+    CHECK(bitwise_equal(ops::to(ops::sum(device, dims, true), kCPU), ops::sum(device, dims, true)));  // run to run
+  }
+  // Integers exactly (wrapping), bool through any/all, NaN propagates, empty reductions give the identity.
+  const Tensor integers = ops::arange(-100.0, 100.0, 3.0, {.dtype = DType::i64});
+  CHECK(bitwise_equal(ops::sum(integers), ops::sum(ops::to(integers, kCuda))));
+  const Tensor flags = ops::gt(ops::arange(0.0, 12.0, 1.0), ops::full({12}, 10.5));
+  CHECK(bitwise_equal(ops::amax(flags), ops::amax(ops::to(flags, kCuda))));
+  Tensor with_nan = ops::to(x, kCuda);
+  Tensor one = ops::select(ops::select(ops::select(with_nan, 0, 2), 0, 3), 0, 4);
+  ops::fill_(one, std::nan(""));
+  CHECK(std::isnan(ops::amax(with_nan).item()));
+  CHECK(ops::sum(ops::empty({0, 3}, {.device = kCuda}), {0}).to_vector<float>() == std::vector<float>{0, 0, 0});
+}
+
+TEST_CASE("max_along, index_select and the deterministic index_add equal the cpu's bits") {
+  const Tensor x = ops::randn({5, 9, 4}, PhiloxKey{8, 2});
+  const Tensor device = ops::to(x, kCuda);
+  for (int64_t dim = 0; dim < 3; ++dim) {
+    Shape shape = x.sizes();
+    shape[dim] = 1;
+    Tensor values = ops::empty(shape), indices = ops::empty(shape, {.dtype = DType::i64});
+    Tensor device_values = ops::empty(shape, {.device = kCuda}),
+           device_indices = ops::empty(shape, {.dtype = DType::i64, .device = kCuda});
+    kernels(kCPU).max_along(values, indices, x, dim);
+    kernels(kCuda).max_along(device_values, device_indices, device, dim);
+    CHECK(bitwise_equal(values, device_values));
+    CHECK(bitwise_equal(indices, device_indices));
+  }
+  std::vector<int64_t> rows = {3, 0, 3, 8, 1, 3, 0};
+  const Tensor index = host_tensor(rows);
+  const Tensor device_index = ops::to(index, kCuda);
+  CHECK(bitwise_equal(ops::index_select(x, 1, index), ops::index_select(device, 1, device_index)));
+  // Duplicate rows accumulate in index order on both devices.
+  const Tensor source = ops::randn({5, 7, 4}, PhiloxKey{8, 3});
+  Tensor cpu_out = ops::clone(x), gpu_out = ops::to(x, kCuda);
+  kernels(kCPU).index_add(cpu_out, 1, index, source);
+  kernels(kCuda).index_add(gpu_out, 1, device_index, ops::to(source, kCuda));
+  CHECK(bitwise_equal(cpu_out, gpu_out));
+}
+
+TEST_CASE("gradcheck of the differentiable ops on cuda tensors, in f64") {
+  const auto leaf = [](const Shape& shape, uint64_t stream, double low, double high) {
+    Tensor values = ops::rand(shape, PhiloxKey{77, stream}, {.dtype = DType::f64});
+    values = ops::add(ops::mul(values, ops::full({}, high - low, {.dtype = DType::f64})),
+                      ops::full({}, low, {.dtype = DType::f64}));
+    Tensor on_device = ops::to(values, kCuda);
+    on_device.set_requires_grad(true);
+    return on_device;
+  };
+  const Tensor a = leaf({3, 4}, 1, 0.5, 2.0), b = leaf({3, 4}, 2, 0.5, 2.0), c = leaf({4}, 3, -1.0, 1.0);
+  const Tensor rows = ops::to(host_tensor(std::vector<int64_t>{2, 0, 2, 1}), kCuda);
+  using autograd::TensorList;
+  using Function = std::function<Tensor(const TensorList&)>;
+  const std::vector<std::pair<const char*, Function>> functions = {
+      {"exp, log, sqrt, rsqrt", [](const TensorList& t) { return add(add(exp(t[0]), log(t[0])), add(sqrt(t[0]), rsqrt(t[0]))); }},
+      {"tanh, sigmoid, neg", [](const TensorList& t) { return neg(mul(tanh(t[0]), sigmoid(t[1]))); }},
+      {"gelu (both), silu, relu", [](const TensorList& t) {
+         return add(add(gelu(t[2], GeluApproximation::tanh), gelu(t[2], GeluApproximation::none)), add(silu(t[2]), relu(t[2])));
+       }},
+      {"add, sub, mul, div, pow with broadcast", [](const TensorList& t) {
+         return pow(div(sub(mul(t[0], t[1]), t[2]), add(t[1], t[2])), ops::full({}, 2.0, {.dtype = DType::f64, .device = t[0].device()}));
+       }},
+      {"where", [](const TensorList& t) { return where(ops::gt(t[0], t[1]), t[0], mul(t[1], t[1])); }},
+      {"sum, mean over dims, transpose, expand", [](const TensorList& t) {
+         return add(sum(transpose(t[0], 0, 1), {1}, true), mean(expand(t[2], {3, 4}), {0}));
+       }},
+      {"index_select (and index_add in backward)", [&rows](const TensorList& t) { return index_select(t[0], 0, rows); }},
+  };
+  for (const auto& [name, function] : functions) {
+    CAPTURE(name);
+    const autograd::GradcheckResult result = autograd::gradcheck(function, {a, b, c});
+    CHECK_MESSAGE(result.ok, result.report);
+  }
 }

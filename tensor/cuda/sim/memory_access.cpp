@@ -32,6 +32,9 @@ void check_device_access(LaunchState& launch, uintptr_t address, int64_t bytes, 
   const auto who = [&] {  // only formatted on a fault: this runs on every device access
     return fmt::format("cuda sim memcheck: {} thread {}", block.where(), block.describe_thread(block.running().linear));
   };
+  // An in-place op declares the same bytes twice (read as an input, written
+  // as the output): the access is fine if any declared buffer allows it.
+  const BufferUse* refusing = nullptr;
   for (const BufferUse& buffer : launch.config->buffers) {
     const auto begin = reinterpret_cast<uintptr_t>(buffer.data);
     if (address - begin >= static_cast<uint64_t>(buffer.bytes)) continue;
@@ -43,12 +46,16 @@ void check_device_access(LaunchState& launch, uintptr_t address, int64_t bytes, 
     const bool allowed = kind == AccessKind::read ? buffer.access != BufferAccess::write
                                                   : buffer.access != BufferAccess::read;
     if (!allowed) {
-      block.fault(fmt::format("{} {} buffer `{}`, which the launch declared {}", who(), verb(kind), buffer.name,
-                              access_name(buffer.access)));
+      refusing = &buffer;
+      continue;
     }
     if (kind != AccessKind::write) launch.counters.device_bytes_read += bytes;
     if (kind != AccessKind::read) launch.counters.device_bytes_written += bytes;
     return;
+  }
+  if (refusing != nullptr) {
+    block.fault(fmt::format("{} {} buffer `{}`, which the launch declared {}", who(), verb(kind), refusing->name,
+                            access_name(refusing->access)));
   }
   const void* pointer = reinterpret_cast<const void*>(address);
   if (is_live_device_range(pointer, bytes)) {

@@ -1,0 +1,43 @@
+// What the cuda kernel sources share: the block size, the grid for a number
+// of work items, the grid-stride loop's start and step, and 16-byte packs
+// for dense loads and stores. Included by .cu files only.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tensor/cuda/elementwise.h"
+#include "tensor/cuda/portability.h"
+
+namespace tessera::cuda {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 256;
+
+// At most kMaxBlocks blocks of kThreads: grid-stride loops cover the rest.
+inline LaunchConfig config_for(int64_t work_items, const KernelLaunch& launch) {
+  LaunchConfig config;
+  const int64_t blocks = std::max<int64_t>(1, std::min(kMaxBlocks, (work_items + kThreads - 1) / kThreads));
+  config.grid = dim3(static_cast<unsigned>(blocks));
+  config.block = dim3(kThreads);
+  config.buffers = launch.buffers;
+  config.stream = launch.stream;
+  return config;
+}
+
+__device__ inline int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// 16 bytes of T: one 128-bit load or store.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kCount = 16 / sizeof(T);
+  T values[kCount];
+};
+
+template <typename T>
+bool packable(const Operand& operand) {
+  return operand.contiguous && reinterpret_cast<uintptr_t>(operand.data) % 16 == 0 && sizeof(T) <= 16;
+}
+
+}  // namespace tessera::cuda

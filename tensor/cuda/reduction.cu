@@ -1,0 +1,155 @@
+// Reductions on the device: sum, max and min over any set of dims, and the
+// maximum along one dim with its index. Each output is reduced by a group of
+// threads (a power of two up to the block, sized to the reduction), each
+// thread striding over the reduced elements, then a fixed tree in shared
+// memory: no atomics, so a result is the same on every run. Accumulators are
+// the cpu's (f64 for float sums, i64 for integer ones).
+#include "tensor/cuda/reduction.h"
+
+#include <limits>
+
+#include "tensor/cuda/element_conversion.h"
+#include "tensor/cuda/kernel_loop.h"
+#include "tensor/cuda/portability.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+template <typename T>
+struct SumOp {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  __device__ static Acc identity() { return Acc(0); }
+  __device__ static Acc load(T value) { return static_cast<Acc>(value); }
+  __device__ static Acc combine(Acc a, Acc b) {
+    if constexpr (std::is_floating_point_v<Acc>) {
+      return a + b;
+    } else {
+      return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+    }
+  }
+};
+
+template <typename T>
+struct MaxOp {
+  using Acc = T;
+  __device__ static Acc identity() {
+    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
+    return std::numeric_limits<T>::lowest();
+  }
+  __device__ static Acc load(T value) { return value; }
+  __device__ static Acc combine(Acc a, Acc b) { return (a != a || a > b) ? a : b; }
+};
+
+template <typename T>
+struct MinOp {
+  using Acc = T;
+  __device__ static Acc identity() {
+    if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::infinity();
+    return std::numeric_limits<T>::max();
+  }
+  __device__ static Acc load(T value) { return value; }
+  __device__ static Acc combine(Acc a, Acc b) { return (a != a || a < b) ? a : b; }
+};
+
+// Groups of `group` threads (a power of two dividing kThreads) each reduce
+// one output per round.
+template <typename Op, typename T, typename Out>
+__global__ void __launch_bounds__(kThreads) reduce_kernel(Out* out, const T* x, ReduceGeometry geometry, int group) {
+  using Acc = typename Op::Acc;
+  __shared__ Acc partial[kThreads];
+  const int lane = static_cast<int>(threadIdx.x) % group;
+  const int64_t per_block = kThreads / group;
+  for (int64_t base = blockIdx.x * per_block; base < geometry.outputs; base += gridDim.x * per_block) {
+    const int64_t output = base + threadIdx.x / group;
+    Acc acc = Op::identity();
+    if (output < geometry.outputs) {
+      const int64_t origin = geometry.kept.offset(output);
+      for (int64_t r = lane; r < geometry.reduced_count; r += group) {
+        acc = Op::combine(acc, Op::load(x[origin + geometry.reduced.offset(r)]));
+      }
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (int stride = group / 2; stride > 0; stride /= 2) {
+      if (lane < stride) partial[threadIdx.x] = Op::combine(partial[threadIdx.x], partial[threadIdx.x + stride]);
+      __syncthreads();
+    }
+    if (lane == 0 && output < geometry.outputs) out[output] = convert<Out>(partial[threadIdx.x]);
+    __syncthreads();  // the next round reuses partial
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) max_along_kernel(T* values, int64_t* indices, const T* x, Layout first,
+                                                           int64_t count, int64_t length, int64_t step) {
+  for (int64_t o = first_index(); o < count; o += index_stride()) {
+    const int64_t base = first.offset(o);
+    T best = x[base];
+    int64_t best_index = 0;
+    for (int64_t d = 1; d < length; ++d) {
+      const T candidate = x[base + d * step];
+      bool better = candidate > best;
+      if constexpr (std::is_floating_point_v<T>) better = better || (candidate != candidate && best == best);
+      if (better) {
+        best = candidate;
+        best_index = d;
+      }
+    }
+    values[o] = best;
+    indices[o] = best_index;
+  }
+}
+
+// The smallest power of two covering `count`, at most a block.
+int group_size(int64_t count) {
+  int group = 1;
+  while (group < kThreads && group < count) group *= 2;
+  return group;
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const Operand& out, const Operand& x, const ReduceGeometry& geometry,
+            const KernelLaunch& launch) {
+  if (geometry.outputs == 0) return;
+  const int group = group_size(geometry.reduced_count);
+  const int64_t blocks_needed = (geometry.outputs * group + kThreads - 1) / kThreads;
+  const auto run = [&]<typename T>(T) {
+    visit_dtype(out.dtype, [&]<typename Out>(Out) {
+      LaunchConfig config = config_for(blocks_needed * kThreads, launch);
+      const T* data = static_cast<const T*>(x.data);
+      Out* result = static_cast<Out*>(out.data);
+      switch (op) {
+        case ReduceOp::sum: return TESSERA_LAUNCH((reduce_kernel<SumOp<T>, T, Out>), config, result, data, geometry, group);
+        case ReduceOp::max: return TESSERA_LAUNCH((reduce_kernel<MaxOp<T>, T, Out>), config, result, data, geometry, group);
+        case ReduceOp::min: return TESSERA_LAUNCH((reduce_kernel<MinOp<T>, T, Out>), config, result, data, geometry, group);
+      }
+    });
+  };
+  switch (x.dtype) {
+    case DType::f32: return run(float{});
+    case DType::f64: return run(double{});
+    case DType::i32: return run(int32_t{});
+    case DType::i64: return run(int64_t{});
+    default: refuse_operands("reduce", "computes in f32, f64, i32 or i64 (bool goes through i32), got", x.dtype);
+  }
+}
+
+void max_along(const Operand& values, const Operand& indices, const Operand& first, int64_t length, int64_t step,
+               const KernelLaunch& launch) {
+  const auto run = [&]<typename T>(T) {
+    TESSERA_LAUNCH(max_along_kernel<T>, config_for(values.count, launch), static_cast<T*>(values.data),
+                   static_cast<int64_t*>(indices.data), static_cast<const T*>(first.data), first.layout, values.count,
+                   length, step);
+  };
+  switch (values.dtype) {
+    case DType::f32: return run(float{});
+    case DType::f64: return run(double{});
+    case DType::i32: return run(int32_t{});
+    case DType::i64: return run(int64_t{});
+    default: refuse_operands("max_along", "computes in f32, f64, i32 or i64, got", values.dtype);
+  }
+}
+
+}  // namespace tessera::cuda
