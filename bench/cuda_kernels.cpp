@@ -1,0 +1,100 @@
+// bench/cuda_kernels: the cuda kernels' memory traffic as the simulator
+// counts it, and what that predicts on an H100 SXM. For each op at a GPT-2
+// 124M activation size it runs the op on the simulated device and prints the
+// launches, the device bytes the kernels read and wrote, the ideal (each
+// input read once, each output written once), the FLOPs, and a roofline
+// prediction: max(bytes / 3.35 TB/s, FLOPs / 67 TFLOP/s f32). "bound" is the
+// same with the ideal bytes, and "of bound" their ratio. A paper estimate
+// from counted bytes, not a measurement: caches, clocks and launch latency
+// are not in it, and only a GPU can measure them.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "bench/machine_context.h"
+#include "tensor/cuda/sim/launch.h"
+#include "tensor/kernels.h"
+#include "tensor/ops.h"
+#include "tensor/stream.h"
+
+using namespace tessera;
+namespace sim = tessera::cuda::sim;
+
+namespace {
+
+constexpr double kHbmBytesPerSecond = 3.35e12;    // H100 SXM, HBM3
+constexpr double kF32FlopsPerSecond = 67e12;      // H100 SXM, f32 (no tensor cores)
+const Device kCuda(DeviceType::cuda);
+
+struct Case {
+  std::string name;
+  int64_t ideal_bytes;
+  int64_t flops;
+  std::function<void()> run;
+};
+
+void measure(const Case& c) {
+  c.run();  // warm-up: allocator blocks, fiber stacks
+  current_stream(kCuda)->synchronize();
+  sim::reset_kernel_counters();
+  c.run();
+  current_stream(kCuda)->synchronize();
+  int64_t launches = 0, bytes = 0;
+  for (const auto& [kernel, counters] : sim::kernel_counters()) {
+    launches += counters.launches;
+    bytes += counters.device_bytes_read + counters.device_bytes_written;
+  }
+  const auto roofline = [&](double moved) {
+    return std::max(moved / kHbmBytesPerSecond, static_cast<double>(c.flops) / kF32FlopsPerSecond);
+  };
+  const double predicted = roofline(static_cast<double>(bytes)), bound = roofline(static_cast<double>(c.ideal_bytes));
+  fmt::print("{:<34} {:>8} {:>12} {:>12} {:>6.3f} {:>10} {:>11.2f} {:>9.2f} {:>8.2f}\n", c.name, launches, bytes,
+             c.ideal_bytes, static_cast<double>(bytes) / static_cast<double>(c.ideal_bytes), c.flops, predicted * 1e6,
+             bound * 1e6, bound / predicted);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera cuda kernels: simulator-counted bytes and an H100 roofline prediction (a paper estimate)"};
+  int64_t tokens = 4 * 64;
+  int64_t channels = 768;
+  app.add_option("--tokens", tokens, "rows (B x T)")->check(CLI::PositiveNumber);
+  app.add_option("--channels", channels, "columns (C)")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  fmt::print("# cuda kernels on the simulator: cpu={} ({} cores, load {}); shapes [{}, {}] f32 (GPT-2 activations)\n",
+             bench::cpu_model(), std::thread::hardware_concurrency(), bench::load_average(), tokens, channels);
+  fmt::print("# predicted = max(counted bytes / 3.35 TB/s, FLOPs / 67 TFLOP/s) on an H100 SXM: a paper estimate\n");
+  fmt::print("{:<34} {:>8} {:>12} {:>12} {:>6} {:>10} {:>11} {:>9} {:>8}\n", "op", "launches", "bytes", "ideal",
+             "ratio", "FLOPs", "predicted us", "bound us", "of bound");
+
+  const int64_t n = tokens * channels;
+  const int64_t bytes = n * 4;
+  const Tensor x = ops::randn({tokens, channels}, PhiloxKey{1, 1}, {.device = kCuda});
+  const Tensor y = ops::randn({tokens, channels}, PhiloxKey{1, 2}, {.device = kCuda});
+  const Tensor bias = ops::randn({channels}, PhiloxKey{1, 3}, {.device = kCuda});
+  const Tensor mask = ops::gt(x, y);
+  const Tensor rows = ops::to(ops::arange(0.0, static_cast<double>(tokens), 1.0, {.dtype = DType::i64}), kCuda);
+  const Tensor table = ops::randn({tokens * 2, channels}, PhiloxKey{1, 4}, {.device = kCuda});
+  std::vector<Case> cases = {
+      {"fill", bytes, 0, [&] { ops::full({tokens, channels}, 1.5, {.device = kCuda}); }},
+      {"copy (transpose)", 2 * bytes, 0, [&] { ops::contiguous(ops::transpose(x, 0, 1)); }},
+      {"cast f32 -> bf16", bytes + n * 2, 0, [&] { ops::to(x, DType::bf16); }},
+      {"exp", 2 * bytes, 20 * n, [&] { ops::exp(x); }},
+      {"gelu (tanh)", 2 * bytes, 30 * n, [&] { ops::gelu(x); }},
+      {"add", 3 * bytes, n, [&] { ops::add(x, y); }},
+      {"add bias (broadcast row)", 2 * bytes + channels * 4, n, [&] { ops::add(x, bias); }},
+      {"where (reads the chosen side)", 2 * bytes + n, 0, [&] { ops::where(mask, x, y); }},
+      {"randn", bytes, 60 * n, [&] { ops::randn({tokens, channels}, PhiloxKey{2, 1}, {.device = kCuda}); }},
+      {"sum over rows", bytes + tokens * 4, n, [&] { ops::sum(x, {1}); }},
+      {"sum over columns", bytes + channels * 4, n, [&] { ops::sum(x, {0}); }},
+      {"amax over rows", bytes + tokens * 4, n, [&] { ops::amax(x, {1}); }},
+      {"index_select rows (embedding)", 2 * bytes + tokens * 8, 0, [&] { ops::index_select(table, 0, rows); }},
+  };
+  for (const Case& c : cases) measure(c);
+  return 0;
+}
