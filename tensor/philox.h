@@ -57,7 +57,14 @@ TESSERA_HOST_DEVICE inline double philox_normal(PhiloxKey key, uint64_t index) {
   // u1 in (0, 1] so the log is finite; u2 in [0, 1).
   const double u1 = (static_cast<double>(words[0]) + 1.0) * (1.0 / 4294967296.0);
   const double u2 = static_cast<double>(words[1]) * (1.0 / 4294967296.0);
+#if defined(__CUDA_ARCH__)
+  // On the GPU, cospi: cos keeps a local-memory path for huge arguments (this
+  // one is in [0, 2)). The f64 result may differ from the host's in its last
+  // bits, which rounding to f32 almost always hides.
+  return sqrt(-2.0 * log(u1)) * cospi(2.0 * u2);
+#else
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+#endif
 }
 
 // Hands out keys: a fixed seed and an increasing stream id. The global

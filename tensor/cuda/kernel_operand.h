@@ -16,12 +16,22 @@ struct Layout {
   int64_t sizes[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};  // in elements; 0 along a broadcast dim
 
-  // The element offset of logical (row-major) index `index`.
+  // The element offset of logical (row-major) index `index`. Indices below
+  // 2^32 take 32-bit division, which the GPU inlines; a 64-bit one is a call
+  // whose saved registers ptxas reports as spills.
   TESSERA_HOST_DEVICE int64_t offset(int64_t index) const {
     int64_t result = 0;
+    uint64_t rest = static_cast<uint64_t>(index);
     for (int32_t dim = dims - 1; dim >= 0; --dim) {
-      result += index % sizes[dim] * strides[dim];
-      index /= sizes[dim];
+      const uint64_t size = static_cast<uint64_t>(sizes[dim]);
+      uint64_t quotient;
+      if ((rest | size) >> 32 == 0) {
+        quotient = static_cast<uint32_t>(rest) / static_cast<uint32_t>(size);
+      } else {
+        quotient = rest / size;
+      }
+      result += static_cast<int64_t>(rest - quotient * size) * strides[dim];
+      rest = quotient;
     }
     return result;
   }

@@ -84,11 +84,13 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) max_along_kernel(T* values, int64_t* indices, const T* x, Layout first,
                                                            int64_t count, int64_t length, int64_t step) {
   for (int64_t o = first_index(); o < count; o += index_stride()) {
-    const int64_t base = first.offset(o);
-    T best = x[base];
+    const T* element = x + first.offset(o);
+    T best = *element;
     int64_t best_index = 0;
+#pragma unroll 1
     for (int64_t d = 1; d < length; ++d) {
-      const T candidate = x[base + d * step];
+      element += step;
+      const T candidate = *element;
       bool better = candidate > best;
       if constexpr (std::is_floating_point_v<T>) better = better || (candidate != candidate && best == best);
       if (better) {
