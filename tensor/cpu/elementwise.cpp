@@ -13,6 +13,7 @@
 #include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cpu/vector_math.h"
+#include "tensor/element_conversion.h"
 
 namespace tessera::cpu {
 
@@ -24,32 +25,6 @@ constexpr int64_t kCheapGrain = 32768;
 constexpr int64_t kCostlyGrain = 4096;
 // Strided runs of transcendental ops are gathered into buffers of this many.
 constexpr int64_t kBufferSize = 256;
-
-template <typename T>
-constexpr bool is_half_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
-
-// Value conversion between element types. Floats to integers saturate and
-// NaN gives 0 (a plain cast of an out-of-range value is undefined behaviour).
-template <typename To, typename From>
-To convert(From value) {
-  if constexpr (std::is_same_v<To, From>) {
-    return value;
-  } else if constexpr (is_half_v<From>) {
-    return convert<To>(static_cast<float>(value));
-  } else if constexpr (is_half_v<To>) {
-    return To(static_cast<float>(value));
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return value != From(0);
-  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
-    constexpr auto limit = static_cast<From>(uint64_t{1} << (8 * sizeof(To) - 1));  // 2^(bits-1), exact
-    if (value != value) return To(0);
-    if (value >= limit) return std::numeric_limits<To>::max();
-    if (value < -limit) return std::numeric_limits<To>::min();
-    return static_cast<To>(value);
-  } else {
-    return static_cast<To>(value);
-  }
-}
 
 template <typename T>
 T& at(char* base, int64_t stride, int64_t i) {
@@ -119,24 +94,6 @@ void copy_run(const StridedLoop<2>::Pointers& p, const StridedLoop<2>::Strides& 
 }
 
 // ---- random ---------------------------------------------------------------
-
-// The largest value of T below `value` (value finite).
-template <typename T>
-T step_down(T value) {
-  if constexpr (is_half_v<T>) {
-    T below = value;
-    if ((value.bits & 0x7fffu) == 0) {
-      below.bits = 0x8001u;  // from +-0 to the smallest negative subnormal
-    } else if (value.bits & 0x8000u) {
-      ++below.bits;
-    } else {
-      --below.bits;
-    }
-    return below;
-  } else {
-    return std::nextafter(value, -std::numeric_limits<T>::infinity());
-  }
-}
 
 template <typename T>
 void random_typed(const Tensor& out, RandomDistribution distribution, PhiloxKey key, double a, double b,
@@ -372,24 +329,6 @@ T min_propagating_nan(T a, T b) {
   return (a != a || a < b) ? a : b;
 }
 
-// a^b for integers by squaring, wrapping on overflow; a negative exponent
-// truncates 1/a^|b| toward zero.
-template <typename T>
-T integer_pow(T base, T exponent) {
-  using U = std::make_unsigned_t<T>;
-  if (exponent < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (exponent & 1) ? T(-1) : T(1);
-    return 0;
-  }
-  U result = 1, factor = static_cast<U>(base);
-  for (auto e = static_cast<U>(exponent); e != 0; e >>= 1) {
-    if (e & 1u) result *= factor;
-    factor *= factor;
-  }
-  return static_cast<T>(result);
-}
-
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   switch (op) {
@@ -519,7 +458,7 @@ void random(const Tensor& out, RandomDistribution distribution, PhiloxKey key, d
             uint64_t first_index) {
   TESSERA_CHECK(is_floating(out.dtype()), "cpu::random: needs a floating output, got {}", dtype_name(out.dtype()));
   visit_dtype(out.dtype(), [&]<typename T>(T) {
-    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) random_typed<T>(out, distribution, key, a, b, first_index);
+    if constexpr (std::is_floating_point_v<T> || is_16_bit_float<T>) random_typed<T>(out, distribution, key, a, b, first_index);
   });
 }
 

@@ -10,6 +10,7 @@
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/cpu/lane_sum.h"
+#include "tensor/reduction_ops.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/ops.h"
 
@@ -21,45 +22,6 @@ constexpr int64_t kRowBlock = 8192;        // a row is summed as partial sums of
 constexpr int64_t kColumnBlock = 65536;    // elements per partial block of a column reduction
 constexpr int64_t kWideColumns = 1024;     // from this many columns, split columns instead of rows
 constexpr int64_t kColumnChunk = 256;      // columns per work item when splitting columns
-
-// A reduction: its accumulator type, identity and combine step. Sums of
-// floats accumulate in f64, of integers and bools in i64 (wrapping).
-template <typename T>
-struct SumOp {
-  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
-  static Acc identity() { return Acc(0); }
-  static Acc load(T value) { return static_cast<Acc>(value); }
-  static Acc combine(Acc a, Acc b) {
-    if constexpr (std::is_floating_point_v<Acc>) {
-      return a + b;
-    } else {
-      return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-    }
-  }
-};
-
-// max/min propagate NaN (a NaN anywhere makes the result NaN).
-template <typename T>
-struct MaxOp {
-  using Acc = T;
-  static Acc identity() {
-    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::lowest();
-  }
-  static Acc load(T value) { return value; }
-  static Acc combine(Acc a, Acc b) { return (a != a || a > b) ? a : b; }
-};
-
-template <typename T>
-struct MinOp {
-  using Acc = T;
-  static Acc identity() {
-    if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::max();
-  }
-  static Acc load(T value) { return value; }
-  static Acc combine(Acc a, Acc b) { return (a != a || a < b) ? a : b; }
-};
 
 // Reduces n contiguous elements over the fixed lanes of lane_sum.h.
 template <typename Op, typename T>

@@ -10,8 +10,8 @@
 
 #include <cmath>
 
-#include "tensor/cuda/element_conversion.h"
 #include "tensor/cuda/kernel_loop.h"
+#include "tensor/element_conversion.h"
 #include "tensor/cuda/portability.h"
 
 namespace tessera::cuda {
@@ -114,22 +114,6 @@ __device__ C apply_unary_backward(UnaryOp op, C dy, C s) {  // s: y for tanh/sig
     case UnaryOp::logical_not: break;
   }
   return dy;
-}
-
-template <typename T>
-__device__ T integer_pow(T base, T exponent) {
-  using U = std::make_unsigned_t<T>;
-  if (exponent < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (exponent & 1) ? T(-1) : T(1);
-    return 0;
-  }
-  U result = 1, factor = static_cast<U>(base);
-  for (auto e = static_cast<U>(exponent); e != 0; e >>= 1) {
-    if (e & 1u) result *= factor;
-    factor *= factor;
-  }
-  return static_cast<T>(result);
 }
 
 // a op b for arithmetic ops (comparisons are compare()).

@@ -8,31 +8,13 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/cuda/element_conversion.h"
 #include "tensor/cuda/kernel_loop.h"
+#include "tensor/element_conversion.h"
 #include "tensor/cuda/portability.h"
 
 namespace tessera::cuda {
 
 namespace {
-
-// The largest value of T below `value` (value finite).
-template <typename T>
-__device__ T step_down(T value) {
-  if constexpr (is_16_bit_float<T>) {
-    T below = value;
-    if ((value.bits & 0x7fffu) == 0) {
-      below.bits = 0x8001u;  // from +-0 to the smallest negative subnormal
-    } else if (value.bits & 0x8000u) {
-      ++below.bits;
-    } else {
-      --below.bits;
-    }
-    return below;
-  } else {
-    return std::nextafter(value, -std::numeric_limits<T>::infinity());
-  }
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) random_kernel(T* out, Layout layout, bool dense, int64_t count, bool normal,

@@ -8,49 +8,14 @@
 
 #include <limits>
 
-#include "tensor/cuda/element_conversion.h"
 #include "tensor/cuda/kernel_loop.h"
+#include "tensor/element_conversion.h"
+#include "tensor/reduction_ops.h"
 #include "tensor/cuda/portability.h"
 
 namespace tessera::cuda {
 
 namespace {
-
-template <typename T>
-struct SumOp {
-  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
-  __device__ static Acc identity() { return Acc(0); }
-  __device__ static Acc load(T value) { return static_cast<Acc>(value); }
-  __device__ static Acc combine(Acc a, Acc b) {
-    if constexpr (std::is_floating_point_v<Acc>) {
-      return a + b;
-    } else {
-      return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-    }
-  }
-};
-
-template <typename T>
-struct MaxOp {
-  using Acc = T;
-  __device__ static Acc identity() {
-    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::lowest();
-  }
-  __device__ static Acc load(T value) { return value; }
-  __device__ static Acc combine(Acc a, Acc b) { return (a != a || a > b) ? a : b; }
-};
-
-template <typename T>
-struct MinOp {
-  using Acc = T;
-  __device__ static Acc identity() {
-    if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::max();
-  }
-  __device__ static Acc load(T value) { return value; }
-  __device__ static Acc combine(Acc a, Acc b) { return (a != a || a < b) ? a : b; }
-};
 
 // Groups of `group` threads (a power of two dividing kThreads) each reduce
 // one output per round.
