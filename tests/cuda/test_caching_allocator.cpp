@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "tensor/cuda/caching_allocator.h"
@@ -27,14 +28,16 @@ struct FreshAllocator {
 };
 
 // Blocks `stream` until released, so events recorded after it stay pending.
+// The flag is shared with the waiting task: it may still read it after the
+// gate is gone.
 struct StreamGate {
   explicit StreamGate(Stream& stream) {
-    stream.enqueue([this] {
-      while (!open.load()) std::this_thread::yield();
+    stream.enqueue([open = open] {
+      while (!open->load()) std::this_thread::yield();
     });
   }
-  ~StreamGate() { open = true; }
-  std::atomic<bool> open{false};
+  ~StreamGate() { *open = true; }
+  std::shared_ptr<std::atomic<bool>> open = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace
