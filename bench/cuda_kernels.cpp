@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
   const Tensor y = ops::randn({tokens, channels}, PhiloxKey{1, 2}, {.device = kCuda});
   const Tensor bias = ops::randn({channels}, PhiloxKey{1, 3}, {.device = kCuda});
   const Tensor mask = ops::gt(x, y);
+  const Tensor row_mean = ops::randn({tokens, 1}, PhiloxKey{1, 5}, {.device = kCuda});
+  const Tensor zero = ops::zeros({}, {.device = kCuda});
   const Tensor rows = ops::to(ops::arange(0.0, static_cast<double>(tokens), 1.0, {.dtype = DType::i64}), kCuda);
   const Tensor table = ops::randn({tokens * 2, channels}, PhiloxKey{1, 4}, {.device = kCuda});
   std::vector<Case> cases = {
@@ -88,6 +90,9 @@ int main(int argc, char** argv) {
       {"gelu (tanh)", 2 * bytes, 30 * n, [&] { ops::gelu(x); }},
       {"add", 3 * bytes, n, [&] { ops::add(x, y); }},
       {"add bias (broadcast row)", 2 * bytes + channels * 4, n, [&] { ops::add(x, bias); }},
+      {"sub row mean (broadcast column)", 2 * bytes + tokens * 4, n, [&] { ops::sub(x, row_mean); }},
+      {"mul scalar", 2 * bytes + 4, n, [&] { ops::mul(x, 0.5); }},
+      {"masked fill (where, scalar)", 2 * bytes + n + 4, 0, [&] { ops::where(mask, x, zero); }},
       {"where (reads the chosen side)", 2 * bytes + n, 0, [&] { ops::where(mask, x, y); }},
       {"randn", bytes, 60 * n, [&] { ops::randn({tokens, channels}, PhiloxKey{2, 1}, {.device = kCuda}); }},
       {"sum over rows", bytes + tokens * 4, n, [&] { ops::sum(x, {1}); }},

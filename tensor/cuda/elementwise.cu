@@ -2,13 +2,16 @@
 // broadcast views), arange, unary and its backward, binary, where. One
 // source for nvcc and the simulator. Each kernel walks its elements with a
 // grid-stride loop; dense operands take a path without index arithmetic,
-// and same-width dense operands move 16 bytes per load and store.
+// and same-width dense operands move 16 bytes per load and store. Binary ops
+// with a broadcast operand (a bias row, a per-row value, a scalar) take a
+// tiled path that reads it about once instead of once per element.
 // The formulas are the cpu kernels' (tensor/cpu/elementwise.cpp): IEEE-exact
 // operations give the same bits; exp, log, tanh, erf, pow and what is built
 // on them use the device's math library, within a few ulp of the cpu's.
 #include "tensor/cuda/elementwise.h"
 
 #include <cmath>
+#include <optional>
 
 #include "tensor/cuda/kernel_loop.h"
 #include "tensor/element_conversion.h"
@@ -248,6 +251,79 @@ __global__ void __launch_bounds__(kThreads) binary_packed_kernel(BinaryOp op, Pa
   }
 }
 
+// How a binary operand spreads over an output viewed as [rows, columns]:
+// dense; one row, the same for every row (a bias); or one value per row,
+// the same across the columns (a row's mean, or a scalar when rows is 1).
+enum class Spread : uint8_t { dense, one_row, one_per_row };
+
+template <typename C>
+struct SpreadOperand {
+  const C* data;
+  Spread spread;
+};
+
+template <typename C, int N>
+__device__ Pack<C, N> spread_lanes(const SpreadOperand<C>& operand, const Pack<C, N>& row_values,
+                                   const C* staged_per_row, int64_t at, int64_t tile_row) {
+  if (operand.spread == Spread::dense) return reinterpret_cast<const Pack<C, N>*>(operand.data)[at];
+  if (operand.spread == Spread::one_row) return row_values;
+  Pack<C, N> lanes;
+  for (int lane = 0; lane < N; ++lane) lanes.values[lane] = staged_per_row[tile_row];
+  return lanes;
+}
+
+// out = a op b where an operand is broadcast, reading each input byte about
+// once: a thread keeps its column of a one_row operand in registers across
+// a tile of rows (so that operand is read once per block row, at most 1/32
+// of the output), and a block stages a tile's per-row values in shared
+// memory (read once per block column). Columns are in packs of N elements;
+// dynamic shared memory holds 2 * tile_rows values of C.
+template <typename Out, typename C, int N>
+__global__ void __launch_bounds__(kThreads) binary_spread_kernel(BinaryOp op, bool comparison, Pack<Out, N>* out,
+                                                                 SpreadOperand<C> a, SpreadOperand<C> b,
+                                                                 int64_t rows, int64_t columns, int64_t tile_rows) {
+  C* staged = dynamic_shared_memory<C>();  // a's per-row values, then b's
+  const bool stages = a.spread == Spread::one_per_row || b.spread == Spread::one_per_row;
+  const int threads = static_cast<int>(blockDim.x * blockDim.y);
+  const int thread = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+  for (int64_t first_column = static_cast<int64_t>(blockIdx.x) * blockDim.x; first_column < columns;
+       first_column += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t column = first_column + threadIdx.x;
+    const bool active = column < columns;
+    Pack<C, N> a_row{}, b_row{};
+    if (active && a.spread == Spread::one_row) a_row = reinterpret_cast<const Pack<C, N>*>(a.data)[column];
+    if (active && b.spread == Spread::one_row) b_row = reinterpret_cast<const Pack<C, N>*>(b.data)[column];
+    for (int64_t first_row = static_cast<int64_t>(blockIdx.y) * tile_rows; first_row < rows;
+         first_row += static_cast<int64_t>(gridDim.y) * tile_rows) {
+      const int64_t tile = rows - first_row < tile_rows ? rows - first_row : tile_rows;
+      if (stages) {
+        __syncthreads();  // every thread is done with the previous tile's values
+        for (int64_t row = thread; row < tile; row += threads) {
+          if (a.spread == Spread::one_per_row) staged[row] = a.data[first_row + row];
+          if (b.spread == Spread::one_per_row) staged[tile_rows + row] = b.data[first_row + row];
+        }
+        __syncthreads();
+      }
+      if (!active) continue;
+      for (int64_t row = threadIdx.y; row < tile; row += blockDim.y) {
+        const int64_t at = (first_row + row) * columns + column;
+        const Pack<C, N> x = spread_lanes(a, a_row, staged, at, row);
+        const Pack<C, N> y = spread_lanes(b, b_row, staged + tile_rows, at, row);
+        Pack<Out, N> result;
+        for (int lane = 0; lane < N; ++lane) {
+          if constexpr (std::is_same_v<Out, bool>) {
+            result.values[lane] = comparison ? compare(op, x.values[lane], y.values[lane])
+                                             : static_cast<bool>(apply_binary(op, x.values[lane], y.values[lane]));
+          } else {
+            result.values[lane] = apply_binary(op, x.values[lane], y.values[lane]);
+          }
+        }
+        out[at] = result;
+      }
+    }
+  }
+}
+
 // Selection moves bits: words of the element size, any dtype.
 template <typename Word>
 __global__ void __launch_bounds__(kThreads) where_kernel(Word* out, Layout out_layout, const bool* condition, Layout condition_layout,
@@ -349,6 +425,97 @@ void unary_backward(UnaryOp op, const Operand& grad_in, const Operand& grad_out,
   });
 }
 
+namespace {
+
+// Whether dims [begin, end) of `layout` are row-major dense among themselves
+// (size-1 dims have any stride).
+bool dense_over(const Layout& layout, int32_t begin, int32_t end) {
+  int64_t expected = 1;
+  for (int32_t dim = end - 1; dim >= begin; --dim) {
+    if (layout.sizes[dim] != 1 && layout.strides[dim] != expected) return false;
+    expected *= layout.sizes[dim];
+  }
+  return true;
+}
+
+bool broadcast_over(const Layout& layout, int32_t begin, int32_t end) {
+  for (int32_t dim = begin; dim < end; ++dim) {
+    if (layout.sizes[dim] != 1 && layout.strides[dim] != 0) return false;
+  }
+  return true;
+}
+
+// How `operand` (a view of the output's shape) spreads when the output is
+// split into rows (dims before `split`) and columns (the rest), if it does.
+std::optional<Spread> spread_at(const Operand& operand, int32_t split) {
+  const Layout& layout = operand.layout;
+  if (dense_over(layout, 0, layout.dims)) return Spread::dense;
+  if (broadcast_over(layout, 0, split) && dense_over(layout, split, layout.dims)) return Spread::one_row;
+  if (dense_over(layout, 0, split) && broadcast_over(layout, split, layout.dims)) return Spread::one_per_row;
+  return std::nullopt;
+}
+
+bool aligned(const void* data, int64_t bytes) { return reinterpret_cast<uintptr_t>(data) % bytes == 0; }
+
+// Launches binary_spread_kernel when the output is contiguous and both
+// operands spread at one split of its dims (the first, which gives the
+// longest rows); false when they do not.
+template <typename Out, typename C>
+bool binary_spread(BinaryOp op, bool comparison, const Operand& out, const Operand& a, const Operand& b,
+                   const KernelLaunch& launch) {
+  if (!out.contiguous) return false;
+  const int32_t dims = out.layout.dims;
+  int32_t split = 0;
+  std::optional<Spread> a_spread, b_spread;
+  for (; split <= dims; ++split) {
+    a_spread = spread_at(a, split);
+    b_spread = spread_at(b, split);
+    if (a_spread && b_spread) break;
+  }
+  if (split > dims) return false;
+  int64_t rows = 1;
+  for (int32_t dim = 0; dim < split; ++dim) rows *= out.layout.sizes[dim];
+  const int64_t columns = out.count / rows;
+
+  // Up to four lanes (16 bytes of f32/i32, 4 of bool), and f64 one at a time:
+  // 16 bool lanes, or two f64 lanes live across the call to pow, make ptxas
+  // spill with the operands a thread keeps across its rows.
+  constexpr int kWide = std::is_same_v<C, double> ? 1 : std::min(Pack<C>::kCount, 4);
+  const auto packs = [&](const Operand& operand, Spread spread) {
+    return spread == Spread::one_per_row || aligned(operand.data, sizeof(C) * kWide);
+  };
+  const bool wide = columns % kWide == 0 && aligned(out.data, sizeof(Out) * kWide) && packs(a, *a_spread) &&
+                    packs(b, *b_spread);
+  const int64_t width = wide ? kWide : 1;
+  const int64_t column_packs = columns / width;
+
+  LaunchConfig config;
+  const int64_t block_x = std::min<int64_t>(kThreads, column_packs);
+  const int64_t block_y = kThreads / block_x;
+  // At least 32 rows per tile: the one_row operand costs at most 1/32 of a dense one.
+  const int64_t tile_rows = block_y * ((32 + block_y - 1) / block_y);
+  const int64_t grid_x = std::min(kMaxBlocks, (column_packs + block_x - 1) / block_x);
+  const int64_t grid_y = std::min(std::max<int64_t>(1, kMaxBlocks / grid_x), (rows + tile_rows - 1) / tile_rows);
+  config.grid = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+  config.block = dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
+  const bool stages = *a_spread == Spread::one_per_row || *b_spread == Spread::one_per_row;
+  config.dynamic_shared_bytes = stages ? 2 * tile_rows * static_cast<int64_t>(sizeof(C)) : 0;
+  config.buffers = launch.buffers;
+  config.stream = launch.stream;
+  const SpreadOperand<C> a_operand{static_cast<const C*>(a.data), *a_spread};
+  const SpreadOperand<C> b_operand{static_cast<const C*>(b.data), *b_spread};
+  if (wide) {
+    TESSERA_LAUNCH((binary_spread_kernel<Out, C, kWide>), config, op, comparison,
+                   static_cast<Pack<Out, kWide>*>(out.data), a_operand, b_operand, rows, column_packs, tile_rows);
+  } else {
+    TESSERA_LAUNCH((binary_spread_kernel<Out, C, 1>), config, op, comparison, static_cast<Pack<Out, 1>*>(out.data),
+                   a_operand, b_operand, rows, column_packs, tile_rows);
+  }
+  return true;
+}
+
+}  // namespace
+
 void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b, const KernelLaunch& launch) {
   const bool dense = out.contiguous && a.contiguous && b.contiguous;
   visit_compute(a.dtype, "binary", [&]<typename C>(C) {
@@ -361,6 +528,7 @@ void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b,
       if (!defined) refuse_operands("binary", "this op is not defined for operands of dtype", a.dtype);
     }
     if (comparison || std::is_same_v<C, bool>) {
+      if (!dense && binary_spread<bool, C>(op, comparison, out, a, b, launch)) return;
       TESSERA_LAUNCH((binary_kernel<bool, C>), config_for(out.count, launch), op, comparison,
                      static_cast<bool*>(out.data), out.layout, static_cast<const C*>(a.data), a.layout,
                      static_cast<const C*>(b.data), b.layout, dense, out.count);
@@ -372,6 +540,7 @@ void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b,
                      static_cast<const Pack<C>*>(a.data), static_cast<const Pack<C>*>(b.data), packs);
       return;
     }
+    if (!dense && binary_spread<C, C>(op, false, out, a, b, launch)) return;
     TESSERA_LAUNCH((binary_kernel<C, C>), config_for(out.count, launch), op, false, static_cast<C*>(out.data),
                    out.layout, static_cast<const C*>(a.data), a.layout, static_cast<const C*>(b.data), b.layout,
                    dense, out.count);

@@ -28,11 +28,12 @@ inline LaunchConfig config_for(int64_t work_items, const KernelLaunch& launch) {
 __device__ inline int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-// 16 bytes of T: one 128-bit load or store.
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kCount = 16 / sizeof(T);
-  T values[kCount];
+// kCount values of T moved as one load or store: 16 bytes (128 bits) unless
+// a narrower count is asked for.
+template <typename T, int Count = 16 / sizeof(T)>
+struct alignas(sizeof(T) * Count) Pack {
+  static constexpr int kCount = Count;
+  T values[Count];
 };
 
 template <typename T>

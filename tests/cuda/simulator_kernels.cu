@@ -319,4 +319,20 @@ void too_much_shared(float* out, bool opt_in) {
   TESSERA_LAUNCH(fill_kernel, launch, out);
 }
 
+// Each block stages `floats` floats of a static __shared__ array (48 KiB
+// plus 1 KiB declared) next to `dynamic_bytes` of dynamic shared memory.
+__global__ void static_shared_kernel(float* out, int floats) {
+  __shared__ float staged[12288 + 256];
+  for (int i = threadIdx.x; i < floats; i += blockDim.x) staged[i] = static_cast<float>(i);
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = staged[floats - 1];
+}
+
+void static_shared(float* out, int floats, int dynamic_bytes, bool opt_in) {
+  LaunchConfig launch = config(dim3(2), dim3(256), dynamic_bytes);
+  launch.shared_memory_opt_in = opt_in;
+  launch.buffers = {buffer("out", out, 2, BufferAccess::write)};
+  TESSERA_LAUNCH(static_shared_kernel, launch, out, floats);
+}
+
 }  // namespace simulator_kernels

@@ -42,5 +42,8 @@ void shuffle_exited_lane(int* out);                    // lanes 16-31 return bef
 void syncwarp_orders_lanes(int* out);                  // correct: lanes exchange through shared memory with __syncwarp
 void too_many_threads(float* out);                     // a 32 x 33 block: 1056 threads
 void too_much_shared(float* out, bool opt_in);         // 64 KiB of dynamic shared memory
+// Touches `floats` floats of a static __shared__ array of 12544 (49 KiB) next
+// to `dynamic_bytes` of dynamic shared memory.
+void static_shared(float* out, int floats, int dynamic_bytes, bool opt_in);
 
 }  // namespace simulator_kernels

@@ -271,3 +271,16 @@ TEST_CASE("launch limits are the architecture's") {
   float host[32];
   CHECK_THROWS_WITH_AS(simulator_kernels::write_read_only(host), doctest::Contains("is not live device memory"), Error);
 }
+
+TEST_CASE("static __shared__ memory counts against the block's limits" * doctest::skip(!kSimChecks)) {
+  DeviceBuffer<float> out(2);
+  CHECK_NOTHROW(simulator_kernels::static_shared(out.get(), 12288, 0, false));  // exactly 48 KiB
+  std::string message = error_of([&] { simulator_kernels::static_shared(out.get(), 12289, 0, true); });
+  CHECK(contains(message, "uses 49156 bytes of static __shared__ memory, above the 49152 a kernel may declare"));
+  CHECK(contains(message, "static_shared_kernel"));
+  CHECK_NOTHROW(simulator_kernels::static_shared(out.get(), 8192, 16 * 1024, false));  // 32 + 16 KiB
+  message = error_of([&] { simulator_kernels::static_shared(out.get(), 8192, 16 * 1024 + 4, false); });
+  CHECK(contains(message, "uses 32768 bytes of static __shared__ memory and 16388 dynamic, above the 49152 bytes a "
+                          "block may have on sm_90 without opting in"));
+  CHECK_NOTHROW(simulator_kernels::static_shared(out.get(), 8192, 16 * 1024 + 4, true));
+}

@@ -8,6 +8,9 @@
 
 namespace tessera::cuda::sim {
 
+// Statically declared __shared__ memory per block, on every architecture.
+constexpr int64_t kMaxStaticSharedBytes = 48 * 1024;
+
 struct Architecture {
   const char* name;                    // "sm_90"
   int max_threads_per_block;           // 1024 on every architecture here

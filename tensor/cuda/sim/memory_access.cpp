@@ -1,5 +1,6 @@
 #include "tensor/cuda/sim/memory_access.h"
 
+#include "tensor/cuda/sim/architecture.h"
 #include "tensor/cuda/sim/device_heap.h"
 #include "tensor/cuda/sim/launch_state.h"
 #include "tensor/cuda/sim/thread_block.h"
@@ -79,6 +80,27 @@ void check_shared_access(LaunchState& launch, SharedMemoryRacecheck& racecheck, 
       block.describe_thread(hazard->other_thread)));
 }
 
+// The hardware's limits on shared memory, with a kernel's static __shared__
+// bytes measured as the bytes its block touched (at most the declared size;
+// ptxas checks the declared size in the nvidia build).
+void check_static_shared_footprint(LaunchState& launch) {
+  const int64_t static_bytes = launch.static_racecheck.touched_bytes();
+  const Architecture& arch = target_architecture();
+  const bool opted_in = launch.config->shared_memory_opt_in;
+  const int64_t limit = opted_in ? arch.max_shared_bytes_per_block : arch.default_shared_bytes;
+  if (static_bytes <= kMaxStaticSharedBytes && static_bytes + launch.dynamic_shared_bytes <= limit) return;
+  ThreadBlock& block = *launch.block;
+  if (static_bytes > kMaxStaticSharedBytes) {
+    block.fault(fmt::format("cuda sim: {} uses {} bytes of static __shared__ memory, above the {} a kernel may "
+                            "declare statically (more needs dynamic shared memory and opting in)",
+                            block.where(), static_bytes, kMaxStaticSharedBytes));
+  }
+  block.fault(fmt::format("cuda sim: {} uses {} bytes of static __shared__ memory and {} dynamic, above the {} bytes a "
+                          "block may have on {}{}",
+                          block.where(), static_bytes, launch.dynamic_shared_bytes, limit, arch.name,
+                          opted_in ? "" : " without opting in (LaunchConfig::shared_memory_opt_in)"));
+}
+
 }  // namespace
 
 void check_access(const void* pointer, int64_t bytes, AccessKind kind) {
@@ -100,6 +122,7 @@ void check_access(const void* pointer, int64_t bytes, AccessKind kind) {
   } else if (launch->static_shared.contains(address)) {
     check_shared_access(*launch, launch->static_racecheck, "static",
                         static_cast<int64_t>(address - launch->static_shared.begin), bytes, kind);
+    check_static_shared_footprint(*launch);
   }
 }
 

@@ -7,6 +7,8 @@ namespace tessera::cuda::sim {
 void SharedMemoryRacecheck::reset(int64_t bytes) {
   if (static_cast<int64_t>(shadow_.size()) < bytes) shadow_.resize(bytes);
   ++epoch_;
+  ++block_;
+  touched_bytes_ = 0;
 }
 
 std::optional<Hazard> SharedMemoryRacecheck::access(int64_t offset, int64_t bytes, AccessKind kind,
@@ -15,7 +17,8 @@ std::optional<Hazard> SharedMemoryRacecheck::access(int64_t offset, int64_t byte
   const auto ordered = [&](int32_t warp, uint32_t syncs) { return warp == who.warp && who.warp_syncs > syncs; };
   for (int64_t byte = offset; byte < offset + bytes; ++byte) {
     Shadow& entry = shadow_[byte];
-    if (entry.epoch != epoch_) entry = Shadow{epoch_};
+    if (entry.block != block_) ++touched_bytes_;
+    if (entry.epoch != epoch_) entry = Shadow{epoch_, block_};
     const bool writes = kind != AccessKind::read;
     if (entry.writer != kNone && entry.writer != who.thread && !ordered(entry.writer_warp, entry.writer_syncs) &&
         !(kind == AccessKind::atomic && entry.writer_atomic)) {

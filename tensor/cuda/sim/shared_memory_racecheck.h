@@ -30,18 +30,23 @@ struct Hazard {
 
 class SharedMemoryRacecheck {
  public:
-  // A window of `bytes` bytes, empty.
+  // A window of `bytes` bytes, empty, for a new block.
   void reset(int64_t bytes);
   // A barrier: everything before it is ordered with everything after.
   void next_epoch() { ++epoch_; }
   // Records an access of [offset, offset + bytes) and returns its first hazard.
   std::optional<Hazard> access(int64_t offset, int64_t bytes, AccessKind kind, const Accessor& who);
+  // The distinct bytes the block has touched since reset(): the simulator's
+  // measure of a kernel's static shared memory, whose declared size g++ does
+  // not keep.
+  int64_t touched_bytes() const { return touched_bytes_; }
 
  private:
   static constexpr int32_t kNone = -1;
   static constexpr int32_t kManyWarps = -2;
   struct Shadow {
     uint64_t epoch = 0;  // entries from an older epoch are empty
+    uint64_t block = 0;  // the block that last touched the byte
     int32_t writer = kNone;
     int32_t writer_warp = kNone;
     uint32_t writer_syncs = 0;
@@ -54,6 +59,8 @@ class SharedMemoryRacecheck {
 
   std::vector<Shadow> shadow_;
   uint64_t epoch_ = 1;
+  uint64_t block_ = 1;
+  int64_t touched_bytes_ = 0;
 };
 
 }  // namespace tessera::cuda::sim
