@@ -1,6 +1,6 @@
 // A typed device allocation for simulator tests, filled from and read back to
-// host vectors (the copy API arrives with the cuda device; until then tests
-// copy with memcpy outside kernels, which the simulator allows).
+// host vectors with memcpy outside kernels: the simulator's device memory is
+// host memory, so these tests need no stream or copy API.
 #pragma once
 
 #include <cstring>

@@ -319,6 +319,31 @@ void too_much_shared(float* out, bool opt_in) {
   TESSERA_LAUNCH(fill_kernel, launch, out);
 }
 
+// float4 loads, the toolkit's bf16 and f16 conversions, and their operators
+// and intrinsics, as a kernel would use them.
+__global__ void sixteen_bit_floats_kernel(const float4* in, __nv_bfloat16* bf16_out, __half* half_out, int quads) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= quads) return;
+  const float4 v = in[i];
+  const __nv_bfloat16 bx = __float2bfloat16(v.x), by = __float2bfloat16(v.y);
+  bf16_out[3 * i] = bx;
+  bf16_out[3 * i + 1] = bx * by;
+  bf16_out[3 * i + 2] = __hneg(by);
+  const __half hz = __float2half(v.z), hw = __float2half(v.w);
+  const __half2 pair = __halves2half2(hz, hw);
+  half_out[3 * i] = hz;
+  half_out[3 * i + 1] = __hmul(hz, hw);
+  half_out[3 * i + 2] = __high2half(pair);
+}
+
+void sixteen_bit_floats(const float* in, __nv_bfloat16* bf16_out, __half* half_out, int quads) {
+  LaunchConfig launch = config(dim3((quads + 127) / 128), dim3(128));
+  launch.buffers = {buffer("in", in, 4 * quads, BufferAccess::read),
+                    buffer("bf16_out", bf16_out, 3 * quads, BufferAccess::write),
+                    buffer("half_out", half_out, 3 * quads, BufferAccess::write)};
+  TESSERA_LAUNCH(sixteen_bit_floats_kernel, launch, reinterpret_cast<const float4*>(in), bf16_out, half_out, quads);
+}
+
 // Each block stages `floats` floats of a static __shared__ array (48 KiB
 // plus 1 KiB declared) next to `dynamic_bytes` of dynamic shared memory.
 __global__ void static_shared_kernel(float* out, int floats) {

@@ -3,6 +3,9 @@
 // bug the simulator must name. Pointers are simulated device memory.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 namespace tessera {
@@ -25,6 +28,9 @@ void histogram(const int* in, int n, int* counts, int bins, float* total);
 void reverse_in_shared(const float* in, float* out, int n, tessera::Stream* stream);
 // Writes blockIdx.x into out in the order blocks run (atomic counter).
 void block_order(int* out, int* counter, int blocks);
+// For each float4 (x, y, z, w) of in: bf16_out gets bf16(x), bf16(x) * bf16(y),
+// -bf16(y); half_out gets f16(z), f16(z) * f16(w) (__hmul), f16(w) (through a __half2).
+void sixteen_bit_floats(const float* in, __nv_bfloat16* bf16_out, __half* half_out, int quads);
 // out[i] = i for a 3-D grid of 3-D blocks.
 void coordinates(int* out, int grid_x, int grid_y, int grid_z, int block_x, int block_y, int block_z);
 

@@ -6,18 +6,23 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 
 #include "tensor/cuda/sim/architecture.h"
 #include "tensor/cuda/sim/launch.h"
+#include "tensor/float16_bits.h"
 #include "tensor/stream.h"
 #include "tests/cuda/device_buffer.h"
 #include "tests/cuda/simulator_kernels.h"
 
 using namespace tessera;
 namespace sim = tessera::cuda::sim;
+using namespace tessera::float16_bits;
 
 namespace {
 
@@ -148,6 +153,45 @@ TEST_CASE("dynamic shared memory, and a launch on a stream surfaces at synchroni
   const std::string message = error_of([&] { stream->synchronize(); });
   CHECK(contains(message, "write_past_end_kernel"));
   CHECK_NOTHROW(stream->synchronize());  // reported once
+}
+
+TEST_CASE("float4 loads and the toolkit's bf16/f16 arithmetic round as tessera's conversions do") {
+  // Specials, ties and overflow past f16's 65504 first, then random floats over many binades.
+  std::vector<float> in = {0.0f, -0.0f, 1.0f / 0.0f, -1.0f / 0.0f, std::nanf(""), 1e-45f, -3e-39f, 65504.0f,
+                           65520.0f, 1e5f, 1.00390625f, 1.01171875f, 3.0f, 1.0f / 3.0f, -2.5f, 7e-8f};
+  std::mt19937 random(7);
+  std::uniform_real_distribution<float> exponent(-30.0f, 30.0f), sign(-1.0f, 1.0f);
+  while (in.size() < 4096) in.push_back(std::copysign(std::exp2(exponent(random)), sign(random)));
+  const int quads = static_cast<int>(in.size() / 4);
+  DeviceBuffer<float> device_in(in);
+  DeviceBuffer<__nv_bfloat16> bf16_out(3 * quads);
+  DeviceBuffer<__half> half_out(3 * quads);
+  simulator_kernels::sixteen_bit_floats(device_in.get(), bf16_out.get(), half_out.get(), quads);
+  const std::vector<__nv_bfloat16> bf16 = bf16_out.read();
+  const std::vector<__half> half = half_out.read();
+  const auto bits = [](auto value) {
+    uint16_t word;
+    std::memcpy(&word, &value, 2);
+    return word;
+  };
+  // NaNs compare as NaN; the payload is the conversion's choice.
+  const auto same = [](uint16_t got, uint16_t expected, float (*to_float)(uint16_t)) {
+    return std::isnan(to_float(expected)) ? std::isnan(to_float(got)) : got == expected;
+  };
+  int mismatches = 0;
+  for (int i = 0; i < quads; ++i) {
+    const float x = in[4 * i], y = in[4 * i + 1], z = in[4 * i + 2], w = in[4 * i + 3];
+    const uint16_t bx = bfloat16_from_float(x), by = bfloat16_from_float(y);
+    const uint16_t hz = half_from_float(z), hw = half_from_float(w);
+    const uint16_t expected[6] = {
+        bx, bfloat16_from_float(float_from_bfloat16(bx) * float_from_bfloat16(by)), static_cast<uint16_t>(by ^ 0x8000),
+        hz, half_from_float(float_from_half(hz) * float_from_half(hw)),            hw};
+    for (int k = 0; k < 3; ++k) {
+      mismatches += !same(bits(bf16[3 * i + k]), expected[k], float_from_bfloat16);
+      mismatches += !same(bits(half[3 * i + k]), expected[3 + k], float_from_half);
+    }
+  }
+  CHECK(mismatches == 0);
 }
 
 TEST_CASE("3-D grids of 3-D blocks see CUDA's coordinates") {
