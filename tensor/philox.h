@@ -8,9 +8,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <numbers>
 
 #include "tensor/host_device.h"
+#include "tensor/portable_math.h"
 
 namespace tessera {
 
@@ -51,19 +51,19 @@ TESSERA_HOST_DEVICE inline float philox_uniform(PhiloxKey key, uint64_t index) {
   return static_cast<float>(philox4x32(key, index)[0] >> 8) * (1.0f / 16777216.0f);
 }
 
-// Element i of the standard normal sequence of `key` (Box-Muller on two words).
+// Element i of the standard normal sequence of `key` (Box-Muller on two
+// words). The logarithm and cosine are tessera's own, from exactly rounded
+// operations, so every CPU, libm and GPU draws the same bits.
 TESSERA_HOST_DEVICE inline double philox_normal(PhiloxKey key, uint64_t index) {
   const auto words = philox4x32(key, index);
   // u1 in (0, 1] so the log is finite; u2 in [0, 1).
   const double u1 = (static_cast<double>(words[0]) + 1.0) * (1.0 / 4294967296.0);
   const double u2 = static_cast<double>(words[1]) * (1.0 / 4294967296.0);
+  const double radius_squared = -2.0 * portable_math::log(u1);
 #if defined(__CUDA_ARCH__)
-  // On the GPU, cospi: cos keeps a local-memory path for huge arguments (this
-  // one is in [0, 2)). The f64 result may differ from the host's in its last
-  // bits, which rounding to f32 almost always hides.
-  return sqrt(-2.0 * log(u1)) * cospi(2.0 * u2);
+  return sqrt(radius_squared) * portable_math::cos_of_turns(u2);
 #else
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  return std::sqrt(radius_squared) * portable_math::cos_of_turns(u2);
 #endif
 }
 

@@ -77,7 +77,7 @@ if command -v nvcc >/dev/null; then
   start=$SECONDS
   total=$((total + 1))
   if configure "$nvidia" -Dgpu_runtime=nvidia --buildtype=release -Dmpi=disabled &&
-    ninja -C "$nvidia" libtessera.a examples/gpt/train &&
+    ninja -C "$nvidia" libtessera.a examples/gpt/train tests/cuda/test_cuda &&
     python3 tools/check_cuda_resources.py "$nvidia" | tail -1; then
     passed=$((passed + 1))
     echo "test: $nvidia built and resource-checked in $((SECONDS - start)) s"

@@ -5,11 +5,14 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <numbers>
+#include <random>
 #include <set>
 
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
+#include "tensor/portable_math.h"
 #include "tensor/storage.h"
 #include "tensor/stream.h"
 
@@ -174,6 +177,53 @@ TEST_CASE("Philox: known answer, counter purity, stream independence") {
   CHECK(generator.next_key().stream == 1);
   generator.manual_seed(9);
   CHECK(generator.next_key().stream == 0);
+}
+
+TEST_CASE("Box-Muller's log and cosine: within 1 and 2 ulp of long double's, and the same bits everywhere") {
+  // Every argument Box-Muller can pass is a multiple of 2^-32: sample them,
+  // with the ends and the quarter turns.
+  std::mt19937_64 random(11);
+  std::vector<uint64_t> numerators = {0, 1, 2, 3, 1ull << 30, 1ull << 31, 3ull << 30, (1ull << 32) - 1, 1ull << 32};
+  while (numerators.size() < 200000) numerators.push_back(random() >> 32);
+  double worst_log = 0.0, worst_cos = 0.0;
+  const auto ulps = [](double got, long double exact) {
+    if (exact == 0.0L) return got == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+    const int exponent = std::ilogb(static_cast<double>(exact));
+    return static_cast<double>(std::fabs(static_cast<long double>(got) - exact) / std::ldexp(1.0L, exponent - 52));
+  };
+  for (const uint64_t numerator : numerators) {
+    const double u = static_cast<double>(numerator) * 0x1p-32;
+    if (numerator > 0) worst_log = std::max(worst_log, ulps(portable_math::log(u), std::log(static_cast<long double>(u))));
+    if (numerator < (1ull << 32)) {
+      // cos(2 pi u) = cos(pi/2 (q + t)) = +-cos or +-sin of pi/2 t, and of pi/2 (1 - t)
+      // past t = 1/2: reduced so that long double's pi, rounded, keeps its
+      // relative accuracy at the zeros of the cosine.
+      const long double half_pi = std::numbers::pi_v<long double> / 2;
+      const uint64_t quarter = numerator >> 30;
+      const long double t = static_cast<long double>(numerator & ((1ull << 30) - 1)) * 0x1p-30L;
+      const bool sine = (quarter % 2 == 1) != (t > 0.5L);
+      const long double angle = half_pi * (t > 0.5L ? 1.0L - t : t);
+      const long double magnitude = sine ? std::sin(angle) : std::cos(angle);
+      const long double exact = quarter == 1 || quarter == 2 ? -magnitude : magnitude;
+      worst_cos = std::max(worst_cos, ulps(portable_math::cos_of_turns(u), exact));
+    }
+  }
+  MESSAGE("portable log: worst ", worst_log, " ulp; cos of turns: worst ", worst_cos, " ulp");
+  // The quarter turns exactly, and an eighth within an ulp.
+  CHECK(portable_math::cos_of_turns(0.0) == 1.0);
+  CHECK(portable_math::cos_of_turns(0.25) == 0.0);
+  CHECK(portable_math::cos_of_turns(0.5) == -1.0);
+  CHECK(portable_math::cos_of_turns(0.75) == 0.0);
+  CHECK(std::fabs(portable_math::cos_of_turns(0.125) - std::numbers::sqrt2 / 2) <= 0x1p-53);
+  CHECK(std::fabs(portable_math::cos_of_turns(0.875) - std::numbers::sqrt2 / 2) <= 0x1p-53);
+  CHECK(portable_math::log(1.0) == 0.0);
+  CHECK(portable_math::log(0.5) == -std::numbers::ln2);
+  CHECK(worst_log <= 1.0);
+  CHECK(worst_cos <= 2.0);
+  // The bits themselves, which no libm or instruction set may change.
+  const PhiloxKey key{2026, 11};
+  const double expected[4] = {-0x1.3c0c8af79f15bp+0, 0x1.ab95913c0fbebp-1, 0x1.5fc4316f9c048p-2, 0x1.f195203ac3e93p-1};
+  for (int i = 0; i < 4; ++i) CHECK(philox_normal(key, static_cast<uint64_t>(i)) == expected[i]);
 }
 
 TEST_CASE("streams run tasks in order, concurrently with the caller; events mark progress") {
