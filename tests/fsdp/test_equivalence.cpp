@@ -79,6 +79,17 @@ TEST_CASE("fsdp: an awkward GPT (vocab 97, width 72, 3 heads) with uneven and em
   }
 }
 
+TEST_CASE("fsdp: the naive reference (one collective per parameter) is bitwise fully_shard, shards even, uneven, empty") {
+  // awkward() on 5 ranks: wpe's 8 rows leave rank 4 no rows at all.
+  for (const TrainingSetup& setup : {tiny(), awkward()}) {
+    for (int world : {1, 2, 3, 5}) {
+      CAPTURE(world);
+      check_bitwise(train_fsdp(setup, {.world = world, .deterministic = true}),
+                    train_naive_fsdp(setup, world, /*deterministic=*/true));
+    }
+  }
+}
+
 TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise the same training") {
   for (const TrainingSetup& setup : {tiny(), awkward()}) {
     const TrainingResult expected = train_unsharded(setup, 4);

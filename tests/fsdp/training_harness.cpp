@@ -10,6 +10,7 @@
 #include "autograd/functions.h"
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
+#include "fsdp/naive_fsdp.h"
 #include "nn/linear.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/clip_grad.h"
@@ -57,8 +58,9 @@ std::unique_ptr<HarnessModel> build_meta(const TrainingSetup& setup) {
   return std::make_unique<HarnessModel>(setup.model, setup.unused_parameters);
 }
 
-std::unique_ptr<optim::Optimizer> build_optimizer(HarnessModel& model, const TrainingSetup& setup) {
-  auto groups = optim::weight_decay_groups(model.named_parameters(), 0.1);
+std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<nn::NamedParameter>& parameters,
+                                                  const TrainingSetup& setup) {
+  auto groups = optim::weight_decay_groups(parameters, 0.1);
   if (setup.optimizer == OptimizerKind::sgd) {
     return std::make_unique<optim::SGD>(std::move(groups), optim::SGDOptions{.lr = setup.lr, .weight_decay = 0.1});
   }
@@ -94,7 +96,7 @@ TrainingResult train_unsharded(const TrainingSetup& setup, int64_t micro_batches
   auto model = build_meta(setup);
   model->to_empty(kCPU);
   model->reset_parameters(setup.seed);
-  auto optimizer = build_optimizer(*model, setup);
+  auto optimizer = build_optimizer(model->named_parameters(), setup);
   TrainingResult result;
   for (int64_t step = 0; step < setup.steps; ++step) {
     optimizer->zero_grad();
@@ -123,7 +125,7 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
   FSDPModule root = fully_shard(*model, {.mesh = mesh, .mp_policy = sharding.mp_policy});
   model->to_empty(kCPU);
   model->reset_parameters(setup.seed);
-  auto optimizer = build_optimizer(*model, setup);
+  auto optimizer = build_optimizer(model->named_parameters(), setup);
 
   TrainingResult result;
   for (int64_t step = 0; step < setup.steps; ++step) {
@@ -152,6 +154,43 @@ TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& shard
   options.group.deterministic = sharding.deterministic;
   dist::run_local(sharding.world, [&](const dist::ProcessGroupPtr& world) {
     TrainingResult local = train_fsdp_on(world, setup, sharding);
+    if (world->rank() == 0) result = std::move(local);
+  }, options);
+  return result;
+}
+
+TrainingResult train_naive_fsdp(const TrainingSetup& setup, int world_size, bool deterministic) {
+  REQUIRE(setup.grad_accum == 1);
+  REQUIRE(setup.clip == 0.0);
+  TrainingResult result;
+  dist::LocalOptions options;
+  options.group.deterministic = deterministic;
+  dist::run_local(world_size, [&](const dist::ProcessGroupPtr& world) {
+    const IntraOpThreads threads(setup.threads);
+    auto model = build_meta(setup);
+    model->to_empty(kCPU);
+    model->reset_parameters(setup.seed);  // whole, on every rank
+    NaiveFSDP fsdp(*model, world);
+    auto optimizer = build_optimizer(fsdp.shards(), setup);
+    TrainingResult local;
+    for (int64_t step = 0; step < setup.steps; ++step) {
+      optimizer->zero_grad();
+      fsdp.gather();
+      Tensor loss = ops::scalar_tensor(forward_backward(*model, setup, step, world->rank()), {.dtype = DType::f64});
+      fsdp.reduce_scatter_gradients();
+      // The global gradient norm: squares summed over the shards, then over the ranks.
+      Tensor squares = ops::scalar_tensor(0.0, {.dtype = DType::f64});
+      for (const auto& [name, shard] : fsdp.shards()) {
+        if (shard->grad().defined()) squares = ops::add(squares, ops::sum(ops::mul(ops::to(shard->grad(), DType::f64), ops::to(shard->grad(), DType::f64))));
+      }
+      world->all_reduce(squares, dist::ReduceOp::sum);
+      local.grad_norms.push_back(std::sqrt(squares.item()));
+      optimizer->step();
+      world->all_reduce(loss, dist::ReduceOp::sum);
+      local.losses.push_back(loss.item() / static_cast<double>(world->size()));
+    }
+    fsdp.gather();
+    for (const auto& [name, param] : model->named_parameters()) local.parameters[name] = param->tensor().to_vector<double>();
     if (world->rank() == 0) result = std::move(local);
   }, options);
   return result;

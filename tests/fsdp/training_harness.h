@@ -66,6 +66,10 @@ TrainingResult train_fsdp(const TrainingSetup& setup, const ShardingSetup& shard
 TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingSetup& setup,
                              const ShardingSetup& sharding);
 
+// On `world` local ranks with fsdp::NaiveFSDP (fsdp/naive_fsdp.h) instead of
+// fully_shard: one micro-batch per rank and step (grad_accum 1), no clipping.
+TrainingResult train_naive_fsdp(const TrainingSetup& setup, int world, bool deterministic);
+
 // The setup with the model in f64 / with SGD.
 TrainingSetup in_f64(TrainingSetup setup);
 TrainingSetup with_sgd(TrainingSetup setup);
