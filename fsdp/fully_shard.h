@@ -12,7 +12,7 @@
 //   fsdp::fully_shard(model, {.mesh = mesh});
 //   model.to_empty(kCPU);
 //   model.reset_parameters(seed);          // every rank fills only its rows
-//   optim::AdamW optimizer(model.named_parameters());  // on the shards
+//   Optimizer optimizer(model.named_parameters());  // any optim:: optimizer: it steps the shards
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 // keeps only its chunk, the shard, and the optimizer steps the shards:
 //
 //   NaiveFSDP fsdp(model, world);  // model built whole, the same on every rank
-//   optim::AdamW optimizer(fsdp.shards());
+//   Optimizer optimizer(fsdp.shards());  // any optim:: optimizer
 //   per step: optimizer.zero_grad();
 //             fsdp.gather();                    // one all-gather per parameter
 //             backward(loss_of(model(x)));      // this rank's micro-batch

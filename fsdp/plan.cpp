@@ -148,7 +148,7 @@ StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches) {
   return comm_of(initialized_root(root, "expected_comm_per_step"), micro_batches);
 }
 
-std::string sharding_plan(nn::Module& root) {
+std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_state) {
   const FSDPState& root_state = initialized_root(root, "sharding_plan");
   const dist::DeviceMesh& mesh = root_state.mesh();
   const int rank = mesh.rank();
@@ -188,7 +188,9 @@ std::string sharding_plan(nn::Module& root) {
   text += fmt::format("\nper rank (rank {})\n", rank);
   text += fmt::format("  parameter shards      {}\n", bytes_text(shard_bytes));
   text += fmt::format("  gradient shards       {}\n", bytes_text(shard_bytes));
-  text += fmt::format("  AdamW state (m, v)    {}\n", bytes_text(2 * shard_bytes));
+  if (optimizer_state.copies > 0) {
+    text += fmt::format("  {:<21} {}\n", optimizer_state.description, bytes_text(optimizer_state.copies * shard_bytes));
+  }
   text += fmt::format("  unsharded, all groups {} (largest group {}; all-gather buffers in param dtype)\n",
                       bytes_text(unsharded_bytes), bytes_text(largest_unsharded));
 

@@ -1,7 +1,8 @@
 // fsdp::sharding_plan: what fully_shard did to a model, printed, so memory
 // and communication are visible before a step runs: per FSDP module its
 // settings and, per parameter, the global shape and this rank's rows; then
-// the per-rank totals (shards, gradients, AdamW moments, unsharded buffers)
+// the per-rank totals (shards, gradients, the optimizer's state as the caller
+// sizes it, unsharded buffers)
 // and the bytes one training step moves. expected_comm_per_step gives those
 // bytes as numbers: they are the volumes ProcessGroup::stats() counts
 // (dist::collective_volume), so a test can hold the two equal.
@@ -46,8 +47,17 @@ struct StepCommVolume {
 // (to_empty), since this runs the root's lazy init when no forward has yet.
 StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches = 1);
 
+// What the caller's optimizer keeps per parameter, for the per-rank totals:
+// `copies` more tensors the size of each shard (2 for Adam's m and v),
+// printed as `description`. The fsdp layer knows no optimizer; the default
+// prints no such line.
+struct OptimizerStateSize {
+  std::string description;
+  int copies = 0;
+};
+
 // The printable plan of `root` as seen from the calling rank (local shapes
 // and padding differ per rank). Same preconditions as above; no communication.
-std::string sharding_plan(nn::Module& root);
+std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_state = {});
 
 }  // namespace tessera::fsdp

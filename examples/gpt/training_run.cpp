@@ -133,7 +133,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     if (config.plan) {
       if (leader) print_setup(config, data, out);
       Trainer trainer(config, data, distributed);
-      if (leader) out << '\n' << tessera::fsdp::sharding_plan(trainer.model()) << std::flush;
+      if (leader) {
+        out << '\n' << tessera::fsdp::sharding_plan(trainer.model(), {.description = "AdamW state (m, v)", .copies = 2})
+            << std::flush;
+      }
       return;
     }
 

@@ -407,6 +407,7 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
     config.grad_accum = c.grad_accum;
     std::vector<int64_t> measured(static_cast<size_t>(c.nproc)), expected(static_cast<size_t>(c.nproc));
     std::string plan;
+    bool plain_plan_has_optimizer_line = true;
     gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
       gpt::Trainer trainer(config, gpt::build_data(config), distributed);
       const auto volume = tessera::fsdp::expected_comm_per_step(trainer.model(), config.grad_accum);
@@ -421,7 +422,11 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
       for (int64_t step = 0; step < config.steps; ++step) {
         measured[distributed.rank()] = trainer.train_step().comm_bytes;
       }
-      if (distributed.rank() == 0) plan = tessera::fsdp::sharding_plan(trainer.model());
+      if (distributed.rank() == 0) {
+        plan = tessera::fsdp::sharding_plan(trainer.model());
+        plain_plan_has_optimizer_line = plan.find("optimizer") != std::string::npos;
+        plan = tessera::fsdp::sharding_plan(trainer.model(), {.description = "optimizer state", .copies = 3});
+      }
     });
     for (int rank = 0; rank < c.nproc; ++rank) {
       CAPTURE(rank);
@@ -430,6 +435,14 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
     }
     CHECK(plan.find("FSDP sharding plan") != std::string::npos);
     if (c.hsdp > 1) CHECK(plan.find("all-reduce") != std::string::npos);
+    // The optimizer's line is the caller's: absent by default, `copies` shards' bytes when asked.
+    CHECK_FALSE(plain_plan_has_optimizer_line);
+    const auto bytes_after = [&](const std::string& label) {  // "  label   12345 B (12.1 KiB)"
+      const size_t at = plan.find(label);
+      REQUIRE(at != std::string::npos);
+      return std::stoll(plan.substr(at + label.size()));
+    };
+    CHECK(bytes_after("optimizer state") == 3 * bytes_after("parameter shards"));
   }
 }
 
