@@ -1,6 +1,8 @@
 // fsdp::fully_shard and the FSDPModule handle.
 #include "fsdp/fully_shard.h"
 
+#include <algorithm>
+
 #include <map>
 #include <set>
 
@@ -159,6 +161,18 @@ void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool re
   for (FSDPState* state : states_in_tree(recurse)) {
     if (state->group() != nullptr) state->group()->reshard_after_backward = reshard_after_backward;
   }
+}
+
+std::vector<dist::ProcessGroupPtr> FSDPModule::communication_groups(bool recurse) const {
+  std::vector<dist::ProcessGroupPtr> groups;
+  for (const FSDPState* state : states_in_tree(recurse)) {
+    if (state->group() == nullptr) continue;
+    const GroupComm& comm = state->group()->comm();
+    for (const dist::ProcessGroupPtr& group : {comm.shard, comm.replicate, comm.post_forward}) {
+      if (group != nullptr && std::find(groups.begin(), groups.end(), group) == groups.end()) groups.push_back(group);
+    }
+  }
+  return groups;
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) { state_->is_last_backward = is_last_backward; }

@@ -69,10 +69,17 @@ class FSDPModule {
   void reshard();
   // Every FSDP module in this one's tree (recurse) or this one alone.
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  // False: a backward without gradient sync (an accumulation micro-batch)
+  // leaves the group unsharded, saving the next forward's all-gather. A
+  // synced backward always reshards: the optimizer steps the shards.
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // False: the backward's final callback leaves the last reduce-scatter in
   // flight (call it on the root for every micro-batch but the last).
   void set_is_last_backward(bool is_last_backward);
+  // The process groups FSDP communicates on in this module's tree (recurse)
+  // or this module alone: shard, replicate (HSDP) and post-forward groups,
+  // each once. Their stats() are FSDP's traffic.
+  std::vector<dist::ProcessGroupPtr> communication_groups(bool recurse = true) const;
   // Explicit prefetch lists; they replace the default order.
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);

@@ -115,7 +115,8 @@ std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::GPT& model, 
 namespace {
 
 // The world, the mesh's groups and FSDP's groups, each once.
-std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distributed, tessera::nn::GPT& model) {
+std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distributed,
+                                                        const std::optional<fsdp::FSDPModule>& fsdp_root) {
   std::vector<dist::ProcessGroupPtr> groups;
   auto add = [&groups](const dist::ProcessGroupPtr& group) {
     if (group != nullptr && std::find(groups.begin(), groups.end(), group) == groups.end()) groups.push_back(group);
@@ -123,13 +124,8 @@ std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distr
   add(distributed.world);
   add(distributed.mesh.group());
   for (int64_t dim = 0; dim < distributed.mesh.ndim(); ++dim) add(distributed.mesh.group(dim));
-  for (tessera::nn::Module* module : model.modules()) {
-    const fsdp::FSDPState* state = module->extension<fsdp::FSDPState>();
-    if (state == nullptr || state->group() == nullptr) continue;
-    const fsdp::GroupComm& comm = state->group()->comm();
-    add(comm.shard);
-    add(comm.replicate);
-    add(comm.post_forward);
+  if (fsdp_root) {
+    for (const dist::ProcessGroupPtr& group : fsdp_root->communication_groups()) add(group);
   }
   return groups;
 }
@@ -157,7 +153,7 @@ Trainer::Trainer(TrainConfig config, DataLoader data, std::optional<Distributed>
   TESSERA_CHECK(world_size() == config_.nproc, "Trainer: the config says {} ranks (--nproc) but the world has {}",
                 config_.nproc, world_size());
   if (!distributed_) return;
-  process_groups_ = communication_groups(*distributed_, *model_);
+  process_groups_ = communication_groups(*distributed_, fsdp_root_);
   for (const auto& group : process_groups_) group->set_tracer(distributed_->tracer);
 }
 

@@ -109,6 +109,11 @@ TEST_CASE("fsdp comm: reshard_after_forward = 2 gathers over 2 ranks in backward
       ShardedGPT sharded = build(mesh, {.reshard_after_forward = mode});
       train_step(*sharded.model, group->rank());
       const FSDPParamGroup& block = *sharded.blocks.front().state().group();
+      // The public view of the groups: the shard group, and the 2-rank post-forward one when resharding to 2.
+      const std::vector<dist::ProcessGroupPtr> groups = sharded.root->communication_groups();
+      CHECK(groups.size() == (std::holds_alternative<bool>(mode) ? 1u : 2u));
+      CHECK(groups.front() == mesh.group(0));
+      CHECK(sharded.blocks.front().communication_groups(/*recurse=*/false).size() == groups.size());
       if (std::holds_alternative<bool>(mode)) {
         CHECK(block.post_forward_shards() == 1);
         CHECK(block.comm().post_forward == nullptr);
@@ -172,6 +177,71 @@ TEST_CASE("fsdp hooks: async unshard, explicit prefetch, reshard, and overlap in
       }
     }
     CHECK(overlapped);
+  });
+}
+
+TEST_CASE("fsdp settings: reshard_after_backward, is_last_backward and explicit backward prefetch do what they say") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {2});
+    const auto state_of = [](const FSDPModule& module) { return module.state().group()->state(); };
+    {  // set_reshard_after_backward(false) keeps a group unsharded after an
+       // unsynced backward (accumulation); synced gradients live on the
+       // shards, so a synced backward reshards regardless.
+      ShardedGPT sharded = build(mesh);
+      sharded.root->set_requires_gradient_sync(false);
+      sharded.root->set_reshard_after_backward(false);
+      train_step(*sharded.model, group->rank());
+      for (const FSDPModule& block : sharded.blocks) CHECK(state_of(block) == ShardState::unsharded);
+      CHECK(state_of(*sharded.root) == ShardState::unsharded);
+      sharded.root->set_reshard_after_backward(true);
+      sharded.blocks[1].set_reshard_after_backward(false, /*recurse=*/false);
+      train_step(*sharded.model, group->rank());
+      CHECK(state_of(sharded.blocks[0]) == ShardState::sharded);
+      CHECK(state_of(sharded.blocks[1]) == ShardState::unsharded);
+      CHECK(state_of(sharded.blocks[2]) == ShardState::sharded);
+      CHECK(state_of(*sharded.root) == ShardState::sharded);
+      sharded.root->set_requires_gradient_sync(true);
+      train_step(*sharded.model, group->rank());
+      CHECK(state_of(sharded.blocks[1]) == ShardState::sharded);
+    }
+    {  // set_is_last_backward(false): the last reduce-scatter stays in flight past backward
+      ShardedGPT sharded = build(mesh);
+      const auto pending = [&] {
+        int count = sharded.root->state().group()->reduce_scatter_pending() ? 1 : 0;
+        for (const FSDPModule& block : sharded.blocks) count += block.state().group()->reduce_scatter_pending() ? 1 : 0;
+        return count;
+      };
+      sharded.root->set_is_last_backward(false);
+      train_step(*sharded.model, group->rank());
+      CHECK(pending() == 1);
+      sharded.root->set_is_last_backward(true);
+      train_step(*sharded.model, group->rank());
+      CHECK(pending() == 0);
+    }
+    {  // backward prefetch: by default each block gathers the one before it; explicitly, block 2 gathers block 0
+      const auto backward_gather_order = [&](bool explicit_prefetch) {
+        ShardedGPT sharded = build(mesh);
+        if (explicit_prefetch) sharded.blocks[2].set_modules_to_backward_prefetch({sharded.blocks[0]});
+        auto tracer = std::make_shared<dist::Tracer>();
+        mesh.group(0)->set_tracer(tracer);
+        std::vector<int64_t> tokens(16);
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 5 % 97);
+        const Tensor idx = ops::from_vector(tokens, {2, 8});
+        const Tensor loss = sharded.model->loss(idx, idx);
+        tracer->clear();  // from here on, backward's gathers only
+        autograd::backward(loss);
+        std::vector<dist::TraceEvent> copies;
+        for (const dist::TraceEvent& event : tracer->events()) {
+          if (event.name == "copy_in") copies.push_back(event);
+        }
+        std::sort(copies.begin(), copies.end(), [](const auto& a, const auto& b) { return a.start_us < b.start_us; });
+        std::vector<std::string> order;
+        for (const dist::TraceEvent& event : copies) order.push_back(event.args.value("module", ""));
+        return order;
+      };
+      CHECK(backward_gather_order(false) == std::vector<std::string>{"blocks.2", "blocks.1", "blocks.0"});
+      CHECK(backward_gather_order(true) == std::vector<std::string>{"blocks.2", "blocks.0", "blocks.1"});
+    }
   });
 }
 
