@@ -21,6 +21,9 @@
 #include <cmath>
 #include <vector>
 
+#include "dist/local_backend.h"
+#include "fsdp/naive_fsdp.h"
+#include "tensor/error.h"
 #include "tests/fsdp/training_harness.h"
 
 using namespace tessera;
@@ -88,6 +91,11 @@ TEST_CASE("fsdp: the naive reference (one collective per parameter) is bitwise f
                     train_naive_fsdp(setup, world, /*deterministic=*/true));
     }
   }
+  // It shards values: a model still on meta is refused, naming the parameter.
+  dist::run_local(1, [](const dist::ProcessGroupPtr& world) {
+    nn::GPT model(tiny().model, kMeta);
+    CHECK_THROWS_WITH_AS(NaiveFSDP(model, world), doctest::Contains("parameter 'wte.weight' of shape"), Error);
+  });
 }
 
 TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise the same training") {
