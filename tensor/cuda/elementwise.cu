@@ -335,18 +335,11 @@ __global__ void __launch_bounds__(kThreads) where_kernel(Word* out, Layout out_l
   }
 }
 
-// Calls fn(T{}) for the compute dtypes.
+// Calls fn(T{}) for the compute dtypes: the numeric ones and bool.
 template <typename Fn>
 void visit_compute(DType dtype, const char* kernel, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::i32: return fn(int32_t{});
-    case DType::i64: return fn(int64_t{});
-    case DType::boolean: return fn(bool{});
-    default: break;
-  }
-  refuse_operands(kernel, "computes in f32, f64, i32, i64 or bool (the op converts 16-bit floats), got", dtype);
+  if (dtype == DType::boolean) return fn(bool{});
+  visit_numeric(dtype, kernel, "computes in f32, f64, i32, i64 or bool (the op converts 16-bit floats), got", fn);
 }
 
 
@@ -550,17 +543,11 @@ void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b,
 void where(const Operand& out, const Operand& condition, const Operand& a, const Operand& b,
            const KernelLaunch& launch) {
   const bool dense = out.contiguous && condition.contiguous && a.contiguous && b.contiguous;
-  const auto run = [&]<typename Word>(Word) {
+  visit_word(out.dtype, [&]<typename Word>(Word) {
     TESSERA_LAUNCH(where_kernel<Word>, config_for(out.count, launch), static_cast<Word*>(out.data), out.layout,
                    static_cast<const bool*>(condition.data), condition.layout, static_cast<const Word*>(a.data),
                    a.layout, static_cast<const Word*>(b.data), b.layout, dense, out.count);
-  };
-  switch (element_size(out.dtype)) {
-    case 1: return run(uint8_t{});
-    case 2: return run(uint16_t{});
-    case 4: return run(uint32_t{});
-    default: return run(uint64_t{});
-  }
+  });
 }
 
 }  // namespace tessera::cuda

@@ -75,16 +75,10 @@ void index_select(const Operand& out, const Operand& x, const Operand& index, co
   const int64_t rows = geometry.outer * geometry.count;
   if (rows == 0 || geometry.inner == 0) return;
   visit_index(index.dtype, "index_select", [&]<typename Index>(Index) {
-    const auto run = [&]<typename Word>(Word) {
+    visit_word(x.dtype, [&]<typename Word>(Word) {
       TESSERA_LAUNCH((index_select_kernel<Word, Index>), config_for(rows * kThreads, launch), static_cast<Word*>(out.data),
                      static_cast<const Word*>(x.data), static_cast<const Index*>(index.data), geometry);
-    };
-    switch (element_size(x.dtype)) {
-      case 1: return run(uint8_t{});
-      case 2: return run(uint16_t{});
-      case 4: return run(uint32_t{});
-      default: return run(uint64_t{});
-    }
+    });
   });
 }
 
@@ -93,17 +87,10 @@ void index_add(const Operand& out, const Operand& index, const Operand& source, 
   const int64_t columns = geometry.outer * geometry.inner;
   if (columns == 0 || geometry.count == 0) return;
   visit_index(index.dtype, "index_add", [&]<typename Index>(Index) {
-    const auto run = [&]<typename T>(T) {
+    visit_numeric(out.dtype, "index_add", "adds f32, f64, i32 or i64, got", [&]<typename T>(T) {
       TESSERA_LAUNCH((index_add_kernel<T, Index>), config_for(columns, launch), static_cast<T*>(out.data),
                      static_cast<const T*>(source.data), static_cast<const Index*>(index.data), geometry);
-    };
-    switch (out.dtype) {
-      case DType::f32: return run(float{});
-      case DType::f64: return run(double{});
-      case DType::i32: return run(int32_t{});
-      case DType::i64: return run(int64_t{});
-      default: refuse_operands("index_add", "adds f32, f64, i32 or i64, got", out.dtype);
-    }
+    });
   });
 }
 

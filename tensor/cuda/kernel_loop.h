@@ -36,6 +36,31 @@ struct alignas(sizeof(T) * Count) Pack {
   T values[Count];
 };
 
+// Calls fn(T{}) for the dtypes arithmetic kernels compute in (f32, f64, i32,
+// i64); refuses any other as "cuda::<kernel>: <what> <dtype>".
+template <typename Fn>
+void visit_numeric(DType dtype, const char* kernel, const char* what, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
+    default: refuse_operands(kernel, what, dtype);
+  }
+}
+
+// Calls fn(Word{}) with the unsigned word of dtype's size: for kernels that
+// move elements without reading them.
+template <typename Fn>
+void visit_word(DType dtype, Fn&& fn) {
+  switch (element_size(dtype)) {
+    case 1: return fn(uint8_t{});
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    default: return fn(uint64_t{});
+  }
+}
+
 template <typename T>
 bool packable(const Operand& operand) {
   return operand.contiguous && reinterpret_cast<uintptr_t>(operand.data) % 16 == 0 && sizeof(T) <= 16;

@@ -82,7 +82,7 @@ void reduce(ReduceOp op, const Operand& out, const Operand& x, const ReduceGeome
   if (geometry.outputs == 0) return;
   const int group = group_size(geometry.reduced_count);
   const int64_t blocks_needed = (geometry.outputs * group + kThreads - 1) / kThreads;
-  const auto run = [&]<typename T>(T) {
+  visit_numeric(x.dtype, "reduce", "computes in f32, f64, i32 or i64 (bool goes through i32), got", [&]<typename T>(T) {
     visit_dtype(out.dtype, [&]<typename Out>(Out) {
       LaunchConfig config = config_for(blocks_needed * kThreads, launch);
       const T* data = static_cast<const T*>(x.data);
@@ -93,30 +93,16 @@ void reduce(ReduceOp op, const Operand& out, const Operand& x, const ReduceGeome
         case ReduceOp::min: return TESSERA_LAUNCH((reduce_kernel<MinOp<T>, T, Out>), config, result, data, geometry, group);
       }
     });
-  };
-  switch (x.dtype) {
-    case DType::f32: return run(float{});
-    case DType::f64: return run(double{});
-    case DType::i32: return run(int32_t{});
-    case DType::i64: return run(int64_t{});
-    default: refuse_operands("reduce", "computes in f32, f64, i32 or i64 (bool goes through i32), got", x.dtype);
-  }
+  });
 }
 
 void max_along(const Operand& values, const Operand& indices, const Operand& first, int64_t length, int64_t step,
                const KernelLaunch& launch) {
-  const auto run = [&]<typename T>(T) {
+  visit_numeric(values.dtype, "max_along", "computes in f32, f64, i32 or i64, got", [&]<typename T>(T) {
     TESSERA_LAUNCH(max_along_kernel<T>, config_for(values.count, launch), static_cast<T*>(values.data),
                    static_cast<int64_t*>(indices.data), static_cast<const T*>(first.data), first.layout, values.count,
                    length, step);
-  };
-  switch (values.dtype) {
-    case DType::f32: return run(float{});
-    case DType::f64: return run(double{});
-    case DType::i32: return run(int32_t{});
-    case DType::i64: return run(int64_t{});
-    default: refuse_operands("max_along", "computes in f32, f64, i32 or i64, got", values.dtype);
-  }
+  });
 }
 
 }  // namespace tessera::cuda
