@@ -20,13 +20,13 @@
 #include <thread>
 #include <vector>
 
-#include "bench/machine_context.h"
 #include "autograd/engine.h"
+#include "bench/machine_context.h"
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
 #include "dist/trace.h"
 #include "fsdp/fully_shard.h"
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"

@@ -53,6 +53,7 @@ std::map<std::string, Entry> entries_of(nn::Module& root) {
                             .buffer = Tensor()});
     }
     for (const auto& [name, tensor] : module->named_buffers(/*recurse=*/false)) {
+      if (!module->is_persistent_buffer(name)) continue;
       entries.emplace(join_name(prefix, name), Entry{.parameter = nullptr, .managed = nullptr, .buffer = tensor});
     }
   }

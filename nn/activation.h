@@ -1,5 +1,5 @@
-// Activation modules without parameters: GELU (exact erf form or the tanh
-// approximation GPT-2 uses) and SiLU (x * sigmoid(x)).
+// Activation modules without parameters: ReLU, Tanh, GELU (exact erf form or
+// the tanh approximation GPT-2 uses) and SiLU (x * sigmoid(x)).
 #pragma once
 
 #include "autograd/functions.h"
@@ -21,6 +21,18 @@ class GELU : public Module {
 class SiLU : public Module {
  public:
   SiLU();
+  Tensor forward(const Tensor& x) override;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU();
+  Tensor forward(const Tensor& x) override;
+};
+
+class Tanh : public Module {
+ public:
+  Tanh();
   Tensor forward(const Tensor& x) override;
 };
 

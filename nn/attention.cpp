@@ -2,32 +2,28 @@
 // head merge, output projection.
 #include "nn/attention.h"
 
-#include <cmath>
-
 #include "autograd/functions.h"
-#include "tensor/ops.h"
 
 namespace tessera::nn {
 
-CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Device device)
-    : Module("CausalSelfAttention"), n_head_(config.n_head), n_embd_(config.n_embd) {
-  config.validate();
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  qkv_ = register_module("qkv", std::make_shared<Linear>(n_embd_, 3 * n_embd_,
-                                                         LinearOptions{.bias = config.bias, .init_std = 0.02,
-                                                                       .device = kMeta, .dtype = config.dtype}));
-  proj_ = register_module("proj", std::make_shared<Linear>(n_embd_, n_embd_,
-                                                           LinearOptions{.bias = config.bias,
-                                                                         .init_std = residual_std, .device = kMeta,
-                                                                         .dtype = config.dtype}));
-  drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout));
-  materialize(device);
+CausalSelfAttention::CausalSelfAttention(int64_t embed_dim, int64_t num_heads, AttentionOptions options)
+    : Module("CausalSelfAttention"), embed_dim_(embed_dim), num_heads_(num_heads) {
+  TESSERA_CHECK(num_heads > 0 && embed_dim > 0 && embed_dim % num_heads == 0,
+                "CausalSelfAttention: embed_dim ({}) must be a positive multiple of num_heads ({})", embed_dim,
+                num_heads);
+  const LinearOptions qkv{.bias = options.bias, .init_std = options.init_std, .device = kMeta, .dtype = options.dtype};
+  LinearOptions proj = qkv;
+  if (options.proj_init_std) proj.init_std = options.proj_init_std;
+  qkv_ = register_module("qkv", std::make_shared<Linear>(embed_dim, 3 * embed_dim, qkv));
+  proj_ = register_module("proj", std::make_shared<Linear>(embed_dim, embed_dim, proj));
+  drop_ = register_module("drop", std::make_shared<Dropout>(options.dropout));
+  materialize(options.device);
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  TESSERA_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: expected input [B, T, {}], got {}",
-                n_embd_, x.sizes());
-  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
+  TESSERA_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, "CausalSelfAttention: expected input [B, T, {}], got {}",
+                embed_dim_, x.sizes());
+  const int64_t B = x.size(0), T = x.size(1), C = embed_dim_, H = num_heads_, D = C / H;
   const Tensor qkv = (*qkv_)(x);  // [B, T, 3C]
   const std::vector<Tensor> parts = tessera::split(qkv, C, 2);
   // [B, T, C] -> [B, T, H, D] -> [B, H, T, D]

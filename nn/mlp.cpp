@@ -1,24 +1,22 @@
-// nn::MLP: fc -> GELU(tanh) -> proj -> dropout.
+// nn::MLP: fc -> activation -> proj -> dropout.
 #include "nn/mlp.h"
-
-#include <cmath>
 
 namespace tessera::nn {
 
-MLP::MLP(const GPTConfig& config, Device device) : Module("MLP") {
-  config.validate();
-  const int64_t C = config.n_embd;
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  fc_ = register_module("fc", std::make_shared<Linear>(C, 4 * C, LinearOptions{.bias = config.bias, .init_std = 0.02,
-                                                                               .device = kMeta, .dtype = config.dtype}));
-  gelu_ = register_module("gelu", std::make_shared<GELU>(GeluApproximation::tanh));
-  proj_ = register_module("proj", std::make_shared<Linear>(4 * C, C, LinearOptions{.bias = config.bias,
-                                                                                   .init_std = residual_std,
-                                                                                   .device = kMeta, .dtype = config.dtype}));
-  drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout));
-  materialize(device);
+MLP::MLP(int64_t in_features, int64_t hidden_features, int64_t out_features, std::shared_ptr<Module> activation,
+         MLPOptions options)
+    : Module("MLP") {
+  TESSERA_CHECK(activation != nullptr, "MLP: the activation module is null (pass e.g. std::make_shared<nn::ReLU>())");
+  const LinearOptions fc{.bias = options.bias, .init_std = options.init_std, .device = kMeta, .dtype = options.dtype};
+  LinearOptions proj = fc;
+  if (options.proj_init_std) proj.init_std = options.proj_init_std;
+  fc_ = register_module("fc", std::make_shared<Linear>(in_features, hidden_features, fc));
+  activation_ = register_module("act", std::move(activation));
+  proj_ = register_module("proj", std::make_shared<Linear>(hidden_features, out_features, proj));
+  drop_ = register_module("drop", std::make_shared<Dropout>(options.dropout));
+  materialize(options.device);
 }
 
-Tensor MLP::forward(const Tensor& x) { return (*drop_)((*proj_)((*gelu_)((*fc_)(x)))); }
+Tensor MLP::forward(const Tensor& x) { return (*drop_)((*proj_)((*activation_)((*fc_)(x)))); }
 
 }  // namespace tessera::nn

@@ -1,29 +1,45 @@
-// nn::MLP: GPT-2's feed-forward block: fc (C -> 4C), GELU (tanh), proj (4C -> C), dropout.
+// nn::MLP: the two-layer feed-forward network every model has somewhere,
+//   x: [..., in] -> fc [..., hidden] -> activation -> proj [..., out] -> dropout.
+// GPT-2's block MLP is MLP(C, 4C, C, GELU(tanh)); a classifier is
+// MLP(features, hidden, classes, ReLU).
 #pragma once
 
 #include <memory>
+#include <optional>
 
-#include "nn/activation.h"
 #include "nn/dropout.h"
-#include "nn/gpt_config.h"
 #include "nn/linear.h"
 
 namespace tessera::nn {
 
+struct MLPOptions {
+  bool bias = true;
+  // Unset: Linear's default (torch's kaiming-uniform); set: N(0, std), zero bias.
+  std::optional<double> init_std = std::nullopt;
+  // proj's std when set (GPT-2 scales the residual projections by 1/sqrt(2 L));
+  // unset: init_std.
+  std::optional<double> proj_init_std = std::nullopt;
+  double dropout = 0.0;  // on the output
+  Device device = kCPU;
+  DType dtype = DType::f32;
+};
+
 class MLP : public Module {
  public:
-  // proj's weights use the residual init std 0.02 / sqrt(2 * n_layer).
-  explicit MLP(const GPTConfig& config, Device device = kCPU);
+  // Children: fc, act (the given activation module), proj, drop.
+  MLP(int64_t in_features, int64_t hidden_features, int64_t out_features, std::shared_ptr<Module> activation,
+      MLPOptions options = {});
 
-  // x: [..., C] -> [..., C]
+  // x: [..., in] -> [..., out]
   Tensor forward(const Tensor& x) override;
 
   Linear& fc() const { return *fc_; }
+  Module& activation() const { return *activation_; }
   Linear& proj() const { return *proj_; }
 
  private:
   std::shared_ptr<Linear> fc_;
-  std::shared_ptr<GELU> gelu_;
+  std::shared_ptr<Module> activation_;
   std::shared_ptr<Linear> proj_;
   std::shared_ptr<Dropout> drop_;
 };

@@ -114,9 +114,10 @@ std::shared_ptr<Parameter> Module::register_parameter(std::string name, Tensor t
   return register_parameter(std::move(name), std::make_shared<Parameter>(std::move(tensor), requires_grad));
 }
 
-void Module::register_buffer(std::string name, Tensor tensor) {
+void Module::register_buffer(std::string name, Tensor tensor, bool persistent) {
   check_new_name(name);
   TESSERA_CHECK(tensor.defined(), "{}: register_buffer('{}'): the tensor is undefined", type_name_, name);
+  if (!persistent) non_persistent_buffers_.push_back(name);
   buffers_.emplace_back(std::move(name), std::move(tensor));
 }
 
@@ -161,6 +162,12 @@ void Module::set_buffer(std::string_view name, Tensor tensor) {
                 entry_names(buffers_));
   TESSERA_CHECK(tensor.defined(), "{}: set_buffer('{}'): the tensor is undefined", type_name_, name);
   it->second = std::move(tensor);
+}
+
+bool Module::is_persistent_buffer(std::string_view name) const {
+  buffer(name);  // throws for an unknown name
+  return std::find(non_persistent_buffers_.begin(), non_persistent_buffers_.end(), name) ==
+         non_persistent_buffers_.end();
 }
 
 const std::shared_ptr<Module>& Module::child(std::string_view name) const {
@@ -283,6 +290,9 @@ void Module::to_empty(Device device) {
   for (Module* module : modules()) {
     for (auto& [name, tensor] : module->buffers_) tensor = ops::to_empty(tensor, device);
   }
+  if (device.is_meta()) return;
+  autograd::NoGradGuard no_grad;
+  for (Module* module : modules()) module->compute_own_buffers();
 }
 
 void Module::reset_parameters(uint64_t seed) {
@@ -291,6 +301,8 @@ void Module::reset_parameters(uint64_t seed) {
 }
 
 void Module::reset_own_parameters(const InitContext&) {}
+
+void Module::compute_own_buffers() {}
 
 void Module::add_extension(std::shared_ptr<ModuleExtension> extension) {
   TESSERA_CHECK(extension != nullptr, "{}: add_extension got null", type_name_);
@@ -311,7 +323,9 @@ StateDict Module::state_dict() {
     for (const auto& [name, parameter] : module->parameters_) {
       state.emplace(join_name(prefix, name), parameter->tensor().detach());
     }
-    for (const auto& [name, tensor] : module->buffers_) state.emplace(join_name(prefix, name), tensor.detach());
+    for (const auto& [name, tensor] : module->buffers_) {
+      if (module->is_persistent_buffer(name)) state.emplace(join_name(prefix, name), tensor.detach());
+    }
   }
   return state;
 }
@@ -321,7 +335,9 @@ LoadResult Module::load_state_dict(const StateDict& state, bool strict) {
   std::map<std::string, Tensor*> targets;
   for (const auto& [prefix, module] : named_modules()) {
     for (auto& [name, parameter] : module->parameters_) targets.emplace(join_name(prefix, name), &parameter->tensor());
-    for (auto& [name, tensor] : module->buffers_) targets.emplace(join_name(prefix, name), &tensor);
+    for (auto& [name, tensor] : module->buffers_) {
+      if (module->is_persistent_buffer(name)) targets.emplace(join_name(prefix, name), &tensor);
+    }
   }
 
   LoadResult result;

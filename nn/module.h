@@ -103,7 +103,9 @@ class Module {
   // across parameters, buffers and children.
   std::shared_ptr<Parameter> register_parameter(std::string name, std::shared_ptr<Parameter> parameter);
   std::shared_ptr<Parameter> register_parameter(std::string name, Tensor tensor, bool requires_grad = true);
-  void register_buffer(std::string name, Tensor tensor);
+  // A non-persistent buffer (RoPE's tables) is derived from the module's
+  // configuration: it is left out of state_dict and load_state_dict.
+  void register_buffer(std::string name, Tensor tensor, bool persistent = true);
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
     add_child(std::move(name), module);
@@ -118,6 +120,7 @@ class Module {
   void set_parameter(std::string_view name, std::shared_ptr<Parameter> parameter);
   const Tensor& buffer(std::string_view name) const;
   void set_buffer(std::string_view name, Tensor tensor);
+  bool is_persistent_buffer(std::string_view name) const;
   const std::shared_ptr<Module>& child(std::string_view name) const;
 
   // ---- walking the tree ----------------------------------------------------------
@@ -137,7 +140,8 @@ class Module {
 
   // ---- materialisation and init --------------------------------------------------
   // Replaces every parameter and buffer with uninitialised storage on `device`
-  // (same shape and dtype). Meta -> cpu is the FSDP2 flow: build on meta,
+  // (same shape and dtype), then lets each module compute its derived buffers
+  // (compute_own_buffers). Meta -> cpu is the FSDP2 flow: build on meta,
   // shard, to_empty, reset_parameters.
   void to_empty(Device device);
   // Initialises every parameter and buffer of the tree: each module's
@@ -146,8 +150,8 @@ class Module {
   void reset_parameters(uint64_t seed);
 
   // ---- state -----------------------------------------------------------------------
-  // Every parameter and buffer by fully qualified name (a tied parameter under
-  // each of its names, like torch).
+  // Every parameter and persistent buffer by fully qualified name (a tied
+  // parameter under each of its names, like torch).
   StateDict state_dict();
   // Copies `state` into the module's tensors (converting dtype). Shape
   // mismatches always throw; with strict, so do missing and unexpected keys.
@@ -176,6 +180,11 @@ class Module {
   // Initialises this module's own parameters and buffers (not its children's);
   // keys come from context.key(name). The default does nothing.
   virtual void reset_own_parameters(const InitContext& context);
+  // Fills this module's buffers that are a function of its configuration
+  // (RoPE's cos/sin tables). to_empty calls it on every module once the
+  // storage is real, so such buffers are right on any device without
+  // reset_parameters or a checkpoint. The default does nothing.
+  virtual void compute_own_buffers();
   // For constructors: parameters are created on meta; on any other device
   // this allocates them there and initialises them with a seed drawn from the
   // thread's default generator (init::next_seed). Composite modules build
@@ -196,6 +205,7 @@ class Module {
   bool training_ = true;
   std::vector<NamedParameter> parameters_;
   std::vector<NamedBuffer> buffers_;
+  std::vector<std::string> non_persistent_buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<HookLists> hooks_;
   std::vector<std::shared_ptr<ModuleExtension>> extensions_;

@@ -5,7 +5,9 @@
 
 namespace tessera::nn {
 
-ModuleList::ModuleList() : Module("ModuleList") {}
+ModuleList::ModuleList() : ModuleList("ModuleList") {}
+
+ModuleList::ModuleList(std::string type_name) : Module(std::move(type_name)) {}
 
 void ModuleList::append(std::shared_ptr<Module> module) {
   register_module(std::to_string(items_.size()), module);

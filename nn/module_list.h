@@ -25,6 +25,9 @@ class ModuleList : public Module {
   auto begin() const { return items_.begin(); }
   auto end() const { return items_.end(); }
 
+ protected:
+  explicit ModuleList(std::string type_name);
+
  private:
   void append(std::shared_ptr<Module> module);
   std::vector<std::shared_ptr<Module>> items_;

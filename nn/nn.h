@@ -1,5 +1,6 @@
 // Everything a model author needs from the nn layer in one include: modules,
-// layers, init, the GPT model, optimizers, the LR schedule and grad clipping.
+// generic layers, init, the GPT and Llama models, optimizers, the LR schedule
+// and grad clipping.
 #pragma once
 
 #include "autograd/functions.h"
@@ -8,11 +9,15 @@
 #include "nn/attention.h"
 #include "nn/dropout.h"
 #include "nn/embedding.h"
-#include "nn/gpt.h"
-#include "nn/gpt_config.h"
+#include "nn/grouped_query_attention.h"
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
+#include "nn/models/causal_lm.h"
+#include "nn/models/gpt.h"
+#include "nn/models/gpt_config.h"
+#include "nn/models/llama.h"
+#include "nn/models/llama_config.h"
 #include "nn/module.h"
 #include "nn/module_list.h"
 #include "nn/normalization.h"
@@ -22,5 +27,8 @@
 #include "nn/optim/schedule.h"
 #include "nn/optim/sgd.h"
 #include "nn/parameter.h"
+#include "nn/rotary_embedding.h"
+#include "nn/sequential.h"
+#include "nn/swiglu.h"
 #include "nn/tied_linear.h"
 #include "nn/transformer_block.h"

@@ -2,17 +2,31 @@
 #include "nn/transformer_block.h"
 
 #include "autograd/functions.h"
+#include "nn/activation.h"
 
 namespace tessera::nn {
 
-TransformerBlock::TransformerBlock(const GPTConfig& config, Device device) : Module("TransformerBlock") {
-  config.validate();
-  const LayerNormOptions norm{.eps = config.norm_eps, .bias = config.bias, .device = kMeta, .dtype = config.dtype};
-  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(config.n_embd, norm));
-  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(config, kMeta));
-  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(config.n_embd, norm));
-  mlp_ = register_module("mlp", std::make_shared<MLP>(config, kMeta));
-  materialize(device);
+TransformerBlock::TransformerBlock(int64_t embed_dim, int64_t num_heads, TransformerBlockOptions options)
+    : Module("TransformerBlock") {
+  TESSERA_CHECK(options.mlp_hidden >= 0, "TransformerBlock: mlp_hidden must be positive (or 0 for 4C), got {}",
+                options.mlp_hidden);
+  const int64_t hidden = options.mlp_hidden == 0 ? 4 * embed_dim : options.mlp_hidden;
+  const LayerNormOptions norm{.eps = options.norm_eps, .bias = options.bias, .device = kMeta, .dtype = options.dtype};
+  ln1_ = register_module("ln1", std::make_shared<LayerNorm>(embed_dim, norm));
+  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(
+                                      embed_dim, num_heads,
+                                      AttentionOptions{.bias = options.bias, .init_std = options.init_std,
+                                                       .proj_init_std = options.residual_init_std,
+                                                       .dropout = options.dropout, .device = kMeta,
+                                                       .dtype = options.dtype}));
+  ln2_ = register_module("ln2", std::make_shared<LayerNorm>(embed_dim, norm));
+  mlp_ = register_module("mlp", std::make_shared<MLP>(embed_dim, hidden, embed_dim,
+                                                      std::make_shared<GELU>(GeluApproximation::tanh),
+                                                      MLPOptions{.bias = options.bias, .init_std = options.init_std,
+                                                                 .proj_init_std = options.residual_init_std,
+                                                                 .dropout = options.dropout, .device = kMeta,
+                                                                 .dtype = options.dtype}));
+  materialize(options.device);
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {

@@ -1,9 +1,12 @@
 // nn::TransformerBlock: one pre-norm GPT-2 block,
-//   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
-// FSDP shards a model one block at a time, so this is its usual unit.
+//   x = x + attn(ln1(x));  x = x + mlp(ln2(x))
+// with LayerNorm, CausalSelfAttention and a GELU(tanh) MLP. FSDP shards a
+// model one block at a time, so this is its usual unit. (Llama's block, with
+// RMSNorm, rotary GQA and SwiGLU, is nn::LlamaBlock in nn/models/llama.h.)
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "nn/attention.h"
 #include "nn/mlp.h"
@@ -11,10 +14,23 @@
 
 namespace tessera::nn {
 
+struct TransformerBlockOptions {
+  int64_t mlp_hidden = 0;  // 0: 4 * embed_dim
+  bool bias = true;        // in the Linears and LayerNorms
+  double dropout = 0.0;    // on the attention and MLP outputs
+  double norm_eps = 1e-5;
+  // Unset: Linear's default init; set: N(0, std), zero bias.
+  std::optional<double> init_std = std::nullopt;
+  // attn.proj's and mlp.proj's std (into the residual stream); unset: init_std.
+  std::optional<double> residual_init_std = std::nullopt;
+  Device device = kCPU;
+  DType dtype = DType::f32;
+};
+
 class TransformerBlock : public Module {
  public:
   // Children: ln1, attn, ln2, mlp.
-  explicit TransformerBlock(const GPTConfig& config, Device device = kCPU);
+  TransformerBlock(int64_t embed_dim, int64_t num_heads, TransformerBlockOptions options = {});
 
   // x: [B, T, C] -> [B, T, C]
   Tensor forward(const Tensor& x) override;

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "examples/gpt/train_config.h"
-#include "nn/gpt_config.h"
+#include "nn/models/gpt_config.h"
 
 namespace gpt {
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 
 namespace gpt {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 #include "tensor/philox.h"
 
 namespace gpt {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "fsdp/fully_shard.h"
-#include "nn/gpt_config.h"
+#include "nn/models/gpt_config.h"
 #include "tensor/dtype.h"
 
 namespace gpt {

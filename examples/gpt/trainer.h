@@ -28,7 +28,7 @@
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/train_config.h"
 #include "fsdp/fully_shard.h"
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/schedule.h"
 

@@ -10,7 +10,7 @@
 #include "checkpoint/state_dict.h"
 #include "dist/local_backend.h"
 #include "fsdp/fully_shard.h"
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"

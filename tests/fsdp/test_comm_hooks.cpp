@@ -10,7 +10,7 @@
 #include "dist/local_backend.h"
 #include "dist/trace.h"
 #include "fsdp/fully_shard.h"
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

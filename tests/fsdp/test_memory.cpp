@@ -9,10 +9,11 @@
 #include <atomic>
 
 #include "autograd/engine.h"
+#include "autograd/functions.h"
 #include "dist/local_backend.h"
 #include "fsdp/fully_shard.h"
-#include "nn/gpt.h"
 #include "nn/linear.h"
+#include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
 

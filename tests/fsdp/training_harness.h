@@ -18,7 +18,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "nn/gpt.h"
+#include "nn/models/gpt.h"
 #include "tests/fsdp/equivalence.h"
 
 namespace tessera::fsdp::testing {

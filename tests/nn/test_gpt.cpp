@@ -10,8 +10,8 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "nn/gpt.h"
 #include "nn/init.h"
+#include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
 

@@ -195,12 +195,8 @@ TEST_CASE("Dropout: inverted in training, identity in eval, repeatable under man
 }
 
 TEST_CASE("CausalSelfAttention matches an explicit per-head computation") {
-  nn::GPTConfig config;
-  config.n_layer = 3;
-  config.n_head = 2;
-  config.n_embd = 4;
   manual_seed(11);
-  nn::CausalSelfAttention attention(config);
+  nn::CausalSelfAttention attention(4, 2, {.init_std = 0.02});
   CHECK(attention.qkv().weight().sizes() == Shape{12, 4});
   CHECK(attention.proj().weight().sizes() == Shape{4, 4});
 
@@ -239,12 +235,8 @@ TEST_CASE("CausalSelfAttention matches an explicit per-head computation") {
 }
 
 TEST_CASE("MLP and TransformerBlock compose their parts as documented") {
-  nn::GPTConfig config;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 8;
   manual_seed(12);
-  nn::MLP mlp(config);
+  nn::MLP mlp(8, 32, 8, std::make_shared<nn::GELU>(GeluApproximation::tanh), {.init_std = 0.02});
   const Tensor x = random_tensor({2, 3, 8}, 8);
   const std::vector<double> hidden =
       linear_reference(values(x), values(mlp.fc().weight().tensor()), values(mlp.fc().bias().tensor()), 6, 8, 32);
@@ -254,13 +246,13 @@ TEST_CASE("MLP and TransformerBlock compose their parts as documented") {
                                                values(mlp.proj().bias().tensor()), 6, 32, 8),
               1e-4);
 
-  nn::TransformerBlock block(config);
+  nn::TransformerBlock block(8, 2, {.init_std = 0.02});
   std::vector<std::string> names;
   for (const auto& [name, parameter] : block.named_parameters()) names.push_back(name);
   CHECK(names == std::vector<std::string>{"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
                                           "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
                                           "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"});
-  const Tensor h = ops::add(x, block.attn()(block.ln1()(x)));
-  const Tensor expected = ops::add(h, block.mlp()(block.ln2()(h)));
+  const Tensor h = tessera::add(x, block.attn()(block.ln1()(x)));
+  const Tensor expected = tessera::add(h, block.mlp()(block.ln2()(h)));
   CHECK(values(block(x)) == values(expected));  // the same ops
 }

@@ -2,7 +2,7 @@
 //   idx: [B, T] -> wte(idx) + wpe(0..T-1) -> dropout -> blocks -> ln_f
 //   -> logits = lm_head(x) = x @ wte^T: [B, T, V]  (lm_head is a TiedLinear
 //      holding wte's Parameter: no copy, and the tie is visible to fsdp)
-//   loss = cross_entropy(logits: [B*T, V], targets: [B*T])
+//   loss = cross_entropy(logits: [B*T, V], targets: [B*T])   (nn::CausalLM)
 // Parameter names: wte.weight, wpe.weight, blocks.{i}.{ln1,attn.qkv,attn.proj,
 // ln2,mlp.fc,mlp.proj}.{weight,bias}, ln_f.{weight,bias}; lm_head.weight is
 // wte.weight (listed once by named_parameters, under both names in state_dict).
@@ -14,35 +14,33 @@
 
 #include "nn/dropout.h"
 #include "nn/embedding.h"
-#include "nn/gpt_config.h"
-#include "nn/module_list.h"
+#include "nn/models/causal_lm.h"
+#include "nn/models/gpt_config.h"
 #include "nn/normalization.h"
 #include "nn/tied_linear.h"
 #include "nn/transformer_block.h"
 
 namespace tessera::nn {
 
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   // On meta nothing is allocated (build, shard, then to_empty +
   // reset_parameters); on a real device the model is initialised with
   // init::next_seed() from the thread's default generator.
   explicit GPT(const GPTConfig& config, Device device = kCPU);
 
-  // {idx} -> logits [B, T, V]; {idx, targets} -> mean loss (0-d).
-  // idx and targets: [B, T] i32/i64 with T <= block_size.
-  Tensor forward_inputs(const TensorList& inputs) override;
-  Tensor forward(const Tensor& idx) override;  // logits
-  // (*this)({idx, targets}): runs the hooks like any call.
-  Tensor loss(const Tensor& idx, const Tensor& targets) { return (*this)(TensorList{idx, targets}); }
-
   const GPTConfig& config() const { return config_; }
+  ModuleList& blocks() const override { return *blocks_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t block_size() const override { return config_.block_size; }
   Embedding& wte() const { return *wte_; }
   Embedding& wpe() const { return *wpe_; }
-  ModuleList& blocks() const { return *blocks_; }
   TransformerBlock& block(int64_t index) const;
   LayerNorm& ln_f() const { return *ln_f_; }
   TiedLinear& lm_head() const { return *lm_head_; }
+
+ protected:
+  Tensor logits(const Tensor& idx) override;
 
  private:
   GPTConfig config_;

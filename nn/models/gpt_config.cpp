@@ -1,5 +1,5 @@
 // nn::GPTConfig: presets, validation, parameter and FLOP counts.
-#include "nn/gpt_config.h"
+#include "nn/models/gpt_config.h"
 
 #include <array>
 

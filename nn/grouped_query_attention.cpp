@@ -1,0 +1,62 @@
+// nn::GroupedQueryAttention: projections, RoPE, kv-head sharing, causal attention.
+#include "nn/grouped_query_attention.h"
+
+#include "autograd/functions.h"
+
+namespace tessera::nn {
+
+GroupedQueryAttention::GroupedQueryAttention(int64_t embed_dim, int64_t num_heads,
+                                             GroupedQueryAttentionOptions options)
+    : Module("GroupedQueryAttention"),
+      embed_dim_(embed_dim),
+      num_heads_(num_heads),
+      num_kv_heads_(options.num_kv_heads == 0 ? num_heads : options.num_kv_heads) {
+  TESSERA_CHECK(num_heads > 0 && embed_dim > 0 && embed_dim % num_heads == 0,
+                "GroupedQueryAttention: embed_dim ({}) must be a positive multiple of num_heads ({})", embed_dim,
+                num_heads);
+  TESSERA_CHECK(num_kv_heads_ > 0 && num_heads % num_kv_heads_ == 0,
+                "GroupedQueryAttention: num_kv_heads ({}) must divide num_heads ({})", num_kv_heads_, num_heads);
+  const int64_t D = head_dim();
+  const LinearOptions in{.bias = options.bias, .init_std = options.init_std, .device = kMeta, .dtype = options.dtype};
+  LinearOptions out = in;
+  if (options.out_init_std) out.init_std = options.out_init_std;
+  wq_ = register_module("wq", std::make_shared<Linear>(embed_dim, num_heads * D, in));
+  wk_ = register_module("wk", std::make_shared<Linear>(embed_dim, num_kv_heads_ * D, in));
+  wv_ = register_module("wv", std::make_shared<Linear>(embed_dim, num_kv_heads_ * D, in));
+  wo_ = register_module("wo", std::make_shared<Linear>(num_heads * D, embed_dim, out));
+  if (options.rope) {
+    rope_ = register_module("rope", std::make_shared<RotaryEmbedding>(
+                                        D, options.rope->max_seq_len,
+                                        RotaryEmbeddingOptions{.theta = options.rope->theta, .device = kMeta,
+                                                               .dtype = options.dtype}));
+  }
+  materialize(options.device);
+}
+
+Tensor GroupedQueryAttention::expand_kv_heads(const Tensor& kv) const {
+  const int64_t B = kv.size(0), T = kv.size(1), D = head_dim(), group = num_heads_ / num_kv_heads_;
+  const Tensor heads_first = tessera::transpose(kv, 1, 2);  // [B, Hkv, T, D]
+  if (group == 1) return heads_first;
+  // [B, Hkv, 1, T, D] -> [B, Hkv, group, T, D] -> [B, H, T, D]
+  const Tensor repeated = tessera::expand(tessera::unsqueeze(heads_first, 2), {B, num_kv_heads_, group, T, D});
+  return tessera::reshape(repeated, {B, num_heads_, T, D});
+}
+
+Tensor GroupedQueryAttention::forward(const Tensor& x) {
+  TESSERA_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, "GroupedQueryAttention: expected input [B, T, {}], got {}",
+                embed_dim_, x.sizes());
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads_, Hkv = num_kv_heads_, D = head_dim();
+  Tensor q = tessera::view((*wq_)(x), {B, T, H, D});
+  Tensor k = tessera::view((*wk_)(x), {B, T, Hkv, D});
+  const Tensor v = tessera::view((*wv_)(x), {B, T, Hkv, D});
+  if (rope_) {
+    q = (*rope_)(q);
+    k = (*rope_)(k);
+  }
+  const Tensor y = tessera::scaled_dot_product_attention(tessera::transpose(q, 1, 2), expand_kv_heads(k),
+                                                         expand_kv_heads(v));  // [B, H, T, D]
+  // [B, H, T, D] -> [B, T, H, D] -> [B, T, H*D]
+  return (*wo_)(tessera::reshape(tessera::transpose(y, 1, 2), {B, T, H * D}));
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,67 @@
+// nn::GroupedQueryAttention: causal self-attention with separate q, k, v and
+// output projections, fewer key/value heads than query heads (GQA,
+// Ainslie et al. 2023), and optional rotary positions (Llama's attention).
+//   x: [B, T, C] -> q = wq(x): [B, T, H, D], k = wk(x), v = wv(x): [B, T, Hkv, D]
+//   -> RoPE on q and k -> each kv head serves H / Hkv query heads (query head j
+//   reads kv head j / (H / Hkv)) -> causal attention [B, H, T, D]
+//   -> merge heads [B, T, H*D] -> wo: [B, T, C].
+// Hkv = H is multi-head attention; Hkv = 1 is multi-query attention.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "nn/linear.h"
+#include "nn/rotary_embedding.h"
+
+namespace tessera::nn {
+
+struct GroupedQueryAttentionOptions {
+  int64_t num_kv_heads = 0;  // 0: num_heads (plain multi-head attention)
+  struct Rope {
+    int64_t max_seq_len;
+    double theta = 10000.0;
+  };
+  std::optional<Rope> rope = std::nullopt;  // unset: no position information here
+  bool bias = false;
+  // Unset: Linear's default init; set: N(0, std), zero bias.
+  std::optional<double> init_std = std::nullopt;
+  std::optional<double> out_init_std = std::nullopt;  // wo's std; unset: init_std
+  Device device = kCPU;
+  DType dtype = DType::f32;
+};
+
+class GroupedQueryAttention : public Module {
+ public:
+  // Children: wq (C -> H*D), wk and wv (C -> Hkv*D), wo (H*D -> C), and
+  // rope when set. D = embed_dim / num_heads; num_kv_heads divides num_heads.
+  GroupedQueryAttention(int64_t embed_dim, int64_t num_heads, GroupedQueryAttentionOptions options = {});
+
+  // x: [B, T, C] -> [B, T, C]
+  Tensor forward(const Tensor& x) override;
+
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
+  int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  Linear& wq() const { return *wq_; }
+  Linear& wk() const { return *wk_; }
+  Linear& wv() const { return *wv_; }
+  Linear& wo() const { return *wo_; }
+  RotaryEmbedding* rope() const { return rope_.get(); }  // null without
+
+ private:
+  // [B, T, Hkv, D] -> [B, H, T, D], each kv head repeated H / Hkv times in place.
+  Tensor expand_kv_heads(const Tensor& kv) const;
+
+  int64_t embed_dim_;
+  int64_t num_heads_;
+  int64_t num_kv_heads_;
+  std::shared_ptr<Linear> wq_;
+  std::shared_ptr<Linear> wk_;
+  std::shared_ptr<Linear> wv_;
+  std::shared_ptr<Linear> wo_;
+  std::shared_ptr<RotaryEmbedding> rope_;
+};
+
+}  // namespace tessera::nn
