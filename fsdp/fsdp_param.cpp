@@ -2,6 +2,7 @@
 // sharded and unsharded faces.
 #include "fsdp/fsdp_param.h"
 
+#include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 
 namespace tessera::fsdp {
@@ -32,6 +33,7 @@ FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, cons
   Tensor padded = ops::empty(padded_shape, {.dtype = full.dtype(), .device = full.device()});
   Tensor local = ops::narrow(padded, 0, 0, extent.length);
   if (!full.is_meta()) {
+    autograd::NoGradGuard no_grad;  // the shard is a copy, not a function of the parameter
     ops::copy_(local, ops::narrow(full, 0, extent.offset, extent.length));
     if (extent.length < spec->padded_rows) {
       Tensor padding = ops::narrow(padded, 0, extent.length, spec->padded_rows - extent.length);

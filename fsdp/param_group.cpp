@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "dist/reduction.h"
 #include "tensor/ops.h"
@@ -109,6 +110,7 @@ void FSDPParamGroup::unshard(bool async_op) {
   if (state_ == ShardState::unsharded || pending_all_gather_) return;
   TESSERA_CHECK(unsharded_memory_ != nullptr, "fsdp: a group is unsharded before the root's first forward; run a "
                 "forward of the root module first (its lazy init sets up every group)");
+  autograd::NoGradGuard no_grad;  // copies of parameters, not ops on them
   const bool from_post_forward = state_ == ShardState::sharded_post_forward;
   const dist::ProcessGroupPtr& group = from_post_forward ? comm_.post_forward : comm_.shard;
   const FlatLayout& layout = layout_for(group->size());
@@ -153,6 +155,7 @@ void FSDPParamGroup::wait_for_unshard() {
 }
 
 void FSDPParamGroup::copy_out(const Tensor& gathered, const FlatLayout& layout) {
+  autograd::NoGradGuard no_grad;
   for (size_t index = 0; index < params_.size(); ++index) {
     FSDPParam& param = *params_[index];
     {
@@ -181,6 +184,7 @@ void FSDPParamGroup::reshard(bool to_post_forward) {
     pending_all_gather_.reset();
   }
   to_post_forward = to_post_forward && comm_.post_forward != nullptr;
+  autograd::NoGradGuard no_grad;
   if (state_ == ShardState::unsharded) {
     if (to_post_forward) {
       const dist::ProcessGroupPtr& group = comm_.post_forward;
