@@ -8,6 +8,8 @@
 //                whose bytes are allocated by unshard and released by reshard;
 //   its rows of a flat per-rank chunk, for the group's collectives (the
 //   layout is the group's: fsdp/param_group.h).
+//
+// Internal to the fsdp layer (not installed: tools/install_headers.py).
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,11 @@
 // fsdp::fully_shard and the FSDPModule handle.
 #include "fsdp/fully_shard.h"
 
-#include <algorithm>
-
 #include <map>
 #include <set>
 
 #include "dist/launch.h"
+#include "fsdp/state.h"
 
 namespace tessera::fsdp {
 
@@ -45,16 +44,41 @@ dist::ProcessGroupPtr post_forward_group(const dist::ProcessGroupPtr& shard, int
   return group;
 }
 
-// The resolved reshard_after_forward as a shard count (unset stays unset).
-std::optional<int64_t> post_forward_shards(const std::optional<ReshardAfterForward>& option, int64_t shards,
-                                           const std::string& module_name) {
+// The option resolved against the shard group (unset stays unset).
+std::optional<ReshardAfterForward> resolved(const std::optional<ReshardAfterForward>& option, int64_t shards,
+                                            const std::string& module_name) {
   if (!option) return std::nullopt;
-  if (const bool* flag = std::get_if<bool>(&*option)) return *flag ? shards : 1;
-  const int64_t count = std::get<int64_t>(*option);
-  TESSERA_CHECK(count >= 1 && count <= shards && shards % count == 0,
-                "fully_shard({}): reshard_after_forward = {} must divide the shard group size {} (1 = false, {} = true)",
-                module_name, count, shards, shards);
-  return count;
+  try {
+    return option->resolved(shards);
+  } catch (const Error& error) {
+    fail("fully_shard({}): {}", module_name, error.what());
+  }
+}
+
+std::shared_ptr<FSDPState> alive(const std::weak_ptr<FSDPState>& state, std::string_view caller) {
+  std::shared_ptr<FSDPState> locked = state.lock();
+  TESSERA_CHECK(locked != nullptr, "{}: the module this FSDP handle was made for is gone (destroyed); a handle is "
+                "valid while its module lives", caller);
+  return locked;
+}
+
+// Every FSDP state in the module tree of `state` (recurse), or `state` alone.
+std::vector<FSDPState*> states_in_tree(FSDPState& state, bool recurse) {
+  if (!recurse) return {&state};
+  std::vector<FSDPState*> states;
+  for (nn::Module* below : state.module().modules()) {
+    if (FSDPState* found = below->extension<FSDPState>()) states.push_back(found);
+  }
+  return states;
+}
+
+void add(dist::CommStats& total, const dist::CommStats& part) {
+  for (size_t kind = 0; kind < total.by_kind.size(); ++kind) {
+    total.by_kind[kind].calls += part.by_kind[kind].calls;
+    total.by_kind[kind].bytes_sent += part.by_kind[kind].bytes_sent;
+    total.by_kind[kind].bytes_received += part.by_kind[kind].bytes_received;
+    total.by_kind[kind].seconds += part.by_kind[kind].seconds;
+  }
 }
 
 }  // namespace
@@ -72,7 +96,8 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
   // Every check comes before the first parameter is sharded: a failed call
   // leaves the module as it was.
   const dist::ProcessGroupPtr& shard_group = mesh.group(mesh.ndim() - 1);
-  const std::optional<int64_t> shards = post_forward_shards(options.reshard_after_forward, shard_group->size(), name);
+  const std::optional<ReshardAfterForward> reshard_after_forward =
+      resolved(options.reshard_after_forward, shard_group->size(), name);
 
   // What calls below this one already manage.
   std::set<const nn::Parameter*> managed;
@@ -107,86 +132,118 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
   if (!params.empty()) {
     GroupComm comm{.shard = shard_group, .replicate = mesh.ndim() == 2 ? mesh.group(0) : nullptr,
                    .post_forward = nullptr};
-    if (shards && *shards > 1 && *shards < shard_group->size()) comm.post_forward = post_forward_group(shard_group, *shards);
+    const std::optional<int64_t> post_forward_ranks =
+        reshard_after_forward ? reshard_after_forward->group_size() : std::nullopt;
+    if (post_forward_ranks) comm.post_forward = post_forward_group(shard_group, *post_forward_ranks);
+    // The root's default (never) is set at its lazy init, once it is known.
     group = std::make_unique<FSDPParamGroup>(std::move(params), std::move(comm), options.mp_policy,
-                                             shards.value_or(shard_group->size()), "");
+                                             reshard_after_forward.value_or(ReshardAfterForward::always()), "");
   }
-  auto state = std::make_shared<FSDPState>(module, std::move(group), mesh, options.mp_policy, shards);
-  FSDPState& handle = *state;
+  auto state = std::make_shared<FSDPState>(module, std::move(group), mesh, options.mp_policy, reshard_after_forward);
+  std::weak_ptr<FSDPState> handle = state;
   module.add_extension(std::move(state));
-  return FSDPModule(handle);
+  return FSDPModule(std::move(handle));
 }
 
 std::optional<FSDPModule> fsdp_module(nn::Module& module) {
   FSDPState* state = module.extension<FSDPState>();
   if (state == nullptr) return std::nullopt;
-  return FSDPModule(*state);
+  return FSDPModule(state->weak_from_this());
+}
+
+// ---- UnshardHandle ---------------------------------------------------------------------------------
+
+void UnshardHandle::wait() {
+  if (all_gather_ == 0) return;
+  const std::shared_ptr<FSDPState> state = alive(state_, "UnshardHandle::wait");
+  FSDPParamGroup* group = state->group();
+  if (group->pending_all_gather() == all_gather_) group->wait_for_unshard();
 }
 
 // ---- FSDPModule ------------------------------------------------------------------------------------
 
-void UnshardHandle::wait() {
-  if (group_ != nullptr) group_->wait_for_unshard();
-}
+nn::Module& FSDPModule::module() const { return alive(state_, "FSDPModule::module")->module(); }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
   // No lazy init here: only the root's first forward knows the whole tree
   // (the group says so if this comes first).
-  FSDPParamGroup* group = state_->group();
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::unshard");
+  FSDPParamGroup* group = state->group();
   if (group == nullptr) return UnshardHandle();
   group->unshard(async_op);
-  return UnshardHandle(group);
+  const std::optional<int64_t> pending = group->pending_all_gather();
+  return pending ? UnshardHandle(state_, *pending) : UnshardHandle();
 }
 
 void FSDPModule::reshard() {
-  if (FSDPParamGroup* group = state_->group()) group->reshard(false);
-}
-
-std::vector<FSDPState*> FSDPModule::states_in_tree(bool recurse) const {
-  if (!recurse) return {state_};
-  std::vector<FSDPState*> states;
-  for (nn::Module* below : state_->module().modules()) {
-    if (FSDPState* state = below->extension<FSDPState>()) states.push_back(state);
-  }
-  return states;
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::reshard");
+  if (FSDPParamGroup* group = state->group()) group->reshard(ShardState::sharded);
 }
 
 void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
-  for (FSDPState* state : states_in_tree(recurse)) {
-    if (state->group() != nullptr) state->group()->requires_gradient_sync = requires_gradient_sync;
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_requires_gradient_sync");
+  for (FSDPState* below : states_in_tree(*state, recurse)) {
+    if (below->group() != nullptr) below->group()->set_requires_gradient_sync(requires_gradient_sync);
   }
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
-  for (FSDPState* state : states_in_tree(recurse)) {
-    if (state->group() != nullptr) state->group()->reshard_after_backward = reshard_after_backward;
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_reshard_after_backward");
+  for (FSDPState* below : states_in_tree(*state, recurse)) {
+    if (below->group() != nullptr) below->group()->set_reshard_after_backward(reshard_after_backward);
   }
 }
 
-std::vector<dist::ProcessGroupPtr> FSDPModule::communication_groups(bool recurse) const {
-  std::vector<dist::ProcessGroupPtr> groups;
-  for (const FSDPState* state : states_in_tree(recurse)) {
-    if (state->group() == nullptr) continue;
-    const GroupComm& comm = state->group()->comm();
-    for (const dist::ProcessGroupPtr& group : {comm.shard, comm.replicate, comm.post_forward}) {
-      if (group != nullptr && std::find(groups.begin(), groups.end(), group) == groups.end()) groups.push_back(group);
-    }
-  }
-  return groups;
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_is_last_backward");
+  // Only the root's final callback reads it; before the first forward the
+  // root is not known yet, and lazy init refuses a non-root that was set.
+  TESSERA_CHECK(!state->initialized() || state->is_root(), "FSDPModule::set_is_last_backward: '{}' ({}) is not the "
+                "FSDP root; the root's backward decides, so call it on the root", state->fqn(),
+                state->module().type_name());
+  state->set_is_last_backward(is_last_backward);
 }
-
-void FSDPModule::set_is_last_backward(bool is_last_backward) { state_->is_last_backward = is_last_backward; }
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  std::vector<FSDPState*> states;
-  for (const FSDPModule& module : modules) states.push_back(module.state_);
-  state_->forward_prefetch = std::move(states);
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_modules_to_forward_prefetch");
+  std::vector<FSDPState*> targets;
+  for (const FSDPModule& module : modules) {
+    targets.push_back(alive(module.state_, "FSDPModule::set_modules_to_forward_prefetch").get());
+  }
+  state->set_forward_prefetch(std::move(targets));
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  std::vector<FSDPState*> states;
-  for (const FSDPModule& module : modules) states.push_back(module.state_);
-  state_->backward_prefetch = std::move(states);
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_modules_to_backward_prefetch");
+  std::vector<FSDPState*> targets;
+  for (const FSDPModule& module : modules) {
+    targets.push_back(alive(module.state_, "FSDPModule::set_modules_to_backward_prefetch").get());
+  }
+  state->set_backward_prefetch(std::move(targets));
+}
+
+dist::CommStats FSDPModule::communication_stats(bool recurse) const {
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::communication_stats");
+  dist::CommStats total;
+  for (const FSDPState* below : states_in_tree(*state, recurse)) {
+    if (below->group() != nullptr) add(total, below->group()->comm_stats());
+  }
+  return total;
+}
+
+void FSDPModule::reset_communication_stats(bool recurse) {
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::reset_communication_stats");
+  for (FSDPState* below : states_in_tree(*state, recurse)) {
+    if (below->group() != nullptr) below->group()->reset_comm_stats();
+  }
+}
+
+MemoryStats FSDPModule::unsharded_memory(bool recurse) const {
+  return alive(state_, "FSDPModule::unsharded_memory")->unsharded_memory(recurse);
+}
+
+void FSDPModule::reset_unsharded_memory_peak(bool recurse) {
+  alive(state_, "FSDPModule::reset_unsharded_memory_peak")->reset_unsharded_memory_peak(recurse);
 }
 
 }  // namespace tessera::fsdp

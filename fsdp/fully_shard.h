@@ -1,9 +1,9 @@
 // fsdp::fully_shard: FSDP2's entry point. Applied bottom-up (blocks first,
 // then the root), each call takes the parameters of `module` that no call
 // below it manages (and that are not ignored), shards each along dim 0 over
-// the mesh's shard dim, and turns the module into an FSDP module: a
-// FSDPState with one FSDPParamGroup and the hooks that all-gather before
-// forward and reduce-scatter after backward. The returned FSDPModule (or
+// the mesh's shard dim, and turns the module into an FSDP module: one
+// parameter group, and hooks that all-gather it before forward and
+// reduce-scatter its gradients after backward. The returned FSDPModule (or
 // fsdp_module(module) later) is the handle FSDP2 users know.
 //
 //   auto mesh = dist::init_device_mesh(kCPU, {world->size()}, {"shard"});
@@ -13,80 +13,109 @@
 //   model.to_empty(kCPU);
 //   model.reset_parameters(seed);          // every rank fills only its rows
 //   Optimizer optimizer(model.named_parameters());  // any optim:: optimizer: it steps the shards
+//
+// This header is the fsdp layer's public surface for a sharded module; what
+// sits behind the handle (FSDPState, FSDPParamGroup, FSDPParam) is internal.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
-#include <variant>
 #include <vector>
 
+#include "dist/comm_stats.h"
 #include "dist/device_mesh.h"
 #include "fsdp/mixed_precision.h"
-#include "fsdp/state.h"
+#include "fsdp/reshard_after_forward.h"
 #include "nn/module.h"
+#include "tensor/storage.h"
 
 namespace tessera::fsdp {
 
-// true: reshard after forward (all-gather again in backward); false: keep
-// unsharded until after backward; N: keep this rank's rows of an N-way
-// sharding, so the backward all-gather spans a group of N ranks (N divides the
-// shard size; N = 1 is false, N = shard size is true).
-using ReshardAfterForward = std::variant<bool, int64_t>;
+class FSDPState;  // internal: fsdp/state.h
 
 struct FullyShardOptions {
   // 1-D (shard) or 2-D (replicate, shard) for HSDP. Unset: a 1-D mesh over
   // dist::world() (one per world, shared by every call).
   std::optional<dist::DeviceMesh> mesh = std::nullopt;
-  // Unset: true, except for the root (false): its parameters are needed again
-  // at once when backward starts.
+  // Unset: always(), except for the root (never()): its parameters are
+  // needed again at once when backward starts. to_group_of(N) is checked
+  // here: N must divide the mesh's shard dim.
   std::optional<ReshardAfterForward> reshard_after_forward = std::nullopt;
   MixedPrecisionPolicy mp_policy = {};
   // Left whole and unmanaged (not sharded, not reduced): the caller handles them.
   std::vector<std::shared_ptr<nn::Parameter>> ignored_params = {};
 };
 
-// Waits for an async unshard(); the next forward waits on its own too.
+// The all-gather an async unshard() issued. wait() completes it (the
+// parameters are then whole); it does nothing when that all-gather is already
+// done: waited for, used by a forward, or dropped by reshard(). The next
+// forward waits on its own too. A default-made handle waits for nothing.
 class UnshardHandle {
  public:
   UnshardHandle() = default;
-  explicit UnshardHandle(FSDPParamGroup* group) : group_(group) {}
   void wait();
 
  private:
-  FSDPParamGroup* group_ = nullptr;
+  friend class FSDPModule;
+  UnshardHandle(std::weak_ptr<FSDPState> state, int64_t all_gather) : state_(std::move(state)), all_gather_(all_gather) {}
+
+  std::weak_ptr<FSDPState> state_;
+  int64_t all_gather_ = 0;  // the group's count of all-gathers when this one was issued; 0: none
 };
 
-// A handle on a fully_shard'ed module; cheap to copy, valid while the module lives.
+// A handle on a fully_shard'ed module; cheap to copy. Every call throws
+// tessera::Error once the module is gone.
 class FSDPModule {
  public:
-  explicit FSDPModule(FSDPState& state) : state_(&state) {}
-
-  nn::Module& module() const { return state_->module(); }
-  FSDPState& state() const { return *state_; }
+  nn::Module& module() const;
 
   // All-gathers the group now (async: returns at once with a handle).
+  // Needs the root's first forward to have run (it sets up every group).
   UnshardHandle unshard(bool async_op = false);
+  // Frees the unsharded parameters; the module holds its shards again.
   void reshard();
-  // Every FSDP module in this one's tree (recurse) or this one alone.
+
+  // Each setter applies to every FSDP module in this one's module tree
+  // (recurse) or to this module alone.
+  // False: backward keeps unsharded gradients and reduce-scatters nothing
+  // (gradient accumulation); the next synced backward reduces their sum.
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
-  // False: a backward without gradient sync (an accumulation micro-batch)
-  // leaves the group unsharded, saving the next forward's all-gather. A
-  // synced backward always reshards: the optimizer steps the shards.
+  // False: an unsynced backward leaves the group unsharded, saving the next
+  // forward's all-gather. A synced backward always reshards: the optimizer
+  // steps the shards.
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // False: the backward's final callback leaves the last reduce-scatter in
   // flight (call it on the root for every micro-batch but the last).
   void set_is_last_backward(bool is_last_backward);
-  // The process groups FSDP communicates on in this module's tree (recurse)
-  // or this module alone: shard, replicate (HSDP) and post-forward groups,
-  // each once. Their stats() are FSDP's traffic.
-  std::vector<dist::ProcessGroupPtr> communication_groups(bool recurse = true) const;
-  // Explicit prefetch lists; they replace the default order.
+  // Explicit prefetch lists; they replace the default order (the next module
+  // in forward, the previous one in backward). An empty list prefetches nothing.
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
+  // The collectives FSDP issued for this module's tree (recurse) or this
+  // module alone, per kind (all-gathers, reduce-scatters, HSDP's
+  // all-reduces), since fully_shard or the last reset: the calls and the
+  // bytes this rank sent and received, as ProcessGroup::stats() counts them
+  // (dist::collective_volume). Only FSDP's: other traffic on the same groups
+  // (clip_grad_norm_, a loss all-reduce) is not here. `seconds` stays 0; the
+  // process groups time their collectives.
+  dist::CommStats communication_stats(bool recurse = true) const;
+  void reset_communication_stats(bool recurse = true);
+  // This rank's unsharded parameter memory (all-gather buffers, unsharded
+  // parameters, post-forward shards) of this module's tree (recurse) or this
+  // module alone: live and peak bytes, allocations (counted since the root's
+  // first forward, which sets the counters up; zero before it).
+  MemoryStats unsharded_memory(bool recurse = true) const;
+  // Peak := live, for what unsharded_memory(recurse) covers.
+  void reset_unsharded_memory_peak(bool recurse = true);
+
  private:
-  std::vector<FSDPState*> states_in_tree(bool recurse) const;
-  FSDPState* state_;
+  friend FSDPModule fully_shard(nn::Module& module, FullyShardOptions options);
+  friend std::optional<FSDPModule> fsdp_module(nn::Module& module);
+  explicit FSDPModule(std::weak_ptr<FSDPState> state) : state_(std::move(state)) {}
+
+  std::weak_ptr<FSDPState> state_;
 };
 
 FSDPModule fully_shard(nn::Module& module, FullyShardOptions options = {});

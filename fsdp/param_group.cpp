@@ -51,12 +51,9 @@ void copy_rows_into_chunk(Tensor& flat, int64_t offset, int64_t chunk_rows, cons
 }  // namespace
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, GroupComm comm,
-                               const MixedPrecisionPolicy& policy, int64_t post_forward_shards, std::string module_fqn)
-    : params_(std::move(params)),
-      comm_(std::move(comm)),
-      policy_(policy),
-      post_forward_shards_(post_forward_shards),
-      module_fqn_(std::move(module_fqn)) {
+                               const MixedPrecisionPolicy& policy, ReshardAfterForward reshard_after_forward,
+                               std::string module_fqn)
+    : params_(std::move(params)), comm_(std::move(comm)), policy_(policy), module_fqn_(std::move(module_fqn)) {
   TESSERA_CHECK(!params_.empty(), "FSDPParamGroup: no parameters");
   const DType own = params_.front()->dtype();
   if (!policy_.param_dtype) {
@@ -74,7 +71,17 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
                 dtype_name(reduce_dtype_));
   shard_layout_ = make_layout(params_, comm_.shard->size());
   if (comm_.post_forward) post_forward_layout_ = make_layout(params_, comm_.post_forward->size());
+  set_reshard_after_forward(reshard_after_forward);
   for (const auto& param : params_) expected_gradients_ += param->param().requires_grad() ? 1 : 0;
+}
+
+void FSDPParamGroup::set_reshard_after_forward(ReshardAfterForward reshard_after_forward) {
+  const ReshardAfterForward resolved = reshard_after_forward.resolved(comm_.shard->size());
+  const int64_t post_forward_ranks = comm_.post_forward ? comm_.post_forward->size() : 0;
+  TESSERA_CHECK(resolved.group_size().value_or(0) == post_forward_ranks,
+                "FSDPParamGroup '{}': reshard_after_forward {} on {} shard ranks needs a post-forward group of that "
+                "size, got {} ranks", module_fqn_, resolved.to_string(), comm_.shard->size(), post_forward_ranks);
+  reshard_after_forward_ = resolved;
 }
 
 int64_t FSDPParamGroup::unsharded_bytes() const {
@@ -88,6 +95,14 @@ const FlatLayout& FSDPParamGroup::layout_for(int world) const {
 dist::Tracer* FSDPParamGroup::tracer() const { return comm_.shard->tracer().get(); }
 
 int FSDPParamGroup::trace_rank() const { return comm_.shard->world_ranks()[static_cast<size_t>(comm_.shard->rank())]; }
+
+void FSDPParamGroup::count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group) {
+  const dist::CommVolume volume = dist::collective_volume(kind, bytes, group.size(), /*is_root=*/false);
+  dist::CollectiveStats& stats = comm_stats_[kind];
+  ++stats.calls;
+  stats.bytes_sent += volume.sent;
+  stats.bytes_received += volume.received;
+}
 
 void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
                                std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding,
@@ -113,6 +128,8 @@ void FSDPParamGroup::unshard(bool async_op) {
   autograd::NoGradGuard no_grad;  // copies of parameters, not ops on them
   const bool from_post_forward = state_ == ShardState::sharded_post_forward;
   const dist::ProcessGroupPtr& group = from_post_forward ? comm_.post_forward : comm_.shard;
+  // FSDP made the post-forward group: its collectives go where the shard group's do.
+  if (from_post_forward && group->tracer() != comm_.shard->tracer()) group->set_tracer(comm_.shard->tracer());
   const FlatLayout& layout = layout_for(group->size());
   const int64_t slot_begin = group->rank() * layout.slot_numel;
 
@@ -135,8 +152,14 @@ void FSDPParamGroup::unshard(bool async_op) {
     }
   }
   dist::Work work = group->all_gather_into(gathered, slot, /*async_op=*/true);
-  pending_all_gather_ = PendingAllGather{std::move(gathered), std::move(work), layout.world};
+  count(dist::CollectiveKind::all_gather, layout.slot_numel * static_cast<int64_t>(element_size(param_dtype_)), *group);
+  pending_all_gather_ = PendingAllGather{std::move(gathered), std::move(work), layout.world, ++all_gathers_issued_};
   if (!async_op) wait_for_unshard();
+}
+
+std::optional<int64_t> FSDPParamGroup::pending_all_gather() const {
+  if (!pending_all_gather_) return std::nullopt;
+  return pending_all_gather_->number;
 }
 
 void FSDPParamGroup::wait_for_unshard() {
@@ -176,14 +199,16 @@ void FSDPParamGroup::copy_out(const Tensor& gathered, const FlatLayout& layout) 
 
 // ---- reshard ---------------------------------------------------------------------------------
 
-void FSDPParamGroup::reshard(bool to_post_forward) {
+void FSDPParamGroup::reshard(ShardState target) {
+  TESSERA_CHECK(target != ShardState::unsharded, "FSDPParamGroup '{}': reshard to unsharded; call unshard",
+                module_fqn_);
   if (pending_all_gather_) {
     // An issued all-gather must complete on every rank; its result is not needed.
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "all_gather_wait", "fsdp", {{"module", module_fqn_}});
     pending_all_gather_->work.wait();
     pending_all_gather_.reset();
   }
-  to_post_forward = to_post_forward && comm_.post_forward != nullptr;
+  const bool to_post_forward = target == ShardState::sharded_post_forward && comm_.post_forward != nullptr;
   autograd::NoGradGuard no_grad;
   if (state_ == ShardState::unsharded) {
     if (to_post_forward) {
@@ -223,10 +248,10 @@ void FSDPParamGroup::post_forward(bool backward_follows) {
   }
   // With no backward to serve, never leave parameters unsharded: the
   // optimizer and state dicts must find the shards in the Parameters.
-  if (!backward_follows) {
-    reshard(false);
-  } else if (post_forward_shards_ != 1) {
-    reshard(/*to_post_forward=*/post_forward_shards_ != shard_layout_.world);
+  if (!backward_follows || reshard_after_forward_.is_always()) {
+    reshard(ShardState::sharded);
+  } else if (reshard_after_forward_.group_size()) {
+    reshard(ShardState::sharded_post_forward);
   }
 }
 
@@ -250,10 +275,10 @@ void FSDPParamGroup::post_backward() {
                                    .args = {{"module", module_fqn_}}});
   }
   backward_start_us_ = 0;
-  if (requires_gradient_sync && expected_gradients_ > 0) issue_reduce_scatter();
+  if (requires_gradient_sync_ && expected_gradients_ > 0) issue_reduce_scatter();
   // Synced gradients live on the shards, so the optimizer must find the
   // shards: only an unsynced pass may keep the group unsharded.
-  if (reshard_after_backward || requires_gradient_sync) reshard(false);
+  if (reshard_after_backward_ || requires_gradient_sync_) reshard(ShardState::sharded);
 }
 
 void FSDPParamGroup::issue_reduce_scatter() {
@@ -285,6 +310,8 @@ void FSDPParamGroup::issue_reduce_scatter() {
   // divides once; plain FSDP averages in the reduce-scatter itself.
   const dist::ReduceOp op = comm_.replicate ? dist::ReduceOp::sum : dist::ReduceOp::avg;
   dist::Work work = comm_.shard->reduce_scatter_into(output, input, op, /*async_op=*/true);
+  count(dist::CollectiveKind::reduce_scatter, slot_numel * static_cast<int64_t>(element_size(reduce_dtype_)),
+        *comm_.shard);
   pending_reduce_scatter_ = PendingReduceScatter{std::move(input), std::move(output), std::move(work)};
 
   // One reduce-scatter stays in flight behind the backward pass: finishing the
@@ -310,6 +337,8 @@ void FSDPParamGroup::finish_reduce_scatter() {
   if (comm_.replicate) {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "replicate_all_reduce", "fsdp", {{"module", module_fqn_}});
     comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
+    count(dist::CollectiveKind::all_reduce,
+          pending.output.numel() * static_cast<int64_t>(element_size(reduce_dtype_)), *comm_.replicate);
     dist::finish_average(pending.output.raw_data(), pending.output.numel(), reduce_dtype_,
                          comm_.shard->size() * comm_.replicate->size());
   }
@@ -331,9 +360,11 @@ void FSDPParamGroup::finish_reduce_scatter() {
 }
 
 void FSDPParamGroup::finish_backward(bool wait_for_reduce_scatter) {
-  if (pending_all_gather_ && state_ != ShardState::unsharded) reshard(false);  // prefetched, never used
+  if (pending_all_gather_ && state_ != ShardState::unsharded) reshard(ShardState::sharded);  // prefetched, never used
   if (needs_post_backward_) post_backward();
-  if (state_ != ShardState::sharded && (reshard_after_backward || requires_gradient_sync)) reshard(false);
+  if (state_ != ShardState::sharded && (reshard_after_backward_ || requires_gradient_sync_)) {
+    reshard(ShardState::sharded);
+  }
   if (wait_for_reduce_scatter) finish_reduce_scatter();
   gradients_ready_ = 0;
 }

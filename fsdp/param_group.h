@@ -19,8 +19,12 @@
 // is the same size on every rank whatever the data did.
 //
 // States: sharded -> (unshard) -> unsharded -> (reshard) -> sharded, or, with
-// reshard_after_forward = N, sharded_post_forward: each rank keeps its rows of
-// a group-of-N sharding, so the backward all-gather spans N ranks only.
+// reshard_after_forward = to_group_of(N), sharded_post_forward: each rank
+// keeps its rows of a group-of-N sharding, so the backward all-gather spans N
+// ranks only.
+//
+// Internal to the fsdp layer (not installed: tools/install_headers.py); users
+// reach a group through FSDPModule (fsdp/fully_shard.h).
 #pragma once
 
 #include <cstdint>
@@ -29,11 +33,13 @@
 #include <optional>
 #include <vector>
 
+#include "dist/comm_stats.h"
 #include "dist/device_mesh.h"
 #include "dist/trace.h"
 #include "dist/work.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/mixed_precision.h"
+#include "fsdp/reshard_after_forward.h"
 #include "tensor/storage.h"
 
 namespace tessera::fsdp {
@@ -50,7 +56,9 @@ struct FlatLayout {
 
 // What the group needs from its mesh: the shard group (S ranks), the
 // replicate group of HSDP (null on a 1-D mesh), and the group of N ranks that
-// reshard_after_forward = N all-gathers over in backward (null otherwise).
+// reshard_after_forward = to_group_of(N) all-gathers over in backward (null
+// otherwise). FSDP makes that last one itself, so it records its collectives
+// to the shard group's tracer: tracing the mesh traces all of FSDP.
 struct GroupComm {
   dist::ProcessGroupPtr shard = nullptr;
   dist::ProcessGroupPtr replicate = nullptr;
@@ -59,10 +67,10 @@ struct GroupComm {
 
 class FSDPParamGroup {
  public:
-  // post_forward_shards: the N of reshard_after_forward (S: reshard fully,
-  // 1: keep unsharded). The policy's dtypes are resolved here.
+  // The policy's dtypes and reshard_after_forward are resolved here (see
+  // set_reshard_after_forward).
   FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, GroupComm comm, const MixedPrecisionPolicy& policy,
-                 int64_t post_forward_shards, std::string module_fqn);
+                 ReshardAfterForward reshard_after_forward, std::string module_fqn);
 
   // ---- set-up (the root's lazy init) -------------------------------------------------
   // Creates the unsharded leaves, hooks their gradient accumulation, and
@@ -73,7 +81,10 @@ class FSDPParamGroup {
   // makes sure the root's final callback is queued).
   void lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
                  std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding, std::function<void()> on_gradient);
-  void set_post_forward_shards(int64_t shards) { post_forward_shards_ = shards; }
+  // Resolved against the shard group (ReshardAfterForward::resolved), so
+  // to_group_of(N) is left only for 1 < N < S; that N must be the size of
+  // comm().post_forward.
+  void set_reshard_after_forward(ReshardAfterForward reshard_after_forward);
   void set_module_fqn(std::string fqn) { module_fqn_ = std::move(fqn); }
   const std::string& module_fqn() const { return module_fqn_; }
 
@@ -84,9 +95,13 @@ class FSDPParamGroup {
   // Waits for the issued all-gather and copies out; the Parameters then hold
   // the unsharded tensors. Issues first if nothing was issued.
   void wait_for_unshard();
-  // Frees the unsharded memory; the Parameters hold their shards. With
-  // to_post_forward, keeps this rank's group-of-N rows first.
-  void reshard(bool to_post_forward = false);
+  // The number of the all-gather in flight (counting from 1 over the group's
+  // life), or nullopt: what an UnshardHandle waits for.
+  std::optional<int64_t> pending_all_gather() const;
+  // Frees the unsharded memory; the Parameters hold their shards. `target`
+  // is sharded, or sharded_post_forward to keep this rank's group-of-N rows
+  // first (without a post-forward group that is sharded too).
+  void reshard(ShardState target = ShardState::sharded);
 
   // ---- the hooks' steps ------------------------------------------------------------------
   void pre_forward();
@@ -107,26 +122,37 @@ class FSDPParamGroup {
   void finish_backward(bool wait_for_reduce_scatter);
   bool reduce_scatter_pending() const { return pending_reduce_scatter_.has_value(); }
 
-  // ---- settings ----------------------------------------------------------------------------
-  bool requires_gradient_sync = true;
-  bool reshard_after_backward = true;
+  // ---- settings (FSDPModule's setters) -------------------------------------------------------
+  // False: backward keeps unsharded gradients and issues no reduce-scatter.
+  void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+  // False: an unsynced backward leaves the group unsharded.
+  void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
+  bool reshard_after_backward() const { return reshard_after_backward_; }
 
   // ---- inspection ----------------------------------------------------------------------------
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   ShardState state() const { return state_; }
   const GroupComm& comm() const { return comm_; }
-  int64_t post_forward_shards() const { return post_forward_shards_; }
+  // Resolved: to_group_of(N) only for 1 < N < S.
+  const ReshardAfterForward& reshard_after_forward() const { return reshard_after_forward_; }
   DType param_dtype() const { return param_dtype_; }
   DType reduce_dtype() const { return reduce_dtype_; }
   const MixedPrecisionPolicy& policy() const { return policy_; }
   const FlatLayout& layout() const { return shard_layout_; }
   // Bytes of one all-gather output (all ranks' slots) in param_dtype.
   int64_t unsharded_bytes() const;
+  // The collectives this group issued since construction or the last reset,
+  // counted when issued with dist::collective_volume (the volumes
+  // ProcessGroup::stats() counts); `seconds` stays 0: the groups time them.
+  const dist::CommStats& comm_stats() const { return comm_stats_; }
+  void reset_comm_stats() { comm_stats_ = dist::CommStats{}; }
 
  private:
   const FlatLayout& layout_for(int world) const;
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
   void issue_reduce_scatter();
+  void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
   dist::Tracer* tracer() const;
   int trace_rank() const;
 
@@ -135,7 +161,9 @@ class FSDPParamGroup {
   MixedPrecisionPolicy policy_;
   DType param_dtype_;
   DType reduce_dtype_;
-  int64_t post_forward_shards_;
+  ReshardAfterForward reshard_after_forward_ = ReshardAfterForward::always();
+  bool requires_gradient_sync_ = true;
+  bool reshard_after_backward_ = true;
   std::string module_fqn_;
   FlatLayout shard_layout_;
   FlatLayout post_forward_layout_;
@@ -147,7 +175,9 @@ class FSDPParamGroup {
     Tensor gathered;  // all ranks' slots
     dist::Work work;
     int world;
+    int64_t number;  // counting all-gathers from 1
   };
+  int64_t all_gathers_issued_ = 0;
   std::optional<PendingAllGather> pending_all_gather_;
   Tensor post_forward_slot_;  // this rank's group-of-N slot while sharded_post_forward
   struct PendingReduceScatter {
@@ -163,6 +193,7 @@ class FSDPParamGroup {
   bool needs_post_backward_ = false;  // forwarded with grad, post_backward not yet run
   int64_t backward_start_us_ = 0;
   std::function<void()> on_gradient_;
+  dist::CommStats comm_stats_;
 };
 
 }  // namespace tessera::fsdp

@@ -83,18 +83,17 @@ void add_collective(StepCommVolume& volume, dist::CollectiveKind kind, int64_t b
 StepCommVolume group_comm(const FSDPParamGroup& group, int64_t micro_batches) {
   StepCommVolume volume;
   const GroupComm& comm = group.comm();
-  const int64_t shards = comm.shard->size();
   const int64_t slot_bytes = bytes_of(group.param_dtype(), group.layout().slot_numel);
   add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, *comm.shard, micro_batches);
 
-  const int64_t post_forward = group.post_forward_shards();
-  if (post_forward != 1) {
-    if (post_forward == shards || comm.post_forward == nullptr) {
-      add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, *comm.shard, micro_batches);
-    } else {
-      const int64_t post_forward_bytes = bytes_of(group.param_dtype(), slot_numel_for(group, post_forward));
-      add_collective(volume, dist::CollectiveKind::all_gather, post_forward_bytes, *comm.post_forward, micro_batches);
-    }
+  // Backward's all-gather: none when kept unsharded, over the shard group
+  // again, or over the post-forward group of N.
+  const ReshardAfterForward& reshard = group.reshard_after_forward();
+  if (reshard.is_always()) {
+    add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, *comm.shard, micro_batches);
+  } else if (const std::optional<int64_t> ranks = reshard.group_size()) {
+    const int64_t post_forward_bytes = bytes_of(group.param_dtype(), slot_numel_for(group, *ranks));
+    add_collective(volume, dist::CollectiveKind::all_gather, post_forward_bytes, *comm.post_forward, micro_batches);
   }
 
   if (has_trainable_parameters(group)) {
@@ -121,7 +120,7 @@ void accumulate(StepCommVolume& total, const StepCommVolume& part) {
 StepCommVolume comm_of(const FSDPState& root, int64_t micro_batches) {
   TESSERA_CHECK(micro_batches >= 1, "expected_comm_per_step: micro_batches must be >= 1, got {}", micro_batches);
   StepCommVolume total;
-  for (const FSDPState* state : root.context()->states) {
+  for (const FSDPState* state : root.tree()) {
     if (state->group() != nullptr) accumulate(total, group_comm(*state->group(), micro_batches));
   }
   return total;
@@ -132,12 +131,13 @@ std::string bytes_text(int64_t bytes) {
   return bytes < 1024 ? dist::human_bytes(bytes) : fmt::format("{} B ({})", bytes, dist::human_bytes(bytes));
 }
 
-// S = true, 1 = false, else N: as fully_shard's option reads.
+// As fully_shard's option reads, resolved: "true", "false" or N.
 std::string reshard_text(const FSDPParamGroup& group) {
-  const int64_t shards = group.post_forward_shards();
-  if (shards == 1) return "false";
-  if (shards == group.comm().shard->size()) return "true";
-  return fmt::format("{} (backward all-gathers over {} ranks)", shards, shards);
+  const ReshardAfterForward& reshard = group.reshard_after_forward();
+  if (const std::optional<int64_t> ranks = reshard.group_size()) {
+    return fmt::format("{} (backward all-gathers over {} ranks)", *ranks, *ranks);
+  }
+  return reshard.to_string();
 }
 
 std::string shape_text(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
@@ -158,7 +158,7 @@ std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_
   int64_t shard_bytes = 0;
   int64_t unsharded_bytes = 0;
   int64_t largest_unsharded = 0;
-  for (const FSDPState* state : root_state.context()->states) {
+  for (const FSDPState* state : root_state.tree()) {
     const std::string name = state->fqn().empty() ? "(root)" : state->fqn();
     const FSDPParamGroup* group = state->group();
     if (group == nullptr) {

@@ -12,6 +12,19 @@
 
 namespace tessera::fsdp {
 
+struct FSDPStateContext {
+  std::vector<FSDPState*> states;  // pre-order, the root first
+  // The order of the first iteration's pre-forwards and post-forwards (the
+  // root's comes first in one and last in the other). Default prefetch: the
+  // next in pre-forward order during forward; the previous in post-forward
+  // order during backward (backward runs it in reverse).
+  std::vector<FSDPState*> pre_forward_order;
+  std::vector<FSDPState*> post_forward_order;
+  bool forward_order_recorded = false;
+  bool final_callback_queued = false;
+  std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_reduce_scatters;
+};
+
 namespace {
 
 bool is_inside(const std::string& module_fqn, const std::string& ancestor_fqn) {
@@ -51,7 +64,7 @@ FSDPState* managing_state(const nn::Parameter& param) {
 }
 
 FSDPState::FSDPState(nn::Module& module, std::unique_ptr<FSDPParamGroup> group, dist::DeviceMesh mesh,
-                     MixedPrecisionPolicy policy, std::optional<int64_t> reshard_after_forward)
+                     MixedPrecisionPolicy policy, std::optional<ReshardAfterForward> reshard_after_forward)
     : module_(&module),
       group_(std::move(group)),
       mesh_(std::move(mesh)),
@@ -80,12 +93,34 @@ int FSDPState::trace_rank() const {
   return group->world_ranks()[static_cast<size_t>(group->rank())];
 }
 
+const std::vector<FSDPState*>& FSDPState::tree() const {
+  TESSERA_CHECK(context_ != nullptr, "fsdp: the module tree of '{}' is known after the root's first forward",
+                module_->type_name());
+  return context_->states;
+}
+
+MemoryStats FSDPState::unsharded_memory(bool recurse) const {
+  const std::shared_ptr<MemoryCounters>& counters = recurse ? subtree_memory_ : own_memory_;
+  return counters ? counters->snapshot() : MemoryStats{};
+}
+
+void FSDPState::reset_unsharded_memory_peak(bool recurse) {
+  if (own_memory_ == nullptr) return;
+  own_memory_->reset_peak();
+  if (!recurse) return;
+  for (FSDPState* state : context_->states) {
+    if (state->subtree_memory_ && is_inside(state->fqn_, fqn_)) {
+      state->own_memory_->reset_peak();
+      state->subtree_memory_->reset_peak();
+    }
+  }
+}
+
 // ---- lazy init ---------------------------------------------------------------------------------
 
 void FSDPState::lazy_init() {
   if (context_ != nullptr) return;
   auto context = std::make_shared<FSDPStateContext>();
-  context->unsharded_memory = std::make_shared<MemoryCounters>(MemoryScope::current());
   context->outstanding_reduce_scatters = std::make_shared<std::vector<FSDPParamGroup*>>();
 
   // Every registry slot of every parameter, by module name: tied parameters
@@ -100,10 +135,25 @@ void FSDPState::lazy_init() {
     TESSERA_CHECK(state == this || !state->is_root_,
                   "fsdp: module '{}' already ran forward as an FSDP root; the outermost FSDP module ('{}') must run "
                   "the first forward", module_fqn, module_->type_name());
+    TESSERA_CHECK(state == this || state->is_last_backward_,
+                  "fsdp: set_is_last_backward(false) was called on '{}' ({}), which is not the FSDP root; the root's "
+                  "backward decides, so call it on the root", module_fqn, module->type_name());
     state->context_ = context;
     state->fqn_ = module_fqn;
     state->is_root_ = state == this;
     context->states.push_back(state);
+  }
+
+  // Memory counters nest as the modules do: pre-order puts every enclosing
+  // state before the states inside it, the deepest last.
+  for (size_t index = 0; index < context->states.size(); ++index) {
+    FSDPState* state = context->states[index];
+    std::shared_ptr<MemoryCounters> parent = MemoryScope::current();
+    for (size_t outer = 0; outer < index; ++outer) {
+      if (is_inside(state->fqn_, context->states[outer]->fqn_)) parent = context->states[outer]->subtree_memory_;
+    }
+    state->subtree_memory_ = std::make_shared<MemoryCounters>(std::move(parent));
+    state->own_memory_ = std::make_shared<MemoryCounters>(state->subtree_memory_);
   }
 
   for (FSDPState* state : context->states) {
@@ -125,9 +175,9 @@ void FSDPState::lazy_init() {
              param->fqn(), use_name, where, ancestor.empty() ? std::string("the root") : "'" + ancestor + "'", where);
       }
     }
-    const int64_t shards = group->comm().shard->size();
-    group->set_post_forward_shards(state->reshard_after_forward_.value_or(state->is_root_ ? 1 : shards));
-    group->lazy_init(context->unsharded_memory, context->outstanding_reduce_scatters, [state] {
+    group->set_reshard_after_forward(state->reshard_after_forward_.value_or(
+        state->is_root_ ? ReshardAfterForward::never() : ReshardAfterForward::always()));
+    group->lazy_init(state->own_memory_, context->outstanding_reduce_scatters, [state] {
       if (autograd::in_backward()) state->queue_final_callback();
     });
   }
@@ -142,8 +192,8 @@ std::optional<nn::TensorList> FSDPState::pre_forward(const nn::TensorList& input
   if (group_ != nullptr) {
     record_once(context_->pre_forward_order);
     group_->pre_forward();
-    if (forward_prefetch) {
-      prefetch(*forward_prefetch);
+    if (forward_prefetch_) {
+      prefetch(*forward_prefetch_);
     } else if (FSDPState* next = neighbour_in(context_->pre_forward_order, +1)) {
       prefetch({next});
     }
@@ -197,8 +247,8 @@ void FSDPState::pre_backward() {
   queue_final_callback();
   if (group_ == nullptr) return;
   group_->pre_backward();
-  if (backward_prefetch) {
-    prefetch(*backward_prefetch);
+  if (backward_prefetch_) {
+    prefetch(*backward_prefetch_);
   } else if (FSDPState* previous = neighbour_in(context_->post_forward_order, -1)) {
     prefetch({previous});
   }
@@ -207,12 +257,15 @@ void FSDPState::pre_backward() {
 void FSDPState::root_post_backward_final() {
   context_->final_callback_queued = false;
   for (FSDPState* state : context_->states) {
-    if (state->group_ != nullptr) state->group_->finish_backward(is_last_backward);
+    if (state->group_ != nullptr) state->group_->finish_backward(is_last_backward_);
   }
 }
 
 void FSDPState::prefetch(const std::vector<FSDPState*>& targets) {
   for (FSDPState* target : targets) {
+    TESSERA_CHECK(target->context_ == context_, "fsdp: '{}' ({}) prefetches a {} that is not in its FSDP root's tree; "
+                  "set_modules_to_*_prefetch takes modules of the same model", fqn_, module_->type_name(),
+                  target->module_->type_name());
     if (target != this && target->group_ != nullptr) target->group_->unshard(/*async_op=*/true);
   }
 }

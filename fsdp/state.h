@@ -15,7 +15,10 @@
 //
 // The root is the FSDP module whose forward runs first with no FSDP forward
 // around it; at that first forward it gathers every FSDPState below it into
-// one FSDPStateContext.
+// one context that they share (state.cpp).
+//
+// Internal to the fsdp layer (not installed: tools/install_headers.py); users
+// hold an FSDPModule (fsdp/fully_shard.h), whose setters land here.
 #pragma once
 
 #include <memory>
@@ -24,36 +27,25 @@
 #include <vector>
 
 #include "fsdp/param_group.h"
+#include "fsdp/reshard_after_forward.h"
 #include "nn/module.h"
+#include "tensor/storage.h"
 
 namespace tessera::fsdp {
 
 class FSDPState;
-
-// Shared by the root and every FSDP module below it.
-struct FSDPStateContext {
-  std::vector<FSDPState*> states;  // pre-order, the root first
-  // The order of the first iteration's pre-forwards and post-forwards (the
-  // root's comes first in one and last in the other). Default prefetch: the
-  // next in pre-forward order during forward; the previous in post-forward
-  // order during backward (backward runs it in reverse).
-  std::vector<FSDPState*> pre_forward_order;
-  std::vector<FSDPState*> post_forward_order;
-  bool forward_order_recorded = false;
-  bool final_callback_queued = false;
-  // This rank's unsharded parameter memory (all-gather buffers and unsharded
-  // tensors); charged to the rank's memory scope too.
-  std::shared_ptr<MemoryCounters> unsharded_memory;
-  std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_reduce_scatters;
-};
+struct FSDPStateContext;  // shared by the root and every FSDP module below it (state.cpp)
 
 // The FSDPState whose group manages `param`, or null (any thread).
 FSDPState* managing_state(const nn::Parameter& param);
 
-class FSDPState : public nn::ModuleExtension {
+// Made by fully_shard with std::make_shared (handles hold weak pointers).
+class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_this<FSDPState> {
  public:
+  // reshard_after_forward unset: always() below the root, never() for the
+  // root (its parameters are needed again as soon as backward starts).
   FSDPState(nn::Module& module, std::unique_ptr<FSDPParamGroup> group, dist::DeviceMesh mesh,
-            MixedPrecisionPolicy policy, std::optional<int64_t> reshard_after_forward);
+            MixedPrecisionPolicy policy, std::optional<ReshardAfterForward> reshard_after_forward);
   ~FSDPState() override;
 
   nn::Module& module() const { return *module_; }
@@ -64,12 +56,23 @@ class FSDPState : public nn::ModuleExtension {
   const std::string& fqn() const { return fqn_; }
   bool is_root() const { return is_root_; }
   bool initialized() const { return context_ != nullptr; }
-  const std::shared_ptr<FSDPStateContext>& context() const { return context_; }
+  // Every state of the root's tree, pre-order, the root first (after lazy init).
+  const std::vector<FSDPState*>& tree() const;
 
-  // Settings (FSDPModule's setters land here).
-  std::optional<std::vector<FSDPState*>> forward_prefetch;
-  std::optional<std::vector<FSDPState*>> backward_prefetch;
-  bool is_last_backward = true;
+  // ---- settings (FSDPModule's setters) ------------------------------------------------------
+  // Explicit prefetch targets, replacing the default order (nullopt: default).
+  void set_forward_prefetch(std::optional<std::vector<FSDPState*>> targets) { forward_prefetch_ = std::move(targets); }
+  void set_backward_prefetch(std::optional<std::vector<FSDPState*>> targets) { backward_prefetch_ = std::move(targets); }
+  // Read by the root's final callback: false leaves the last reduce-scatter in flight.
+  void set_is_last_backward(bool is_last_backward) { is_last_backward_ = is_last_backward; }
+  bool is_last_backward() const { return is_last_backward_; }
+
+  // This rank's unsharded parameter memory (all-gather buffers, unsharded
+  // tensors, post-forward slots) of this state's group alone, or (recurse)
+  // of every group in its module's tree; zero before the root's lazy init.
+  // Both are charged to the rank's memory scope too.
+  MemoryStats unsharded_memory(bool recurse) const;
+  void reset_unsharded_memory_peak(bool recurse);
 
   // The root's lazy init, also callable directly (plans, state dicts): makes
   // this state the root of every FSDPState in its module tree.
@@ -93,10 +96,17 @@ class FSDPState : public nn::ModuleExtension {
   std::unique_ptr<FSDPParamGroup> group_;
   dist::DeviceMesh mesh_;
   MixedPrecisionPolicy policy_;
-  std::optional<int64_t> reshard_after_forward_;  // unset: true for non-root, false for the root
+  std::optional<ReshardAfterForward> reshard_after_forward_;  // unset: always() below the root, never() for it
   std::string fqn_;
   bool is_root_ = false;
   std::shared_ptr<FSDPStateContext> context_;
+  std::optional<std::vector<FSDPState*>> forward_prefetch_;
+  std::optional<std::vector<FSDPState*>> backward_prefetch_;
+  bool is_last_backward_ = true;
+  // Charged by the group (own), and by it and every group below (subtree,
+  // whose parent is the enclosing state's subtree, or the rank's scope).
+  std::shared_ptr<MemoryCounters> own_memory_;
+  std::shared_ptr<MemoryCounters> subtree_memory_;
   std::vector<autograd::HookHandle> hooks_;
   int64_t forward_start_us_ = 0;
   int64_t backward_start_us_ = 0;

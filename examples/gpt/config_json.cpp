@@ -91,12 +91,10 @@ tessera::nn::GPTConfig model_config_from_json(const nlohmann::json& json, const 
 }
 
 nlohmann::json train_config_to_json(const TrainConfig& config) {
-  nlohmann::json reshard;
-  if (const bool* flag = std::get_if<bool>(&config.reshard_after_forward)) {
-    reshard = *flag;
-  } else {
-    reshard = std::get<int64_t>(config.reshard_after_forward);
-  }
+  // As FSDP2 writes it: a bool, or the group size.
+  const std::optional<int64_t> reshard_group = config.reshard_after_forward.group_size();
+  const nlohmann::json reshard =
+      reshard_group ? nlohmann::json(*reshard_group) : nlohmann::json(config.reshard_after_forward.is_always());
   nlohmann::json reduce_dtype = nullptr;
   if (config.reduce_dtype) reduce_dtype = std::string(tessera::dtype_name(*config.reduce_dtype));
   return {{"preset", config.preset},

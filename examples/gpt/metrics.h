@@ -22,7 +22,7 @@ struct StepMetrics {
   double gflops_per_s = 0.0;  // model FLOPs (forward + backward) per second
   int64_t peak_mem_bytes = 0;  // during the step, the largest rank's (tessera's allocator, per rank)
   int64_t peak_rss_bytes = 0;  // the process's (VmHWM; all local ranks together)
-  int64_t comm_bytes = 0;      // bytes one rank sent during the step (every group's stats)
+  int64_t comm_bytes = 0;      // bytes one rank sent during the step (FSDP's collectives and the trainer's)
   std::optional<double> val_loss;  // set on evaluation steps
   std::optional<double> ckpt_blocked_ms;  // set on checkpoint steps: how long the save held training up
   int stop_signal = 0;  // SIGINT/SIGTERM received by any rank by the end of the step (GracefulStop); 0: none

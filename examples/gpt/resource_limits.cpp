@@ -91,8 +91,7 @@ GroupSize group_size(const std::vector<ParamRows>& params, int64_t world) {
 
 // The N of reshard_after_forward: S = true, 1 = false.
 int64_t post_forward_shards(const TrainConfig& config) {
-  if (const bool* flag = std::get_if<bool>(&config.reshard_after_forward)) return *flag ? config.shard_ranks() : 1;
-  return std::get<int64_t>(config.reshard_after_forward);
+  return config.reshard_after_forward.shards_after_forward(config.shard_ranks());
 }
 
 // Parameters unsharded at backward's start (param_dtype), where the peak is.

@@ -46,17 +46,13 @@ const std::vector<std::string> kDtypeNames = {"f32", "bf16"};
 
 // "true", "false" or a positive rank count.
 std::optional<tessera::fsdp::ReshardAfterForward> parse_reshard(const std::string& text) {
-  if (text == "true") return true;
-  if (text == "false") return false;
+  using tessera::fsdp::ReshardAfterForward;
+  if (text == "true") return ReshardAfterForward::always();
+  if (text == "false") return ReshardAfterForward::never();
   int64_t count = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
   if (error != std::errc() || end != text.data() + text.size() || count < 1) return std::nullopt;
-  return count;
-}
-
-std::string reshard_name(const tessera::fsdp::ReshardAfterForward& reshard) {
-  if (const bool* flag = std::get_if<bool>(&reshard)) return *flag ? "true" : "false";
-  return std::to_string(std::get<int64_t>(reshard));
+  return ReshardAfterForward::to_group_of(count);
 }
 
 // --backend mpi takes its world from the launcher; --backend local must not
@@ -105,8 +101,8 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
                 hsdp, nproc);
-  if (const int64_t* count = std::get_if<int64_t>(&reshard_after_forward)) {
-    TESSERA_CHECK(*count >= 1 && shard_ranks() % *count == 0,
+  if (const std::optional<int64_t> count = reshard_after_forward.group_size()) {
+    TESSERA_CHECK(shard_ranks() % *count == 0,
                   "--reshard-after-forward {} must divide the shard group size {} (--nproc {} / --hsdp {}); 1 is "
                   "false, {} is true",
                   *count, shard_ranks(), nproc, hsdp, shard_ranks());
@@ -245,7 +241,7 @@ std::string describe(const TrainConfig& c) {
       static_cast<double>(m.num_parameters()) / 1e6, c.batch, c.seq_len, c.grad_accum, c.nproc, c.tokens_per_step(),
       c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
-      c.nproc == 1 ? "" : "s", mesh, reshard_name(c.reshard_after_forward), tessera::dtype_name(c.param_dtype),
+      c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
       tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "", c.seed);
 }
 

@@ -114,9 +114,8 @@ std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::GPT& model, 
 
 namespace {
 
-// The world, the mesh's groups and FSDP's groups, each once.
-std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distributed,
-                                                        const std::optional<fsdp::FSDPModule>& fsdp_root) {
+// The world and the mesh's groups, each once.
+std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distributed) {
   std::vector<dist::ProcessGroupPtr> groups;
   auto add = [&groups](const dist::ProcessGroupPtr& group) {
     if (group != nullptr && std::find(groups.begin(), groups.end(), group) == groups.end()) groups.push_back(group);
@@ -124,9 +123,6 @@ std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distr
   add(distributed.world);
   add(distributed.mesh.group());
   for (int64_t dim = 0; dim < distributed.mesh.ndim(); ++dim) add(distributed.mesh.group(dim));
-  if (fsdp_root) {
-    for (const dist::ProcessGroupPtr& group : fsdp_root->communication_groups()) add(group);
-  }
   return groups;
 }
 
@@ -153,7 +149,7 @@ Trainer::Trainer(TrainConfig config, DataLoader data, std::optional<Distributed>
   TESSERA_CHECK(world_size() == config_.nproc, "Trainer: the config says {} ranks (--nproc) but the world has {}",
                 config_.nproc, world_size());
   if (!distributed_) return;
-  process_groups_ = communication_groups(*distributed_, fsdp_root_);
+  process_groups_ = communication_groups(*distributed_);
   for (const auto& group : process_groups_) group->set_tracer(distributed_->tracer);
 }
 
@@ -166,7 +162,7 @@ double Trainer::sum_over_ranks(double value) const {
 
 StepMetrics Trainer::train_step() {
   dist::TraceSpan step_span(tracer(), rank(), "compute", fmt::format("step {}", step_ + 1), "train");
-  for (const auto& group : process_groups_) group->reset_stats();
+  if (fsdp_root_) fsdp_root_->reset_communication_stats();
   dist::reset_rank_peak_memory();
   const auto start = std::chrono::steady_clock::now();
   const double lr = schedule_.lr(step_);
@@ -185,6 +181,10 @@ StepMetrics Trainer::train_step() {
     loss_sum += loss.item();
     tessera::autograd::backward(loss);
   }
+  // FSDP counts its own collectives, whatever the group; its last one is done
+  // (the backward's final callback waited for it). From here on the groups
+  // count the trainer's own: the loss's all-reduce and clip_grad_norm_'s.
+  for (const auto& group : process_groups_) group->reset_stats();
 
   // Every rank's losses, summed before the optimizer touches anything: a
   // non-finite loss stops the run on every rank at the same step.
@@ -217,6 +217,7 @@ StepMetrics Trainer::train_step() {
   // traffic. The stop request rides along, so every rank stops after the
   // same step however the signal reached the ranks.
   int64_t comm_bytes = bytes_sent(process_groups_);
+  if (fsdp_root_) comm_bytes += fsdp_root_->communication_stats().total().bytes_sent;
   int64_t peak_bytes = dist::rank_memory_stats().peak_bytes;
   int64_t stop_signal = GracefulStop::requested();
   if (distributed_) {

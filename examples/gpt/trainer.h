@@ -116,8 +116,9 @@ class Trainer {
   tessera::nn::GPT& model() { return *model_; }
   tessera::optim::AdamW& optimizer() { return *optimizer_; }
   const std::optional<Distributed>& distributed() const { return distributed_; }
-  // Every group this rank communicates on (the world, the mesh's dims,
-  // FSDP's reshard-after-forward groups), each once: comm_bytes sums them.
+  // The world and the mesh's groups, each once (FSDP's reshard-after-forward
+  // groups trace with the mesh's shard group). comm_bytes is what they carry
+  // after backward plus FSDP's own collectives (FSDPModule::communication_stats).
   const std::vector<tessera::dist::ProcessGroupPtr>& process_groups() const { return process_groups_; }
 
  private:

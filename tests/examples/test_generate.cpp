@@ -240,7 +240,7 @@ TEST_CASE("train config JSON records the run's settings") {
   config.data = "/tmp/tokens.bin";
   config.nproc = 4;
   config.hsdp = 2;
-  config.reshard_after_forward = int64_t{2};
+  config.reshard_after_forward = tessera::fsdp::ReshardAfterForward::to_group_of(2);
   config.param_dtype = tessera::DType::bf16;
   config.deterministic = true;
   const json recorded = gpt::train_config_to_json(config);

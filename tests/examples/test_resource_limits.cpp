@@ -153,7 +153,7 @@ TEST_CASE("the per-rank estimate holds to the measured peak of real steps") {
   cases.push_back({"wide, 4 layers, 2 ranks, 2 micro-batches", wide_accumulating});
   TrainConfig tiny_partial = tiny_run();
   tiny_partial.nproc = 4;
-  tiny_partial.reshard_after_forward = int64_t{2};
+  tiny_partial.reshard_after_forward = tessera::fsdp::ReshardAfterForward::to_group_of(2);
   cases.push_back({"tiny, 4 ranks, reshard_after_forward 2", tiny_partial});
   TrainConfig wide_hsdp = wide_run();
   wide_hsdp.nproc = 4;

@@ -234,17 +234,17 @@ TEST_CASE("command line: the preset first, then explicit flags") {
   CHECK(fsdp.config.nproc == 8);
   CHECK(fsdp.config.hsdp == 2);
   CHECK(fsdp.config.shard_ranks() == 4);
-  CHECK(std::get<int64_t>(fsdp.config.reshard_after_forward) == 2);
+  CHECK(fsdp.config.reshard_after_forward == tessera::fsdp::ReshardAfterForward::to_group_of(2));
   CHECK(fsdp.config.param_dtype == tessera::DType::bf16);
   CHECK(fsdp.config.reduce_dtype == tessera::DType::f32);
   CHECK(fsdp.config.deterministic);
   CHECK(fsdp.config.trace == "t.json");
   CHECK(fsdp.config.plan);
   CHECK(fsdp.config.tokens_per_step() == 8 * 3 * defaults.config.batch * defaults.config.seq_len);
-  CHECK(std::get<bool>(defaults.config.reshard_after_forward));
+  CHECK(defaults.config.reshard_after_forward.is_always());
   CHECK_FALSE(defaults.config.reduce_dtype.has_value());
   CHECK(defaults.config.backend == "local");
-  CHECK(std::get<bool>(parse({"--reshard-after-forward", "false"}).config.reshard_after_forward) == false);
+  CHECK(parse({"--reshard-after-forward", "false"}).config.reshard_after_forward.is_never());
 
   Parsed short_run = parse({"--steps", "5"});
   REQUIRE_FALSE(short_run.exit_code.has_value());
@@ -392,7 +392,8 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
   };
   const std::vector<Case> cases = {
       {"3 ranks, 2 micro-batches (one reduce-scatter)", 3, 1, true, tessera::DType::f32, 2},
-      {"4 ranks, reshard_after_forward 2", 4, 1, int64_t{2}, tessera::DType::f32, 1},
+      {"4 ranks, reshard_after_forward 2", 4, 1, tessera::fsdp::ReshardAfterForward::to_group_of(2),
+       tessera::DType::f32, 1},
       {"HSDP 2 x 2, bf16 parameters, f32 reduction", 4, 2, false, tessera::DType::bf16, 1},
   };
   for (const Case& c : cases) {

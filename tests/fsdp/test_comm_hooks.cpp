@@ -1,6 +1,7 @@
-// FSDP's communication, hooks and errors: bytes per step equal the FSDP
-// volume (and the all-gathers halve under bf16), async unshard and explicit
-// prefetch, overlap visible in the trace, and every misuse a clear error.
+// FSDP's communication, hooks and errors, through the public API alone
+// (fsdp/fully_shard.h): bytes per step equal the FSDP volume (and the
+// all-gathers halve under bf16), async unshard and explicit prefetch, overlap
+// visible in the trace, the settings' effects, and every misuse a clear error.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,65 +11,48 @@
 #include "dist/local_backend.h"
 #include "dist/trace.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/plan.h"
 #include "nn/models/gpt.h"
 #include "tensor/ops.h"
+#include "tests/fsdp/sharded_gpt.h"
 
 using namespace tessera;
 using namespace tessera::fsdp;
+using namespace tessera::fsdp::testing;
 
 namespace {
 
-const nn::GPTConfig kAwkward{.vocab_size = 97, .block_size = 8, .n_layer = 3, .n_head = 3, .n_embd = 72};
-
-struct ShardedGPT {
-  std::unique_ptr<nn::GPT> model;
-  std::vector<FSDPModule> blocks;
-  std::optional<FSDPModule> root;
-};
-
-ShardedGPT build(const dist::DeviceMesh& mesh, FullyShardOptions block_options = {}, FullyShardOptions root_options = {}) {
-  ShardedGPT sharded{std::make_unique<nn::GPT>(kAwkward, kMeta), {}, std::nullopt};
-  block_options.mesh = mesh;
-  root_options.mesh = mesh;
-  root_options.mp_policy = block_options.mp_policy;
-  for (const auto& block : sharded.model->blocks()) sharded.blocks.push_back(fully_shard(*block, block_options));
-  sharded.root = fully_shard(*sharded.model, root_options);
-  sharded.model->to_empty(kCPU);
-  sharded.model->reset_parameters(5);
-  return sharded;
-}
-
-void train_step(nn::GPT& model, int rank) {
-  std::vector<int64_t> tokens(2 * 8);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7 + static_cast<size_t>(rank) * 3) % 97);
-  const Tensor idx = ops::from_vector(tokens, {2, 8});
-  autograd::backward(model.loss(idx, idx));
-}
-
-// The per-rank volume FSDP should move in one step, from the groups' layouts.
+// The per-rank volume FSDP should move in one step, from the parameters'
+// shapes: every group all-gathers once in forward (and the blocks, resharded,
+// again in backward) and reduce-scatters its slot plus one presence flag per
+// parameter.
 struct Expected {
   int64_t all_gather_sent = 0, reduce_scatter_sent = 0;
 };
-Expected expected_volume(const ShardedGPT& sharded) {
+Expected expected_volume(const ShardedGPT& sharded, int world, DType param_dtype, DType reduce_dtype) {
   Expected expected;
-  std::vector<FSDPState*> states;
-  for (const FSDPModule& block : sharded.blocks) states.push_back(&block.state());
-  states.push_back(&sharded.root->state());
-  for (FSDPState* state : states) {
-    const FSDPParamGroup& group = *state->group();
-    const int world = group.comm().shard->size();
-    const int64_t param_bytes = element_size(group.param_dtype());
-    const int64_t slot = group.layout().slot_numel;
-    const int64_t gathers = group.post_forward_shards() == 1 ? 1 : 2;  // forward, and backward when resharded
+  std::vector<std::pair<nn::Module*, int64_t>> groups;  // module, all-gathers per step
+  for (const auto& block : sharded.model->blocks()) groups.emplace_back(block.get(), 2);
+  groups.emplace_back(sharded.model.get(), 1);
+  for (const auto& [module, gathers] : groups) {
+    const auto params = group_parameters(*module);
+    const int64_t slot = slot_numel(params, world);
     expected.all_gather_sent +=
-        gathers * dist::collective_volume(dist::CollectiveKind::all_gather, slot * param_bytes, world, false).sent;
-    const int64_t flags = static_cast<int64_t>(group.params().size());
+        gathers * dist::collective_volume(dist::CollectiveKind::all_gather, slot * element_size(param_dtype), world,
+                                          false).sent;
+    const int64_t flags = static_cast<int64_t>(params.size());
     expected.reduce_scatter_sent +=
-        dist::collective_volume(dist::CollectiveKind::reduce_scatter,
-                                (slot + flags) * static_cast<int64_t>(element_size(group.reduce_dtype())), world, false)
+        dist::collective_volume(dist::CollectiveKind::reduce_scatter, (slot + flags) * element_size(reduce_dtype),
+                                world, false)
             .sent;
   }
   return expected;
+}
+
+void check_same_counts(const dist::CollectiveStats& actual, const dist::CollectiveStats& expected) {
+  CHECK(actual.calls == expected.calls);
+  CHECK(actual.bytes_sent == expected.bytes_sent);
+  CHECK(actual.bytes_received == expected.bytes_received);
 }
 
 }  // namespace
@@ -82,16 +66,27 @@ TEST_CASE("fsdp comm: bytes per step equal the FSDP volume, and bf16 params halv
       for (const bool bf16 : {false, true}) {
         FullyShardOptions options;
         if (bf16) options.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
-        ShardedGPT sharded = build(mesh, options);
+        ShardedGPT sharded = build_sharded_gpt(mesh, options);
         train_step(*sharded.model, group->rank());  // records the prefetch order
         mesh.group(0)->reset_stats();
+        sharded.root->reset_communication_stats();
         train_step(*sharded.model, group->rank());
         const dist::CommStats stats = mesh.group(0)->stats();
-        const Expected expected = expected_volume(sharded);
+        const Expected expected = expected_volume(sharded, world, bf16 ? DType::bf16 : DType::f32, DType::f32);
         CHECK(stats[dist::CollectiveKind::all_gather].bytes_sent == expected.all_gather_sent);
         CHECK(stats[dist::CollectiveKind::reduce_scatter].bytes_sent == expected.reduce_scatter_sent);
         CHECK(stats[dist::CollectiveKind::all_gather].calls == 1 + 2 * kAwkward.n_layer);  // root once, blocks twice
         CHECK(stats[dist::CollectiveKind::reduce_scatter].calls == 1 + kAwkward.n_layer);
+        // FSDP's own count agrees with the group's, and with the plan's figures.
+        const dist::CommStats counted = sharded.root->communication_stats();
+        for (const auto kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter,
+                                dist::CollectiveKind::all_reduce}) {
+          check_same_counts(counted[kind], stats[kind]);
+        }
+        const StepCommVolume plan = expected_comm_per_step(*sharded.model);
+        CHECK(plan.all_gather_calls == counted[dist::CollectiveKind::all_gather].calls);
+        CHECK(plan.all_gather_bytes_sent == counted[dist::CollectiveKind::all_gather].bytes_sent);
+        CHECK(plan.reduce_scatter_bytes_sent == counted[dist::CollectiveKind::reduce_scatter].bytes_sent);
         (bf16 ? all_gather_bf16 : all_gather_f32)[static_cast<size_t>(group->rank())] =
             stats[dist::CollectiveKind::all_gather].bytes_sent;
       }
@@ -102,32 +97,48 @@ TEST_CASE("fsdp comm: bytes per step equal the FSDP volume, and bf16 params halv
   }
 }
 
-TEST_CASE("fsdp comm: reshard_after_forward = 2 gathers over 2 ranks in backward; false skips the backward gather") {
+TEST_CASE("fsdp comm: reshard_after_forward to_group_of(2) gathers over 2 ranks in backward; never() skips it") {
   dist::run_local(4, [](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, {4});
-    for (const ReshardAfterForward mode : {ReshardAfterForward{int64_t{2}}, ReshardAfterForward{false}}) {
-      ShardedGPT sharded = build(mesh, {.reshard_after_forward = mode});
+    for (const ReshardAfterForward mode : {ReshardAfterForward::to_group_of(2), ReshardAfterForward::never()}) {
+      CAPTURE(mode.to_string());
+      ShardedGPT sharded = build_sharded_gpt(mesh, {.reshard_after_forward = mode});
+      auto tracer = std::make_shared<dist::Tracer>();
+      mesh.group(0)->set_tracer(tracer);
       train_step(*sharded.model, group->rank());
-      const FSDPParamGroup& block = *sharded.blocks.front().state().group();
-      // The public view of the groups: the shard group, and the 2-rank post-forward one when resharding to 2.
-      const std::vector<dist::ProcessGroupPtr> groups = sharded.root->communication_groups();
-      CHECK(groups.size() == (std::holds_alternative<bool>(mode) ? 1u : 2u));
-      CHECK(groups.front() == mesh.group(0));
-      CHECK(sharded.blocks.front().communication_groups(/*recurse=*/false).size() == groups.size());
-      if (std::holds_alternative<bool>(mode)) {
-        CHECK(block.post_forward_shards() == 1);
-        CHECK(block.comm().post_forward == nullptr);
-      } else {
-        REQUIRE(block.comm().post_forward != nullptr);
-        CHECK(block.comm().post_forward->size() == 2);
-        mesh.group(0)->reset_stats();
-        block.comm().post_forward->reset_stats();
-        train_step(*sharded.model, group->rank());
-        // Every block gathers once over 2 ranks in backward; forward stays on 4.
-        CHECK(block.comm().post_forward->stats()[dist::CollectiveKind::all_gather].calls == kAwkward.n_layer);
-        CHECK(mesh.group(0)->stats()[dist::CollectiveKind::all_gather].calls == 1 + kAwkward.n_layer);
-      }
-      CHECK(block.state() == ShardState::sharded);
+      mesh.group(0)->reset_stats();
+      sharded.root->reset_communication_stats();
+      tracer->clear();
+
+      nn::Module& block = sharded.model->block(0);
+      const auto params = group_parameters(block);
+      const Tensor idx = rank_tokens(group->rank());
+      const Tensor loss = sharded.model->loss(idx, idx);
+      // Between forward and backward: all of the block (never) or its rows of
+      // a 2-way sharding, which the Parameter does not show: it holds the shard.
+      CHECK(holds_shards(params) == !mode.is_never());
+      autograd::backward(loss);
+      CHECK(holds_shards(params));
+
+      // Forward stays on the 4-rank shard group; the block's backward gather
+      // runs over 2 ranks (its slot of a 2-way split), or not at all.
+      const int64_t slot4 = slot_numel(params, 4) * 4;
+      const int64_t slot2 = slot_numel(params, 2) * 4;
+      const dist::CommStats own = sharded.blocks.front().communication_stats(/*recurse=*/false);
+      const int64_t expected_sent =
+          dist::collective_volume(dist::CollectiveKind::all_gather, slot4, 4, false).sent +
+          (mode.is_never() ? 0 : dist::collective_volume(dist::CollectiveKind::all_gather, slot2, 2, false).sent);
+      CHECK(own[dist::CollectiveKind::all_gather].calls == (mode.is_never() ? 1 : 2));
+      CHECK(own[dist::CollectiveKind::all_gather].bytes_sent == expected_sent);
+      CHECK(mesh.group(0)->stats()[dist::CollectiveKind::all_gather].calls == 1 + kAwkward.n_layer);
+      // The 2-rank group FSDP made records to the shard group's tracer.
+      const auto events = tracer->events();
+      const auto on_pairs = std::count_if(events.begin(), events.end(), [](const dist::TraceEvent& event) {
+        return event.category == "collective" && event.name == "all_gather_into" &&
+               event.track.find(":reshard2") != std::string::npos;
+      });
+      CHECK(on_pairs == (mode.is_never() ? 0 : kAwkward.n_layer));
+      mesh.group(0)->set_tracer(nullptr);
     }
   });
 }
@@ -135,21 +146,20 @@ TEST_CASE("fsdp comm: reshard_after_forward = 2 gathers over 2 ranks in backward
 TEST_CASE("fsdp hooks: async unshard, explicit prefetch, reshard, and overlap in the trace") {
   dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, {2});
-    ShardedGPT sharded = build(mesh);
+    ShardedGPT sharded = build_sharded_gpt(mesh);
     auto tracer = std::make_shared<dist::Tracer>();
     mesh.group(0)->set_tracer(tracer);
 
     // Async unshard: the next forward waits on it; the parameters are whole.
     FSDPModule& first = sharded.blocks.front();
+    const auto params = group_parameters(sharded.model->block(0));
     train_step(*sharded.model, group->rank());
     UnshardHandle handle = first.unshard(/*async_op=*/true);
     handle.wait();
-    CHECK(first.state().group()->state() == ShardState::unsharded);
-    CHECK(sharded.model->block(0).parameters().front()->tensor().sizes() ==
-          sharded.model->block(0).parameters().front()->global_shape());
+    CHECK_FALSE(holds_shards(params));
+    CHECK(params.front()->tensor().sizes() == params.front()->global_shape());
     first.reshard();
-    CHECK(first.state().group()->state() == ShardState::sharded);
-    CHECK(sharded.model->block(0).parameters().front()->is_sharded());
+    CHECK(holds_shards(params));
 
     // Explicit prefetch: block 0 prefetches blocks 1 and 2 in forward.
     first.set_modules_to_forward_prefetch({sharded.blocks[1], sharded.blocks[2]});
@@ -180,67 +190,91 @@ TEST_CASE("fsdp hooks: async unshard, explicit prefetch, reshard, and overlap in
   });
 }
 
+// The order in which the groups' copy-ins (each all-gather's start) ran in
+// the forward and in the backward of one step, by module name.
+struct GatherOrder {
+  std::vector<std::string> forward, backward;
+};
+GatherOrder gather_order(const dist::DeviceMesh& mesh, ShardedGPT& sharded) {
+  const auto copy_ins = [](const dist::Tracer& tracer) {
+    std::vector<dist::TraceEvent> copies;
+    for (const dist::TraceEvent& event : tracer.events()) {
+      if (event.name == "copy_in") copies.push_back(event);
+    }
+    std::sort(copies.begin(), copies.end(), [](const auto& a, const auto& b) { return a.start_us < b.start_us; });
+    std::vector<std::string> order;
+    for (const dist::TraceEvent& event : copies) order.push_back(event.args.value("module", ""));
+    return order;
+  };
+  auto tracer = std::make_shared<dist::Tracer>();
+  mesh.group(0)->set_tracer(tracer);
+  std::vector<int64_t> tokens(16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 5 % 97);
+  const Tensor idx = ops::from_vector(tokens, {2, 8});
+  GatherOrder order;
+  const Tensor loss = sharded.model->loss(idx, idx);
+  order.forward = copy_ins(*tracer);
+  tracer->clear();
+  autograd::backward(loss);
+  order.backward = copy_ins(*tracer);
+  mesh.group(0)->set_tracer(nullptr);
+  return order;
+}
+
 TEST_CASE("fsdp settings: reshard_after_backward, is_last_backward and explicit backward prefetch do what they say") {
   dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, {2});
-    const auto state_of = [](const FSDPModule& module) { return module.state().group()->state(); };
     {  // set_reshard_after_backward(false) keeps a group unsharded after an
        // unsynced backward (accumulation); synced gradients live on the
        // shards, so a synced backward reshards regardless.
-      ShardedGPT sharded = build(mesh);
+      ShardedGPT sharded = build_sharded_gpt(mesh);
+      const auto sharded_now = [&](int block) {
+        return holds_shards(group_parameters(block < 0 ? static_cast<nn::Module&>(*sharded.model)
+                                                       : sharded.model->block(block)));
+      };
       sharded.root->set_requires_gradient_sync(false);
       sharded.root->set_reshard_after_backward(false);
       train_step(*sharded.model, group->rank());
-      for (const FSDPModule& block : sharded.blocks) CHECK(state_of(block) == ShardState::unsharded);
-      CHECK(state_of(*sharded.root) == ShardState::unsharded);
+      for (int block = 0; block < kAwkward.n_layer; ++block) CHECK_FALSE(sharded_now(block));
+      CHECK_FALSE(sharded_now(-1));
       sharded.root->set_reshard_after_backward(true);
       sharded.blocks[1].set_reshard_after_backward(false, /*recurse=*/false);
       train_step(*sharded.model, group->rank());
-      CHECK(state_of(sharded.blocks[0]) == ShardState::sharded);
-      CHECK(state_of(sharded.blocks[1]) == ShardState::unsharded);
-      CHECK(state_of(sharded.blocks[2]) == ShardState::sharded);
-      CHECK(state_of(*sharded.root) == ShardState::sharded);
+      CHECK(sharded_now(0));
+      CHECK_FALSE(sharded_now(1));
+      CHECK(sharded_now(2));
+      CHECK(sharded_now(-1));
       sharded.root->set_requires_gradient_sync(true);
       train_step(*sharded.model, group->rank());
-      CHECK(state_of(sharded.blocks[1]) == ShardState::sharded);
+      CHECK(sharded_now(1));
     }
-    {  // set_is_last_backward(false): the last reduce-scatter stays in flight past backward
-      ShardedGPT sharded = build(mesh);
-      const auto pending = [&] {
-        int count = sharded.root->state().group()->reduce_scatter_pending() ? 1 : 0;
-        for (const FSDPModule& block : sharded.blocks) count += block.state().group()->reduce_scatter_pending() ? 1 : 0;
-        return count;
-      };
+    {  // set_is_last_backward(false): the last reduce-scatter (the root's:
+       // wte's gradient comes last) stays in flight past backward, so its
+       // sharded gradients are not there yet; the blocks' are.
+      ShardedGPT sharded = build_sharded_gpt(mesh);
+      nn::Parameter& wte = sharded.model->wte().weight();
       sharded.root->set_is_last_backward(false);
       train_step(*sharded.model, group->rank());
-      CHECK(pending() == 1);
+      CHECK_FALSE(wte.grad().defined());
+      for (const auto& param : sharded.model->block(0).parameters()) CHECK(param->grad().defined());
       sharded.root->set_is_last_backward(true);
       train_step(*sharded.model, group->rank());
-      CHECK(pending() == 0);
+      CHECK(wte.grad().defined());
     }
     {  // backward prefetch: by default each block gathers the one before it; explicitly, block 2 gathers block 0
-      const auto backward_gather_order = [&](bool explicit_prefetch) {
-        ShardedGPT sharded = build(mesh);
-        if (explicit_prefetch) sharded.blocks[2].set_modules_to_backward_prefetch({sharded.blocks[0]});
-        auto tracer = std::make_shared<dist::Tracer>();
-        mesh.group(0)->set_tracer(tracer);
-        std::vector<int64_t> tokens(16);
-        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 5 % 97);
-        const Tensor idx = ops::from_vector(tokens, {2, 8});
-        const Tensor loss = sharded.model->loss(idx, idx);
-        tracer->clear();  // from here on, backward's gathers only
-        autograd::backward(loss);
-        std::vector<dist::TraceEvent> copies;
-        for (const dist::TraceEvent& event : tracer->events()) {
-          if (event.name == "copy_in") copies.push_back(event);
-        }
-        std::sort(copies.begin(), copies.end(), [](const auto& a, const auto& b) { return a.start_us < b.start_us; });
-        std::vector<std::string> order;
-        for (const dist::TraceEvent& event : copies) order.push_back(event.args.value("module", ""));
-        return order;
-      };
-      CHECK(backward_gather_order(false) == std::vector<std::string>{"blocks.2", "blocks.1", "blocks.0"});
-      CHECK(backward_gather_order(true) == std::vector<std::string>{"blocks.2", "blocks.0", "blocks.1"});
+      ShardedGPT by_default = build_sharded_gpt(mesh);
+      CHECK(gather_order(mesh, by_default).backward == std::vector<std::string>{"blocks.2", "blocks.1", "blocks.0"});
+      ShardedGPT explicitly = build_sharded_gpt(mesh);
+      explicitly.blocks[2].set_modules_to_backward_prefetch({explicitly.blocks[0]});
+      CHECK(gather_order(mesh, explicitly).backward == std::vector<std::string>{"blocks.2", "blocks.0", "blocks.1"});
+    }
+    {  // forward prefetch: explicitly, block 0 gathers block 2 before block 1 (the first
+       // iteration has no default prefetch yet: modules gather as they run)
+      ShardedGPT by_default = build_sharded_gpt(mesh);
+      CHECK(gather_order(mesh, by_default).forward == std::vector<std::string>{"", "blocks.0", "blocks.1", "blocks.2"});
+      ShardedGPT explicitly = build_sharded_gpt(mesh);
+      explicitly.blocks[0].set_modules_to_forward_prefetch({explicitly.blocks[2], explicitly.blocks[1]});
+      CHECK(gather_order(mesh, explicitly).forward == std::vector<std::string>{"", "blocks.0", "blocks.2", "blocks.1"});
     }
   });
 }
@@ -262,8 +296,11 @@ TEST_CASE("fsdp errors: misuse gives a clear tessera::Error") {
       fully_shard(model.block(0), {.mesh = mesh});
       CHECK_THROWS_WITH_AS(fully_shard(model.block(0), {.mesh = mesh}), doctest::Contains("already an FSDP module"),
                            Error);
-      CHECK_THROWS_WITH_AS(fully_shard(model.block(1), {.mesh = mesh, .reshard_after_forward = int64_t{3}}),
-                           doctest::Contains("must divide the shard group size 2"), Error);
+      CHECK_THROWS_WITH_AS(
+          fully_shard(model.block(1), {.mesh = mesh, .reshard_after_forward = ReshardAfterForward::to_group_of(3)}),
+          doctest::Contains("fully_shard(TransformerBlock): reshard_after_forward = 3 must divide the shard group size "
+                            "2 (1 = false, 2 = true)"),
+          Error);
       fully_shard(model, {.mesh = mesh});
       // Still on meta: the first forward says what to do.
       CHECK_THROWS_WITH_AS(model(idx), doctest::Contains("call to_empty(device) and reset_parameters()"), Error);
@@ -295,7 +332,8 @@ TEST_CASE("fsdp: a released unsharded tensor cannot be read") {
 }
 
 TEST_CASE("fsdp: ignored parameters stay whole and unreduced") {
-  dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
+  std::vector<std::vector<float>> ignored_grads(2), ignored_values(2);
+  dist::run_local(2, [&](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, {2});
     nn::GPT model(kAwkward, kMeta);
     const auto ln_f_weight = model.ln_f().parameter("weight");
@@ -304,21 +342,40 @@ TEST_CASE("fsdp: ignored parameters stay whole and unreduced") {
     model.to_empty(kCPU);
     model.reset_parameters(5);
     CHECK_FALSE(ln_f_weight->is_sharded());
-    CHECK(managing_state(*ln_f_weight) == nullptr);
-    for (const auto& param : root.state().group()->params()) CHECK(param->param_ptr() != ln_f_weight);
+    // Not in the root's reduce-scatter: its slot holds wte and wpe and
+    // ln_f.bias (and their presence flags) only.
+    std::vector<std::shared_ptr<nn::Parameter>> reduced;
+    for (const auto& param : group_parameters(model)) {
+      if (param != ln_f_weight) reduced.push_back(param);
+    }
     train_step(model, group->rank());
+    const int64_t reduced_bytes = (slot_numel(reduced, 2) + static_cast<int64_t>(reduced.size())) * 4;
+    CHECK(root.communication_stats(/*recurse=*/false)[dist::CollectiveKind::reduce_scatter].bytes_sent ==
+          dist::collective_volume(dist::CollectiveKind::reduce_scatter, reduced_bytes, 2, false).sent);
     CHECK(ln_f_weight->grad().sizes() == Shape{kAwkward.n_embd});
     CHECK(model.wte().weight().is_sharded());
+    ignored_grads[static_cast<size_t>(group->rank())] = ln_f_weight->grad().to_vector<float>();
+    ignored_values[static_cast<size_t>(group->rank())] = ln_f_weight->tensor().to_vector<float>();
   });
+  // Each rank keeps its own micro-batch's gradient (the ranks saw other tokens).
+  CHECK(ignored_values[0] == ignored_values[1]);
+  CHECK(ignored_grads[0] != ignored_grads[1]);
 }
 
 TEST_CASE("fsdp: unshard before the root's first forward is an error, not a new root") {
   dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, {2});
-    ShardedGPT sharded = build(mesh);
+    ShardedGPT sharded = build_sharded_gpt(mesh);
     CHECK_THROWS_WITH_AS(sharded.blocks.front().unshard(), doctest::Contains("run a forward of the root module first"),
                          Error);
     train_step(*sharded.model, group->rank());  // the root's lazy init still works
-    CHECK(sharded.root->state().is_root());
+    CHECK(holds_shards(group_parameters(*sharded.model)));
+    // The GPT is the root, the block is not; now the block can unshard.
+    sharded.root->set_is_last_backward(true);
+    CHECK_THROWS_WITH_AS(sharded.blocks.front().set_is_last_backward(true), doctest::Contains("is not the FSDP root"),
+                         Error);
+    sharded.blocks.front().unshard();
+    CHECK_FALSE(holds_shards(group_parameters(sharded.model->block(0))));
+    sharded.blocks.front().reshard();
   });
 }

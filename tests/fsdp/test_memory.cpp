@@ -16,9 +16,11 @@
 #include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
+#include "tests/fsdp/sharded_gpt.h"
 
 using namespace tessera;
 using namespace tessera::fsdp;
+using namespace tessera::fsdp::testing;
 
 namespace {
 
@@ -117,20 +119,42 @@ TEST_CASE("fsdp memory: unsharded parameters never exceed two groups (current + 
       FSDPModule root = fully_shard(model, {.mesh = mesh});
       model.to_empty(kCPU);
       model.reset_parameters(11);
+      // One all-gather output per layer: every rank's slot, f32.
       std::vector<int64_t> group_bytes;
-      for (const FSDPModule& layer : layers) group_bytes.push_back(layer.state().group()->unsharded_bytes());
+      for (const auto& layer : model.layers()) group_bytes.push_back(world * slot_numel(layer->parameters(), world) * 4);
       std::sort(group_bytes.rbegin(), group_bytes.rend());
+      CHECK(root.unsharded_memory().peak_bytes == 0);  // nothing is set up before the first forward
 
       const Tensor x = ops::randn({4, widths.front()}, PhiloxKey{1, 2});
       for (int iteration = 0; iteration < 3; ++iteration) {  // the first records the prefetch order
         autograd::backward(model(x));
-        const MemoryStats unsharded = root.state().context()->unsharded_memory->snapshot();
+        const MemoryStats unsharded = root.unsharded_memory();
         INFO("iteration " << iteration << ": peak " << unsharded.peak_bytes << " bytes; largest group "
                           << group_bytes[0]);
         CHECK(unsharded.live_bytes == 0);  // everything resharded after backward
         CHECK(unsharded.peak_bytes <= 2 * group_bytes[0]);
         CHECK(unsharded.peak_bytes >= group_bytes[0]);  // the largest group was gathered
-        root.state().context()->unsharded_memory->reset_peak();
+        // Each layer alone: its buffer and its unsharded parameters (twice its
+        // bytes, less the padding) at the most; the tree's peak is at least
+        // the largest of them and at most their sum.
+        int64_t sum_of_peaks = 0, largest_peak = 0;
+        for (size_t index = 0; index < layers.size(); ++index) {
+          const MemoryStats own = layers[index].unsharded_memory(/*recurse=*/false);
+          const int64_t bytes = world * slot_numel(model.layers()[static_cast<int64_t>(index)].parameters(), world) * 4;
+          CAPTURE(index);
+          CHECK(own.live_bytes == 0);
+          CHECK(own.peak_bytes >= bytes);
+          CHECK(own.peak_bytes <= 2 * bytes);
+          CHECK(layers[index].unsharded_memory(/*recurse=*/true).peak_bytes == own.peak_bytes);  // nothing below
+          sum_of_peaks += own.peak_bytes;
+          largest_peak = std::max(largest_peak, own.peak_bytes);
+        }
+        CHECK(unsharded.peak_bytes >= largest_peak);
+        CHECK(unsharded.peak_bytes <= sum_of_peaks);
+        CHECK(root.unsharded_memory(/*recurse=*/false).peak_bytes == 0);  // the root owns no parameters
+        root.reset_unsharded_memory_peak();
+        CHECK(root.unsharded_memory().peak_bytes == 0);
+        CHECK(layers.front().unsharded_memory(/*recurse=*/false).peak_bytes == 0);
       }
     });
   }
@@ -144,9 +168,8 @@ TEST_CASE("fsdp memory: a meta-built GPT-2 124M on 8 ranks never holds more than
     nn::GPT model(config, kMeta);
     CHECK(dist::rank_memory_stats().live_bytes == baseline);  // meta: no bytes
     const dist::DeviceMesh mesh(group, kCPU, {8});
-    std::vector<FSDPModule> blocks;
-    for (const auto& block : model.blocks()) blocks.push_back(fully_shard(*block, {.mesh = mesh}));
-    FSDPModule root = fully_shard(model, {.mesh = mesh});
+    for (const auto& block : model.blocks()) fully_shard(*block, {.mesh = mesh});
+    fully_shard(model, {.mesh = mesh});
     model.to_empty(kCPU);
     model.reset_parameters(1);
 
@@ -154,8 +177,8 @@ TEST_CASE("fsdp memory: a meta-built GPT-2 124M on 8 ranks never holds more than
     for (const auto& param : model.parameters()) {
       shard_bytes += param->sharding()->padded_rows * row_numel(param->global_shape()) * 4;
     }
-    int64_t largest_group = root.state().group()->unsharded_bytes();
-    for (const FSDPModule& block : blocks) largest_group = std::max(largest_group, block.state().group()->unsharded_bytes());
+    int64_t largest_group = 8 * slot_numel(group_parameters(model), 8) * 4;
+    for (const auto& block : model.blocks()) largest_group = std::max(largest_group, 8 * slot_numel(block->parameters(), 8) * 4);
     const MemoryStats stats = dist::rank_memory_stats();
     INFO("rank " << group->rank() << ": peak " << stats.peak_bytes - baseline << ", shards " << shard_bytes
                  << ", largest group " << largest_group);
