@@ -1,7 +1,9 @@
 // FSDP against unsharded training on the same global batch: a tiny GPT and an
 // awkward one (vocabulary 97, width 72, 3 heads) on 1..8 ranks, every
 // reshard_after_forward mode, HSDP, both gradient-accumulation modes, unused
-// and tied parameters, clipping, bf16 parameters.
+// and tied parameters, clipping, bf16 parameters; a Llama (grouped-query
+// attention, RoPE, untied head) and an MLP classifier on 1..5 ranks and HSDP;
+// the naive reference against fully_shard on GPT and Llama.
 //
 // Each comparison is exact or provably within its tolerance on any machine:
 // - Where FSDP does the unsharded arithmetic (each rank's micro-batch gradient
@@ -23,6 +25,7 @@
 
 #include "dist/local_backend.h"
 #include "fsdp/naive_fsdp.h"
+#include "nn/models/gpt.h"
 #include "tensor/error.h"
 #include "tests/fsdp/training_harness.h"
 
@@ -32,20 +35,29 @@ using namespace tessera::fsdp::testing;
 
 namespace {
 
-TrainingSetup tiny() {
-  TrainingSetup setup;
-  setup.model = nn::GPTConfig::preset("nano");
-  setup.model.block_size = 8;
-  return setup;
+nn::GPTConfig tiny_gpt() {
+  nn::GPTConfig config = nn::GPTConfig::preset("nano");
+  config.block_size = 8;
+  return config;
 }
+
+TrainingSetup tiny() { return {.model = gpt_recipe(tiny_gpt())}; }
 
 // Without biases, where the tiny model has them: both layouts get sharded.
 TrainingSetup awkward() {
-  TrainingSetup setup;
-  setup.model =
-      nn::GPTConfig{.vocab_size = 97, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 72, .bias = false};
-  return setup;
+  return {.model = gpt_recipe(
+              {.vocab_size = 97, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 72, .bias = false})};
 }
+
+// 3 query heads sharing one kv head of width 8: wk and wv have 8 rows, so 5
+// ranks hold 2, 2, 2, 2, 0; vocab 97 and F 40 are uneven too.
+TrainingSetup llama() {
+  return {.model = llama_recipe({.vocab_size = 97, .block_size = 8, .n_layer = 2, .n_head = 3, .n_kv_head = 1,
+                                 .n_embd = 24, .ffn_hidden = 40})};
+}
+
+// 7 features, 13 hidden, 5 classes: every matrix shards unevenly.
+TrainingSetup mlp() { return {.model = mlp_recipe(7, 13, 5)}; }
 
 // For a case whose summation order differs from unsharded training's: f64
 // AdamW and f32 SGD, each against its own unsharded run; returns those two.
@@ -82,10 +94,21 @@ TEST_CASE("fsdp: an awkward GPT (vocab 97, width 72, 3 heads) with uneven and em
   }
 }
 
+TEST_CASE("fsdp: a Llama (GQA, RoPE, untied head) and an MLP on 1..5 ranks are bitwise unsharded training") {
+  for (const TrainingSetup& setup : {llama(), mlp()}) {
+    for (int world : {1, 2, 3, 4, 5}) {
+      CAPTURE(setup.model.name);
+      CAPTURE(world);
+      check_bitwise(train_unsharded(setup, world), train_fsdp(setup, {.world = world}));
+    }
+  }
+}
+
 TEST_CASE("fsdp: the naive reference (one collective per parameter) is bitwise fully_shard, shards even, uneven, empty") {
   // awkward() on 5 ranks: wpe's 8 rows leave rank 4 no rows at all.
-  for (const TrainingSetup& setup : {tiny(), awkward()}) {
+  for (const TrainingSetup& setup : {tiny(), awkward(), llama()}) {
     for (int world : {1, 2, 3, 5}) {
+      CAPTURE(setup.model.name);
       CAPTURE(world);
       check_bitwise(train_fsdp(setup, {.world = world, .deterministic = true}),
                     train_naive_fsdp(setup, world, /*deterministic=*/true));
@@ -93,7 +116,7 @@ TEST_CASE("fsdp: the naive reference (one collective per parameter) is bitwise f
   }
   // It shards values: a model still on meta is refused, naming the parameter.
   dist::run_local(1, [](const dist::ProcessGroupPtr& world) {
-    nn::GPT model(tiny().model, kMeta);
+    nn::GPT model(tiny_gpt(), kMeta);
     CHECK_THROWS_WITH_AS(NaiveFSDP(model, world), doctest::Contains("parameter 'wte.weight' of shape"), Error);
   });
 }
@@ -101,9 +124,9 @@ TEST_CASE("fsdp: the naive reference (one collective per parameter) is bitwise f
 TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise the same training") {
   for (const TrainingSetup& setup : {tiny(), awkward()}) {
     const TrainingResult expected = train_unsharded(setup, 4);
-    for (const ReshardAfterForward mode : {ReshardAfterForward{true}, ReshardAfterForward{false},
-                                           ReshardAfterForward{int64_t{2}}}) {
-      CAPTURE(mode.index());
+    for (const ReshardAfterForward mode :
+         {ReshardAfterForward::always(), ReshardAfterForward::never(), ReshardAfterForward::to_group_of(2)}) {
+      CAPTURE(mode.to_string());
       check_bitwise(expected, train_fsdp(setup, {.world = 4, .reshard_after_forward = mode}));
     }
   }
@@ -119,7 +142,8 @@ TEST_CASE("fsdp: deterministic mode with 2 intra-op threads per rank is bitwise 
 }
 
 TEST_CASE("fsdp: HSDP on 2x2 and 2x3 meshes matches unsharded training") {
-  for (const TrainingSetup& setup : {tiny(), awkward()}) {
+  for (const TrainingSetup& setup : {tiny(), awkward(), llama()}) {
+    CAPTURE(setup.model.name);
     check_across_orders(setup, 4, {.world = 4, .replicate = 2});
     check_across_orders(setup, 6, {.world = 6, .replicate = 2});
   }
@@ -159,10 +183,10 @@ TEST_CASE("fsdp: the tied embedding and head train as one parameter under uneven
   const TrainingSetup setup = awkward();
   TrainingSetup untrained = setup;
   untrained.steps = 0;
-  const auto initial = train_unsharded(untrained, 1).parameters.at("gpt.wte.weight");
+  const auto initial = train_unsharded(untrained, 1).parameters.at("model.wte.weight");
   const TrainingResult actual = train_fsdp(setup, {.world = 3});
-  CHECK(actual.parameters.count("gpt.lm_head.weight") == 0);  // listed once, under wte
-  CHECK(actual.parameters.at("gpt.wte.weight") != initial);
+  CHECK(actual.parameters.count("model.lm_head.weight") == 0);  // listed once, under wte
+  CHECK(actual.parameters.at("model.wte.weight") != initial);
   check_bitwise(train_unsharded(setup, 3), actual);
 }
 

@@ -19,7 +19,7 @@ dist::ProcessGroupPtr mpi_world;
 
 TrainingSetup awkward() {
   TrainingSetup setup;
-  setup.model = nn::GPTConfig{.vocab_size = 97, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 72, .bias = false};
+  setup.model = gpt_recipe({.vocab_size = 97, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 72, .bias = false});
   return setup;
 }
 

@@ -11,7 +11,11 @@
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
 #include "fsdp/naive_fsdp.h"
+#include "nn/activation.h"
 #include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/models/gpt.h"
+#include "nn/models/llama.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/clip_grad.h"
 #include "nn/optim/sgd.h"
@@ -19,23 +23,60 @@
 
 namespace tessera::fsdp::testing {
 
+namespace {
+
+// The recipe's model as child "model", plus, on request, a Linear that
+// forward never calls (its parameters get no gradient).
 class HarnessModel : public nn::Module {
  public:
-  HarnessModel(const nn::GPTConfig& config, bool unused) : Module("HarnessModel") {
-    gpt_ = register_module("gpt", std::make_shared<nn::GPT>(config, kMeta));
+  HarnessModel(const ModelRecipe& recipe, DType dtype, bool unused) : Module("HarnessModel") {
+    model_ = register_module("model", recipe.build_on_meta(dtype));
     if (unused) {
-      unused_ = register_module("unused", std::make_shared<nn::Linear>(config.n_embd, 5, nn::LinearOptions{.device = kMeta, .dtype = config.dtype}));
+      register_module("unused", std::make_shared<nn::Linear>(4, 5, nn::LinearOptions{.device = kMeta, .dtype = dtype}));
     }
   }
-  Tensor forward_inputs(const nn::TensorList& inputs) override { return (*gpt_)(inputs); }
-  nn::GPT& gpt() { return *gpt_; }
+  Tensor forward_inputs(const nn::TensorList& inputs) override { return (*model_)(inputs); }
+  nn::Module& model() { return *model_; }
 
  private:
-  std::shared_ptr<nn::GPT> gpt_;
-  std::shared_ptr<nn::Linear> unused_;
+  std::shared_ptr<nn::Module> model_;
 };
 
-namespace {
+// The MLP recipe's model: logits = mlp(features), loss = cross_entropy.
+class Classifier : public nn::Module {
+ public:
+  Classifier(int64_t features, int64_t hidden, int64_t classes, DType dtype) : Module("Classifier") {
+    mlp_ = register_module("mlp", std::make_shared<nn::MLP>(features, hidden, classes, std::make_shared<nn::ReLU>(),
+                                                            nn::MLPOptions{.device = kMeta, .dtype = dtype}));
+  }
+  // {features [N, in], labels [N]} -> mean loss
+  Tensor forward_inputs(const nn::TensorList& inputs) override {
+    return tessera::cross_entropy((*mlp_)(inputs.at(0)), inputs.at(1));
+  }
+  nn::MLP& mlp() { return *mlp_; }
+
+ private:
+  std::shared_ptr<nn::MLP> mlp_;
+};
+
+std::pair<Tensor, Tensor> token_sequences(std::mt19937_64& generator, int64_t vocab_size, int64_t batch,
+                                          int64_t seq_len) {
+  std::uniform_int_distribution<int64_t> token(0, vocab_size - 1);
+  std::vector<int64_t> inputs, targets;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int64_t> sequence(static_cast<size_t>(seq_len + 1));
+    for (auto& value : sequence) value = token(generator);
+    inputs.insert(inputs.end(), sequence.begin(), sequence.end() - 1);
+    targets.insert(targets.end(), sequence.begin() + 1, sequence.end());
+  }
+  return {ops::from_vector(inputs, {batch, seq_len}), ops::from_vector(targets, {batch, seq_len})};
+}
+
+std::vector<nn::Module*> causal_lm_blocks(nn::Module& model) {
+  std::vector<nn::Module*> blocks;
+  for (const auto& block : dynamic_cast<nn::CausalLM&>(model).blocks()) blocks.push_back(block.get());
+  return blocks;
+}
 
 struct MicroBatch {
   Tensor inputs, targets;
@@ -43,19 +84,12 @@ struct MicroBatch {
 
 MicroBatch micro_batch(const TrainingSetup& setup, int64_t step, int64_t index) {
   std::mt19937_64 generator(setup.seed * 1000003ULL + static_cast<uint64_t>(step) * 4099ULL + static_cast<uint64_t>(index));
-  std::uniform_int_distribution<int64_t> token(0, setup.model.vocab_size - 1);
-  std::vector<int64_t> inputs, targets;
-  for (int64_t b = 0; b < setup.batch; ++b) {
-    std::vector<int64_t> sequence(static_cast<size_t>(setup.seq_len + 1));
-    for (auto& value : sequence) value = token(generator);
-    inputs.insert(inputs.end(), sequence.begin(), sequence.end() - 1);
-    targets.insert(targets.end(), sequence.begin() + 1, sequence.end());
-  }
-  return {ops::from_vector(inputs, {setup.batch, setup.seq_len}), ops::from_vector(targets, {setup.batch, setup.seq_len})};
+  auto [inputs, targets] = setup.model.micro_batch(generator, setup.batch, setup.seq_len);
+  return {std::move(inputs), std::move(targets)};
 }
 
 std::unique_ptr<HarnessModel> build_meta(const TrainingSetup& setup) {
-  return std::make_unique<HarnessModel>(setup.model, setup.unused_parameters);
+  return std::make_unique<HarnessModel>(setup.model, setup.dtype, setup.unused_parameters);
 }
 
 std::unique_ptr<optim::Optimizer> build_optimizer(const std::vector<nn::NamedParameter>& parameters,
@@ -118,8 +152,8 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
                                     ? dist::DeviceMesh(world, kCPU, {sharding.replicate, shards}, {"replicate", "shard"})
                                     : dist::DeviceMesh(world, kCPU, {shards}, {"shard"});
   auto model = build_meta(setup);
-  for (const auto& block : model->gpt().blocks()) {
-    fully_shard(*block, {.mesh = mesh, .reshard_after_forward = sharding.reshard_after_forward,
+  for (nn::Module* unit : setup.model.shard_units(model->model())) {
+    fully_shard(*unit, {.mesh = mesh, .reshard_after_forward = sharding.reshard_after_forward,
                          .mp_policy = sharding.mp_policy});
   }
   FSDPModule root = fully_shard(*model, {.mesh = mesh, .mp_policy = sharding.mp_policy});
@@ -196,8 +230,53 @@ TrainingResult train_naive_fsdp(const TrainingSetup& setup, int world_size, bool
   return result;
 }
 
+ModelRecipe gpt_recipe(nn::GPTConfig config) {
+  return {.name = "GPT",
+          .build_on_meta = [config](DType dtype) mutable {
+            config.dtype = dtype;
+            return std::make_shared<nn::GPT>(config, kMeta);
+          },
+          .shard_units = causal_lm_blocks,
+          .micro_batch = [vocab = config.vocab_size](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
+            return token_sequences(generator, vocab, batch, seq_len);
+          }};
+}
+
+ModelRecipe llama_recipe(nn::LlamaConfig config) {
+  return {.name = "Llama",
+          .build_on_meta = [config](DType dtype) mutable {
+            config.dtype = dtype;
+            return std::make_shared<nn::Llama>(config, kMeta);
+          },
+          .shard_units = causal_lm_blocks,
+          .micro_batch = [vocab = config.vocab_size](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
+            return token_sequences(generator, vocab, batch, seq_len);
+          }};
+}
+
+ModelRecipe mlp_recipe(int64_t features, int64_t hidden, int64_t classes) {
+  return {.name = "MLP",
+          .build_on_meta = [=](DType dtype) { return std::make_shared<Classifier>(features, hidden, classes, dtype); },
+          .shard_units =
+              [](nn::Module& model) {
+                nn::MLP& mlp = dynamic_cast<Classifier&>(model).mlp();
+                return std::vector<nn::Module*>{&mlp.fc(), &mlp.proj()};
+              },
+          .micro_batch =
+              [=](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
+                const int64_t rows = batch * seq_len;
+                std::normal_distribution<double> feature;
+                std::uniform_int_distribution<int64_t> label(0, classes - 1);
+                std::vector<double> inputs(static_cast<size_t>(rows * features));
+                for (double& value : inputs) value = feature(generator);
+                std::vector<int64_t> targets(static_cast<size_t>(rows));
+                for (int64_t& value : targets) value = label(generator);
+                return std::pair{ops::from_vector(inputs, {rows, features}), ops::from_vector(targets, {rows})};
+              }};
+}
+
 TrainingSetup in_f64(TrainingSetup setup) {
-  setup.model.dtype = DType::f64;
+  setup.dtype = DType::f64;
   return setup;
 }
 

@@ -1,10 +1,11 @@
 // The FSDP equivalence harness: the same training (model and its dtype, data,
 // optimizer, clipping) run unsharded in one process and with fully_shard on N
 // ranks, so tests can compare losses, gradient norms and parameters step by
-// step, bitwise or within the tolerances of equivalence.h.
+// step, bitwise or within the tolerances of equivalence.h. The model is any
+// ModelRecipe: GPT, Llama and an MLP classifier come with it.
 //
-// Data: micro-batch m of step s is a fixed set of random token sequences,
-// whatever the world size. Unsharded training takes micro-batches
+// Data: micro-batch m of step s is fixed by (seed, s, m), whatever the world
+// size. Unsharded training takes micro-batches
 // 0..N*K-1 of every step; FSDP rank r at accumulation step a takes micro-batch
 // a*N + r. Gradients are the mean over all of them.
 #pragma once
@@ -12,21 +13,43 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "nn/models/gpt.h"
+#include "nn/models/gpt_config.h"
+#include "nn/models/llama_config.h"
 #include "tests/fsdp/equivalence.h"
 
 namespace tessera::fsdp::testing {
 
 enum class OptimizerKind { adamw, sgd };
 
+// What the harness trains: the model built on meta in a dtype (called as
+// model({inputs, targets}) -> mean loss), the modules fully_shard wraps
+// before the root, and a micro-batch of data from a seeded generator.
+struct ModelRecipe {
+  std::string name;
+  std::function<std::shared_ptr<nn::Module>(DType dtype)> build_on_meta;
+  std::function<std::vector<nn::Module*>(nn::Module& model)> shard_units;
+  std::function<std::pair<Tensor, Tensor>(std::mt19937_64& generator, int64_t batch, int64_t seq_len)> micro_batch;
+};
+
+// A CausalLM on random token sequences, its blocks as the units.
+ModelRecipe gpt_recipe(nn::GPTConfig config);
+ModelRecipe llama_recipe(nn::LlamaConfig config);
+// MLP(features, hidden, classes, ReLU) + cross-entropy on Gaussian features
+// and random labels (batch * seq_len rows); fc and proj are the units.
+ModelRecipe mlp_recipe(int64_t features, int64_t hidden, int64_t classes);
+
 struct TrainingSetup {
-  nn::GPTConfig model;     // model.dtype f32, or f64 for comparisons across summation orders
+  ModelRecipe model;
+  DType dtype = DType::f32;  // f64 for comparisons across summation orders
   int64_t batch = 2;       // sequences per micro-batch
   int64_t seq_len = 8;
   int64_t steps = 10;
