@@ -204,22 +204,20 @@ void FSDPModule::set_is_last_backward(bool is_last_backward) {
   state->set_is_last_backward(is_last_backward);
 }
 
+std::vector<FSDPState*> FSDPModule::live_states(const std::vector<FSDPModule>& modules, const char* caller) {
+  std::vector<FSDPState*> states;
+  for (const FSDPModule& module : modules) states.push_back(alive(module.state_, caller).get());
+  return states;
+}
+
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_modules_to_forward_prefetch");
-  std::vector<FSDPState*> targets;
-  for (const FSDPModule& module : modules) {
-    targets.push_back(alive(module.state_, "FSDPModule::set_modules_to_forward_prefetch").get());
-  }
-  state->set_forward_prefetch(std::move(targets));
+  const char* caller = "FSDPModule::set_modules_to_forward_prefetch";
+  alive(state_, caller)->set_forward_prefetch(live_states(modules, caller));
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::set_modules_to_backward_prefetch");
-  std::vector<FSDPState*> targets;
-  for (const FSDPModule& module : modules) {
-    targets.push_back(alive(module.state_, "FSDPModule::set_modules_to_backward_prefetch").get());
-  }
-  state->set_backward_prefetch(std::move(targets));
+  const char* caller = "FSDPModule::set_modules_to_backward_prefetch";
+  alive(state_, caller)->set_backward_prefetch(live_states(modules, caller));
 }
 
 dist::CommStats FSDPModule::communication_stats(bool recurse) const {

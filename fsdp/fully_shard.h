@@ -114,6 +114,8 @@ class FSDPModule {
   friend FSDPModule fully_shard(nn::Module& module, FullyShardOptions options);
   friend std::optional<FSDPModule> fsdp_module(nn::Module& module);
   explicit FSDPModule(std::weak_ptr<FSDPState> state) : state_(std::move(state)) {}
+  // The states behind `modules`; throws, naming `caller`, if one is gone.
+  static std::vector<FSDPState*> live_states(const std::vector<FSDPModule>& modules, const char* caller);
 
   std::weak_ptr<FSDPState> state_;
 };
