@@ -33,11 +33,6 @@ class ReshardAfterForward {
   // written to_group_of(N).
   template <std::same_as<bool> Bool>
   ReshardAfterForward(Bool reshard) : ranks_(reshard ? kAlways : 1) {}  // NOLINT(google-explicit-constructor)
-  // For callers written against the std::variant<bool, int64_t> this class
-  // replaced (tests/fsdp/test_equivalence.cpp); to be removed with them.
-  [[deprecated("write ReshardAfterForward::to_group_of(ranks)")]] explicit ReshardAfterForward(int64_t ranks)
-      : ReshardAfterForward(to_group_of(ranks)) {}
-  [[deprecated("print to_string()")]] int index() const { return group_size() ? 1 : 0; }
 
   bool is_always() const { return ranks_ == kAlways; }
   bool is_never() const { return ranks_ == 1; }
