@@ -1,9 +1,10 @@
-// GPTConfig <-> JSON with every field checked, and TrainConfig -> JSON.
+// Model configs (either family) <-> JSON with every field checked, and TrainConfig -> JSON.
 #include "examples/gpt/config_json.h"
 
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <span>
 #include <string_view>
 
 #include "tensor/error.h"
@@ -12,8 +13,13 @@ namespace gpt {
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kModelFields = {"vocab_size", "block_size", "n_layer", "n_head",
-                                                          "n_embd",     "dropout",    "bias",    "norm_eps"};
+// A GPT's JSON may say "family": "gpt"; model_config_to_json leaves it out.
+constexpr std::array<std::string_view, 9> kGptFields = {"family", "vocab_size", "block_size", "n_layer", "n_head",
+                                                        "n_embd", "dropout",    "bias",       "norm_eps"};
+constexpr std::array<std::string_view, 10> kLlamaFields = {"family",     "vocab_size", "block_size", "n_layer",
+                                                           "n_head",     "n_kv_head",  "n_embd",     "ffn_hidden",
+                                                           "rope_theta", "norm_eps"};
+constexpr const char* kFamilyField = "family";
 
 // The JSON type of a value, for "expected X, got Y" messages.
 std::string json_kind(const nlohmann::json& value) {
@@ -54,6 +60,55 @@ bool boolean_field(const nlohmann::json& json, std::string_view field, const std
   return value.get<bool>();
 }
 
+// Every key must be one of `known`.
+void check_known_fields(const nlohmann::json& json, std::span<const std::string_view> known,
+                        const std::string& source) {
+  for (const auto& [key, value] : json.items()) {
+    TESSERA_CHECK(std::find(known.begin(), known.end(), key) != known.end(),
+                  "{}: model config: unknown field '{}' (known: {})", source, key, known);
+  }
+}
+
+// The config's own validate(), its message prefixed with the source.
+template <typename Config>
+Config validated(Config config, const std::string& source) {
+  try {
+    config.validate();
+  } catch (const tessera::Error& error) {
+    tessera::fail("{}: model config: {}", source, error.what());
+  }
+  return config;
+}
+
+tessera::nn::GPTConfig gpt_config_from_json(const nlohmann::json& json, const std::string& source) {
+  check_known_fields(json, kGptFields, source);
+  tessera::nn::GPTConfig config;
+  config.vocab_size = integer_field(json, "vocab_size", source);
+  config.block_size = integer_field(json, "block_size", source);
+  config.n_layer = integer_field(json, "n_layer", source);
+  config.n_head = integer_field(json, "n_head", source);
+  config.n_embd = integer_field(json, "n_embd", source);
+  config.dropout = number_field(json, "dropout", source);
+  config.bias = boolean_field(json, "bias", source);
+  config.norm_eps = number_field(json, "norm_eps", source);
+  return validated(config, source);
+}
+
+tessera::nn::LlamaConfig llama_config_from_json(const nlohmann::json& json, const std::string& source) {
+  check_known_fields(json, kLlamaFields, source);
+  tessera::nn::LlamaConfig config;
+  config.vocab_size = integer_field(json, "vocab_size", source);
+  config.block_size = integer_field(json, "block_size", source);
+  config.n_layer = integer_field(json, "n_layer", source);
+  config.n_head = integer_field(json, "n_head", source);
+  config.n_kv_head = integer_field(json, "n_kv_head", source);
+  config.n_embd = integer_field(json, "n_embd", source);
+  config.ffn_hidden = integer_field(json, "ffn_hidden", source);
+  config.rope_theta = number_field(json, "rope_theta", source);
+  config.norm_eps = number_field(json, "norm_eps", source);
+  return validated(config, source);
+}
+
 }  // namespace
 
 nlohmann::json model_config_to_json(const tessera::nn::GPTConfig& config) {
@@ -67,27 +122,39 @@ nlohmann::json model_config_to_json(const tessera::nn::GPTConfig& config) {
           {"norm_eps", config.norm_eps}};
 }
 
-tessera::nn::GPTConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
+nlohmann::json model_config_to_json(const tessera::nn::LlamaConfig& config) {
+  return {{kFamilyField, family_name(ModelFamily::llama)},
+          {"vocab_size", config.vocab_size},
+          {"block_size", config.block_size},
+          {"n_layer", config.n_layer},
+          {"n_head", config.n_head},
+          {"n_kv_head", config.n_kv_head},
+          {"n_embd", config.n_embd},
+          {"ffn_hidden", config.ffn_hidden},
+          {"rope_theta", config.rope_theta},
+          {"norm_eps", config.norm_eps}};
+}
+
+nlohmann::json model_config_to_json(const ModelConfig& config) {
+  return std::visit([](const auto& shape) { return model_config_to_json(shape); }, config);
+}
+
+ModelFamily model_family_from_json(const nlohmann::json& json, const std::string& source) {
   TESSERA_CHECK(json.is_object(), "{}: model config must be a JSON object, got {}", source, json_kind(json));
-  for (const auto& [key, value] : json.items()) {
-    TESSERA_CHECK(std::find(kModelFields.begin(), kModelFields.end(), key) != kModelFields.end(),
-                  "{}: model config: unknown field '{}' (known: {})", source, key, kModelFields);
-  }
-  tessera::nn::GPTConfig config;
-  config.vocab_size = integer_field(json, "vocab_size", source);
-  config.block_size = integer_field(json, "block_size", source);
-  config.n_layer = integer_field(json, "n_layer", source);
-  config.n_head = integer_field(json, "n_head", source);
-  config.n_embd = integer_field(json, "n_embd", source);
-  config.dropout = number_field(json, "dropout", source);
-  config.bias = boolean_field(json, "bias", source);
-  config.norm_eps = number_field(json, "norm_eps", source);
+  const auto family = json.find(kFamilyField);
+  if (family == json.end()) return ModelFamily::gpt;
+  TESSERA_CHECK(family->is_string(), "{}: model config: field 'family' must be a string, got {}", source,
+                json_kind(*family));
   try {
-    config.validate();
+    return family_from_name(family->get<std::string>());
   } catch (const tessera::Error& error) {
     tessera::fail("{}: model config: {}", source, error.what());
   }
-  return config;
+}
+
+ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
+  if (model_family_from_json(json, source) == ModelFamily::llama) return llama_config_from_json(json, source);
+  return gpt_config_from_json(json, source);
 }
 
 nlohmann::json train_config_to_json(const TrainConfig& config) {

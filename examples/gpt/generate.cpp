@@ -1,4 +1,4 @@
-// `generate`: samples text from a trained GPT, byte-level (one token per
+// `generate`: samples text from a trained GPT or Llama, byte-level (one token per
 // byte). The model comes from a checkpoint that `train` saved (--ckpt: one
 // checkpoint, or a root of step-N checkpoints, then the newest; saved on any
 // number of ranks, it loads whole here) or from an exported .safetensors file
@@ -52,7 +52,7 @@ const CLI::Validator kNonNegative(
 
 // Returns the exit code when the program should stop (help, or a bad flag).
 std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& config) {
-  CLI::App app{"Samples byte-level text from a GPT trained by `train`", "generate"};
+  CLI::App app{"Samples byte-level text from a GPT or Llama trained by `train`", "generate"};
   app.option_defaults()->always_capture_default();
   auto* checkpoint_flag = app.add_option("--ckpt", config.checkpoint,
                                          "A checkpoint directory, or a directory of step-N checkpoints (the newest "
@@ -88,7 +88,7 @@ int run(const GenerateConfig& config) {
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_safetensors(config.safetensors)
                                                             : gpt::load_model_from_checkpoint(config.checkpoint);
-  const int64_t vocab_size = loaded.model->config().vocab_size;
+  const int64_t vocab_size = loaded.model->vocab_size();
   TESSERA_CHECK(vocab_size <= gpt::kByteVocab,
                 "{}: the model's vocab_size is {}, but generate encodes text as bytes (vocab <= {}); a model of "
                 "other tokens needs their tokenizer",
@@ -107,7 +107,7 @@ int run(const GenerateConfig& config) {
   std::cout << gpt::byte_tokens_to_printable(tokens) << '\n' << std::flush;
   const std::string step = loaded.step ? fmt::format("step {}", *loaded.step) : "step unknown";
   std::cerr << fmt::format("generate: {} ({}, {:.3f} M parameters): {} tokens in {:.2f} s, {:.1f} tokens/s\n",
-                           loaded.source, step, static_cast<double>(loaded.model->config().num_parameters()) / 1e6,
+                           loaded.source, step, static_cast<double>(gpt::num_parameters(loaded.config)) / 1e6,
                            config.max_new_tokens, seconds,
                            seconds > 0.0 ? static_cast<double>(config.max_new_tokens) / seconds : 0.0);
   return 0;

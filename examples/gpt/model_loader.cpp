@@ -1,4 +1,4 @@
-// Loading a GPT from a checkpoint directory or an exported .safetensors file.
+// Loading a model of either family from a checkpoint directory or an exported .safetensors file.
 #include "examples/gpt/model_loader.h"
 
 #include <charconv>
@@ -55,8 +55,8 @@ std::optional<int64_t> step_from_metadata(const std::map<std::string, std::strin
   return value;
 }
 
-std::unique_ptr<tessera::nn::GPT> build_model(const tessera::nn::GPTConfig& config) {
-  auto model = std::make_unique<tessera::nn::GPT>(config, tessera::kCPU);
+std::unique_ptr<tessera::nn::CausalLM> build_eval_model(const ModelConfig& config) {
+  std::unique_ptr<tessera::nn::CausalLM> model = build_model(config, tessera::kCPU);
   model->eval();
   return model;
 }
@@ -78,10 +78,11 @@ LoadedModel load_model_from_checkpoint(const std::string& path) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string metadata_path = (fs::path(dir) / checkpoint::kMetadataFile).string();
   const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(dir);
-  const tessera::nn::GPTConfig config = model_config_from_json(
-      model_config_json(metadata.training_state, metadata_path), metadata_path + " training_state.config.model");
+  const ModelConfig config = model_config_from_json(model_config_json(metadata.training_state, metadata_path),
+                                                    metadata_path + " training_state.config.model");
 
-  LoadedModel loaded{build_model(config), dir, step_from_training_state(metadata.training_state, metadata_path)};
+  LoadedModel loaded{build_eval_model(config), config, dir,
+                     step_from_training_state(metadata.training_state, metadata_path)};
   // Not strict: the checkpoint also holds the optimizer's "optim.*" state.
   const checkpoint::LoadReport report =
       checkpoint::load(dir, checkpoint::model_state(*loaded.model), {.strict = false});
@@ -109,10 +110,10 @@ LoadedModel load_model_from_safetensors(const std::string& path) {
   } catch (const nlohmann::json::parse_error& error) {
     tessera::fail("{}: not valid JSON: {}", source, error.what());
   }
-  const tessera::nn::GPTConfig config = model_config_from_json(config_json, source);
+  const ModelConfig config = model_config_from_json(config_json, source);
 
-  LoadedModel loaded{build_model(config), path, step_from_metadata(header.metadata, path)};
-  // The file names parameters plainly ("wte.weight"), without "model.".
+  LoadedModel loaded{build_eval_model(config), config, path, step_from_metadata(header.metadata, path)};
+  // The file names parameters plainly ("wte.weight", "tok_embeddings.weight"), without "model.".
   checkpoint::import_safetensors(path, checkpoint::model_state(*loaded.model, ""), {.strict = true});
   return loaded;
 }

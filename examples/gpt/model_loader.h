@@ -1,8 +1,8 @@
-// A trained GPT back from disk, for `generate`: from a checkpoint that
+// A trained model (a GPT or a Llama) back from disk, for `generate`: from a checkpoint that
 // `train` saved (on any number of ranks: it loads whole, in this one
 // process), or from an exported .safetensors file. Either way the model's
-// shape comes from the file itself (config_json.h), so nothing about the
-// model has to be repeated on the command line.
+// family and shape come from the file itself (config_json.h), so nothing
+// about the model has to be repeated on the command line.
 #pragma once
 
 #include <cstdint>
@@ -10,14 +10,16 @@
 #include <optional>
 #include <string>
 
-#include "nn/models/gpt.h"
+#include "examples/gpt/model_family.h"
+#include "nn/models/causal_lm.h"
 
 namespace gpt {
 
 struct LoadedModel {
-  std::unique_ptr<tessera::nn::GPT> model;  // on the CPU, unsharded, in eval mode
-  std::string source;                       // the checkpoint directory or .safetensors file read
-  std::optional<int64_t> step;              // the training step, when the file records it
+  std::unique_ptr<tessera::nn::CausalLM> model;  // on the CPU, unsharded, in eval mode
+  ModelConfig config;                            // the family and shape the file records
+  std::string source;                            // the checkpoint directory or .safetensors file read
+  std::optional<int64_t> step;                   // the training step, when the file records it
 };
 
 // `path` itself when it holds metadata.json (one checkpoint), else the
@@ -26,7 +28,7 @@ struct LoadedModel {
 std::string resolve_checkpoint_dir(const std::string& path);
 
 // Reads training_state.config.model from the checkpoint's metadata.json,
-// builds that GPT and loads its "model.*" entries (the optimizer's "optim.*"
+// builds that model and loads its "model.*" entries (the optimizer's "optim.*"
 // entries are skipped). Throws tessera::Error naming the checkpoint when the
 // config is missing or malformed, or when a parameter of the model is absent
 // from the checkpoint (or the checkpoint holds model entries it lacks).

@@ -22,7 +22,7 @@ nlohmann::json data_identity(const DataLoader& data) {
 }  // namespace
 
 nlohmann::json run_identity(const TrainConfig& config, const DataLoader& data) {
-  return {{"model", model_config_to_json(config.model)},
+  return {{"model", model_config_to_json(config.model_config())},
           {"seed", config.seed},
           {kDataIdentityKey, data_identity(data)},
           {"batch",

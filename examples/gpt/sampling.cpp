@@ -96,18 +96,18 @@ int64_t sample_token(const tessera::Tensor& logits_row, double temperature, int6
   return chosen;
 }
 
-std::vector<uint16_t> generate_tokens(tessera::nn::GPT& model, std::vector<uint16_t> prompt, int64_t max_new_tokens,
-                                      const SamplingOptions& options) {
-  const tessera::nn::GPTConfig& config = model.config();
-  TESSERA_CHECK(config.vocab_size <= int64_t{std::numeric_limits<uint16_t>::max()} + 1,
-                "generate_tokens: tokens are uint16, but the model's vocab_size is {}", config.vocab_size);
-  check_sampling_options(options.temperature, options.top_k, config.vocab_size, "generate_tokens");
+std::vector<uint16_t> generate_tokens(tessera::nn::CausalLM& model, std::vector<uint16_t> prompt,
+                                      int64_t max_new_tokens, const SamplingOptions& options) {
+  const int64_t vocab_size = model.vocab_size();
+  TESSERA_CHECK(vocab_size <= int64_t{std::numeric_limits<uint16_t>::max()} + 1,
+                "generate_tokens: tokens are uint16, but the model's vocab_size is {}", vocab_size);
+  check_sampling_options(options.temperature, options.top_k, vocab_size, "generate_tokens");
   TESSERA_CHECK(max_new_tokens >= 0, "generate_tokens: max_new_tokens must be >= 0, got {}", max_new_tokens);
   TESSERA_CHECK(!prompt.empty(), "generate_tokens: the prompt is empty (the model needs at least one token)");
   for (size_t i = 0; i < prompt.size(); ++i) {
-    TESSERA_CHECK(prompt[i] < config.vocab_size,
+    TESSERA_CHECK(prompt[i] < vocab_size,
                   "generate_tokens: prompt token {} at position {} is outside the model's vocabulary [0, {})",
-                  prompt[i], i, config.vocab_size);
+                  prompt[i], i, vocab_size);
   }
 
   tessera::autograd::NoGradGuard no_grad;
@@ -117,8 +117,8 @@ std::vector<uint16_t> generate_tokens(tessera::nn::GPT& model, std::vector<uint1
   tokens.reserve(tokens.size() + static_cast<size_t>(max_new_tokens));
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     // The context window: the last block_size tokens (positions beyond it
-    // have no position embedding).
-    const int64_t context = std::min(static_cast<int64_t>(tokens.size()), config.block_size);
+    // have no position embedding, or no rotary angles).
+    const int64_t context = std::min(static_cast<int64_t>(tokens.size()), model.block_size());
     const std::vector<int64_t> window(tokens.end() - context, tokens.end());
     const tessera::Tensor idx = tessera::ops::from_vector(window, {1, context});
     const tessera::Tensor logits = model(idx);                                                              // [1, T, V]

@@ -1,4 +1,4 @@
-// Sampling text from a GPT: one token from a row of logits (greedy, or a
+// Sampling text from a language model (GPT, Llama: any nn::CausalLM): one token from a row of logits (greedy, or a
 // softmax at a temperature over the k most likely tokens), and the
 // autoregressive loop that feeds each sampled token back in. The random draws
 // come from Philox, so a continuation depends only on the model, the prompt
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "nn/models/gpt.h"
+#include "nn/models/causal_lm.h"
 #include "tensor/philox.h"
 
 namespace gpt {
@@ -36,7 +36,7 @@ int64_t sample_token(const tessera::Tensor& logits_row, double temperature, int6
 // prompt token >= vocab_size, max_new_tokens < 0, a vocabulary too large for
 // uint16 tokens, and the sampling options sample_token rejects (checked before
 // the first step, so also when max_new_tokens is 0).
-std::vector<uint16_t> generate_tokens(tessera::nn::GPT& model, std::vector<uint16_t> prompt, int64_t max_new_tokens,
-                                      const SamplingOptions& options);
+std::vector<uint16_t> generate_tokens(tessera::nn::CausalLM& model, std::vector<uint16_t> prompt,
+                                      int64_t max_new_tokens, const SamplingOptions& options);
 
 }  // namespace gpt

@@ -1,7 +1,7 @@
-// `train`: trains a GPT-2 style model with FSDP on --nproc ranks (threads of
-// this process, or one process per rank under mpirun with --backend mpi).
-// `train --nproc 4` has the tiny preset learn byte-level text from the Debian
-// corpus in about a minute. Flags: train --help; the library behind it:
+// `train`: trains a GPT-2 style model, or a Llama with --model llama, with
+// FSDP on --nproc ranks (threads of this process, or one process per rank
+// under mpirun with --backend mpi). `train --nproc 4` has the tiny preset
+// learn byte-level text from the Debian corpus in about a minute. Flags: train --help; the library behind it:
 // examples/gpt/training_run.h. Exit status: 0 trained, 1 failed, 2 bad flags,
 // 75 stopped by SIGINT/SIGTERM after saving (graceful_stop.h), 128 + N
 // killed by a second signal N.

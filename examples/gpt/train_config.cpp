@@ -1,6 +1,7 @@
-// train's flags (CLI11): the preset fills the model shape first, then every
-// shape flag given explicitly overrides its field; the FSDP flags are checked
-// against the world size (--nproc, or the launcher's under --backend mpi).
+// train's flags (CLI11): --model picks the family, its preset fills the model
+// shape first, then every shape flag given explicitly overrides its field;
+// the FSDP flags are checked against the world size (--nproc, or the
+// launcher's under --backend mpi).
 #include "examples/gpt/train_config.h"
 
 #include <CLI/CLI.hpp>
@@ -75,16 +76,46 @@ void read_world_size(TrainConfig& config, bool nproc_given) {
   config.nproc = launch.world_size;
 }
 
+// The shape flags given explicitly, applied over the preset.
+struct ShapeFlags {
+  std::optional<int64_t> n_layer, n_head, n_embd, vocab, seq_len, n_kv_head, ffn_hidden;
+};
+
+// The preset of `family` with the shape flags over it; the context grows to
+// fit --seq-len.
+ModelConfig model_from_flags(ModelFamily family, const std::string& preset, const ShapeFlags& flags) {
+  ModelConfig config = preset_config(family, preset);
+  std::visit(
+      [&](auto& model) {
+        if (flags.n_layer) model.n_layer = *flags.n_layer;
+        if (flags.n_head) model.n_head = *flags.n_head;
+        if (flags.n_embd) model.n_embd = *flags.n_embd;
+        if (flags.vocab) model.vocab_size = *flags.vocab;
+        if (flags.seq_len) model.block_size = std::max(model.block_size, *flags.seq_len);
+      },
+      config);
+  if (auto* llama = std::get_if<tessera::nn::LlamaConfig>(&config)) {
+    if (flags.n_kv_head) llama->n_kv_head = *flags.n_kv_head;
+    if (flags.ffn_hidden) llama->ffn_hidden = *flags.ffn_hidden;
+  } else {
+    TESSERA_CHECK(!flags.n_kv_head && !flags.ffn_hidden,
+                  "--n-kv-head and --ffn-hidden shape a Llama (grouped-query attention, SwiGLU), not a GPT: pass "
+                  "--model llama, or leave them out");
+  }
+  return config;
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
-  model.validate();
+  const ModelConfig shape = model_config();
+  gpt::validate(shape);
   for (const auto& [flag, value] : {std::pair{"--lr", lr}, std::pair{"min_lr_ratio", min_lr_ratio},
                                     std::pair{"--weight-decay", weight_decay}, std::pair{"--clip", clip}}) {
     TESSERA_CHECK(std::isfinite(value), "{} must be a finite number, got {}", flag, value);
   }
-  TESSERA_CHECK(seq_len >= 1 && seq_len <= model.block_size, "--seq-len must be in [1, block_size = {}], got {}",
-                model.block_size, seq_len);
+  TESSERA_CHECK(seq_len >= 1 && seq_len <= block_size(shape), "--seq-len must be in [1, block_size = {}], got {}",
+                block_size(shape), seq_len);
   TESSERA_CHECK(batch >= 1, "--batch must be >= 1, got {}", batch);
   TESSERA_CHECK(grad_accum >= 1, "--grad-accum must be >= 1, got {}", grad_accum);
   TESSERA_CHECK(steps >= 1, "--steps must be >= 1, got {}", steps);
@@ -123,14 +154,19 @@ void TrainConfig::validate() const {
 
 std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
                                       std::ostream& err) {
-  CLI::App app{"Trains a GPT-2 style model with tessera's FSDP on --nproc ranks (byte-level text by default)",
+  CLI::App app{"Trains a GPT-2 or Llama style model with tessera's FSDP on --nproc ranks (byte-level text by default)",
                "train"};
   app.option_defaults()->always_capture_default();
 
-  const std::vector<std::string> presets = tessera::nn::GPTConfig::preset_names();
-  app.add_option("--preset", config.preset, "Model shape preset")->check(CLI::IsMember(presets));
+  std::string family = "gpt";
+  app.add_option("--model", family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama (RMSNorm, "
+                 "rotary grouped-query attention, SwiGLU)")
+      ->check(CLI::IsMember(family_names()));
+  auto* preset_flag = app.add_option("--preset", config.preset, "Model shape preset of the --model family")
+                          ->default_str(fmt::format("{} (gpt), {} (llama)", default_preset(ModelFamily::gpt),
+                                                    default_preset(ModelFamily::llama)));
   // Shape overrides: applied on top of the preset only when given.
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0, seq_len = 0;
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0, seq_len = 0, n_kv_head = 0, ffn_hidden = 0;
   auto* n_layer_flag = app.add_option("--n-layer", n_layer, "Transformer blocks")->check(kPositive);
   auto* n_head_flag = app.add_option("--n-head", n_head, "Attention heads")->check(kPositive);
   auto* n_embd_flag = app.add_option("--n-embd", n_embd, "Embedding width (a multiple of --n-head)")
@@ -140,7 +176,15 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   auto* seq_len_flag = app.add_option("--seq-len", seq_len,
                                       "Tokens per sequence (default: the preset's context; the context grows to fit)")
                            ->check(kPositive);
-  for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, seq_len_flag}) flag->default_str("preset");
+  auto* n_kv_head_flag = app.add_option("--n-kv-head", n_kv_head,
+                                        "Key/value heads, dividing --n-head (llama: grouped-query attention)")
+                             ->check(kPositive);
+  auto* ffn_hidden_flag = app.add_option("--ffn-hidden", ffn_hidden, "SwiGLU hidden width F (llama)")
+                              ->check(kPositive);
+  for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, seq_len_flag, n_kv_head_flag,
+                     ffn_hidden_flag}) {
+    flag->default_str("preset");
+  }
 
   app.add_option("--batch", config.batch, "Sequences per micro-batch")->check(kPositive);
   app.add_option("--grad-accum", config.grad_accum, "Micro-batches per optimizer step")->check(kPositive);
@@ -205,14 +249,27 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     return app.exit(error, out, err);
   }
 
+  auto given = [](const CLI::Option* flag, int64_t value) {
+    return flag->count() > 0 ? std::optional<int64_t>(value) : std::nullopt;
+  };
   try {
-    config.model = tessera::nn::GPTConfig::preset(config.preset);
-    if (n_layer_flag->count() > 0) config.model.n_layer = n_layer;
-    if (n_head_flag->count() > 0) config.model.n_head = n_head;
-    if (n_embd_flag->count() > 0) config.model.n_embd = n_embd;
-    if (vocab_flag->count() > 0) config.model.vocab_size = vocab;
-    config.seq_len = seq_len_flag->count() > 0 ? seq_len : config.model.block_size;
-    if (config.seq_len > config.model.block_size) config.model.block_size = config.seq_len;
+    const ModelFamily model_family = family_from_name(family);
+    if (preset_flag->count() == 0) config.preset = default_preset(model_family);
+    const ShapeFlags shape{.n_layer = given(n_layer_flag, n_layer),
+                           .n_head = given(n_head_flag, n_head),
+                           .n_embd = given(n_embd_flag, n_embd),
+                           .vocab = given(vocab_flag, vocab),
+                           .seq_len = given(seq_len_flag, seq_len),
+                           .n_kv_head = given(n_kv_head_flag, n_kv_head),
+                           .ffn_hidden = given(ffn_hidden_flag, ffn_hidden)};
+    const ModelConfig model = model_from_flags(model_family, config.preset, shape);
+    config.seq_len = shape.seq_len.value_or(block_size(model));
+    if (const auto* llama = std::get_if<tessera::nn::LlamaConfig>(&model)) {
+      config.llama = *llama;
+    } else {
+      config.model = std::get<tessera::nn::GPTConfig>(model);
+      config.llama.reset();
+    }
     // The default warmup shrinks for short runs; an explicit one must fit.
     if (warmup_flag->count() == 0) config.warmup = std::min(config.warmup, config.steps);
     config.reshard_after_forward = *parse_reshard(reshard_text);
@@ -228,18 +285,20 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
 }
 
 std::string describe(const TrainConfig& c) {
-  const auto& m = c.model;
+  const ModelConfig model = c.model_config();
+  // A GPT's line is the one GPT runs always printed; other families name themselves.
+  const std::string name =
+      c.family() == ModelFamily::gpt ? c.preset : fmt::format("{} ({})", c.preset, family_name(c.family()));
   const std::string mesh = c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks())
                                       : fmt::format("shard {}", c.nproc);
   return fmt::format(
-      "model    {}: n_layer {}, n_head {}, n_embd {}, vocab {}, context {} ({:.3f} M parameters)\n"
+      "model    {}: {} ({:.3f} M parameters)\n"
       "batch    {} x {} tokens x {} micro-batches x {} ranks = {} tokens per step, {} steps\n"
       "optim    AdamW lr {:g} (warmup {}, cosine to {:g}), weight decay {:g}, clip {}\n"
       "fsdp     {} on {} {} rank{} (mesh {}), reshard_after_forward {}, param {}, reduce {}{}\n"
       "seed     {}",
-      c.preset, m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.block_size,
-      static_cast<double>(m.num_parameters()) / 1e6, c.batch, c.seq_len, c.grad_accum, c.nproc, c.tokens_per_step(),
-      c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
+      name, describe_shape(model), static_cast<double>(num_parameters(model)) / 1e6, c.batch, c.seq_len, c.grad_accum,
+      c.nproc, c.tokens_per_step(), c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
       tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "", c.seed);

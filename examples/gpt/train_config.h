@@ -1,5 +1,5 @@
 // The settings of a training run and the `train` command line that fills
-// them: a model preset, explicit shape flags that override it, the
+// them: a model family and preset, explicit shape flags that override it, the
 // optimisation, data and logging settings, and how FSDP shards the model over
 // the ranks.
 #pragma once
@@ -9,8 +9,10 @@
 #include <ostream>
 #include <string>
 
+#include "examples/gpt/model_family.h"
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt_config.h"
+#include "nn/models/llama_config.h"
 #include "tensor/dtype.h"
 
 namespace gpt {
@@ -19,8 +21,14 @@ inline constexpr const char* kSyntheticData = "synthetic";
 
 struct TrainConfig {
   std::string preset = "tiny";
+  // The model: a GPT by default; setting `llama` makes the run a Llama's and
+  // leaves `model` unused. Chosen over one variant field so that GPT runs
+  // (and every test and benchmark that shapes one) keep writing
+  // `config.model.n_layer = 4`; whatever depends on the family reads
+  // model_config() and asks model_family.h, never `model` or `llama` directly.
   tessera::nn::GPTConfig model = tessera::nn::GPTConfig::preset("tiny");  // preset + explicit flags
-  int64_t seq_len = 64;     // tokens per sequence, <= model.block_size
+  std::optional<tessera::nn::LlamaConfig> llama;                         // --model llama: its preset + flags
+  int64_t seq_len = 64;     // tokens per sequence, <= the model's block_size
   int64_t batch = 32;       // sequences per micro-batch
   int64_t grad_accum = 1;   // micro-batches per optimizer step
   int64_t steps = 500;      // optimizer steps
@@ -57,6 +65,8 @@ struct TrainConfig {
   std::string export_path;   // "" = none; else the trained model as one .safetensors file
   std::string init_from;     // "" = none; else start from the weights of this .safetensors file
 
+  ModelConfig model_config() const { return llama ? ModelConfig(*llama) : ModelConfig(model); }
+  ModelFamily family() const { return llama ? ModelFamily::llama : ModelFamily::gpt; }
   // Every rank's micro-batches: the global batch of one optimizer step.
   int64_t tokens_per_step() const { return batch * seq_len * grad_accum * nproc; }
   int64_t shard_ranks() const { return nproc / hsdp; }

@@ -8,10 +8,12 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "autograd/engine.h"
 #include "checkpoint/rank_errors.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/state_dict.h"
 #include "autograd/grad_mode.h"
@@ -64,19 +66,20 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
 
 DataLoader build_data(const TrainConfig& config) {
   const LoaderOptions options{.batch = config.batch, .seq_len = config.seq_len, .seed = config.seed};
+  const int64_t vocab = vocab_size(config.model_config());
   DataLoader loader = config.data == kSyntheticData
-                          ? DataLoader::synthetic(config.model.vocab_size, options)
+                          ? DataLoader::synthetic(vocab, options)
                           : DataLoader(config.data.empty() ? load_default_corpus() : load_token_file(config.data),
                                        options);
-  TESSERA_CHECK(loader.token_range() <= config.model.vocab_size,
+  TESSERA_CHECK(loader.token_range() <= vocab,
                 "data: {} holds tokens up to {}, but the model's vocab is {}; pass --vocab {} or more",
-                loader.description(), loader.token_range() - 1, config.model.vocab_size, loader.token_range());
+                loader.description(), loader.token_range() - 1, vocab, loader.token_range());
   return loader;
 }
 
-std::unique_ptr<tessera::nn::GPT> build_model_meta(const TrainConfig& config,
-                                                   const std::optional<Distributed>& distributed) {
-  auto model = std::make_unique<tessera::nn::GPT>(config.model, tessera::kMeta);
+std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& config,
+                                                        const std::optional<Distributed>& distributed) {
+  std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
   if (distributed) {
     const fsdp::MixedPrecisionPolicy policy{.param_dtype = config.param_dtype,
                                             .reduce_dtype = config.reduce_dtype,
@@ -88,19 +91,26 @@ std::unique_ptr<tessera::nn::GPT> build_model_meta(const TrainConfig& config,
                                  .mp_policy = policy,
                                  .ignored_params = {}});
     }
-    // The root (embeddings, tied head, final norm) keeps FSDP's default for
-    // roots: not resharded after forward, as backward needs it first.
+    // The root (embeddings, final norm, the output head: GPT's tied to its
+    // embedding, Llama's its own) keeps FSDP's default for roots: not
+    // resharded after forward, as backward needs it first.
     fsdp::fully_shard(*model, {.mesh = distributed->mesh,
                                .reshard_after_forward = std::nullopt,
                                .mp_policy = policy,
                                .ignored_params = {}});
   }
+  return model;
+}
+
+std::unique_ptr<tessera::nn::CausalLM> build_model_meta(const TrainConfig& config,
+                                                        const std::optional<Distributed>& distributed) {
+  std::unique_ptr<tessera::nn::CausalLM> model = shard_model_meta(config, distributed);
   model->to_empty(tessera::kCPU);
   model->reset_parameters(config.seed);
   return model;
 }
 
-std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::GPT& model, const TrainConfig& config) {
+std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::CausalLM& model, const TrainConfig& config) {
   auto groups = tessera::optim::weight_decay_groups(model.named_parameters(), config.weight_decay);
   return std::make_unique<tessera::optim::AdamW>(std::move(groups),
                                                  tessera::optim::AdamWOptions{.lr = config.lr,
@@ -237,7 +247,7 @@ StepMetrics Trainer::train_step() {
   metrics.grad_norm = grad_norm;
   metrics.step_ms = seconds * 1e3;
   metrics.tokens_per_s = tokens / seconds;
-  metrics.gflops_per_s = config_.model.flops_per_token(config_.seq_len) * tokens / seconds / 1e9;
+  metrics.gflops_per_s = flops_per_token(config_.model_config(), config_.seq_len) * tokens / seconds / 1e9;
   metrics.peak_mem_bytes = peak_bytes;
   metrics.peak_rss_bytes = process_peak_rss_bytes();
   metrics.comm_bytes = comm_bytes;
@@ -274,6 +284,17 @@ bool all_finite(const Tensor& tensor) {
   return std::isfinite(tessera::ops::sum(tessera::ops::mul(tensor, 0.0)).item());
 }
 
+// A saved model of another family is refused by name, before its shape is
+// compared: the flag to change is --model. `holder` names what was read.
+void check_same_family(const nlohmann::json& saved_model, const ModelConfig& mine, const std::string& holder) {
+  const ModelFamily saved = model_family_from_json(saved_model, holder);
+  const ModelFamily ours = family_of(mine);
+  TESSERA_CHECK(saved == ours,
+                "{} holds a {} model, this run trains a {} (--model {}); pass --model {} with the shape flags it was "
+                "trained with",
+                holder, family_name(saved), family_name(ours), family_name(ours), family_name(saved));
+}
+
 }  // namespace
 
 void Trainer::require_finite_state() {
@@ -308,7 +329,8 @@ nlohmann::json Trainer::training_state() const {
                         {"warmup_steps", schedule_.warmup_steps()}, {"total_steps", schedule_.total_steps()}}},
           {"rng", rng},
           {"world_size", world_size()},
-          {"config", {{"model", model_config_to_json(config_.model)}, {"train", train_config_to_json(config_)}}}};
+          {"config",
+           {{"model", model_config_to_json(config_.model_config())}, {"train", train_config_to_json(config_)}}}};
 }
 
 void Trainer::resume_from(const std::string& dir) {
@@ -317,10 +339,11 @@ void Trainer::resume_from(const std::string& dir) {
   const nlohmann::json& state = metadata.training_state;
   try {
     const nlohmann::json saved_model = state.at("config").at("model");
+    const nlohmann::json model = model_config_to_json(config_.model_config());
+    check_same_family(saved_model, config_.model_config(), "the checkpoint");
     model_config_from_json(saved_model, dir);  // validates the saved shape
-    TESSERA_CHECK(saved_model == model_config_to_json(config_.model),
-                  "the checkpoint's model is {}, this run's {}; pass the same shape flags", saved_model.dump(),
-                  model_config_to_json(config_.model).dump());
+    TESSERA_CHECK(saved_model == model, "the checkpoint's model is {}, this run's {}; pass the same shape flags",
+                  saved_model.dump(), model.dump());
     const nlohmann::json& data = state.at("data");
     TESSERA_CHECK(data.at("seed") == config_.seed && data.at("batch") == config_.batch &&
                       data.at("seq_len") == config_.seq_len,
@@ -350,21 +373,28 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 void Trainer::init_from(const std::string& path) {
-  const tessera::checkpoint::ImportReport report =
-      tessera::checkpoint::import_safetensors(path, tessera::checkpoint::model_state(*model_, ""));
-  const auto config = report.metadata.find(kGptConfigMetadataKey);
-  if (config != report.metadata.end()) {
-    const nlohmann::json saved = nlohmann::json::parse(config->second);
-    TESSERA_CHECK(saved == model_config_to_json(config_.model), "init-from: {} holds a model {}, this run's is {}",
-                  path, saved.dump(), model_config_to_json(config_.model).dump());
+  const nlohmann::json model = model_config_to_json(config_.model_config());
+  const std::map<std::string, std::string> metadata = tessera::checkpoint::read_safetensors_header(path).metadata;
+  const auto recorded = metadata.find(kGptConfigMetadataKey);
+  std::optional<nlohmann::json> saved;
+  if (recorded != metadata.end()) {
+    try {
+      saved = nlohmann::json::parse(recorded->second);
+    } catch (const nlohmann::json::parse_error& error) {
+      tessera::fail("init-from: {} __metadata__ {}: not valid JSON: {}", path, kGptConfigMetadataKey, error.what());
+    }
+    check_same_family(*saved, config_.model_config(), "init-from: " + path);
   }
+  tessera::checkpoint::import_safetensors(path, tessera::checkpoint::model_state(*model_, ""));
+  TESSERA_CHECK(!saved || *saved == model, "init-from: {} holds a model {}, this run's is {}", path, saved->dump(),
+                model.dump());
 }
 
 void Trainer::export_to(const std::string& path) {
   tessera::checkpoint::export_safetensors(
       path, tessera::checkpoint::model_state(*model_, ""),
       {.group = distributed_ ? distributed_->world : nullptr,
-       .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model).dump()},
+       .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model_config()).dump()},
                     {kStepMetadataKey, std::to_string(step_)}},
        .sync = true});
 }

@@ -1,6 +1,7 @@
-// The GPT example's training loop, in the order the FSDP2 recipe reads:
+// The example's training loop, in the order the FSDP2 recipe reads:
 //   init_distributed   the ranks (local threads or the MPI world) and the mesh;
-//   build_model_meta   GPT on meta, fully_shard each block, then the root,
+//   build_model_meta   the model (a GPT or a Llama: any nn::CausalLM) on meta,
+//                      fully_shard each block, then the root,
 //                      to_empty(cpu), reset_parameters(seed): every rank fills
 //                      only its own rows, no rank ever holds the whole model;
 //   build_optimizer    AdamW on the shards;
@@ -28,7 +29,7 @@
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/train_config.h"
 #include "fsdp/fully_shard.h"
-#include "nn/models/gpt.h"
+#include "nn/models/causal_lm.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/schedule.h"
 
@@ -54,17 +55,23 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
 // tessera::Error when the model's vocab is too small for the data's tokens.
 DataLoader build_data(const TrainConfig& config);
 
-// GPT built on meta; with `distributed`, fully_shard each block (the config's
-// reshard_after_forward and mixed precision) and then the root; then
-// allocated on the CPU and initialised from config.seed: the bits depend only
-// on the seed and each parameter's name, whatever the world size.
-std::unique_ptr<tessera::nn::GPT> build_model_meta(const TrainConfig& config,
-                                                   const std::optional<Distributed>& distributed);
+// The config's model built on meta; with `distributed`, fully_shard each
+// block (the config's reshard_after_forward and mixed precision) and then the
+// root. Nothing is allocated: every parameter is a meta shard with its
+// sharding spec, what `train --plan` reads for a model too large to hold.
+std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& config,
+                                                        const std::optional<Distributed>& distributed);
+
+// shard_model_meta, then allocated on the CPU and initialised from
+// config.seed: the bits depend only on the seed and each parameter's name,
+// whatever the world size.
+std::unique_ptr<tessera::nn::CausalLM> build_model_meta(const TrainConfig& config,
+                                                        const std::optional<Distributed>& distributed);
 
 // AdamW with two groups (optim::weight_decay_groups): dim >= 2 tensors (matmul
 // and embedding weights, GPT-2's convention) decay; biases and norm weights do
 // not. Built after sharding, it steps this rank's shards.
-std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::GPT& model, const TrainConfig& config);
+std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::CausalLM& model, const TrainConfig& config);
 
 class Trainer {
  public:
@@ -98,13 +105,15 @@ class Trainer {
   // so no checkpoint or export ever holds a non-finite value (collective).
   void require_finite_state();
   // Loads a checkpoint saved on any world size and restores the state above.
-  // The model shape, seed, batch and sequence length must match the
-  // checkpoint's (a different data order would not be a resume), and its
+  // The model family and shape, seed, batch and sequence length must match
+  // the checkpoint's (a different data order would not be a resume), and its
   // training state's step that of its metadata; the lr schedule is the
   // checkpoint's. Same world size: RNG states per rank; a
   // different one: rank r takes saved rank r mod N.
   void resume_from(const std::string& dir);
-  // Starts from the weights of an exported .safetensors file (optimizer state stays fresh).
+  // Starts from the weights of an exported .safetensors file (optimizer
+  // state stays fresh). A file that records another model family is refused
+  // before any tensor is read.
   void init_from(const std::string& path);
   // Writes the model as one .safetensors file with its parameter names and
   // the model config in the file's metadata (collective).
@@ -113,7 +122,7 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   const TrainConfig& config() const { return config_; }
   const DataLoader& data() const { return data_; }
-  tessera::nn::GPT& model() { return *model_; }
+  tessera::nn::CausalLM& model() { return *model_; }
   tessera::optim::AdamW& optimizer() { return *optimizer_; }
   const std::optional<Distributed>& distributed() const { return distributed_; }
   // The world and the mesh's groups, each once (FSDP's reshard-after-forward
@@ -130,7 +139,7 @@ class Trainer {
   TrainConfig config_;
   DataLoader data_;
   std::optional<Distributed> distributed_;
-  std::unique_ptr<tessera::nn::GPT> model_;
+  std::unique_ptr<tessera::nn::CausalLM> model_;
   std::optional<tessera::fsdp::FSDPModule> fsdp_root_;  // set under FSDP
   std::unique_ptr<tessera::optim::AdamW> optimizer_;
   tessera::optim::WarmupCosineSchedule schedule_;

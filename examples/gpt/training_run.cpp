@@ -5,11 +5,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 
 #include "checkpoint/checkpoint_manager.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/rank_errors.h"
+#include "checkpoint/run_record.h"
+#include "examples/gpt/config_json.h"
 #include "examples/gpt/graceful_stop.h"
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/resource_limits.h"
@@ -35,8 +38,8 @@ void print_setup(const TrainConfig& config, const DataLoader& data, std::ostream
                      tessera::cpu_instruction_set(), tessera::gemm_description());
   out << fmt::format("target   unigram entropy of the training data {:.4f} nats (a model that ignores context); "
                      "uniform guess ln({}) = {:.4f}\n",
-                     data.unigram_entropy(), config.model.vocab_size,
-                     std::log(static_cast<double>(config.model.vocab_size)));
+                     data.unigram_entropy(), vocab_size(config.model_config()),
+                     std::log(static_cast<double>(vocab_size(config.model_config()))));
 }
 
 // Throws on every rank the first error any rank reported ("" = none).
@@ -71,9 +74,22 @@ std::optional<JsonLinesWriter> open_outputs(const TrainConfig& config, const Dis
   return log;
 }
 
+// The model family of the run recorded in a checkpoint root, when its
+// run.json can be read; otherwise the manager's own message says what is wrong.
+std::optional<ModelFamily> recorded_family(const std::string& root) {
+  try {
+    const checkpoint::RunRecord record =
+        checkpoint::RunRecord::read((std::filesystem::path(root) / checkpoint::kRunRecordFile).string());
+    return model_family_from_json(record.identity.at("model"), root);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 // The checkpoint root, claimed for this run: a fresh run needs one without
 // checkpoints, --resume one of this run's identity (CheckpointManager says
-// what it found; the flags to change are added here).
+// what it found; the flags to change are added here, and a resume of another
+// model family is named as such).
 std::unique_ptr<checkpoint::CheckpointManager> open_checkpoints(const TrainConfig& config, const DataLoader& data,
                                                                 const Distributed& distributed) {
   if (config.ckpt_dir.empty()) return nullptr;
@@ -88,6 +104,12 @@ std::unique_ptr<checkpoint::CheckpointManager> open_checkpoints(const TrainConfi
   try {
     return std::make_unique<checkpoint::CheckpointManager>(config.ckpt_dir, options);
   } catch (const tessera::Error& error) {
+    const std::optional<ModelFamily> family = config.resume ? recorded_family(config.ckpt_dir) : std::nullopt;
+    TESSERA_CHECK(!family || *family == config.family(),
+                  "--ckpt-dir {}: the run saved there trains a {} model, this launch a {} (--model {}); resume it "
+                  "with --model {} and the shape flags it was started with",
+                  config.ckpt_dir, family_name(*family), family_name(config.family()), family_name(config.family()),
+                  family_name(*family));
     tessera::fail("--ckpt-dir {}: {}\n{}", config.ckpt_dir, error.what(),
                   config.resume ? "A resume needs the run's model, --seed, data, --batch, --seq-len and global batch "
                                   "(--grad-accum x --nproc); --allow-data-change permits other data."

@@ -4,7 +4,9 @@
 // frequencies at any temperature and depends only on (key, draw); generation
 // crops its context to block_size; byte tokens print safely; and a model
 // comes back bit for bit from a checkpoint saved on 3 FSDP ranks or from a
-// .safetensors file.
+// .safetensors file. A Llama's config JSON names its family, and a Llama
+// trained on 2 FSDP ranks comes back from its checkpoint and its export as a
+// Llama whose logits are the trained model's.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -23,9 +25,12 @@
 #include "examples/gpt/model_loader.h"
 #include "examples/gpt/sampling.h"
 #include "examples/gpt/trainer.h"
+#include "nn/models/gpt.h"
+#include "nn/models/llama.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/fsdp/equivalence.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -48,6 +53,11 @@ GPTConfig unusual_config() {
   config.bias = false;
   config.norm_eps = 1e-6;
   return config;
+}
+
+// model_config_from_json of a GPT's JSON: a GPTConfig (std::get throws for another family).
+GPTConfig gpt_config_from_json(const json& value, const std::string& source) {
+  return std::get<GPTConfig>(gpt::model_config_from_json(value, source));
 }
 
 void check_same_config(const GPTConfig& a, const GPTConfig& b) {
@@ -110,7 +120,7 @@ std::unique_ptr<tessera::nn::GPT> seeded_model(const GPTConfig& config, uint64_t
 }
 
 // The greedy next token of `model` after `context`, computed directly.
-uint16_t greedy_next(tessera::nn::GPT& model, const std::vector<uint16_t>& context) {
+uint16_t greedy_next(tessera::nn::CausalLM& model, const std::vector<uint16_t>& context) {
   tessera::autograd::NoGradGuard no_grad;
   const std::vector<int64_t> idx(context.begin(), context.end());
   const Tensor logits = model(tessera::ops::from_vector(idx, {1, static_cast<int64_t>(idx.size())}));
@@ -119,7 +129,7 @@ uint16_t greedy_next(tessera::nn::GPT& model, const std::vector<uint16_t>& conte
 }
 
 // Every parameter of `a` equals `b`'s bit for bit; returns how many were compared.
-size_t check_same_parameters(const tessera::nn::GPT& a, const tessera::nn::GPT& b) {
+size_t check_same_parameters(const tessera::nn::Module& a, const tessera::nn::Module& b) {
   const auto pa = a.named_parameters(), pb = b.named_parameters();
   REQUIRE(pa.size() == pb.size());
   for (size_t i = 0; i < pa.size(); ++i) {
@@ -141,11 +151,11 @@ TEST_CASE("model config JSON: every field round-trips, through text too") {
   for (const auto& [key, value] : encoded.items()) keys.insert(key);
   CHECK(keys == std::set<std::string>{"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias",
                                       "norm_eps"});
-  check_same_config(gpt::model_config_from_json(encoded, "test"), config);
-  check_same_config(gpt::model_config_from_json(json::parse(encoded.dump()), "test"), config);
+  check_same_config(gpt_config_from_json(encoded, "test"), config);
+  check_same_config(gpt_config_from_json(json::parse(encoded.dump()), "test"), config);
   for (const std::string& preset : GPTConfig::preset_names()) {
     check_same_config(
-        gpt::model_config_from_json(json::parse(gpt::model_config_to_json(GPTConfig::preset(preset)).dump()), preset),
+        gpt_config_from_json(json::parse(gpt::model_config_to_json(GPTConfig::preset(preset)).dump()), preset),
         GPTConfig::preset(preset));
   }
 }
@@ -221,7 +231,7 @@ TEST_CASE("model config JSON: every malformed field is an error naming the sourc
   json whole_numbers = good;
   whole_numbers["dropout"] = 0;
   whole_numbers["norm_eps"] = 1;
-  CHECK(gpt::model_config_from_json(whole_numbers, source).norm_eps == 1.0);
+  CHECK(gpt_config_from_json(whole_numbers, source).norm_eps == 1.0);
 }
 
 TEST_CASE("train config JSON records the run's settings") {
@@ -547,8 +557,8 @@ TEST_CASE("a checkpoint saved on 3 FSDP ranks loads whole in one process; a root
   const gpt::LoadedModel older =
       gpt::load_model_from_checkpoint(tessera::checkpoint::checkpoint_path(root.path.string(), 3));
   CHECK(older.step == 3);
-  CHECK(older.model->wte().parameter("weight")->tensor().to_vector<float>() !=
-        reference->wte().parameter("weight")->tensor().to_vector<float>());
+  CHECK(dynamic_cast<tessera::nn::GPT&>(*older.model).wte().parameter("weight")->tensor().to_vector<float>() !=
+        dynamic_cast<tessera::nn::GPT&>(*reference).wte().parameter("weight")->tensor().to_vector<float>());
 
   // What generate prints comes from exactly those weights.
   const gpt::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
@@ -648,4 +658,131 @@ TEST_CASE("a .safetensors file with the config in its metadata loads; without it
                                          {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(wider).dump()}},
                                          false);
   CHECK_THROWS_AS(gpt::load_model_from_safetensors(dir / "mismatch.safetensors"), tessera::Error);
+}
+
+// ---- Llama ------------------------------------------------------------------------------------
+
+namespace {
+
+using tessera::nn::LlamaConfig;
+
+LlamaConfig unusual_llama_config() {
+  LlamaConfig config;
+  config.vocab_size = 97;
+  config.block_size = 48;
+  config.n_layer = 3;
+  config.n_head = 6;
+  config.n_kv_head = 3;
+  config.n_embd = 48;
+  config.ffn_hidden = 100;
+  config.rope_theta = 5e5;
+  config.norm_eps = 1e-6;
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("model config JSON: a Llama's fields and family round-trip; the family is checked first") {
+  const LlamaConfig config = unusual_llama_config();
+  const json encoded = gpt::model_config_to_json(config);
+  std::set<std::string> keys;
+  for (const auto& [key, value] : encoded.items()) keys.insert(key);
+  CHECK(keys == std::set<std::string>{"family", "vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
+                                      "ffn_hidden", "rope_theta", "norm_eps"});
+  CHECK(encoded.at("family") == "llama");
+  const gpt::ModelConfig decoded = gpt::model_config_from_json(json::parse(encoded.dump()), "test");
+  REQUIRE(std::holds_alternative<LlamaConfig>(decoded));
+  CHECK(gpt::model_config_to_json(decoded) == encoded);
+  CHECK(std::get<LlamaConfig>(decoded).rope_theta == 5e5);
+  for (const std::string& preset : LlamaConfig::preset_names()) {
+    CAPTURE(preset);
+    const json preset_json = gpt::model_config_to_json(LlamaConfig::preset(preset));
+    CHECK(gpt::model_config_to_json(gpt::model_config_from_json(preset_json, preset)) == preset_json);
+  }
+  // A GPT's JSON names no family; one that says "gpt" reads the same.
+  json gpt_json = gpt::model_config_to_json(unusual_config());
+  CHECK(gpt_json.count("family") == 0);
+  CHECK(gpt::model_family_from_json(gpt_json, "test") == gpt::ModelFamily::gpt);
+  gpt_json["family"] = "gpt";
+  check_same_config(gpt_config_from_json(gpt_json, "test"), unusual_config());
+
+  const std::string source = "ckpt/metadata.json";
+  auto error_of = [&source](const json& value) -> std::string {
+    try {
+      gpt::model_config_from_json(value, source);
+    } catch (const tessera::Error& error) {
+      return error.what();
+    }
+    return "no error";
+  };
+  for (const auto& [field, value] : encoded.items()) {
+    INFO(field);
+    json missing = encoded;
+    missing.erase(field);
+    // Without its family, a Llama's JSON is a GPT's with unknown fields.
+    const std::string expected = field == "family" ? "unknown field 'ffn_hidden'" : "field '" + field + "' is missing";
+    CHECK(error_of(missing).find(expected) != std::string::npos);
+  }
+  json family = encoded;
+  family["family"] = 3;
+  CHECK(error_of(family).find("ckpt/metadata.json: model config: field 'family' must be a string, got integer 3") !=
+        std::string::npos);
+  family["family"] = "mamba";
+  CHECK(error_of(family).find("unknown model family 'mamba' (known: gpt, llama)") != std::string::npos);
+  json extra = encoded;
+  extra["dropout"] = 0.0;
+  CHECK(error_of(extra).find("unknown field 'dropout'") != std::string::npos);
+  json uneven = encoded;
+  uneven["n_kv_head"] = 4;
+  CHECK(error_of(uneven).find("ckpt/metadata.json: model config: LlamaConfig: n_kv_head (4) must divide n_head (6)") !=
+        std::string::npos);
+  json theta = encoded;
+  theta["rope_theta"] = "big";
+  CHECK(error_of(theta).find("field 'rope_theta' must be a number") != std::string::npos);
+}
+
+TEST_CASE("a Llama trained on 2 FSDP ranks comes back from its checkpoint and its export with the trained logits") {
+  TempDir dir;
+  gpt::TrainConfig config = nano_run();
+  config.preset = "llama-nano";
+  config.llama = LlamaConfig::preset("llama-nano");
+  config.seq_len = config.llama->block_size;
+  config.nproc = 2;
+  config.threads = 1;  // every rank, and the loaded models below: the same GEMM blocking
+  config.steps = 3;
+  const std::vector<int64_t> window = {84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114};  // "The quick br"
+  const Tensor idx = tessera::ops::from_vector(window, {1, static_cast<int64_t>(window.size())});
+  std::vector<float> trained_logits;
+  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
+    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+    for (int64_t step = 0; step < config.steps; ++step) trainer.train_step();
+    {
+      tessera::autograd::NoGradGuard no_grad;
+      const Tensor logits = trainer.model()(idx);  // every rank all-gathers; the logits are whole on each
+      if (distributed.rank() == 0) trained_logits = logits.to_vector<float>();
+    }
+    tessera::checkpoint::save(dir / "step-3", trainer.state_dict(),
+                              {.group = distributed.world, .training_state = trainer.training_state(), .sync = false});
+    trainer.export_to(dir / "llama.safetensors");
+  });
+  REQUIRE(trained_logits.size() == window.size() * 256);
+
+  const tessera::fsdp::testing::IntraOpThreads threads(1);
+  const gpt::LoadedModel from_checkpoint = gpt::load_model_from_checkpoint(dir / "step-3");
+  const gpt::LoadedModel from_export = gpt::load_model_from_safetensors(dir / "llama.safetensors");
+  for (const gpt::LoadedModel* loaded : {&from_checkpoint, &from_export}) {
+    CAPTURE(loaded->source);
+    CHECK(loaded->step == 3);
+    CHECK(dynamic_cast<tessera::nn::Llama*>(loaded->model.get()) != nullptr);
+    CHECK(gpt::family_of(loaded->config) == gpt::ModelFamily::llama);
+    CHECK_FALSE(loaded->model->is_training());
+    tessera::autograd::NoGradGuard no_grad;
+    CHECK((*loaded->model)(idx).to_vector<float>() == trained_logits);
+  }
+  CHECK(check_same_parameters(*from_checkpoint.model, *from_export.model) == 2 + 9 + 1);  // nano: 1 block
+  const gpt::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
+  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens("The ");
+  const std::vector<uint16_t> text = gpt::generate_tokens(*from_export.model, prompt, 40, options);
+  CHECK(text.size() == prompt.size() + 40);
+  CHECK(gpt::generate_tokens(*from_checkpoint.model, prompt, 40, options) == text);
 }
