@@ -67,6 +67,29 @@ std::vector<ParamRows> root_parameters(const tessera::nn::GPTConfig& model) {
   return params;
 }
 
+// One LlamaBlock (nn/models/llama.cpp): attention_norm, attention.{wq, wk,
+// wv, wo}, ffn_norm, feed_forward.{w1, w2, w3}; no biases. wk and wv have
+// n_kv_head * head_dim rows.
+std::vector<ParamRows> block_parameters(const tessera::nn::LlamaConfig& model) {
+  const int64_t C = model.n_embd, F = model.ffn_hidden, kv = model.n_kv_head * model.head_dim();
+  return {{C, 1}, {C, C}, {kv, C}, {kv, C}, {C, C}, {C, 1}, {F, C}, {C, F}, {F, C}};
+}
+
+// The Llama root's own parameters: tok_embeddings, norm, and the output head
+// (untied: a matrix of its own).
+std::vector<ParamRows> root_parameters(const tessera::nn::LlamaConfig& model) {
+  const int64_t C = model.n_embd;
+  return {{model.vocab_size, C}, {C, 1}, {model.vocab_size, C}};
+}
+
+std::vector<ParamRows> block_parameters(const ModelConfig& model) {
+  return std::visit([](const auto& shape) { return block_parameters(shape); }, model);
+}
+
+std::vector<ParamRows> root_parameters(const ModelConfig& model) {
+  return std::visit([](const auto& shape) { return root_parameters(shape); }, model);
+}
+
 // One FSDPParamGroup's sizes in elements over `world` ranks: the same layout
 // arithmetic as FSDPParamGroup's make_layout (and plan.cpp's slot_numel_for),
 // which need a live group; mirrored here to run before any rank exists.
@@ -102,19 +125,19 @@ int64_t post_forward_shards(const TrainConfig& config) {
 // backward. With 1 < N < S, the running two and every block's rows of a
 // group-of-N sharding.
 double gathered_parameter_bytes(const TrainConfig& config, const GroupSize& root, const GroupSize& block) {
-  const double layers = static_cast<double>(config.model.n_layer);
+  const double layers = static_cast<double>(n_layer(config.model_config()));
   const int64_t shards = post_forward_shards(config);
   double blocks = 2 * block.numel;
   if (shards == 1) {
     blocks = layers * block.numel;
   } else if (shards != config.shard_ranks()) {
-    blocks += layers * group_size(block_parameters(config.model), shards).slot;
+    blocks += layers * group_size(block_parameters(config.model_config()), shards).slot;
   }
   return (root.numel + blocks) * size_of(config.param_dtype);
 }
 
 // Backward's gradients before they reach the shards: the root's unsharded
-// gradients (wte's from the head is backward's first and lives to its end),
+// gradients (the head's is backward's first and lives to its end),
 // the running block's (param_dtype), which its reduce-scatter input
 // (reduce_dtype) replaces one parameter at a time, and that reduce-scatter's
 // output slot plus presence flags. Micro-batches whose gradients are not
@@ -122,36 +145,74 @@ double gathered_parameter_bytes(const TrainConfig& config, const GroupSize& root
 double gathered_gradient_bytes(const TrainConfig& config, const GroupSize& root, const GroupSize& block) {
   const double p = size_of(config.param_dtype);
   const double r = size_of(config.reduce_dtype.value_or(config.param_dtype));
-  const double layers = static_cast<double>(config.model.n_layer);
+  const double layers = static_cast<double>(n_layer(config.model_config()));
   const double others = config.grad_accum > 1 ? root.numel + (layers - 1) * block.numel : root.numel;
   return others * p + block.numel * std::max(p, r) + (block.slot + block.params) * r;
 }
 
-// What one micro-batch keeps for backward (nn/gpt.cpp's forward, the
-// autograd nodes' saved tensors), per token, activations in param_dtype
-// (fully_shard casts every block's input to it; the embeddings come out in
-// it) and statistics in its compute dtype:
+// What one micro-batch keeps for backward per token, in elements: the
+// activations (param_dtype: fully_shard casts every block's input to it; the
+// embeddings come out in it) and the statistics (their compute dtype), per
+// block and at the top (the final norm and the logits [V]).
+struct TokenActivations {
+  double block_values, block_statistics, top_values, top_statistics;
+};
+
+// nn/gpt.cpp's forward, the autograd nodes' saved tensors:
 //   per block  17 C: the block input (ln1), ln1's output (qkv), qkv [3C]
 //              (attention's q, k, v are views of it), attention's output
 //              [C] and its head merge [C] (proj), the residual h (ln2), ln2's
 //              output (fc), fc's [4C] (GELU) and GELU's [4C] (proj);
 //              2 norms' mean and rstd, attention's log-sum-exp per head
-//   top        ln_f's input and output [2C], its statistics, the logits [V];
-//              the batch's inputs and targets (i64)
-// plus backward's first working set: the logits' gradient in the compute
-// dtype and, for 16-bit activations, the logits' compute-dtype copy and the
-// gradient cast back.
+//   top        ln_f's input and output [2C], its mean and rstd, the logits [V]
+TokenActivations token_activations(const tessera::nn::GPTConfig& model) {
+  const double C = static_cast<double>(model.n_embd), H = static_cast<double>(model.n_head);
+  return {17 * C, 4 + H, 2 * C + static_cast<double>(model.vocab_size), 2};
+}
+
+// nn/models/llama.cpp's forward, with kv = n_kv_head * head_dim:
+//   per block  the block input (attention_norm), its output (wq, wk, wv),
+//              q [C] and its rotation [C] (RoPE's products keep q), k [kv]
+//              and its rotation [kv], with grouped kv heads (n_kv_head <
+//              n_head) k and v repeated to every query head [C each]
+//              (attention keeps those; v's own [kv] is then free), else k's
+//              and v's views; attention's output [C] and its head merge [C]
+//              (wo), the residual h (ffn_norm), ffn_norm's output (w1, w3),
+//              w1's, SiLU's, w3's and their product [4F];
+//              2 norms' rstd, attention's log-sum-exp per head
+//   top        norm's input and output [2C], its rstd, the logits [V]
+TokenActivations token_activations(const tessera::nn::LlamaConfig& model) {
+  const double C = static_cast<double>(model.n_embd), H = static_cast<double>(model.n_head);
+  const double F = static_cast<double>(model.ffn_hidden);
+  const double kv = static_cast<double>(model.n_kv_head * model.head_dim());
+  const bool grouped = model.n_kv_head < model.n_head;
+  const double k = 2 * kv + (grouped ? C : 0.0), v = grouped ? C : kv;
+  return {8 * C + k + v + 4 * F, 2 + H, 2 * C + static_cast<double>(model.vocab_size), 1};
+}
+
+// The token activations above over the micro-batch's tokens, plus the
+// batch's inputs and targets (i64) and backward's first working set: the
+// logits' gradient in the compute dtype and, for 16-bit activations, the
+// logits' compute-dtype copy and the gradient cast back.
 double activation_bytes(const TrainConfig& config) {
-  const tessera::nn::GPTConfig& model = config.model;
+  const ModelConfig model = config.model_config();
+  const TokenActivations token = std::visit([](const auto& shape) { return token_activations(shape); }, model);
   const double p = size_of(config.param_dtype);
   const double c = size_of(tessera::compute_dtype(config.param_dtype));
-  const double C = static_cast<double>(model.n_embd), H = static_cast<double>(model.n_head);
-  const double V = static_cast<double>(model.vocab_size), L = static_cast<double>(model.n_layer);
+  const double V = static_cast<double>(vocab_size(model)), L = static_cast<double>(n_layer(model));
   const double tokens = static_cast<double>(config.batch) * static_cast<double>(config.seq_len);
-  const double per_block = 17 * C * p + (4 + H) * c;
-  const double top = 2 * C * p + 2 * c + V * p + 2 * size_of(DType::i64);
+  const double per_block = token.block_values * p + token.block_statistics * c;
+  const double top = token.top_values * p + token.top_statistics * c + 2 * size_of(DType::i64);
   const double logits_gradient = V * c + (p < c ? V * (c + p) : 0.0);
   return tokens * (L * per_block + top + logits_gradient);
+}
+
+// Buffers every rank holds whole, outside FSDP: a Llama block's RoPE cos and
+// sin tables, [block_size, head_dim / 2] each in the model's dtype. A GPT has none.
+double buffer_bytes(const tessera::nn::GPTConfig&) { return 0.0; }
+double buffer_bytes(const tessera::nn::LlamaConfig& model) {
+  return static_cast<double>(model.n_layer) * static_cast<double>(model.block_size) *
+         static_cast<double>(model.head_dim()) * size_of(model.dtype);
 }
 
 // The tokens the data loader will hold (uint16), from the files' sizes.
@@ -230,7 +291,7 @@ MachineResources machine_resources() {
 // ---- the estimate ---------------------------------------------------------------------------------------
 
 int64_t RankMemoryEstimate::per_rank() const {
-  return sharded_state + gathered_parameters + gathered_gradients + activations;
+  return sharded_state + buffers + gathered_parameters + gathered_gradients + activations;
 }
 
 int64_t RankMemoryEstimate::on_machine(int ranks) const {
@@ -243,13 +304,15 @@ int64_t RankMemoryEstimate::on_machine(int ranks) const {
 
 RankMemoryEstimate estimate_rank_memory(const TrainConfig& config) {
   config.validate();
+  const ModelConfig model = config.model_config();
   const int64_t shards = config.shard_ranks();
-  const GroupSize root = group_size(root_parameters(config.model), shards);
-  const GroupSize block = group_size(block_parameters(config.model), shards);
-  const double layers = static_cast<double>(config.model.n_layer);
+  const GroupSize root = group_size(root_parameters(model), shards);
+  const GroupSize block = group_size(block_parameters(model), shards);
+  const double layers = static_cast<double>(n_layer(model));
   RankMemoryEstimate estimate;
   // Parameter shards (allocated padded), gradient shards, AdamW's m and v: the model's dtype.
-  estimate.sharded_state = capped(4 * (root.slot + layers * block.slot) * size_of(config.model.dtype));
+  estimate.sharded_state = capped(4 * (root.slot + layers * block.slot) * size_of(parameter_dtype(model)));
+  estimate.buffers = capped(std::visit([](const auto& shape) { return buffer_bytes(shape); }, model));
   estimate.gathered_parameters = capped(gathered_parameter_bytes(config, root, block));
   estimate.gathered_gradients = capped(gathered_gradient_bytes(config, root, block));
   estimate.activations = capped(activation_bytes(config));
@@ -264,6 +327,39 @@ int ranks_on_machine(const TrainConfig& config, const tessera::dist::LaunchInfo&
 }
 
 // ---- the rules ------------------------------------------------------------------------------------------
+
+namespace {
+
+// The estimate against the available memory: an error above it, a warning
+// near it or when the available memory is unknown.
+void check_memory(const TrainConfig& config, const MachineResources& machine, int ranks,
+                  std::vector<std::string>& warnings) {
+  const RankMemoryEstimate estimate = estimate_rank_memory(config);
+  const int64_t needed = estimate.on_machine(ranks);
+  const std::string fewer_ranks = ranks > 1 ? ", fewer ranks than " + ranks_flag(config, ranks) : "";
+  if (!machine.available_memory_bytes) {
+    warnings.push_back(fmt::format("memory: about {} needed; the available memory is {}, so this is not checked",
+                                   bytes_text(needed), machine.memory_source));
+  } else {
+    const int64_t available = *machine.available_memory_bytes;
+    TESSERA_CHECK(needed <= available,
+                  "memory: {} x {} per rank (--batch {}, --seq-len {}, the model) + {} = about {}, but this machine "
+                  "has {} available ({}); lower --batch or --seq-len{}, or use a smaller model",
+                  plural(ranks, "rank"), bytes_text(estimate.per_rank()), config.batch, config.seq_len,
+                  data_text(estimate, ranks), bytes_text(needed), bytes_text(available), machine.memory_source,
+                  fewer_ranks);
+    if (static_cast<double>(needed) > kMemoryWarningFraction * static_cast<double>(available)) {
+      warnings.push_back(fmt::format("memory: about {} of the {} available ({:.0f}%): anything else that grows on "
+                                     "this machine may push the run into swap; lower --batch or --seq-len{} for "
+                                     "headroom",
+                                     bytes_text(needed), bytes_text(available),
+                                     100.0 * static_cast<double>(needed) / static_cast<double>(available),
+                                     fewer_ranks));
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<std::string> check_train_resources(const TrainConfig& config, const MachineResources& machine,
                                                 const tessera::dist::LaunchInfo& launch) {
@@ -298,29 +394,7 @@ std::vector<std::string> check_train_resources(const TrainConfig& config, const 
     }
   }
 
-  const RankMemoryEstimate estimate = estimate_rank_memory(config);
-  const int64_t needed = estimate.on_machine(ranks);
-  const std::string fewer_ranks = ranks > 1 ? ", fewer ranks than " + ranks_flag(config, ranks) : "";
-  if (!machine.available_memory_bytes) {
-    warnings.push_back(fmt::format("memory: about {} needed; the available memory is {}, so this is not checked",
-                                   bytes_text(needed), machine.memory_source));
-  } else {
-    const int64_t available = *machine.available_memory_bytes;
-    TESSERA_CHECK(needed <= available,
-                  "memory: {} x {} per rank (--batch {}, --seq-len {}, the model) + {} = about {}, but this machine "
-                  "has {} available ({}); lower --batch or --seq-len{}, or use a smaller model",
-                  plural(ranks, "rank"), bytes_text(estimate.per_rank()), config.batch, config.seq_len,
-                  data_text(estimate, ranks), bytes_text(needed), bytes_text(available), machine.memory_source,
-                  fewer_ranks);
-    if (static_cast<double>(needed) > kMemoryWarningFraction * static_cast<double>(available)) {
-      warnings.push_back(fmt::format("memory: about {} of the {} available ({:.0f}%): anything else that grows on "
-                                     "this machine may push the run into swap; lower --batch or --seq-len{} for "
-                                     "headroom",
-                                     bytes_text(needed), bytes_text(available),
-                                     100.0 * static_cast<double>(needed) / static_cast<double>(available),
-                                     fewer_ranks));
-    }
-  }
+  if (!config.plan) check_memory(config, machine, ranks, warnings);
 
   if (ranks > cores) {
     warnings.push_back(fmt::format("{}: {} share {}: they take turns, so a step takes about {}x as long as with a "
@@ -331,6 +405,16 @@ std::vector<std::string> check_train_resources(const TrainConfig& config, const 
   return warnings;
 }
 
+bool plan_materializes(const TrainConfig& config, const MachineResources& machine,
+                       const tessera::dist::LaunchInfo& launch) {
+  if (!machine.available_memory_bytes) return false;
+  // sharded_state is four copies of the parameter shards.
+  const double shards = static_cast<double>(ranks_on_machine(config, launch)) *
+                        static_cast<double>(estimate_rank_memory(config).sharded_state / 4);
+  return shards <= static_cast<double>(kPlanMaxBytes) &&
+         shards <= kMemoryWarningFraction * static_cast<double>(*machine.available_memory_bytes);
+}
+
 std::string describe_memory(const RankMemoryEstimate& estimate, int ranks_on_machine,
                             const MachineResources& machine) {
   const std::string available =
@@ -338,10 +422,12 @@ std::string describe_memory(const RankMemoryEstimate& estimate, int ranks_on_mac
           ? fmt::format("{} available ({})", bytes_text(*machine.available_memory_bytes), machine.memory_source)
           : fmt::format("available memory {}", machine.memory_source);
   return fmt::format(
-      "about {} per rank (shards {}, gathered parameters {}, gradients in flight {}, activations {}) x {} + {} = "
+      "about {} per rank (shards {}, {}gathered parameters {}, gradients in flight {}, activations {}) x {} + {} = "
       "{} of {}",
-      bytes_text(estimate.per_rank()), bytes_text(estimate.sharded_state), bytes_text(estimate.gathered_parameters),
-      bytes_text(estimate.gathered_gradients), bytes_text(estimate.activations), plural(ranks_on_machine, "rank"),
+      bytes_text(estimate.per_rank()), bytes_text(estimate.sharded_state),
+      estimate.buffers > 0 ? fmt::format("buffers {}, ", bytes_text(estimate.buffers)) : std::string(),
+      bytes_text(estimate.gathered_parameters), bytes_text(estimate.gathered_gradients),
+      bytes_text(estimate.activations), plural(ranks_on_machine, "rank"),
       data_text(estimate, ranks_on_machine), bytes_text(estimate.on_machine(ranks_on_machine)), available);
 }
 

@@ -2,9 +2,9 @@
 // memory, ranks, threads and generation length, checked from the flags before
 // anything is allocated, so a bad value is refused (or warned about) with a
 // message naming the flag instead of swapping, stalling or std::bad_alloc.
-// The per-rank memory estimate is analytic: it mirrors what FSDP, the GPT
-// forward and the data loader allocate, and a test holds it to the measured
-// peak of real steps.
+// The per-rank memory estimate is analytic: it mirrors what FSDP, the model's
+// forward (GPT's or Llama's) and the data loader allocate, and a test holds
+// it to the measured peak of real steps.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,7 @@ std::optional<int64_t> parse_mem_available(const std::string& meminfo);
 // (tests/examples/test_resource_limits.cpp says why).
 struct RankMemoryEstimate {
   int64_t sharded_state = 0;        // parameter, gradient and AdamW m, v shards (model dtype)
+  int64_t buffers = 0;              // held whole by every rank, outside FSDP (Llama's RoPE tables)
   int64_t gathered_parameters = 0;  // unsharded parameters live at once (param_dtype)
   int64_t gathered_gradients = 0;   // backward's unsharded gradients and reduce-scatter buffers
   int64_t activations = 0;          // what forward saves for backward, the batch, the logits and their gradient
@@ -76,7 +77,8 @@ inline constexpr int kMaxThreadOversubscription = 4;
 
 // Throws tessera::Error naming the flag, the figure, the limit and what to
 // do, for: --nproc above kMaxLocalRanks (local backend); an estimate above
-// the available memory; --threads T with T x ranks above
+// the available memory (except with --plan, which trains nothing and holds
+// at most the parameter shards: plan_materializes); --threads T with T x ranks above
 // kMaxThreadOversubscription x max(cores, ranks). Otherwise returns the
 // warnings to print: more ranks than cores (they take turns: fine for tests
 // and teaching, slow), --threads oversubscribing the cores, memory above
@@ -85,6 +87,19 @@ inline constexpr int kMaxThreadOversubscription = 4;
 std::vector<std::string> check_train_resources(
     const TrainConfig& config, const MachineResources& machine,
     const tessera::dist::LaunchInfo& launch = tessera::dist::detect_launch());
+
+// The most `train --plan` allocates: its ranks' parameter shards,
+// uninitialised, so that fsdp::sharding_plan (which needs real shards) can
+// print its per-parameter plan. A plan is a question about a run, cheap to
+// ask on any machine, so the bound does not grow with the machine.
+inline constexpr int64_t kPlanMaxBytes = int64_t{1} << 30;
+
+// Whether `train --plan` allocates the parameter shards of this machine's
+// ranks: their bytes at most kPlanMaxBytes and within kMemoryWarningFraction
+// of the available memory, which must be known. Otherwise the plan reads the
+// model sharded on meta and allocates nothing.
+bool plan_materializes(const TrainConfig& config, const MachineResources& machine,
+                       const tessera::dist::LaunchInfo& launch = tessera::dist::detect_launch());
 
 // One line for the start-up banner (without its label): the estimate by
 // part, times the ranks, against the available memory.

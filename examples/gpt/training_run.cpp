@@ -17,8 +17,8 @@
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/run_identity.h"
+#include "examples/gpt/run_plan.h"
 #include "examples/gpt/trainer.h"
-#include "fsdp/plan.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
 
@@ -154,11 +154,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     const bool leader = distributed.rank() == 0;
     if (config.plan) {
       if (leader) print_setup(config, data, out);
-      Trainer trainer(config, data, distributed);
-      if (leader) {
-        out << '\n' << tessera::fsdp::sharding_plan(trainer.model(), {.description = "AdamW state (m, v)", .copies = 2})
-            << std::flush;
-      }
+      print_plan(config, machine, distributed, out);
       return;
     }
 

@@ -29,12 +29,13 @@ struct TrainSummary {
 // progress line per step to `out` and, with config.log_json, writes one JSON
 // object per step to that file; with config.trace every rank's events are
 // written at the end. With config.plan it prints the sharding plan instead of
-// training. A --resume takes its lr schedule, weight decay and clipping from
-// the checkpoint and says which flags that overrides. Every save first
-// proves the state finite (Trainer::require_finite_state). A SIGINT or
-// SIGTERM (GracefulStop) ends the run after the step in progress, with a
-// checkpoint when config.ckpt_dir is set, and no export. The summary's
-// losses are rank 0's (under MPI, empty on the other ranks).
+// training (run_plan.h), refusing no model for its size. A --resume takes
+// its lr schedule, weight decay and clipping from the checkpoint and says
+// which flags that overrides. Every save first proves the state finite
+// (Trainer::require_finite_state). A SIGINT or SIGTERM (GracefulStop) ends
+// the run after the step in progress, with a checkpoint when config.ckpt_dir
+// is set, and no export. The summary's losses are rank 0's (under MPI, empty
+// on the other ranks).
 TrainSummary train(const TrainConfig& config, std::ostream& out);
 
 }  // namespace gpt

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The `train` command line around FSDP: --plan prints the sharding plan and
-# exits 0 without training; bad parallel settings, non-finite numbers and
-# unbounded resources exit non-zero with a message naming the flag.
+# exits 0 without training (a GPT's, and a Llama 3 8B's from the model on
+# meta); bad parallel settings, non-finite numbers, unbounded resources and
+# another family's presets and flags exit non-zero with a message naming the
+# flag.
 # Usage: check_train_cli.sh path/to/train
 set -euo pipefail
 train=$1
@@ -12,6 +14,14 @@ for expected in "FSDP sharding plan" "mesh DeviceMesh(cpu, (shard=4)" "module (r
   grep -qF "$expected" <<<"$plan" || { echo "--plan output lacks '$expected':"; echo "$plan"; exit 1; }
 done
 if grep -q '^step ' <<<"$plan"; then echo "--plan trained:"; echo "$plan"; exit 1; fi
+
+# A Llama too; Llama 3 8B on 8 ranks is planned from the model sharded on meta, allocating nothing.
+plan=$("$train" --model llama --preset llama3-8b --plan --nproc 8)
+for expected in "model    llama3-8b (llama): n_layer 32, n_head 32, n_kv_head 8, n_embd 4096, F 14336" \
+  "FSDP sharding of Llama on meta (nothing allocated)" "parameters            8030261248" \
+  "parameter shards      4015130624 B (3.7 GiB)" "memory estimate       about"; do
+  grep -qF "$expected" <<<"$plan" || { echo "--model llama --plan output lacks '$expected':"; echo "$plan"; exit 1; }
+done
 
 # Each case: a piece of the message, then the flags.
 program=$train
@@ -31,4 +41,9 @@ expect_failure "--clip: must be a finite number, got -inf" --clip -inf
 expect_failure "--nproc 1000: more than 256 local ranks" --nproc 1000
 expect_failure "--threads 999: 1 rank x 999 = 999 threads on" --threads 999
 expect_failure "--allow-data-change is for --resume" --allow-data-change
+# The model family's presets and flags.
+expect_failure "--preset: llama-tiny not in" --preset llama-tiny
+expect_failure "--preset: tiny not in" --model llama --preset tiny
+expect_failure "--n-kv-head and --ffn-hidden shape a Llama" --n-kv-head 2
+expect_failure "--model: bert not in {gpt,llama}" --model bert
 echo "train: --plan and the FSDP flags' errors as expected"
