@@ -261,6 +261,7 @@ std::vector<Edge> root_edges_of(const TensorList& roots, const char* op) {
 TensorList root_gradients(const TensorList& roots, const TensorList& given, const char* op) {
   TESSERA_CHECK(given.empty() || given.size() == roots.size(), "{}: {} gradients given for {} outputs", op,
                 given.size(), roots.size());
+  NoGradGuard no_grad;  // a given gradient is data here, even one that requires grad: backward records nothing
   TensorList grads;
   grads.reserve(roots.size());
   for (size_t i = 0; i < roots.size(); ++i) grads.push_back(root_gradient(roots[i], given.empty() ? Tensor() : given[i], i, op));

@@ -2,13 +2,18 @@
 // for backward when grad mode is on and an input requires grad. They live in
 // `tessera::` because they are the tensor API users write models with; their
 // backward formulas (autograd/functions/*.cpp) are written with tessera::ops.
+// Model code has one op namespace, this one: a raw ops:: call on an input
+// that requires grad, with grad mode on, throws an error naming the function
+// here to call instead (tensor/raw_op_guard.h), rather than silently cutting
+// the gradient.
 //
 // Creation ops and in-place ops do not record: use tessera::ops for those.
 // In-place is raw only (ops::add_, copy_, fill_, ...): it records nothing and
-// checks nothing about autograd, so use it on parameters and grads under
-// NoGradGuard (optimizer steps, FSDP copy-in/out), never on a tensor that a
-// recorded op saved for its backward (there is no version counter; the
-// gradient would silently use the new values).
+// refuses only a source that requires grad (with grad mode on), never the
+// tensor it writes, so use it on parameters and grads under NoGradGuard
+// (optimizer steps, FSDP copy-in/out), never on a tensor that a recorded op
+// saved for its backward (there is no version counter; the gradient would
+// silently use the new values).
 //
 // Choices where torch leaves room: amax shares the gradient equally among
 // tied maxima, max(x, dim) gives it all to the first maximum (its index);

@@ -1,13 +1,18 @@
 // Whether ops record the autograd graph on this thread. NoGradGuard turns
 // recording off for a scope (optimizer steps, FSDP's copy-in/out, eval).
+// The flag itself lives in the tensor layer (tensor/raw_op_guard.h), because
+// the raw ops read it too: with grad mode on they refuse inputs that require
+// grad, so NoGradGuard is also how to run raw ops on parameters on purpose.
 #pragma once
+
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::autograd {
 
 class GradMode {
  public:
-  static bool is_enabled();
-  static void set_enabled(bool enabled);
+  static bool is_enabled() { return grad_mode_enabled(); }
+  static void set_enabled(bool enabled) { set_grad_mode_enabled(enabled); }
 };
 
 class NoGradGuard {

@@ -3,6 +3,7 @@
 
 
 #include "checkpoint/rank_errors.h"
+#include "autograd/grad_mode.h"
 #include "dist/launch.h"
 #include "tensor/ops.h"
 
@@ -37,6 +38,7 @@ int64_t SnapshotBuffers::bytes() const {
 
 DistributedStateDict snapshot(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers) {
   if (buffers != nullptr) buffers->wait_for_reader();
+  autograd::NoGradGuard no_grad;  // copies the values of tensors that may require grad (live parameters)
   auto private_copy = [buffers](const std::string& name, const Tensor& tensor) {
     Tensor copy = buffers != nullptr ? buffers->buffer_for(name, tensor)
                                      : ops::empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = tensor.device()});

@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 
 namespace tessera::checkpoint {
@@ -198,6 +199,7 @@ void SafetensorsWriter::append(const Tensor& tensor) {
   TESSERA_CHECK(tensor.dtype() == entry.dtype && tensor.sizes() == entry.shape,
                 "{}: tensor '{}' is laid out as {} {} but {} {} came", path_, entry.name, dtype_name(entry.dtype),
                 entry.shape, dtype_name(tensor.dtype()), tensor.sizes());
+  autograd::NoGradGuard no_grad;  // writes the values of tensors that may require grad (live parameters)
   const Tensor dense = ops::contiguous(tensor);
   if (dense.nbytes() > 0) file_.write(dense.raw_data(), dense.nbytes());
   ++next_entry_;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 
+#include "autograd/grad_mode.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/chunk_reader.h"
 #include "checkpoint/file_io.h"
@@ -196,6 +197,7 @@ void export_safetensors(const std::string& path, const DistributedStateDict& sta
   const dist::ProcessGroupPtr group = resolve_group(options.group);
   const int rank = rank_of(group);
   const std::string tmp = path + ".tmp";
+  autograd::NoGradGuard no_grad;  // copies the values of tensors that may require grad (live parameters)
 
   nlohmann::json plan;
   try {

@@ -15,6 +15,7 @@
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/save_points.h"
+#include "autograd/grad_mode.h"
 #include "dist/launch.h"
 #include "tensor/ops.h"
 
@@ -64,6 +65,7 @@ std::vector<uint32_t> block_checksums(const Tensor& dense) {
 
 // Writes this rank's file; returns its chunks as JSON (or the error text).
 nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDict& state, int rank, bool sync) {
+  autograd::NoGradGuard no_grad;  // reads the values of tensors that may require grad (live parameters)
   std::vector<std::pair<std::string, Tensor>> tensors;
   nlohmann::json chunks = nlohmann::json::object();
   for (const auto& [name, entry] : state) {

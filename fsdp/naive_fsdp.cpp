@@ -1,5 +1,6 @@
 #include "fsdp/naive_fsdp.h"
 
+#include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -23,6 +24,7 @@ int64_t rows_per_rank(const Shape& shape, int ranks) { return (shape[0] + ranks 
 }  // namespace
 
 NaiveFSDP::NaiveFSDP(nn::Module& model, dist::ProcessGroupPtr group) : group_(std::move(group)) {
+  autograd::NoGradGuard no_grad;  // sharding copies the parameters' values; it is no function of them
   const int ranks = group_->size(), rank = group_->rank();
   for (const auto& [name, whole] : model.named_parameters()) {
     const Tensor& tensor = whole->tensor();

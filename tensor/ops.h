@@ -2,9 +2,18 @@
 // allocate it on the inputs' device, and dispatch to that device's kernel
 // table (tensor/kernels.h). On `meta` they stop after shape inference.
 //
-// These functions record no autograd graph. The differentiable versions with
-// the same names live in `tessera::` (autograd/functions.h); backward formulas
-// are written with these.
+// These functions record no autograd graph, so they refuse to lose one: while
+// grad mode is on, an op throws tessera::Error when an input requires grad,
+// naming the op, the input and the differentiable function to call instead
+// (the versions with the same names live in `tessera::`, autograd/functions.h).
+// Call them on parameters and activations on purpose under
+// autograd::NoGradGuard (init, optimizer steps, FSDP copy-in/out, eval);
+// backward formulas are written with them (the engine runs with grad mode
+// off). Not refused: creation ops (the *_like ones read only shape, dtype and
+// device); the tensor an in-place op writes (only its sources are checked:
+// copy_'s src, add_'s b, index_add_'s source); ops whose results carry no
+// gradient (comparisons, logical_not, argmax, to_string, Tensor::item and
+// to_vector). The guard and its reasons: tensor/raw_op_guard.h.
 //
 // Conventions: dims may be negative (counted from the end); binary ops
 // broadcast like NumPy; every error is a tessera::Error naming the op and the

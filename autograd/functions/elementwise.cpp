@@ -226,82 +226,122 @@ Tensor binary(Tensor y, const Tensor& a, const Tensor& b, Args&&... args) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary<AddBackward>(ops::add(a, b), a, b, a, b, false); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary<AddBackward>(ops::sub(a, b), a, b, a, b, true); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary<MulBackward>(ops::mul(a, b), a, b, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary<DivBackward>(ops::div(a, b), a, b, a, b); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
+  return binary<AddBackward>(ops::add(a, b), a, b, a, b, false);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
+  return binary<AddBackward>(ops::sub(a, b), a, b, a, b, true);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
+  return binary<MulBackward>(ops::mul(a, b), a, b, a, b);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
+  return binary<DivBackward>(ops::div(a, b), a, b, a, b);
+}
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::pow(a, b);
   if (!autograd::any_requires_grad({&a, &b})) return y;
   const Tensor saved_y = y.detach();
   return binary<PowBackward>(std::move(y), a, b, a, b, saved_y);
 }
 
-Tensor add(const Tensor& a, double b) { return scaled(ops::add(a, b), a, "AddBackward", 1.0, false); }
-Tensor sub(const Tensor& a, double b) { return scaled(ops::sub(a, b), a, "SubBackward", 1.0, false); }
-Tensor mul(const Tensor& a, double b) { return scaled(ops::mul(a, b), a, "MulBackward", b, false); }
-Tensor div(const Tensor& a, double b) { return scaled(ops::div(a, b), a, "DivBackward", b, true); }
+Tensor add(const Tensor& a, double b) {
+  const GradInputsAllowed recorded_here;
+  return scaled(ops::add(a, b), a, "AddBackward", 1.0, false);
+}
+Tensor sub(const Tensor& a, double b) {
+  const GradInputsAllowed recorded_here;
+  return scaled(ops::sub(a, b), a, "SubBackward", 1.0, false);
+}
+Tensor mul(const Tensor& a, double b) {
+  const GradInputsAllowed recorded_here;
+  return scaled(ops::mul(a, b), a, "MulBackward", b, false);
+}
+Tensor div(const Tensor& a, double b) {
+  const GradInputsAllowed recorded_here;
+  return scaled(ops::div(a, b), a, "DivBackward", b, true);
+}
 
 Tensor pow(const Tensor& a, double exponent) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::pow(a, exponent);
   if (autograd::any_requires_grad({&a})) autograd::record(y, std::make_shared<PowScalarBackward>(a, exponent), {&a});
   return y;
 }
 
-Tensor neg(const Tensor& x) { return scaled(ops::neg(x), x, "NegBackward", -1.0, false); }
+Tensor neg(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
+  return scaled(ops::neg(x), x, "NegBackward", -1.0, false);
+}
 
 Tensor exp(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::exp(x), x, "ExpBackward", true, [](const Tensor& g, const Tensor& y) { return ops::mul(g, y); });
 }
 
 Tensor log(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::log(x), x, "LogBackward", false, [](const Tensor& g, const Tensor& in) { return ops::div(g, in); });
 }
 
 // d sqrt(x) = 1 / (2 y)
 Tensor sqrt(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::sqrt(x), x, "SqrtBackward", true,
                [](const Tensor& g, const Tensor& y) { return ops::div(g, ops::mul(y, 2.0)); });
 }
 
 // y = x^(-1/2): dy/dx = -y^3 / 2
 Tensor rsqrt(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::rsqrt(x), x, "RsqrtBackward", true, [](const Tensor& g, const Tensor& y) {
     return ops::mul(g, ops::mul(ops::mul(ops::mul(y, y), y), -0.5));
   });
 }
 
 Tensor tanh(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::tanh(x), x, "TanhBackward", true,
                [](const Tensor& g, const Tensor& y) { return ops::tanh_backward(g, y); });
 }
 
 Tensor sigmoid(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::sigmoid(x), x, "SigmoidBackward", true,
                [](const Tensor& g, const Tensor& y) { return ops::sigmoid_backward(g, y); });
 }
 
 Tensor relu(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::relu(x), x, "ReluBackward", false,
                [](const Tensor& g, const Tensor& in) { return ops::relu_backward(g, in); });
 }
 
 Tensor gelu(const Tensor& x, GeluApproximation approximation) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::gelu(x, approximation), x, "GeluBackward", false,
                [approximation](const Tensor& g, const Tensor& in) { return ops::gelu_backward(g, in, approximation); });
 }
 
 Tensor silu(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return unary(ops::silu(x), x, "SiluBackward", false,
                [](const Tensor& g, const Tensor& in) { return ops::silu_backward(g, in); });
 }
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
   return binary<WhereBackward>(ops::where(condition, a, b), a, b, condition, a, b);
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::masked_fill(x, mask, value);
   if (autograd::any_requires_grad({&x})) autograd::record(y, std::make_shared<MaskedFillBackward>(x, mask), {&x});
   return y;

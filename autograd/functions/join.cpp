@@ -118,6 +118,7 @@ std::vector<Tensor> record_split(std::vector<Tensor> pieces, const Tensor& x, in
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::cat(tensors, dim);
   if (!autograd::any_requires_grad(tensors)) return y;
   auto node = std::make_shared<CatBackward>(wrap_dim(dim, y.dim(), "cat"), tensors);
@@ -127,6 +128,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::stack(tensors, dim);
   if (!autograd::any_requires_grad(tensors)) return y;
   auto node = std::make_shared<StackBackward>(wrap_dim(dim, y.dim(), "stack"), tensors);
@@ -136,14 +138,17 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   return record_split(ops::split(x, split_size, dim), x, dim, "SplitBackward");
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   return record_split(ops::chunk(x, chunks, dim), x, dim, "ChunkBackward");
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::index_select(x, dim, index);
   if (autograd::any_requires_grad({&x})) {
     autograd::record(y, std::make_shared<IndexSelectBackward>(x, wrap_dim(dim, x.dim(), "index_select"), index), {&x});

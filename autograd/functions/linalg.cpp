@@ -103,12 +103,14 @@ class LinearBackward final : public Node {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::matmul(a, b);
   if (autograd::any_requires_grad({&a, &b})) autograd::record(y, std::make_shared<MatmulBackward>(a, b), {&a, &b});
   return y;
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::linear(x, weight, bias);
   if (autograd::any_requires_grad({&x, &weight, &bias})) {
     autograd::record(y, std::make_shared<LinearBackward>(x, weight, bias), {&x, &weight, &bias});

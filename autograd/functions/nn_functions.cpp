@@ -123,18 +123,21 @@ class DropoutBackward final : public Node {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::softmax(x, dim);
   if (autograd::any_requires_grad({&x})) autograd::record(y, std::make_shared<SoftmaxBackward>(false, y.detach(), dim), {&x});
   return y;
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::log_softmax(x, dim);
   if (autograd::any_requires_grad({&x})) autograd::record(y, std::make_shared<SoftmaxBackward>(true, y.detach(), dim), {&x});
   return y;
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const GradInputsAllowed recorded_here;
   ops::NormOutput out = ops::layer_norm(x, weight, bias, eps);
   Tensor y = std::move(out.y);
   if (autograd::any_requires_grad({&x, &weight, &bias})) {
@@ -144,6 +147,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  const GradInputsAllowed recorded_here;
   ops::NormOutput out = ops::rms_norm(x, weight, eps);
   Tensor y = std::move(out.y);
   if (autograd::any_requires_grad({&x, &weight})) {
@@ -153,6 +157,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::embedding(weight, indices);
   if (autograd::any_requires_grad({&weight})) {
     autograd::record(y, std::make_shared<EmbeddingBackward>(indices, weight.size(0)), {&weight});
@@ -161,6 +166,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  const GradInputsAllowed recorded_here;
   Tensor loss = ops::cross_entropy(logits, targets, ignore_index);
   if (autograd::any_requires_grad({&logits})) {
     autograd::record(loss, std::make_shared<CrossEntropyBackward>(logits, targets, ignore_index), {&logits});
@@ -169,6 +175,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const GradInputsAllowed recorded_here;
   ops::AttentionOutput out = ops::causal_attention(q, k, v);
   Tensor y = out.out;
   if (autograd::any_requires_grad({&q, &k, &v})) {
@@ -178,6 +185,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, PhiloxKey key) {
+  const GradInputsAllowed recorded_here;
   TESSERA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0.0) return x;
   auto [y, mask] = ops::dropout(x, p, key);

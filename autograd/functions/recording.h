@@ -1,6 +1,11 @@
 // What every differentiable function does after computing its result:
 // connect a new backward node to the op's inputs (one edge each) and make it
 // the output's grad_fn. Shared by autograd/functions/*.cpp only.
+//
+// Before computing, each one opens `const GradInputsAllowed recorded_here;`
+// (tensor/raw_op_guard.h): the raw ops it calls may then read inputs that
+// require grad, because the function records their gradient itself. Backward
+// formulas need no such scope: the engine runs them with grad mode off.
 #pragma once
 
 #include <initializer_list>

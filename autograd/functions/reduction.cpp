@@ -94,6 +94,7 @@ class MaxBackward final : public Node {
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::sum(x, dims, keepdim);
   if (autograd::any_requires_grad({&x})) {
     autograd::record(y, std::make_shared<SumBackward>("SumBackward", x.sizes(), kept_shape(x.sizes(), dims, "sum"), 1.0),
@@ -103,6 +104,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::mean(x, dims, keepdim);
   if (autograd::any_requires_grad({&x})) {
     Shape kept = kept_shape(x.sizes(), dims, "mean");
@@ -113,6 +115,7 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::amax(x, dims, keepdim);
   if (autograd::any_requires_grad({&x})) {
     Shape kept = kept_shape(x.sizes(), dims, "amax");
@@ -123,6 +126,7 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  const GradInputsAllowed recorded_here;
   auto [values, indices] = ops::max(x, dim, keepdim);
   if (autograd::any_requires_grad({&x})) {
     const int64_t wrapped = wrap_dim(dim, x.dim(), "max");

@@ -123,18 +123,22 @@ Tensor recorded(Tensor y, const Tensor& x, Args&&... args) {
 }  // namespace
 
 Tensor view(const Tensor& x, const Shape& shape) {
+  const GradInputsAllowed recorded_here;
   return recorded<ReshapeBackward>(ops::view(x, shape), x, "ViewBackward", x.sizes());
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
+  const GradInputsAllowed recorded_here;
   return recorded<ReshapeBackward>(ops::reshape(x, shape), x, "ReshapeBackward", x.sizes());
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
+  const GradInputsAllowed recorded_here;
   return recorded<ReshapeBackward>(ops::flatten(x, start_dim, end_dim), x, "FlattenBackward", x.sizes());
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  const GradInputsAllowed recorded_here;
   Tensor y = ops::permute(x, dims);  // validates dims
   if (!autograd::any_requires_grad({&x})) return y;
   std::vector<int64_t> inverse(dims.size());
@@ -143,47 +147,60 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
 }
 
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
+  const GradInputsAllowed recorded_here;
   return recorded<TransposeBackward>(ops::transpose(x, dim0, dim1), x, dim0, dim1);
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  const GradInputsAllowed recorded_here;
   return recorded<SliceBackward>(ops::narrow(x, dim, start, length), x, SliceBackward::Kind::narrow, x, dim, start,
                                  length, 1);
 }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  const GradInputsAllowed recorded_here;
   return recorded<SliceBackward>(ops::slice(x, dim, start, end, step), x, SliceBackward::Kind::slice, x, dim, start,
                                  end, step);
 }
 
 Tensor select(const Tensor& x, int64_t dim, int64_t index) {
+  const GradInputsAllowed recorded_here;
   return recorded<SliceBackward>(ops::select(x, dim, index), x, SliceBackward::Kind::select, x, dim, index, 0, 1);
 }
 
 Tensor squeeze(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   return recorded<ReshapeBackward>(ops::squeeze(x), x, "SqueezeBackward", x.sizes());
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   return recorded<ReshapeBackward>(ops::squeeze(x, dim), x, "SqueezeBackward", x.sizes());
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
+  const GradInputsAllowed recorded_here;
   return recorded<ReshapeBackward>(ops::unsqueeze(x, dim), x, "UnsqueezeBackward", x.sizes());
 }
 
 Tensor expand(const Tensor& x, const Shape& shape) {
+  const GradInputsAllowed recorded_here;
   return recorded<ExpandBackward>(ops::expand(x, shape), x, x.sizes());
 }
 
 Tensor contiguous(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
   if (x.is_contiguous()) return x;
   return recorded<IdentityBackward>(ops::contiguous(x), x, "ContiguousBackward");
 }
 
-Tensor clone(const Tensor& x) { return recorded<IdentityBackward>(ops::clone(x), x, "CloneBackward"); }
+Tensor clone(const Tensor& x) {
+  const GradInputsAllowed recorded_here;
+  return recorded<IdentityBackward>(ops::clone(x), x, "CloneBackward");
+}
 
 Tensor to(const Tensor& x, DType dtype) {
+  const GradInputsAllowed recorded_here;
   if (x.dtype() == dtype) return x;
   Tensor y = ops::to(x, dtype);
   if (!is_floating(dtype)) return y;  // integer results carry no gradient
@@ -191,6 +208,7 @@ Tensor to(const Tensor& x, DType dtype) {
 }
 
 Tensor to(const Tensor& x, Device device) {
+  const GradInputsAllowed recorded_here;
   if (x.device() == device) return x;
   return recorded<ToDeviceBackward>(ops::to(x, device), x, x.device());
 }

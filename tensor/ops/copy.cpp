@@ -5,6 +5,7 @@
 
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera {
 
@@ -46,6 +47,7 @@ void read_elements(const Tensor& tensor, DType as, void* out) {
                 "read_elements: meta tensor has no data (shape {}); materialise it with to_empty first",
                 tensor.sizes());
   if (tensor.numel() == 0) return;
+  const GradInputsAllowed values_leave_the_graph;  // like torch's item()/tolist(): reading values loses no gradient
   const Tensor host = ops::to(tensor, kCPU);
   if (host.dtype() == as && host.is_contiguous()) {
     std::memcpy(out, host.raw_data(), static_cast<size_t>(host.nbytes()));
@@ -68,6 +70,7 @@ double Tensor::item() const {
 namespace ops {
 
 void copy_(Tensor& dst, const Tensor& src) {
+  check_raw_op_inputs("copy_", {{"src", src}});  // dst is written, not read: see ops.h
   check_defined(dst, "copy_", "destination");
   check_defined(src, "copy_", "source");
   // src broadcasts to dst: aligned from the right, each src dim equal or 1.
@@ -107,6 +110,7 @@ void copy_(Tensor& dst, const Tensor& src) {
 void fill_(Tensor& dst, double value) {
   check_defined(dst, "fill_", "destination");
   if (dst.is_meta() || dst.numel() == 0) return;
+  const GradInputsAllowed dst_is_only_written;
   // Each distinct element once: an expanded (stride-0) dim is written through its single element.
   Shape sizes = dst.sizes();
   for (int64_t d = 0; d < dst.dim(); ++d) {
@@ -125,6 +129,7 @@ void fill_(Tensor& dst, double value) {
 void zero_(Tensor& dst) { fill_(dst, 0.0); }
 
 Tensor clone(const Tensor& tensor) {
+  check_raw_op_inputs("clone", {{"tensor", tensor}});
   check_defined(tensor, "clone", "the tensor");
   Tensor out = empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = tensor.device()});
   if (out.is_meta() || out.numel() == 0) return out;
@@ -133,11 +138,13 @@ Tensor clone(const Tensor& tensor) {
 }
 
 Tensor contiguous(const Tensor& tensor) {
+  check_raw_op_inputs("contiguous", {{"tensor", tensor}});
   check_defined(tensor, "contiguous", "the tensor");
   return tensor.is_contiguous() ? tensor : clone(tensor);
 }
 
 Tensor to(const Tensor& tensor, DType dtype) {
+  check_raw_op_inputs("to", {{"tensor", tensor}});
   check_defined(tensor, "to", "the tensor");
   if (tensor.dtype() == dtype) return tensor;
   Tensor out = empty(tensor.sizes(), {.dtype = dtype, .device = tensor.device()});
@@ -147,6 +154,7 @@ Tensor to(const Tensor& tensor, DType dtype) {
 }
 
 Tensor to(const Tensor& tensor, Device device) {
+  check_raw_op_inputs("to", {{"tensor", tensor}});
   check_defined(tensor, "to", "the tensor");
   if (tensor.device() == device) return tensor;
   Tensor out = empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = device});

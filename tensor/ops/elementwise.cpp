@@ -8,6 +8,7 @@
 
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -71,6 +72,7 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
 }
 
 Tensor binary_tensors(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  check_raw_op_inputs(name, {{"a", a}, {"b", b}});
   check_defined(a, name, "a");
   check_defined(b, name, "b");
   const DType promoted = promote_types(a.dtype(), b.dtype());
@@ -78,12 +80,25 @@ Tensor binary_tensors(BinaryOp op, const char* name, const Tensor& a, const Tens
 }
 
 Tensor binary_scalar(BinaryOp op, const char* name, const Tensor& a, double b) {
+  check_raw_op_inputs(name, {{"a", a}});
   check_defined(a, name, "a");
   const DType promoted = scalar_dtype(a.dtype(), b, name);
   const DType result = is_comparison(op) ? promoted : arithmetic_dtype(op, promoted, name);
   // The scalar joins in the compute dtype, so a bf16 tensor + 0.1 adds 0.1f, not 0.1 rounded to bf16.
   const Tensor scalar = full({}, b, {.dtype = compute_dtype(result), .device = a.device()});
   return binary_op(op, name, a, scalar, result);
+}
+
+// A comparison gives a bool tensor, which carries no gradient: it may read
+// inputs that require grad, as torch's `x > 0` does.
+Tensor compare(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  const GradInputsAllowed result_has_no_gradient;
+  return binary_tensors(op, name, a, b);
+}
+
+Tensor compare(BinaryOp op, const char* name, const Tensor& a, double b) {
+  const GradInputsAllowed result_has_no_gradient;
+  return binary_scalar(op, name, a, b);
 }
 
 // Checks an in-place update `out op= b` and returns b ready for the kernel:
@@ -142,6 +157,7 @@ Tensor unary_op(UnaryOp op, const Tensor& x, DType result) {
 
 // Floating maths; integer inputs compute in f32; neg, abs and relu keep integers.
 Tensor unary_math(UnaryOp op, const char* name, const Tensor& x) {
+  check_raw_op_inputs(name, {{"x", x}});
   check_defined(x, name, "x");
   TESSERA_CHECK(x.dtype() != DType::boolean, "{}: not defined for bool tensors", name);
   const bool keeps_integers = op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::relu;
@@ -149,7 +165,9 @@ Tensor unary_math(UnaryOp op, const char* name, const Tensor& x) {
 }
 
 // grad_out * f'(saved), where saved is y for tanh/sigmoid and x otherwise.
-Tensor unary_backward(UnaryOp op, const char* name, const Tensor& grad_out, const Tensor& saved) {
+Tensor unary_backward(UnaryOp op, const char* name, const Tensor& grad_out, const char* saved_name,
+                      const Tensor& saved) {
+  check_raw_op_inputs(name, {{"grad_out", grad_out}, {saved_name, saved}});
   check_defined(grad_out, name, "grad_out");
   check_defined(saved, name, "the saved tensor");
   const Device device = common_device(name, grad_out, saved);
@@ -188,6 +206,7 @@ Tensor mul(const Tensor& a, double b) { return binary_scalar(BinaryOp::mul, "mul
 Tensor div(const Tensor& a, double b) { return binary_scalar(BinaryOp::div, "div", a, b); }
 
 Tensor pow(const Tensor& a, double exponent) {
+  check_raw_op_inputs("pow", {{"a", a}});
   check_defined(a, "pow", "a");
   TESSERA_CHECK(is_floating(a.dtype()) || std::trunc(exponent) != exponent || exponent >= 0,
                 "pow: integer tensors to negative integer powers are not allowed (got exponent {})", exponent);
@@ -195,7 +214,10 @@ Tensor pow(const Tensor& a, double exponent) {
   return binary_scalar(BinaryOp::pow, "pow", a, exponent);
 }
 
+// In place: only the source b is checked; out is written (see ops.h).
 void add_(Tensor& out, const Tensor& b, double alpha) {
+  check_raw_op_inputs("add_", {{"b", b}});
+  const GradInputsAllowed out_is_only_written;
   check_defined(b, "add_", "b");
   check_defined(out, "add_", "out");
   DType result = promote_types(out.dtype(), b.dtype());
@@ -208,6 +230,8 @@ void add_(Tensor& out, const Tensor& b, double alpha) {
 }
 
 void mul_(Tensor& out, const Tensor& b) {
+  check_raw_op_inputs("mul_", {{"b", b}});
+  const GradInputsAllowed out_is_only_written;
   check_defined(b, "mul_", "b");
   check_defined(out, "mul_", "out");
   const DType result = arithmetic_dtype(BinaryOp::mul, promote_types(out.dtype(), b.dtype()), "mul_");
@@ -215,6 +239,7 @@ void mul_(Tensor& out, const Tensor& b) {
 }
 
 void mul_(Tensor& out, double b) {
+  const GradInputsAllowed out_is_only_written;
   check_defined(out, "mul_", "out");
   const DType result = scalar_dtype(out.dtype(), b, "mul_");
   const Tensor scalar = full({}, b, {.dtype = compute_dtype(result), .device = out.device()});
@@ -234,35 +259,36 @@ Tensor gelu(const Tensor& x, GeluApproximation approximation) { return unary_mat
 Tensor silu(const Tensor& x) { return unary_math(UnaryOp::silu, "silu", x); }
 
 Tensor tanh_backward(const Tensor& grad_out, const Tensor& y) {
-  return unary_backward(UnaryOp::tanh, "tanh_backward", grad_out, y);
+  return unary_backward(UnaryOp::tanh, "tanh_backward", grad_out, "y", y);
 }
 Tensor relu_backward(const Tensor& grad_out, const Tensor& x) {
-  return unary_backward(UnaryOp::relu, "relu_backward", grad_out, x);
+  return unary_backward(UnaryOp::relu, "relu_backward", grad_out, "x", x);
 }
 Tensor gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApproximation approximation) {
-  return unary_backward(gelu_op(approximation), "gelu_backward", grad_out, x);
+  return unary_backward(gelu_op(approximation), "gelu_backward", grad_out, "x", x);
 }
 Tensor silu_backward(const Tensor& grad_out, const Tensor& x) {
-  return unary_backward(UnaryOp::silu, "silu_backward", grad_out, x);
+  return unary_backward(UnaryOp::silu, "silu_backward", grad_out, "x", x);
 }
 Tensor sigmoid_backward(const Tensor& grad_out, const Tensor& y) {
-  return unary_backward(UnaryOp::sigmoid, "sigmoid_backward", grad_out, y);
+  return unary_backward(UnaryOp::sigmoid, "sigmoid_backward", grad_out, "y", y);
 }
 
-Tensor eq(const Tensor& a, const Tensor& b) { return binary_tensors(BinaryOp::eq, "eq", a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary_tensors(BinaryOp::ne, "ne", a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary_tensors(BinaryOp::lt, "lt", a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary_tensors(BinaryOp::le, "le", a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary_tensors(BinaryOp::gt, "gt", a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary_tensors(BinaryOp::ge, "ge", a, b); }
-Tensor eq(const Tensor& a, double b) { return binary_scalar(BinaryOp::eq, "eq", a, b); }
-Tensor ne(const Tensor& a, double b) { return binary_scalar(BinaryOp::ne, "ne", a, b); }
-Tensor lt(const Tensor& a, double b) { return binary_scalar(BinaryOp::lt, "lt", a, b); }
-Tensor le(const Tensor& a, double b) { return binary_scalar(BinaryOp::le, "le", a, b); }
-Tensor gt(const Tensor& a, double b) { return binary_scalar(BinaryOp::gt, "gt", a, b); }
-Tensor ge(const Tensor& a, double b) { return binary_scalar(BinaryOp::ge, "ge", a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return compare(BinaryOp::eq, "eq", a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ne, "ne", a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::lt, "lt", a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare(BinaryOp::le, "le", a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::gt, "gt", a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ge, "ge", a, b); }
+Tensor eq(const Tensor& a, double b) { return compare(BinaryOp::eq, "eq", a, b); }
+Tensor ne(const Tensor& a, double b) { return compare(BinaryOp::ne, "ne", a, b); }
+Tensor lt(const Tensor& a, double b) { return compare(BinaryOp::lt, "lt", a, b); }
+Tensor le(const Tensor& a, double b) { return compare(BinaryOp::le, "le", a, b); }
+Tensor gt(const Tensor& a, double b) { return compare(BinaryOp::gt, "gt", a, b); }
+Tensor ge(const Tensor& a, double b) { return compare(BinaryOp::ge, "ge", a, b); }
 
 Tensor logical_not(const Tensor& x) {
+  const GradInputsAllowed result_has_no_gradient;
   check_defined(x, "logical_not", "x");
   // A non-bool input counts as true where it is nonzero.
   const Tensor truth = x.dtype() == DType::boolean ? x : ne(x, 0.0);
@@ -270,6 +296,7 @@ Tensor logical_not(const Tensor& x) {
 }
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  check_raw_op_inputs("where", {{"a", a}, {"b", b}});
   check_defined(condition, "where", "condition");
   check_defined(a, "where", "a");
   check_defined(b, "where", "b");
@@ -286,6 +313,7 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  check_raw_op_inputs("masked_fill", {{"x", x}});
   check_defined(x, "masked_fill", "x");
   check_defined(mask, "masked_fill", "mask");
   TESSERA_CHECK(mask.dtype() == DType::boolean, "masked_fill: mask must be bool, got {}", dtype_name(mask.dtype()));
@@ -300,6 +328,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 }
 
 std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key) {
+  check_raw_op_inputs("dropout", {{"x", x}});
   check_defined(x, "dropout", "x");
   TESSERA_CHECK(is_floating(x.dtype()), "dropout: needs a floating tensor, got {}", dtype_name(x.dtype()));
   TESSERA_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got {}", p);

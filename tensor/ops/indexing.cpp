@@ -3,6 +3,7 @@
 // kernels may trust them; kernels receive contiguous inputs.
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -28,6 +29,7 @@ void check_index(const Tensor& index, int64_t size, int64_t dim, const Tensor& t
 }  // namespace
 
 Tensor index_select(const Tensor& tensor, int64_t dim, const Tensor& index) {
+  check_raw_op_inputs("index_select", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.defined(), "index_select: undefined tensor");
   TESSERA_CHECK(tensor.dim() > 0, "index_select: cannot index a 0-d tensor");
   const int64_t d = wrap_dim(dim, tensor.dim(), "index_select");
@@ -41,6 +43,8 @@ Tensor index_select(const Tensor& tensor, int64_t dim, const Tensor& index) {
 }
 
 void index_add_(Tensor& out, int64_t dim, const Tensor& index, const Tensor& source) {
+  check_raw_op_inputs("index_add_", {{"source", source}});
+  const GradInputsAllowed out_is_only_written;  // in place: the sources are checked, not out (see ops.h)
   TESSERA_CHECK(out.defined() && source.defined(), "index_add_: undefined tensor");
   TESSERA_CHECK(out.dim() > 0, "index_add_: cannot index a 0-d tensor");
   const int64_t d = wrap_dim(dim, out.dim(), "index_add_");

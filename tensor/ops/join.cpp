@@ -2,6 +2,7 @@
 // chunk: views of the input). Semantics follow torch, including cat's
 // tolerance of legacy 1-d empty tensors of shape [0].
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -12,6 +13,7 @@ bool is_legacy_empty(const Tensor& tensor) { return tensor.dim() == 1 && tensor.
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  check_raw_op_inputs("cat", "tensors", tensors);
   TESSERA_CHECK(!tensors.empty(), "cat: needs at least one tensor");
   for (size_t i = 0; i < tensors.size(); ++i) TESSERA_CHECK(tensors[i].defined(), "cat: tensor {} is undefined", i);
   // The shape reference is the first tensor that is not a legacy [0]; those
@@ -59,6 +61,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  check_raw_op_inputs("stack", "tensors", tensors);
   TESSERA_CHECK(!tensors.empty(), "stack: needs at least one tensor");
   for (size_t i = 0; i < tensors.size(); ++i) {
     TESSERA_CHECK(tensors[i].defined(), "stack: tensor {} is undefined", i);
@@ -73,6 +76,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 std::vector<Tensor> split(const Tensor& tensor, int64_t split_size, int64_t dim) {
+  check_raw_op_inputs("split", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.defined(), "split: undefined tensor");
   TESSERA_CHECK(tensor.dim() > 0, "split: cannot split a 0-d tensor");
   const int64_t d = wrap_dim(dim, tensor.dim(), "split");
@@ -86,6 +90,7 @@ std::vector<Tensor> split(const Tensor& tensor, int64_t split_size, int64_t dim)
 }
 
 std::vector<Tensor> split_with_sizes(const Tensor& tensor, const std::vector<int64_t>& sizes, int64_t dim) {
+  check_raw_op_inputs("split_with_sizes", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.defined(), "split_with_sizes: undefined tensor");
   TESSERA_CHECK(tensor.dim() > 0, "split_with_sizes: cannot split a 0-d tensor");
   const int64_t d = wrap_dim(dim, tensor.dim(), "split_with_sizes");
@@ -107,6 +112,7 @@ std::vector<Tensor> split_with_sizes(const Tensor& tensor, const std::vector<int
 }
 
 std::vector<Tensor> chunk(const Tensor& tensor, int64_t chunks, int64_t dim) {
+  check_raw_op_inputs("chunk", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.defined(), "chunk: undefined tensor");
   TESSERA_CHECK(chunks > 0, "chunk: number of chunks must be positive, got {}", chunks);
   TESSERA_CHECK(tensor.dim() > 0, "chunk: cannot chunk a 0-d tensor");

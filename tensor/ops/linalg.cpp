@@ -3,6 +3,7 @@
 // the weight is never copied.
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -42,6 +43,7 @@ void matmul_into(const Tensor& out, Tensor a, Tensor b, const Tensor& bias) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_raw_op_inputs("matmul", {{"a", a}, {"b", b}});
   TESSERA_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got {} x {}", a.sizes(),
                 b.sizes());
   check_operands("matmul", a, b);
@@ -66,6 +68,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_raw_op_inputs("linear", {{"x", x}, {"weight", weight}, {"bias", bias}});
   TESSERA_CHECK(x.dim() >= 1, "linear: input needs at least 1 dim, got {}", x.sizes());
   TESSERA_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {}", weight.sizes());
   check_operands("linear", x, weight);

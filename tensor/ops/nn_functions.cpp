@@ -6,6 +6,7 @@
 
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -172,38 +173,52 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_forward("softmax", x, dim, false); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  check_raw_op_inputs("softmax", {{"x", x}});
+  return softmax_forward("softmax", x, dim, false);
+}
 
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_forward("log_softmax", x, dim, true); }
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  check_raw_op_inputs("log_softmax", {{"x", x}});
+  return softmax_forward("log_softmax", x, dim, true);
+}
 
 Tensor softmax_backward(const Tensor& grad_out, const Tensor& y, int64_t dim) {
+  check_raw_op_inputs("softmax_backward", {{"grad_out", grad_out}, {"y", y}});
   return softmax_grad("softmax_backward", grad_out, y, dim, false);
 }
 
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y, int64_t dim) {
+  check_raw_op_inputs("log_softmax_backward", {{"grad_out", grad_out}, {"y", y}});
   return softmax_grad("log_softmax_backward", grad_out, y, dim, true);
 }
 
 NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_raw_op_inputs("layer_norm", {{"x", x}, {"weight", weight}, {"bias", bias}});
   return norm_forward("layer_norm", x, weight, bias, eps, true);
 }
 
 NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  check_raw_op_inputs("rms_norm", {{"x", x}, {"weight", weight}});
   return norm_forward("rms_norm", x, weight, Tensor(), eps, false);
 }
 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd, bool has_bias) {
+  check_raw_op_inputs("layer_norm_backward",
+                      {{"grad_y", grad_y}, {"x", x}, {"weight", weight}, {"mean", mean}, {"rstd", rstd}});
   TESSERA_CHECK(mean.defined() && rstd.defined(), "layer_norm_backward: needs the forward's mean and rstd");
   return norm_backward("layer_norm_backward", grad_y, x, weight, mean, rstd, has_bias);
 }
 
 NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  check_raw_op_inputs("rms_norm_backward", {{"grad_y", grad_y}, {"x", x}, {"weight", weight}, {"rstd", rstd}});
   TESSERA_CHECK(rstd.defined(), "rms_norm_backward: needs the forward's rstd");
   return norm_backward("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, false);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_raw_op_inputs("embedding", {{"weight", weight}});
   check_float("embedding", "weight", weight);
   TESSERA_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got {}", weight.sizes());
   TESSERA_CHECK(indices.defined(), "embedding: indices are undefined");
@@ -217,6 +232,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings) {
+  check_raw_op_inputs("embedding_backward", {{"grad_out", grad_out}});
   check_float("embedding_backward", "grad_out", grad_out);
   TESSERA_CHECK(indices.defined(), "embedding_backward: indices are undefined");
   TESSERA_CHECK(num_embeddings >= 0, "embedding_backward: num_embeddings must be >= 0, got {}", num_embeddings);
@@ -235,6 +251,7 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  check_raw_op_inputs("cross_entropy", {{"logits", logits}});
   check_cross_entropy("cross_entropy", logits, targets, ignore_index);
   if (logits.is_meta()) return empty({}, {.dtype = logits.dtype(), .device = logits.device()});
   const Tensor rows = compute_input(logits);
@@ -245,6 +262,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index) {
+  check_raw_op_inputs("cross_entropy_backward", {{"grad_loss", grad_loss}, {"logits", logits}});
   check_cross_entropy("cross_entropy_backward", logits, targets, ignore_index);
   check_float("cross_entropy_backward", "grad_loss", grad_loss);
   TESSERA_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: grad_loss must hold one value, got shape {}",
@@ -259,6 +277,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 }
 
 AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_raw_op_inputs("causal_attention", {{"q", q}, {"k", k}, {"v", v}});
   check_attention("causal_attention", q, k, v);
   const DType compute = compute_dtype(q.dtype());
   if (q.is_meta()) {
@@ -276,6 +295,8 @@ AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor&
 AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& logsumexp) {
   const char* op = "causal_attention_backward";
+  check_raw_op_inputs(op, {{"grad_out", grad_out}, {"q", q}, {"k", k}, {"v", v}, {"out", out},
+                           {"logsumexp", logsumexp}});
   check_attention(op, q, k, v);
   check_like(op, "grad_out", grad_out, q);
   check_shape(op, "grad_out", grad_out, q.sizes());

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -143,6 +144,7 @@ std::string to_string(const Tensor& tensor) {
   } else if (tensor.numel() == 0) {
     values = "[]";
   } else {
+    const GradInputsAllowed printing_loses_no_gradient;
     const Tensor host = to(tensor, kCPU);
     values = Printer(host).values();
   }

@@ -4,6 +4,7 @@
 // f32 sums accumulate in f64 inside the kernel.
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -18,6 +19,7 @@ struct ReductionPlan {
 
 // dims empty = every dim. A 0-d tensor accepts dim 0 / -1 and reduces to itself.
 ReductionPlan plan_reduction(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, const char* op) {
+  check_raw_op_inputs(op, {{"x", x}});
   TESSERA_CHECK(x.defined(), "{}: x is an undefined tensor", op);
   const int64_t ndim = x.dim();
   ReductionPlan plan;
@@ -95,9 +97,13 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   return {reshape(to(values, x.dtype()), plan.out_shape), reshape(indices, plan.out_shape)};
 }
 
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return max(x, dim, keepdim).second; }
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  const GradInputsAllowed indices_have_no_gradient;
+  return max(x, dim, keepdim).second;
+}
 
 Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
+  check_raw_op_inputs("sum_to_shape", {{"grad", grad}});
   TESSERA_CHECK(grad.defined(), "sum_to_shape: grad is an undefined tensor");
   if (grad.sizes() == shape) return grad;
   const int64_t leading = grad.dim() - static_cast<int64_t>(shape.size());

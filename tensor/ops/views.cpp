@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "tensor/ops.h"
+#include "tensor/raw_op_guard.h"
 
 namespace tessera::ops {
 
@@ -77,6 +78,7 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
 }  // namespace
 
 Tensor view(const Tensor& tensor, const Shape& shape) {
+  check_raw_op_inputs("view", {{"tensor", tensor}});
   Shape new_shape = infer_size(shape, tensor, "view");
   auto strides = view_strides(tensor.sizes(), tensor.strides(), new_shape);
   TESSERA_CHECK(strides.has_value(),
@@ -87,6 +89,7 @@ Tensor view(const Tensor& tensor, const Shape& shape) {
 }
 
 Tensor reshape(const Tensor& tensor, const Shape& shape) {
+  check_raw_op_inputs("reshape", {{"tensor", tensor}});
   Shape new_shape = infer_size(shape, tensor, "reshape");
   if (auto strides = view_strides(tensor.sizes(), tensor.strides(), new_shape)) {
     return make_view(tensor, std::move(new_shape), std::move(*strides), tensor.storage_offset());
@@ -95,6 +98,7 @@ Tensor reshape(const Tensor& tensor, const Shape& shape) {
 }
 
 Tensor flatten(const Tensor& tensor, int64_t start_dim, int64_t end_dim) {
+  check_raw_op_inputs("flatten", {{"tensor", tensor}});
   if (tensor.dim() == 0) return reshape(tensor, {1});
   const int64_t start = wrap_dim(start_dim, tensor.dim(), "flatten");
   const int64_t end = wrap_dim(end_dim, tensor.dim(), "flatten");
@@ -110,6 +114,7 @@ Tensor flatten(const Tensor& tensor, int64_t start_dim, int64_t end_dim) {
 }
 
 Tensor permute(const Tensor& tensor, const std::vector<int64_t>& dims) {
+  check_raw_op_inputs("permute", {{"tensor", tensor}});
   const int64_t ndim = tensor.dim();
   TESSERA_CHECK(static_cast<int64_t>(dims.size()) == ndim, "permute: dims {} do not match the {} dims of shape {}",
                 dims, ndim, tensor.sizes());
@@ -127,6 +132,7 @@ Tensor permute(const Tensor& tensor, const std::vector<int64_t>& dims) {
 }
 
 Tensor transpose(const Tensor& tensor, int64_t dim0, int64_t dim1) {
+  check_raw_op_inputs("transpose", {{"tensor", tensor}});
   if (tensor.dim() == 0) {
     wrap_dim(dim0, 0, "transpose");
     wrap_dim(dim1, 0, "transpose");
@@ -142,6 +148,7 @@ Tensor transpose(const Tensor& tensor, int64_t dim0, int64_t dim1) {
 }
 
 Tensor narrow(const Tensor& tensor, int64_t dim, int64_t start, int64_t length) {
+  check_raw_op_inputs("narrow", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.dim() > 0, "narrow: cannot narrow a 0-d tensor");
   const int64_t d = wrap_dim(dim, tensor.dim(), "narrow");
   const int64_t size = tensor.sizes()[d];
@@ -155,6 +162,7 @@ Tensor narrow(const Tensor& tensor, int64_t dim, int64_t start, int64_t length) 
 }
 
 Tensor slice(const Tensor& tensor, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  check_raw_op_inputs("slice", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.dim() > 0, "slice: cannot slice a 0-d tensor");
   TESSERA_CHECK(step >= 1, "slice: step must be >= 1, got {}", step);
   const int64_t d = wrap_dim(dim, tensor.dim(), "slice");
@@ -173,6 +181,7 @@ Tensor slice(const Tensor& tensor, int64_t dim, int64_t start, int64_t end, int6
 }
 
 Tensor select(const Tensor& tensor, int64_t dim, int64_t index) {
+  check_raw_op_inputs("select", {{"tensor", tensor}});
   TESSERA_CHECK(tensor.dim() > 0, "select: cannot select from a 0-d tensor");
   const int64_t d = wrap_dim(dim, tensor.dim(), "select");
   const int64_t size = tensor.sizes()[d];
@@ -188,6 +197,7 @@ Tensor select(const Tensor& tensor, int64_t dim, int64_t index) {
 }
 
 Tensor squeeze(const Tensor& tensor) {
+  check_raw_op_inputs("squeeze", {{"tensor", tensor}});
   Shape shape;
   Shape strides;
   for (int64_t d = 0; d < tensor.dim(); ++d) {
@@ -199,6 +209,7 @@ Tensor squeeze(const Tensor& tensor) {
 }
 
 Tensor squeeze(const Tensor& tensor, int64_t dim) {
+  check_raw_op_inputs("squeeze", {{"tensor", tensor}});
   const int64_t d = wrap_dim(dim, tensor.dim(), "squeeze");
   Shape shape = tensor.sizes();
   Shape strides = tensor.strides();
@@ -210,6 +221,7 @@ Tensor squeeze(const Tensor& tensor, int64_t dim) {
 }
 
 Tensor unsqueeze(const Tensor& tensor, int64_t dim) {
+  check_raw_op_inputs("unsqueeze", {{"tensor", tensor}});
   const int64_t d = wrap_dim(dim, tensor.dim() + 1, "unsqueeze");
   Shape shape = tensor.sizes();
   Shape strides = tensor.strides();
@@ -221,6 +233,7 @@ Tensor unsqueeze(const Tensor& tensor, int64_t dim) {
 }
 
 Tensor expand(const Tensor& tensor, const Shape& shape) {
+  check_raw_op_inputs("expand", {{"tensor", tensor}});
   const int64_t ndim = tensor.dim();
   const int64_t new_ndim = static_cast<int64_t>(shape.size());
   TESSERA_CHECK(new_ndim >= ndim, "expand: cannot expand shape {} to {}, which has fewer dims", tensor.sizes(), shape);
@@ -254,6 +267,7 @@ Tensor expand(const Tensor& tensor, const Shape& shape) {
 }
 
 Tensor as_strided(const Tensor& tensor, const Shape& shape, const Shape& strides, int64_t offset) {
+  check_raw_op_inputs("as_strided", {{"tensor", tensor}});
   TESSERA_CHECK(offset >= 0, "as_strided: negative storage offset {}", offset);
   try {
     return make_view(tensor, shape, strides, offset);

@@ -1,14 +1,17 @@
 // Sharded checkpoints: round trips for every dtype, resharding N -> M ranks
-// and 2-D -> 1-D meshes with uneven shards, the atomic commit, and every
-// corruption detected with the file and tensor named.
+// and 2-D -> 1-D meshes with uneven shards, the atomic commit, every
+// corruption detected with the file and tensor named, and live parameters
+// (tensors that require grad) saved as they are.
 #include <doctest/doctest.h>
 
 
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/async_save.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_export.h"
 #include "checkpoint/sealed_json.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "dist/local_backend.h"
@@ -241,4 +244,36 @@ TEST_CASE("checkpoint: load converts to the receiving tensor's dtype, across a r
     });
     CHECK(wrong == 0);
   }
+}
+
+TEST_CASE("checkpoint: live tensors that require grad save, snapshot and export with grad mode on") {
+  // A checkpoint reads values and is no function of them: the raw ops it runs
+  // on a model's parameters must not trip the raw-op guard (tensor/ops.h).
+  TempDir tmp;
+  Tensor weight = ops::transpose(ops::randn({3, 5}, PhiloxKey{9, 1}), 0, 1);  // [5, 3], not contiguous
+  weight.set_requires_grad(true);
+  const std::vector<double> values = weight.to_vector<double>();
+  const DistributedStateDict state{{"weight", weight}};
+
+  save(tmp / "ckpt", state);
+  const DistributedStateDict loaded{{"weight", ops::zeros({5, 3})}};
+  load(tmp / "ckpt", loaded);
+  CHECK(std::get<Tensor>(loaded.at("weight")).to_vector<double>() == values);
+  CHECK(std::get<Tensor>(snapshot(state, 0).at("weight")).to_vector<double>() == values);
+  write_safetensors(tmp / "direct.safetensors", {{"weight", weight}}, {}, false);
+  CHECK(read_safetensors_tensor(tmp / "direct.safetensors", "weight").to_vector<double>() == values);
+
+  // Exported from 2 ranks, each holding its shard as a tensor that requires grad.
+  const Tensor whole = ops::randn({5, 3}, PhiloxKey{9, 2});
+  dist::run_local(2, [&](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {2});
+    const dist::DTensor sharded = dist::distribute(whole, mesh, {dist::Shard{0}});
+    Tensor local = ops::clone(sharded.local());
+    local.set_requires_grad(true);
+    export_safetensors(tmp / "sharded.safetensors", {{"weight", dist::DTensor(local, mesh, sharded.placements(),
+                                                                             sharded.global_shape())}},
+                       {.group = group, .sync = false});
+  });
+  CHECK(read_safetensors_tensor(tmp / "sharded.safetensors", "weight").to_vector<double>() ==
+        whole.to_vector<double>());
 }

@@ -63,7 +63,7 @@ fuzzed_sources=(
 # `ld --trace` against libtessera.a; a missing file shows as an undefined
 # reference at the link below).
 link_only_sources=(
-  tensor/device.cpp tensor/kernels.cpp tensor/parallel.cpp tensor/philox.cpp tensor/storage.cpp
+  tensor/device.cpp tensor/kernels.cpp tensor/parallel.cpp tensor/philox.cpp tensor/raw_op_guard.cpp tensor/storage.cpp
   tensor/ops/copy.cpp tensor/ops/creation.cpp tensor/ops/views.cpp
   tensor/cpu/allocator.cpp tensor/cpu/attention.cpp tensor/cpu/elementwise.cpp tensor/cpu/gemm.cpp tensor/cpu/indexing.cpp
   tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/reduction.cpp

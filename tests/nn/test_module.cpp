@@ -149,7 +149,7 @@ TEST_CASE("module: forward-pre hooks replace inputs, forward hooks replace outpu
       [&](nn::Module&, const nn::TensorList& inputs, const Tensor& output) -> std::optional<Tensor> {
         calls.push_back("post");
         seen.push_back(inputs[0].to_vector<float>());
-        return ops::add(output, 1.0);
+        return tessera::add(output, 1.0);
       });
   auto observer = scale.register_forward_hook(
       [&](nn::Module&, const nn::TensorList&, const Tensor& output) -> std::optional<Tensor> {
