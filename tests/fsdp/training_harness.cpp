@@ -78,6 +78,20 @@ std::vector<nn::Module*> causal_lm_blocks(nn::Module& model) {
   return blocks;
 }
 
+// A decoder of type Model built from `config` in the run's dtype, on token sequences.
+template <typename Model, typename Config>
+ModelRecipe causal_lm_recipe(std::string name, Config config) {
+  return {.name = std::move(name),
+          .build_on_meta = [config](DType dtype) mutable {
+            config.dtype = dtype;
+            return std::make_shared<Model>(config, kMeta);
+          },
+          .shard_units = causal_lm_blocks,
+          .micro_batch = [vocab = config.vocab_size](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
+            return token_sequences(generator, vocab, batch, seq_len);
+          }};
+}
+
 struct MicroBatch {
   Tensor inputs, targets;
 };
@@ -230,29 +244,9 @@ TrainingResult train_naive_fsdp(const TrainingSetup& setup, int world_size, bool
   return result;
 }
 
-ModelRecipe gpt_recipe(nn::GPTConfig config) {
-  return {.name = "GPT",
-          .build_on_meta = [config](DType dtype) mutable {
-            config.dtype = dtype;
-            return std::make_shared<nn::GPT>(config, kMeta);
-          },
-          .shard_units = causal_lm_blocks,
-          .micro_batch = [vocab = config.vocab_size](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
-            return token_sequences(generator, vocab, batch, seq_len);
-          }};
-}
+ModelRecipe gpt_recipe(nn::GPTConfig config) { return causal_lm_recipe<nn::GPT>("GPT", config); }
 
-ModelRecipe llama_recipe(nn::LlamaConfig config) {
-  return {.name = "Llama",
-          .build_on_meta = [config](DType dtype) mutable {
-            config.dtype = dtype;
-            return std::make_shared<nn::Llama>(config, kMeta);
-          },
-          .shard_units = causal_lm_blocks,
-          .micro_batch = [vocab = config.vocab_size](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
-            return token_sequences(generator, vocab, batch, seq_len);
-          }};
-}
+ModelRecipe llama_recipe(nn::LlamaConfig config) { return causal_lm_recipe<nn::Llama>("Llama", config); }
 
 ModelRecipe mlp_recipe(int64_t features, int64_t hidden, int64_t classes) {
   return {.name = "MLP",
