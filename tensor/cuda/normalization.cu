@@ -1,0 +1,1 @@
+// Placeholder until the kernels land (issue 14).

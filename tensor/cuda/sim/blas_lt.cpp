@@ -1,0 +1,1 @@
+// Placeholder until the simulator's cuBLASLt lands (issue 14).
