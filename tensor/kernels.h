@@ -54,11 +54,13 @@ struct KernelTable {
   // out[index[i]] += source[i] along dim.
   void (*index_add)(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& source);
 
-  // out = a @ b over the last two dims: a [..., M, K], b [..., K, N], out
-  // [..., M, N] contiguous. Leading (batch) dims are already broadcast to
-  // out's. a and b may have any strides; a kernel uses transposed-GEMM modes
-  // where one of the last two strides is 1, and copies otherwise.
-  void (*matmul)(const Tensor& out, const Tensor& a, const Tensor& b);
+  // out = a @ b (+ bias) over the last two dims: a [..., M, K], b [..., K, N],
+  // out [..., M, N] contiguous, all of out's dtype. Leading (batch) dims are
+  // already broadcast to out's. a and b may have any strides; a kernel uses
+  // transposed-GEMM modes where one of the last two strides is 1, and copies
+  // otherwise. bias is undefined or [N] (contiguous), added to every row
+  // before out's one rounding (cuda: the GEMM's bias epilogue, one launch).
+  void (*matmul)(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias);
 
   // Row-wise over the last dim of contiguous x.
   void (*softmax)(const Tensor& out, const Tensor& x, bool log);

@@ -27,7 +27,7 @@ void index_select(const Tensor& out, const Tensor& x, int64_t dim, const Tensor&
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& source);
 
 // tensor/cpu/matmul.cpp
-void matmul(const Tensor& out, const Tensor& a, const Tensor& b);
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias);
 
 // tensor/cpu/normalization.cpp
 void softmax(const Tensor& out, const Tensor& x, bool log);

@@ -1,7 +1,8 @@
 // CPU matmul: out[..., M, N] = a[..., M, K] @ b[..., K, N], one cpu::gemm per
 // batch matrix (Eigen or a BLAS: gemm_backend.h). Row-major and transposed
 // (column-major) operands are passed in place, so x @ W^T never copies W;
-// only operands with no unit stride in their last two dims are packed.
+// only operands with no unit stride in their last two dims are packed. A
+// bias row is added to the product afterwards, one add per element.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -119,6 +120,16 @@ void gemm_batches(T* out, const Operand& a, const Operand& b, int64_t batches) {
   }
 }
 
+// out [rows, n] += bias [n], row by row.
+template <typename T>
+void add_bias_rows(T* out, const T* bias, int64_t rows, int64_t n) {
+  parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, n)), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t col = 0; col < n; ++col) out[row * n + col] += bias[col];
+    }
+  });
+}
+
 template <typename T>
 void matmul_typed(const Tensor& out, const Tensor& a_tensor, const Tensor& b_tensor) {
   const int64_t batch_dims = out.dim() - 2;
@@ -145,9 +156,12 @@ void matmul_typed(const Tensor& out, const Tensor& a_tensor, const Tensor& b_ten
 
 }  // namespace
 
-void matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
   if (out.numel() == 0) return;
-  visit_float_dtype(out.dtype(), "matmul", [&]<typename T>(T) { matmul_typed<T>(out, a, b); });
+  visit_float_dtype(out.dtype(), "matmul", [&]<typename T>(T) {
+    matmul_typed<T>(out, a, b);
+    if (bias.defined()) add_bias_rows<T>(out.data_ptr<T>(), bias.data_ptr<T>(), out.numel() / out.size(-1), out.size(-1));
+  });
 }
 
 }  // namespace tessera::cpu

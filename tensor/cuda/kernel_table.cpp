@@ -2,6 +2,10 @@
 // writes (for the simulator's memcheck and stream-ordering checker) and runs
 // on the current stream of the tensors' device. Entries whose kernels are
 // not written yet refuse with an error naming the op.
+#include <atomic>
+#include <optional>
+
+#include "tensor/cuda/blas_lt.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/indexing.h"
 #include "tensor/cuda/operands.h"
@@ -11,6 +15,7 @@
 #include "tensor/error.h"
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/stream.h"
 
 namespace tessera::cuda {
 
@@ -150,7 +155,134 @@ void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, c
                                                 buffer_use("b", b, kRead), buffer_use("out", out, kWrite)}));
 }
 
+// --- matmul through cuBLASLt: row-major tensors as column-major descriptors ---
+//
+// out [M, N] row-major is cuBLASLt's column-major D [N x M] (ld N), so out =
+// a b is D = op(A) op(B) with A := b (op(A) = b^T, [N x K]) and B := a
+// (op(B) = a^T, [K x M]). A row-major matrix is a column-major one of its
+// transpose (op N); a transposed view is column-major already (op T).
+
+std::atomic<bool> tf32_allowed{false};
+
+// The [rows, cols] matrix in the last two dims of `t`, as a GemmMatrix whose
+// op gives its transpose ([cols x rows], column-major); none when neither of
+// its last two strides is a usable unit stride.
+std::optional<std::pair<GemmMatrix, GemmOp>> transposed_operand(const Tensor& t, int64_t rows, int64_t row_stride) {
+  const int64_t cols = t.size(-1), col_stride = t.stride(-1);
+  const GemmMatrix base{t.cuda_data(), t.dtype(), 0, 0, 0, 0};
+  // Row-major: column-major [cols x rows] with ld = row_stride (a size-1 dim may have any stride).
+  const int64_t row_ld = rows == 1 ? std::max<int64_t>(1, cols) : row_stride;
+  if ((col_stride == 1 || cols == 1) && row_ld >= std::max<int64_t>(1, cols)) {
+    GemmMatrix matrix = base;
+    matrix.rows = cols, matrix.cols = rows, matrix.ld = row_ld;
+    return std::pair{matrix, GemmOp::none};
+  }
+  // A transposed view: column-major [rows x cols] with ld = col_stride, read through op T.
+  const int64_t col_ld = cols == 1 ? std::max<int64_t>(1, rows) : col_stride;
+  if ((row_stride == 1 || rows == 1) && col_ld >= std::max<int64_t>(1, rows)) {
+    GemmMatrix matrix = base;
+    matrix.rows = rows, matrix.cols = cols, matrix.ld = col_ld;
+    return std::pair{matrix, GemmOp::transpose};
+  }
+  return std::nullopt;
+}
+
+// The one element stride between consecutive batch matrices of `t` over its
+// first `batch_dims` dims (0 when they are all broadcast); none when the
+// batch dims do not merge into one stride, as cuBLASLt's strided batches need.
+std::optional<int64_t> single_batch_stride(const Tensor& t, int64_t batch_dims) {
+  std::optional<int64_t> stride;
+  int64_t expected = 0;
+  for (int64_t d = batch_dims - 1; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (!stride) {
+      stride = t.stride(d);
+      expected = t.stride(d) * t.size(d);
+    } else if (t.stride(d) == expected) {
+      expected *= t.size(d);
+    } else {
+      return std::nullopt;
+    }
+  }
+  return stride.value_or(0);
+}
+
+// Returns `t` (or a dense copy of it, when its layout does not fit cuBLASLt)
+// with its matrix and batch stride.
+struct GemmOperand {
+  Tensor tensor;  // keeps a copy alive until the GEMM is enqueued
+  GemmMatrix matrix;
+  GemmOp op;
+};
+
+GemmOperand gemm_operand(const Tensor& t, int64_t batch_dims) {
+  const std::optional<int64_t> batch_stride = single_batch_stride(t, batch_dims);
+  const auto matrix = transposed_operand(t, t.size(-2), t.stride(-2));
+  if (batch_stride && matrix) {
+    GemmOperand result{t, matrix->first, matrix->second};
+    result.matrix.batch_stride = *batch_stride;
+    return result;
+  }
+  const Tensor dense = ops::contiguous(t);
+  GemmOperand result{dense, transposed_operand(dense, dense.size(-2), dense.stride(-2))->first, GemmOp::none};
+  result.matrix.batch_stride = dense.size(-2) * dense.size(-1);
+  return result;
+}
+
+// out [..., M, N] (contiguous) = a [..., M, K] @ b [..., K, N] (+ bias [N])
+// as one cublasLtMatmul: a strided batch, or one taller GEMM when b is shared
+// by every batch and a's batch rows follow each other (x [B, T, C] @ W^T).
+void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  TESSERA_CHECK(out.is_contiguous() && a.dtype() == out.dtype() && b.dtype() == out.dtype() &&
+                    (!bias.defined() || (bias.dtype() == out.dtype() && bias.is_contiguous())),
+                "cuda::matmul: out {} {} (contiguous), a {} and b {} of its dtype, bias (contiguous) {}",
+                dtype_name(out.dtype()), out.sizes(), dtype_name(a.dtype()), dtype_name(b.dtype()),
+                bias.defined() ? dtype_name(bias.dtype()) : "none");
+  if (out.numel() == 0) return;
+  const int64_t batch_dims = out.dim() - 2, m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  if (k == 0) {  // the sum over nothing, which cuBLASLt's layouts cannot describe
+    fill_kernel(out, 0.0);
+    if (bias.defined()) binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
+    return;
+  }
+  const int64_t batches = out.numel() / (m * n);
+  GemmOperand left = gemm_operand(b, batch_dims);  // cuBLASLt's A: op(A) = b^T [N x K]
+  std::optional<GemmOperand> right;                // cuBLASLt's B: op(B) = a^T [K x M * rows]
+  int64_t gemm_columns = m, batch_count = batches;
+  if (batches > 1 && left.matrix.batch_stride == 0) {
+    const std::optional<int64_t> a_batch = single_batch_stride(a, batch_dims);
+    const int64_t row_stride = m == 1 && a_batch ? *a_batch : a.stride(-2);
+    const auto tall = transposed_operand(a, m * batches, row_stride);
+    if (a_batch && *a_batch == m * row_stride && tall && tall->second == GemmOp::none) {
+      right = GemmOperand{a, tall->first, GemmOp::none};
+      gemm_columns = m * batches, batch_count = 1;
+    }
+  }
+  if (!right) right = gemm_operand(a, batch_dims);
+  GemmDescriptor descriptor;
+  descriptor.op_a = left.op, descriptor.op_b = right->op;
+  descriptor.m = n, descriptor.n = gemm_columns, descriptor.k = k, descriptor.batch_count = batch_count;
+  descriptor.a = left.matrix, descriptor.b = right->matrix;
+  descriptor.d = GemmMatrix{out.cuda_data(), out.dtype(), n, gemm_columns, n, n * gemm_columns};
+  descriptor.c = GemmMatrix{nullptr, out.dtype(), n, gemm_columns, n, n * gemm_columns};
+  descriptor.compute = out.dtype() == DType::f64                   ? GemmCompute::f64
+                       : out.dtype() == DType::f32 && allow_tf32() ? GemmCompute::f32_fast_tf32
+                                                                   : GemmCompute::f32;
+  if (bias.defined()) {
+    if (descriptor.compute == GemmCompute::f64) {  // no f64 epilogues (blas_lt.h): the bias is a second launch
+      cuda::gemm(descriptor, current_stream(out.device()));
+      return binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
+    }
+    descriptor.epilogue = GemmEpilogue::bias;
+    descriptor.bias = bias.cuda_data();
+  }
+  cuda::gemm(descriptor, current_stream(out.device()));
+}
+
 }  // namespace
+
+bool allow_tf32() { return tf32_allowed.load(); }
+void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
 
 void refuse_operands(const char* kernel, const char* what, DType dtype) {
   fail("cuda::{}: {} {}", kernel, what, dtype_name(dtype));
@@ -170,7 +302,7 @@ const KernelTable& kernel_table() {
       .max_along = max_along_kernel,
       .index_select = index_select_kernel,
       .index_add = index_add_kernel,
-      .matmul = [](const Tensor&, const Tensor&, const Tensor&) { not_on_cuda_yet("matmul"); },
+      .matmul = matmul_kernel,
       .softmax = [](const Tensor&, const Tensor&, bool) { not_on_cuda_yet("softmax"); },
       .softmax_backward = [](const Tensor&, const Tensor&, const Tensor&, bool) { not_on_cuda_yet("softmax"); },
       .norm = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

@@ -18,22 +18,24 @@ void check_operands(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 // out [batch..., M, N] = a [..., M, K] @ b [..., K, N] (+ bias [N]), with a's
-// and b's batch dims broadcast to out's. bf16/f16 operands are widened before
-// broadcasting (so no expanded copy is made) and the result rounds once.
-void matmul_into(const Tensor& out, Tensor a, Tensor b, const Tensor& bias) {
-  const DType compute = compute_dtype(out.dtype());
+// and b's batch dims broadcast to out's; the kernel adds the bias (on cuda,
+// in the GEMM's epilogue). On cpu, bf16/f16 operands are widened to f32
+// before broadcasting (so no expanded copy is made) and the result rounds
+// once; cuda's GEMM takes them as they are and accumulates in f32 itself.
+void matmul_into(const Tensor& out, Tensor a, Tensor b, Tensor bias) {
+  const DType compute = out.device().is_cuda() ? out.dtype() : compute_dtype(out.dtype());
   const bool widen = compute != out.dtype();
   if (widen) {
     a = to(a, compute);
     b = to(b, compute);
+    if (bias.defined()) bias = to(bias, compute);
   }
   const Shape batch(out.sizes().begin(), out.sizes().end() - 2);
   Shape a_full = batch, b_full = batch;
   a_full.insert(a_full.end(), {a.size(-2), a.size(-1)});
   b_full.insert(b_full.end(), {b.size(-2), b.size(-1)});
   Tensor result = widen ? empty(out.sizes(), {.dtype = compute, .device = out.device()}) : out;
-  kernels(out.device()).matmul(result, expand(a, a_full), expand(b, b_full));
-  if (bias.defined()) add_(result, to(bias, compute));
+  kernels(out.device()).matmul(result, expand(a, a_full), expand(b, b_full), bias.defined() ? contiguous(bias) : bias);
   if (widen) {
     Tensor target = out;
     copy_(target, result);

@@ -1,2 +1,434 @@
-// Placeholder until the tests land (issue 14).
+// matmul and linear on the cuda device through cuBLASLt (tensor/cuda/blas_lt.h),
+// against the cpu: layouts (transposed views, leading dimensions, strided and
+// broadcast batches, operands that need a copy), dtypes, every epilogue,
+// alpha/beta, TF32, the descriptor checks and the stream-ordering checker.
+//
+// Tolerances. A GEMM that accumulates K products in precision eps (the
+// spacing at 1, 2u) is within gamma_K sum_k |a||b| ~= K u sum_k |a||b| of the
+// exact product, in any summation order; two of them (the device's and the
+// cpu's, which sum in different orders) are within K eps sum_k |a||b| of each
+// other. Anything rounded once more to bf16/f16 moves by at most half its
+// ulp: 2^-8 (bf16) or 2^-11 (f16) of its magnitude.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#include "tensor/cuda/blas_lt.h"
+#if TESSERA_HAVE_CUDA_SIM
+#include "tensor/cuda/sim/launch.h"
+#endif
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/stream.h"
+
+using namespace tessera;
+using cuda::GemmDescriptor;
+using cuda::GemmEpilogue;
+using cuda::GemmMatrix;
+using cuda::GemmOp;
+
+namespace {
+
+const Device kCuda(DeviceType::cuda);
+constexpr double kEps32 = std::numeric_limits<float>::epsilon();
+constexpr double kEps64 = std::numeric_limits<double>::epsilon();
+
+Tensor random(const Shape& shape, uint64_t stream, DType dtype = DType::f32) {
+  return ops::to(ops::randn(shape, PhiloxKey{1414, stream}), dtype);
+}
+
+std::vector<double> values_of(const Tensor& tensor) {
+  const Tensor dense = ops::contiguous(ops::to(ops::to(tensor, kCPU), DType::f64));
+  const double* data = dense.data_ptr<double>();
+  return std::vector<double>(data, data + dense.numel());
+}
+
+// The largest |got - want| / bound over all elements: at most 1 passes.
+double worst_ratio(const Tensor& got, const Tensor& want, const Tensor& bound) {
+  REQUIRE(got.sizes() == want.sizes());
+  const std::vector<double> g = values_of(got), w = values_of(want), b = values_of(ops::expand(bound, want.sizes()));
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double error = std::abs(g[i] - w[i]);
+    worst = std::max(worst, error == 0 ? 0.0 : error / b[i]);
+    if (std::isnan(g[i]) != std::isnan(w[i])) worst = std::numeric_limits<double>::infinity();
+  }
+  return worst;
+}
+
+Tensor f64(const Tensor& t) { return ops::to(ops::to(t, kCPU), DType::f64); }
+Tensor scalar(double value) { return ops::full({}, value, {.dtype = DType::f64}); }
+
+// sum_k |a||b| for every output element, in f64 on the cpu.
+Tensor magnitude(const Tensor& a, const Tensor& b) { return ops::matmul(ops::abs(f64(a)), ops::abs(f64(b))); }
+
+using View = std::function<Tensor(const Tensor&)>;
+const View kSame = [](const Tensor& t) { return t; };
+const View kTransposed = [](const Tensor& t) { return ops::transpose(t, -1, -2); };
+
+struct LayoutCase {
+  const char* name;
+  Shape a_base, b_base;
+  View a_view = kSame, b_view = kSame;
+};
+
+const std::vector<LayoutCase>& layout_cases() {
+  static const std::vector<LayoutCase> cases = {
+      {"1x1 @ 1x1", {1, 1}, {1, 1}},
+      {"odd sizes", {5, 7}, {7, 3}},
+      {"past a tile", {33, 17}, {17, 65}},
+      {"one row", {1, 40}, {40, 9}},
+      {"one column", {9, 40}, {40, 1}},
+      {"K = 1 (outer product)", {64, 1}, {1, 31}},
+      {"vector @ matrix", {7}, {7, 3}},
+      {"matrix @ vector", {5, 7}, {7}},
+      {"dot product", {19}, {19}},
+      {"a transposed", {7, 5}, {7, 3}, kTransposed},
+      {"b transposed (x @ W^T)", {5, 7}, {3, 7}, kSame, kTransposed},
+      {"both transposed", {7, 6}, {3, 7}, kTransposed, kTransposed},
+      {"batched", {3, 5, 7}, {3, 7, 4}},
+      {"batched, b transposed", {3, 5, 7}, {3, 4, 7}, kSame, kTransposed},
+      {"batch of rows @ shared matrix (one tall GEMM)", {4, 5, 7}, {7, 3}},
+      {"batch of rows @ shared transposed matrix", {4, 5, 7}, {3, 7}, kSame, kTransposed},
+      {"a broadcast over the batch (stride 0)", {1, 5, 7}, {4, 7, 3}},
+      {"two broadcast batch dims (a copy)", {2, 1, 5, 7}, {3, 7, 4}},
+      {"a with a stride-2 last dim (a copy)", {5, 14}, {7, 3},
+       [](const Tensor& t) { return ops::slice(t, 1, 0, 14, 2); }},
+      {"b with no unit stride (a copy)", {5, 7}, {7, 3, 2}, kSame,
+       [](const Tensor& t) { return ops::select(t, 2, 1); }},
+      {"a batch sliced out of a larger one", {6, 5, 7}, {7, 3},
+       [](const Tensor& t) { return ops::slice(t, 0, 0, 6, 2); }},
+      {"empty inner dim", {4, 0}, {0, 3}},
+  };
+  return cases;
+}
+
+// Runs one layout case in `dtype` and returns the worst error against the
+// bound (see the file comment).
+double layout_case_ratio(const LayoutCase& c, DType dtype, uint64_t seed) {
+  const Tensor a_base = random(c.a_base, seed, dtype), b_base = random(c.b_base, seed + 1, dtype);
+  const Tensor a = c.a_view(a_base), b = c.b_view(b_base);
+  const Tensor got = ops::matmul(c.a_view(ops::to(a_base, kCuda)), c.b_view(ops::to(b_base, kCuda)));
+  CHECK(got.device() == kCuda);
+  CHECK(got.dtype() == dtype);
+  const int64_t k = a.size(-1);
+  const Tensor sum = magnitude(a, b);
+  if (dtype == DType::f32 || dtype == DType::f64) {
+    const double eps = dtype == DType::f32 ? kEps32 : kEps64;
+    const Tensor bound = ops::add(ops::mul(sum, scalar(1.01 * k * eps)), scalar(1e-300));
+    return worst_ratio(got, ops::matmul(a, b), bound);
+  }
+  // bf16/f16 inputs: the f32 product of the same (rounded) inputs, then one rounding.
+  const Tensor want = ops::matmul(ops::to(a, DType::f32), ops::to(b, DType::f32));
+  const double half_ulp = dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const Tensor accumulation = ops::mul(sum, scalar(1.01 * k * kEps32));
+  const Tensor bound = ops::add(ops::add(ops::mul(ops::add(ops::abs(f64(want)), accumulation), scalar(half_ulp)),
+                                         accumulation),
+                                scalar(1e-300));
+  return worst_ratio(got, want, bound);
+}
+
+// out [rows, features] = x [rows, in] @ w [features, in]^T in cuBLASLt's
+// column-major terms, as kernel_table.cpp maps ops::linear: D = out^T
+// ([features x rows], ld features), A = w read through op T, B = x^T.
+GemmDescriptor linear_descriptor(const Tensor& out, const Tensor& x, const Tensor& w) {
+  const int64_t rows = x.size(0), in = x.size(1), features = w.size(0);
+  GemmDescriptor g;
+  g.op_a = GemmOp::transpose;
+  g.op_b = GemmOp::none;
+  g.m = features, g.n = rows, g.k = in;
+  g.a = GemmMatrix{w.cuda_data(), w.dtype(), in, features, in, 0};
+  g.b = GemmMatrix{x.cuda_data(), x.dtype(), in, rows, in, 0};
+  g.d = GemmMatrix{out.cuda_data(), out.dtype(), features, rows, features, 0};
+  g.c = g.d;
+  g.c.data = nullptr;
+  return g;
+}
+
+// tanh-approximated GELU and its derivative, in f64 on the cpu.
+Tensor gelu_reference(const Tensor& x) { return ops::gelu(x, GeluApproximation::tanh); }
+Tensor gelu_derivative_reference(const Tensor& x) {
+  return ops::gelu_backward(ops::ones_like(x), x, GeluApproximation::tanh);
+}
+
+void run(const GemmDescriptor& g) { cuda::gemm(g, current_stream(kCuda)); }
+
+}  // namespace
+
+TEST_CASE("gemm: matmul on cuda equals the cpu's for every layout, in f32 within K eps sum|a||b|") {
+  uint64_t seed = 0;
+  for (const LayoutCase& c : layout_cases()) {
+    CAPTURE(c.name);
+    const double ratio = layout_case_ratio(c, DType::f32, seed += 2);
+    CHECK(ratio <= 1.0);
+  }
+}
+
+TEST_CASE("gemm: f64 matmul on cuda within K eps64 sum|a||b| of the cpu's; bf16 and f16 accumulate in f32") {
+  uint64_t seed = 100;
+  for (const DType dtype : {DType::f64, DType::bf16, DType::f16}) {
+    for (const LayoutCase& c : layout_cases()) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(c.name);
+      const double ratio = layout_case_ratio(c, dtype, seed += 2);
+      CHECK(ratio <= 1.0);
+    }
+  }
+  // 4099 ones: an f32 accumulator holds 4099 exactly and one rounding gives
+  // bf16's 4096 and f16's 4100; a 16-bit accumulator would stall (bf16 at
+  // 256, f16 at 2048).
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    const Tensor ones_row = ops::ones({1, 4099}, {.dtype = dtype, .device = kCuda});
+    const Tensor ones_col = ops::ones({4099, 1}, {.dtype = dtype, .device = kCuda});
+    CHECK(ops::matmul(ones_row, ones_col).item() == (dtype == DType::bf16 ? 4096.0 : 4100.0));
+  }
+}
+
+TEST_CASE("gemm: linear on cuda (bias epilogue) equals the cpu's; bf16 goes to the GEMM as bf16") {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = random({2, 9, 19}, 1, dtype), w = random({24, 19}, 2, dtype), b = random({24}, 3, dtype);
+    const Tensor got = ops::linear(ops::to(x, kCuda), ops::to(w, kCuda), ops::to(b, kCuda));
+    const Tensor want = ops::linear(x, w, b);  // the cpu: f32 product + bias, one rounding
+    const Tensor sum = ops::add(magnitude(x, ops::transpose(w, 0, 1)), ops::abs(f64(b)));
+    const Tensor accumulation = ops::mul(sum, scalar(1.01 * 20 * kEps32));
+    // bf16: both round the same f32-accurate value once, so they differ by
+    // at most one bf16 ulp (2^-7 relative) plus the accumulation difference.
+    const double rounding = dtype == DType::bf16 ? std::ldexp(1.0, -7) : 0.0;
+    const Tensor bound = ops::add(ops::add(ops::mul(ops::abs(f64(want)), scalar(rounding)), accumulation),
+                                  scalar(1e-300));
+    CHECK(worst_ratio(got, want, bound) <= 1.0);
+  }
+}
+
+TEST_CASE("gemm: every epilogue against a plain reference; alpha and beta, in place too") {
+  const int64_t rows = 13, in = 19, features = 24;
+  const Tensor x = random({rows, in}, 11), w = random({features, in}, 12), b = random({features}, 13);
+  const Tensor x_d = ops::to(x, kCuda), w_d = ops::to(w, kCuda), b_d = ops::to(b, kCuda);
+  const Tensor product = ops::matmul(f64(x), ops::transpose(f64(w), 0, 1));  // [rows, features]
+  const Tensor sum = magnitude(x, ops::transpose(w, 0, 1));
+  const double k_eps = 1.01 * (in + 1) * kEps32;
+
+  for (const GemmEpilogue epilogue : {GemmEpilogue::none, GemmEpilogue::bias, GemmEpilogue::gelu,
+                                      GemmEpilogue::gelu_aux, GemmEpilogue::gelu_bias, GemmEpilogue::gelu_aux_bias}) {
+    CAPTURE(static_cast<int>(epilogue));
+    const bool with_bias =
+        epilogue == GemmEpilogue::bias || epilogue == GemmEpilogue::gelu_bias || epilogue == GemmEpilogue::gelu_aux_bias;
+    const bool with_gelu = epilogue != GemmEpilogue::none && epilogue != GemmEpilogue::bias;
+    const bool with_aux = epilogue == GemmEpilogue::gelu_aux || epilogue == GemmEpilogue::gelu_aux_bias;
+    const Tensor out = ops::empty({rows, features}, {.device = kCuda});
+    const Tensor aux = ops::empty({rows, features}, {.device = kCuda});
+    GemmDescriptor g = linear_descriptor(out, x_d, w_d);
+    g.epilogue = epilogue;
+    if (with_bias) g.bias = b_d.cuda_data();
+    if (with_aux) g.aux = aux.cuda_data(), g.aux_ld = features;
+    run(g);
+    const Tensor pre = with_bias ? ops::add(product, f64(b)) : product;
+    const Tensor pre_bound = ops::mul(with_bias ? ops::add(sum, ops::abs(f64(b))) : sum, scalar(k_eps));
+    if (with_aux) CHECK(worst_ratio(aux, pre, ops::add(pre_bound, scalar(1e-300))) <= 1.0);
+    // GELU's slope is at most 1.13; evaluating it in f32 costs a few ulp of |pre|.
+    const Tensor want = with_gelu ? gelu_reference(pre) : pre;
+    const Tensor bound = with_gelu ? ops::add(ops::mul(pre_bound, scalar(1.13)), ops::mul(ops::abs(pre), scalar(16 * kEps32)))
+                                   : pre_bound;
+    CHECK(worst_ratio(out, want, ops::add(bound, scalar(1e-300))) <= 1.0);
+  }
+
+  SUBCASE("DGELU: the product times GELU'(aux)") {
+    const Tensor z = random({rows, features}, 14);
+    const Tensor out = ops::empty({rows, features}, {.device = kCuda});
+    const Tensor z_d = ops::to(z, kCuda);
+    GemmDescriptor g = linear_descriptor(out, x_d, w_d);
+    g.epilogue = GemmEpilogue::dgelu;
+    g.aux = z_d.cuda_data(), g.aux_ld = features;
+    run(g);
+    const Tensor slope = gelu_derivative_reference(f64(z));
+    const Tensor want = ops::mul(product, slope);
+    const Tensor bound = ops::add(ops::mul(ops::mul(sum, ops::abs(slope)), scalar(k_eps)),
+                                  ops::mul(ops::mul(ops::abs(product), ops::add(ops::mul(f64(z), f64(z)), scalar(1.0))),
+                                           scalar(16 * kEps32)));
+    CHECK(worst_ratio(out, want, ops::add(bound, scalar(1e-300))) <= 1.0);
+  }
+
+  SUBCASE("BGRADB: the weight gradient g^T x and the bias gradient sum_rows(g) in one call") {
+    // dW [features, in] = g^T x: D = dW^T [in x features], A = x^T (op N on
+    // x's row-major storage), B = g (op T); BGRADB sums op(B) over k = rows.
+    const Tensor grad = random({rows, features}, 15);
+    const Tensor grad_d = ops::to(grad, kCuda);
+    const Tensor dw = ops::empty({features, in}, {.device = kCuda}), db = ops::empty({features}, {.device = kCuda});
+    GemmDescriptor g;
+    g.op_a = GemmOp::none, g.op_b = GemmOp::transpose;
+    g.m = in, g.n = features, g.k = rows;
+    g.a = GemmMatrix{x_d.cuda_data(), DType::f32, in, rows, in, 0};
+    g.b = GemmMatrix{grad_d.cuda_data(), DType::f32, features, rows, features, 0};
+    g.d = GemmMatrix{dw.cuda_data(), DType::f32, in, features, in, 0};
+    g.c = g.d, g.c.data = nullptr;
+    g.epilogue = GemmEpilogue::bgradb;
+    g.bias = db.cuda_data();
+    run(g);
+    const Tensor dw_want = ops::matmul(ops::transpose(f64(grad), 0, 1), f64(x));
+    const Tensor dw_bound = ops::mul(magnitude(ops::transpose(grad, 0, 1), x), scalar(1.01 * rows * kEps32));
+    CHECK(worst_ratio(dw, dw_want, ops::add(dw_bound, scalar(1e-300))) <= 1.0);
+    const Tensor db_bound = ops::mul(ops::sum(ops::abs(f64(grad)), {0}), scalar(1.01 * rows * kEps32));
+    CHECK(worst_ratio(db, ops::sum(f64(grad), {0}), ops::add(db_bound, scalar(1e-300))) <= 1.0);
+  }
+
+  SUBCASE("alpha and beta, with C apart from D and in place") {
+    const Tensor c = random({rows, features}, 16);
+    for (const bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      const Tensor c_d = ops::to(c, kCuda);
+      const Tensor out = in_place ? c_d : ops::empty({rows, features}, {.device = kCuda});
+      GemmDescriptor g = linear_descriptor(out, x_d, w_d);
+      g.alpha = 0.5, g.beta = -2.0;
+      g.c = g.d;
+      g.c.data = c_d.cuda_data();
+      run(g);
+      const Tensor want = ops::add(ops::mul(product, scalar(0.5)), ops::mul(f64(c), scalar(-2.0)));
+      const Tensor bound = ops::mul(ops::add(ops::mul(sum, scalar(0.5)), ops::mul(ops::abs(f64(c)), scalar(2.0))),
+                                    scalar(k_eps));
+      CHECK(worst_ratio(out, want, ops::add(bound, scalar(1e-300))) <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("gemm: TF32 is off unless asked for; on, inputs round to nearest, ties away (cvt.rna.tf32.f32)") {
+  REQUIRE_FALSE(cuda::allow_tf32());
+  // 1 + 2^-11 lies halfway between two TF32 values: ties away gives 1 + 2^-10
+  // (ties to even would give 1, truncation 1).
+  const double x = 1.0 + std::ldexp(1.0, -11);
+  const Tensor a = ops::full({1, 1}, x, {.device = kCuda}), b = ops::ones({1, 1}, {.device = kCuda});
+  CHECK(ops::matmul(a, b).item() == x);
+  cuda::set_allow_tf32(true);
+  const double tf32_result = ops::matmul(a, b).item();
+  // A larger product against the f32 product of the inputs rounded the same way on the host.
+  const Tensor left = random({17, 300}, 31), right = random({300, 9}, 32);
+  const Tensor tf32_got = ops::matmul(ops::to(left, kCuda), ops::to(right, kCuda));
+  cuda::set_allow_tf32(false);
+  CHECK(tf32_result == 1.0 + std::ldexp(1.0, -10));
+  const auto round_tf32 = [](const Tensor& t) {  // keep 10 mantissa bits: to nearest, ties away from zero
+    Tensor rounded = ops::clone(t);
+    for (float& v : std::span<float>(rounded.data_ptr<float>(), static_cast<size_t>(rounded.numel()))) {
+      if (v == 0) continue;
+      const double step = std::ldexp(1.0, std::ilogb(v) - 10);
+      v = static_cast<float>(std::copysign(std::floor(std::abs(v) / step + 0.5) * step, v));
+    }
+    return rounded;
+  };
+  const Tensor want = ops::matmul(round_tf32(left), round_tf32(right));
+  const Tensor bound = ops::mul(magnitude(left, right), scalar(1.01 * 300 * kEps32));
+  CHECK(worst_ratio(tf32_got, want, bound) <= 1.0);
+  // Off again, the same product is the f32 one.
+  const Tensor f32_got = ops::matmul(ops::to(left, kCuda), ops::to(right, kCuda));
+  CHECK(worst_ratio(f32_got, ops::matmul(left, right), bound) <= 1.0);
+  CHECK(ops::amax(ops::abs(ops::sub(f32_got, tf32_got))).item() > 0);
+}
+
+TEST_CASE("gemm: gradcheck of matmul and linear on cuda, in f64") {
+  const auto leaf = [](const Shape& shape, uint64_t stream) {
+    Tensor on_device = ops::to(random(shape, stream, DType::f64), kCuda);
+    on_device.set_requires_grad(true);
+    return on_device;
+  };
+  using autograd::TensorList;
+  const autograd::GradcheckResult batched = autograd::gradcheck(
+      [](const TensorList& t) { return matmul(t[0], transpose(t[1], -1, -2)); },
+      {leaf({2, 3, 4}, 41), leaf({5, 4}, 42)});
+  CHECK_MESSAGE(batched.ok, batched.report);
+  const autograd::GradcheckResult linear_result = autograd::gradcheck(
+      [](const TensorList& t) { return linear(t[0], t[1], t[2]); }, {leaf({2, 3, 4}, 43), leaf({5, 4}, 44), leaf({5}, 45)});
+  CHECK_MESSAGE(linear_result.ok, linear_result.report);
+}
+
+#if TESSERA_HAVE_CUDA_SIM
+TEST_CASE("gemm: ops::linear with a bias is one cublasLtMatmul (simulator counters)") {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = ops::to(random({4, 8, 32}, 51, dtype), kCuda), w = ops::to(random({48, 32}, 52, dtype), kCuda);
+    const Tensor b = ops::to(random({48}, 53, dtype), kCuda);
+    current_stream(kCuda)->synchronize();
+    cuda::sim::reset_kernel_counters();
+    ops::linear(x, w, b);
+    current_stream(kCuda)->synchronize();
+    const auto counters = cuda::sim::kernel_counters();
+    REQUIRE(counters.size() == 1);
+    const cuda::sim::KernelCounters& gemm = counters.at("cublasLtMatmul");
+    CHECK(gemm.launches == 1);
+    CHECK(gemm.flops == 2 * 32 * 48 * 32);
+    const int64_t element = dtype == DType::f32 ? 4 : 2;
+    CHECK(gemm.device_bytes_read == (32 * 32 + 48 * 32 + 48) * element);  // x, W, bias, once each
+    CHECK(gemm.device_bytes_written == 32 * 48 * element);
+  }
+}
+
+TEST_CASE("gemm: the simulator refuses what cuBLASLt refuses, naming the field") {
+  const Tensor x = ops::zeros({6, 8}, {.device = kCuda}), w = ops::zeros({16, 8}, {.device = kCuda});
+  const Tensor out = ops::empty({6, 16}, {.device = kCuda});
+  const GemmDescriptor good = linear_descriptor(out, x, w);
+  const auto refuses = [](GemmDescriptor g, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(run(g), doctest::Contains(message), Error);
+  };
+  GemmDescriptor g = good;
+  g.a.ld = 4;
+  refuses(g, "A.ld = 4 is below max(1, rows) = 8");
+  g = good;
+  g.d.ld = 15;
+  refuses(g, "D.ld = 15 is below max(1, rows) = 16");
+  g = good;
+  g.op_a = GemmOp::none;
+  refuses(g, "A layout is [8 x 16] (rows x cols) but op_a CUBLAS_OP_N with m = 16, k = 8 needs [16 x 8]");
+  const Tensor x16 = ops::zeros({6, 8}, {.dtype = DType::f16, .device = kCuda});
+  const Tensor w16 = ops::zeros({16, 8}, {.dtype = DType::bf16, .device = kCuda});
+  refuses(linear_descriptor(out, x16, w16), "A is bf16 and B is f16");
+  g = linear_descriptor(out, ops::zeros({6, 8}, {.dtype = DType::bf16, .device = kCuda}), w16);
+  g.d.dtype = DType::f16, g.c.dtype = DType::f16;
+  refuses(g, "bf16 A and B with CUBLAS_COMPUTE_32F write D as bf16 or f32, not f16");
+  g = good;
+  g.compute = cuda::GemmCompute::f64;
+  refuses(g, "compute CUBLAS_COMPUTE_64F takes f64 A, B, C, D");
+  g = good;
+  g.epilogue = GemmEpilogue::gelu_aux;
+  g.aux = out.cuda_data();
+  refuses(g, "aux_ld = 0 with epilogue CUBLASLT_EPILOGUE_GELU_AUX");
+  g.aux_ld = 20;
+  refuses(g, "must be set, a multiple of 8 and at least m = 16");
+  g = good;
+  g.epilogue = GemmEpilogue::bias;
+  refuses(g, "epilogue CUBLASLT_EPILOGUE_BIAS needs CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+  g = good;
+  g.beta = 1.0;
+  refuses(g, "beta = 1 reads C, but C's pointer is null");
+  g = good;
+  g.batch_count = 2, g.d.batch_stride = 10;
+  refuses(g, "D.batch_stride = 10 makes batches of the [16 x 6] D (ld 16) overlap");
+}
+
+TEST_CASE("gemm: the stream-ordering checker refuses a GEMM reading a buffer another stream wrote without an event") {
+  const auto producer = Stream::create(kCuda), consumer = Stream::create(kCuda);
+  Tensor x = ops::empty({6, 8}, {.device = kCuda});
+  const Tensor w = ops::ones({16, 8}, {.device = kCuda});
+  current_stream(kCuda)->synchronize();  // w's fill is known to the host
+  {
+    StreamGuard on_producer(producer);
+    ops::fill_(x, 1.0);
+  }
+  {
+    StreamGuard on_consumer(consumer);
+    CHECK_THROWS_WITH_AS(ops::matmul(x, ops::transpose(w, 0, 1)),
+                         doctest::Contains("`cublasLtMatmul` on cuda:0 stream"), Error);
+    Event written;
+    written.record(*producer);
+    consumer->wait_event(written);
+    const Tensor y = ops::matmul(x, ops::transpose(w, 0, 1));
+    CHECK(ops::sum(y).item() == 6 * 16 * 8);
+  }
+  producer->synchronize();
+  consumer->synchronize();
+}
+#endif

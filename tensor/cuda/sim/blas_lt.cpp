@@ -1,1 +1,369 @@
-// Placeholder until the simulator's cuBLASLt lands (issue 14).
+// The simulator's cublasLtMatmul: the descriptor validated as cuBLASLt
+// validates it (each refusal names the field), its buffers declared to
+// memcheck and the stream-ordering checker like any launch, and the product
+// computed on the CPU on the stream's worker thread with cuBLASLt's
+// arithmetic contract: bf16/f16/f32 inputs accumulate in f32 (f64 in f64),
+// the epilogue runs on the accumulator, and D rounds once to its dtype.
+// The multiply-adds go to the host GEMM backend (tensor/gemm_backend.h),
+// which sums in f32 in its own order, as cuBLASLt's kernels sum in theirs.
+//
+// TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input is rounded to 10
+// mantissa bits to nearest, ties away from zero, which is PTX's
+// cvt.rna.tf32.f32, the conversion the tensor cores' TF32 path is fed by;
+// products and sums stay f32.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "tensor/cpu/gemm.h"
+#include "tensor/cuda/blas_lt.h"
+#include "tensor/cuda/sim/device_heap.h"
+#include "tensor/cuda/sim/launch.h"
+#include "tensor/cuda/sim/sim_stream.h"
+#include "tensor/cuda/sim/stream_order_checker.h"
+#include "tensor/error.h"
+#include "tensor/float16_bits.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+const char* op_name(GemmOp op) { return op == GemmOp::none ? "CUBLAS_OP_N" : "CUBLAS_OP_T"; }
+
+const char* epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::none: return "CUBLASLT_EPILOGUE_DEFAULT";
+    case GemmEpilogue::bias: return "CUBLASLT_EPILOGUE_BIAS";
+    case GemmEpilogue::gelu: return "CUBLASLT_EPILOGUE_GELU";
+    case GemmEpilogue::gelu_aux: return "CUBLASLT_EPILOGUE_GELU_AUX";
+    case GemmEpilogue::gelu_bias: return "CUBLASLT_EPILOGUE_GELU_BIAS";
+    case GemmEpilogue::gelu_aux_bias: return "CUBLASLT_EPILOGUE_GELU_AUX_BIAS";
+    case GemmEpilogue::dgelu: return "CUBLASLT_EPILOGUE_DGELU";
+    case GemmEpilogue::bgradb: return "CUBLASLT_EPILOGUE_BGRADB";
+  }
+  return "?";
+}
+
+const char* compute_name(GemmCompute compute) {
+  switch (compute) {
+    case GemmCompute::f32: return "CUBLAS_COMPUTE_32F";
+    case GemmCompute::f32_fast_tf32: return "CUBLAS_COMPUTE_32F_FAST_TF32";
+    case GemmCompute::f64: return "CUBLAS_COMPUTE_64F";
+  }
+  return "?";
+}
+
+bool adds_bias(GemmEpilogue e) {
+  return e == GemmEpilogue::bias || e == GemmEpilogue::gelu_bias || e == GemmEpilogue::gelu_aux_bias;
+}
+bool applies_gelu(GemmEpilogue e) {
+  return e == GemmEpilogue::gelu || e == GemmEpilogue::gelu_aux || e == GemmEpilogue::gelu_bias ||
+         e == GemmEpilogue::gelu_aux_bias;
+}
+bool writes_aux(GemmEpilogue e) { return e == GemmEpilogue::gelu_aux || e == GemmEpilogue::gelu_aux_bias; }
+bool uses_aux(GemmEpilogue e) { return writes_aux(e) || e == GemmEpilogue::dgelu; }
+
+int64_t element_bytes(DType dtype) { return static_cast<int64_t>(element_size(dtype)); }
+
+// Elements from the first to the last one the batches of a [rows, cols]
+// column-major matrix reach.
+int64_t extent_elements(int64_t rows, int64_t cols, int64_t ld, int64_t batch_stride, int64_t batch_count) {
+  if (rows == 0 || cols == 0) return 0;
+  return (batch_count - 1) * batch_stride + (cols - 1) * ld + rows;
+}
+
+// --- validation, as cublasLtMatmul and its descriptors refuse ---
+
+void check_layout(const char* name, const GemmMatrix& x, int64_t rows, int64_t cols, const std::string& why) {
+  TESSERA_CHECK(x.dtype == DType::f32 || x.dtype == DType::f64 || x.dtype == DType::bf16 || x.dtype == DType::f16,
+                "cuda sim: cublasLtMatmul: {}.dtype {} is not a matrix type tessera's GEMMs use (f32, f64, bf16, f16)",
+                name, dtype_name(x.dtype));
+  TESSERA_CHECK(x.rows == rows && x.cols == cols,
+                "cuda sim: cublasLtMatmul: {} layout is [{} x {}] (rows x cols) but {} needs [{} x {}]", name, x.rows,
+                x.cols, why, rows, cols);
+  TESSERA_CHECK(x.ld >= std::max<int64_t>(1, rows),
+                "cuda sim: cublasLtMatmul: {}.ld = {} is below max(1, rows) = {} of the column-major [{} x {}] {} "
+                "(CUBLAS_STATUS_INVALID_VALUE)",
+                name, x.ld, std::max<int64_t>(1, rows), rows, cols, name);
+  TESSERA_CHECK(x.batch_stride >= 0, "cuda sim: cublasLtMatmul: {}.batch_stride = {} is negative", name,
+                x.batch_stride);
+}
+
+void check_types(const GemmDescriptor& g) {
+  const DType a = g.a.dtype, b = g.b.dtype, c = g.c.dtype, d = g.d.dtype;
+  TESSERA_CHECK(a == b, "cuda sim: cublasLtMatmul: A is {} and B is {}; cuBLASLt multiplies matrices of one type",
+                dtype_name(a), dtype_name(b));
+  TESSERA_CHECK(c == d, "cuda sim: cublasLtMatmul: C is {} and D is {}; cuBLASLt needs Ctype == Dtype", dtype_name(c),
+                dtype_name(d));
+  switch (g.compute) {
+    case GemmCompute::f64:
+      TESSERA_CHECK(a == DType::f64 && d == DType::f64,
+                    "cuda sim: cublasLtMatmul: compute CUBLAS_COMPUTE_64F takes f64 A, B, C, D, got A {} and D {}",
+                    dtype_name(a), dtype_name(d));
+      TESSERA_CHECK(g.epilogue == GemmEpilogue::none,
+                    "cuda sim: cublasLtMatmul: epilogue {} with CUBLAS_COMPUTE_64F: tessera uses epilogues only on "
+                    "f32-compute GEMMs (cuBLASLt's heuristics offer no f64 epilogue kernels to rely on)",
+                    epilogue_name(g.epilogue));
+      return;
+    case GemmCompute::f32_fast_tf32:
+      TESSERA_CHECK(a == DType::f32 && d == DType::f32,
+                    "cuda sim: cublasLtMatmul: compute CUBLAS_COMPUTE_32F_FAST_TF32 takes f32 A, B, C, D, got A {} "
+                    "and D {}",
+                    dtype_name(a), dtype_name(d));
+      return;
+    case GemmCompute::f32:
+      TESSERA_CHECK(a != DType::f64,
+                    "cuda sim: cublasLtMatmul: f64 A and B need compute CUBLAS_COMPUTE_64F, not {}", compute_name(g.compute));
+      TESSERA_CHECK(d == a || d == DType::f32,
+                    "cuda sim: cublasLtMatmul: {} A and B with {} write D as {} or f32, not {}", dtype_name(a),
+                    compute_name(g.compute), dtype_name(a), dtype_name(d));
+      return;
+  }
+}
+
+void check_epilogue(const GemmDescriptor& g) {
+  const char* name = epilogue_name(g.epilogue);
+  if (adds_bias(g.epilogue) || g.epilogue == GemmEpilogue::bgradb) {
+    TESSERA_CHECK(g.bias != nullptr, "cuda sim: cublasLtMatmul: epilogue {} needs CUBLASLT_MATMUL_DESC_BIAS_POINTER",
+                  name);
+    TESSERA_CHECK(g.bias_batch_stride >= 0, "cuda sim: cublasLtMatmul: bias_batch_stride = {} is negative",
+                  g.bias_batch_stride);
+  } else {
+    TESSERA_CHECK(g.bias == nullptr,
+                  "cuda sim: cublasLtMatmul: a bias pointer is set but epilogue {} neither reads nor writes a bias",
+                  name);
+  }
+  if (uses_aux(g.epilogue)) {
+    TESSERA_CHECK(g.aux != nullptr,
+                  "cuda sim: cublasLtMatmul: epilogue {} needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", name);
+    TESSERA_CHECK(g.aux_ld >= std::max<int64_t>(1, g.m) && g.aux_ld % 8 == 0,
+                  "cuda sim: cublasLtMatmul: aux_ld = {} with epilogue {}: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD must "
+                  "be set, a multiple of 8 and at least m = {}",
+                  g.aux_ld, name, g.m);
+    TESSERA_CHECK(g.aux_batch_stride >= 0 && g.aux_batch_stride % 8 == 0,
+                  "cuda sim: cublasLtMatmul: aux_batch_stride = {} must be a non-negative multiple of 8",
+                  g.aux_batch_stride);
+  } else {
+    TESSERA_CHECK(g.aux == nullptr,
+                  "cuda sim: cublasLtMatmul: an aux pointer is set but epilogue {} neither reads nor writes aux", name);
+  }
+}
+
+void validate(const GemmDescriptor& g) {
+  TESSERA_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "cuda sim: cublasLtMatmul: m, n, k = {}, {}, {} must be >= 0", g.m,
+                g.n, g.k);
+  TESSERA_CHECK(g.batch_count >= 1, "cuda sim: cublasLtMatmul: batch_count = {} must be >= 1", g.batch_count);
+  const std::string op_a = fmt::format("op_a {} with m = {}, k = {}", op_name(g.op_a), g.m, g.k);
+  const std::string op_b = fmt::format("op_b {} with k = {}, n = {}", op_name(g.op_b), g.k, g.n);
+  check_layout("A", g.a, g.op_a == GemmOp::none ? g.m : g.k, g.op_a == GemmOp::none ? g.k : g.m, op_a);
+  check_layout("B", g.b, g.op_b == GemmOp::none ? g.k : g.n, g.op_b == GemmOp::none ? g.n : g.k, op_b);
+  const std::string m_n = fmt::format("m = {}, n = {}", g.m, g.n);
+  check_layout("D", g.d, g.m, g.n, m_n);
+  if (g.beta != 0.0 || g.c.data != nullptr) check_layout("C", g.c, g.m, g.n, m_n);
+  check_types(g);
+  TESSERA_CHECK(g.beta == 0.0 || g.c.data != nullptr || g.m * g.n == 0,
+                "cuda sim: cublasLtMatmul: beta = {} reads C, but C's pointer is null", g.beta);
+  TESSERA_CHECK(g.c.data == nullptr || g.c.data != g.d.data || (g.c.ld == g.d.ld && g.c.batch_stride == g.d.batch_stride),
+                "cuda sim: cublasLtMatmul: C and D share memory (in place) with different layouts (ldc {} vs ldd {}, "
+                "batch strides {} vs {}); cuBLASLt needs them equal",
+                g.c.ld, g.d.ld, g.c.batch_stride, g.d.batch_stride);
+  TESSERA_CHECK(g.batch_count == 1 || g.d.batch_stride >= extent_elements(g.m, g.n, g.d.ld, 0, 1),
+                "cuda sim: cublasLtMatmul: D.batch_stride = {} makes batches of the [{} x {}] D (ld {}) overlap",
+                g.d.batch_stride, g.m, g.n, g.d.ld);
+  check_epilogue(g);
+}
+
+// --- the buffers a call touches ---
+
+BufferUse matrix_use(const char* name, const GemmMatrix& x, int64_t batch_count, BufferAccess access) {
+  const int64_t bytes = extent_elements(x.rows, x.cols, x.ld, x.batch_stride, batch_count) * element_bytes(x.dtype);
+  return BufferUse{fmt::format("{} {}[{} x {}, ld {}]", name, dtype_name(x.dtype), x.rows, x.cols, x.ld), x.data,
+                   bytes, access};
+}
+
+std::vector<BufferUse> buffers_of(const GemmDescriptor& g) {
+  const bool in_place = g.c.data != nullptr && g.c.data == g.d.data;
+  std::vector<BufferUse> buffers;
+  buffers.push_back(matrix_use("A", g.a, g.batch_count, BufferAccess::read));
+  buffers.push_back(matrix_use("B", g.b, g.batch_count, BufferAccess::read));
+  if (g.beta != 0.0 && !in_place) buffers.push_back(matrix_use("C", g.c, g.batch_count, BufferAccess::read));
+  const BufferAccess d_access = g.beta != 0.0 && in_place ? BufferAccess::read_write : BufferAccess::write;
+  buffers.push_back(matrix_use("D", g.d, g.batch_count, d_access));
+  const int64_t d_bytes = element_bytes(g.d.dtype);
+  if (adds_bias(g.epilogue) || g.epilogue == GemmEpilogue::bgradb) {
+    const int64_t length = g.epilogue == GemmEpilogue::bgradb ? g.n : g.m;
+    const int64_t elements = length == 0 ? 0 : (g.batch_count - 1) * g.bias_batch_stride + length;
+    buffers.push_back(BufferUse{fmt::format("bias {}[{}]", dtype_name(g.d.dtype), length), g.bias,
+                                elements * d_bytes,
+                                g.epilogue == GemmEpilogue::bgradb ? BufferAccess::write : BufferAccess::read});
+  }
+  if (uses_aux(g.epilogue)) {
+    GemmMatrix aux{g.aux, g.d.dtype, g.m, g.n, g.aux_ld, g.aux_batch_stride};
+    buffers.push_back(matrix_use("aux", aux, g.batch_count, writes_aux(g.epilogue) ? BufferAccess::write : BufferAccess::read));
+  }
+  std::erase_if(buffers, [](const BufferUse& buffer) { return buffer.bytes == 0; });
+  return buffers;
+}
+
+// --- the arithmetic ---
+
+// PTX cvt.rna.tf32.f32: keep 10 mantissa bits, to nearest, ties away from zero.
+float round_to_tf32(float value) {
+  if (!std::isfinite(value)) return value;
+  const uint32_t word = (float16_bits::bits_of(value) + 0x1000u) & 0xffffe000u;
+  return float16_bits::float_of(word);
+}
+
+template <typename Acc>
+Acc load(const void* base, DType dtype, int64_t index) {
+  switch (dtype) {
+    case DType::f32: return static_cast<Acc>(static_cast<const float*>(base)[index]);
+    case DType::f64: return static_cast<Acc>(static_cast<const double*>(base)[index]);
+    case DType::bf16: return static_cast<Acc>(float16_bits::float_from_bfloat16(static_cast<const uint16_t*>(base)[index]));
+    case DType::f16: return static_cast<Acc>(float16_bits::float_from_half(static_cast<const uint16_t*>(base)[index]));
+    default: return Acc(0);
+  }
+}
+
+// Writes `value` rounded once to `dtype`.
+template <typename Acc>
+void store(void* base, DType dtype, int64_t index, Acc value) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(base)[index] = static_cast<float>(value); return;
+    case DType::f64: static_cast<double*>(base)[index] = static_cast<double>(value); return;
+    case DType::bf16:
+      static_cast<uint16_t*>(base)[index] = float16_bits::bfloat16_from_float(static_cast<float>(value));
+      return;
+    case DType::f16: static_cast<uint16_t*>(base)[index] = float16_bits::half_from_float(static_cast<float>(value)); return;
+    default: return;
+  }
+}
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+
+template <typename Acc>
+Acc gelu_tanh(Acc x) {
+  const Acc u = Acc(kSqrt2OverPi) * (x + Acc(kGeluCubic) * x * x * x);
+  return Acc(0.5) * x * (Acc(1) + std::tanh(u));
+}
+
+template <typename Acc>
+Acc gelu_tanh_derivative(Acc x) {
+  const Acc t = std::tanh(Acc(kSqrt2OverPi) * (x + Acc(kGeluCubic) * x * x * x));
+  const Acc du = Acc(kSqrt2OverPi) * (Acc(1) + Acc(3 * kGeluCubic) * x * x);
+  return Acc(0.5) * (Acc(1) + t) + Acc(0.5) * x * (Acc(1) - t * t) * du;
+}
+
+// The [rows, cols] matrix of batch `batch` as an Acc array the host GEMM can
+// read: the device memory itself when no conversion is needed, else a dense
+// column-major copy (leading dimension rows) of the converted values.
+template <typename Acc>
+cpu::GemmMatrix<Acc> gemm_operand(const GemmMatrix& x, GemmOp op, int64_t batch, bool tf32,
+                                  std::vector<Acc>& scratch) {
+  const int64_t first = batch * x.batch_stride;
+  if (x.dtype == dtype_of<Acc>::value && !tf32) {
+    return {static_cast<const Acc*>(x.data) + first, op == GemmOp::transpose, x.ld};
+  }
+  scratch.resize(static_cast<size_t>(x.rows * x.cols));
+  for (int64_t col = 0; col < x.cols; ++col) {
+    for (int64_t row = 0; row < x.rows; ++row) {
+      Acc value = load<Acc>(x.data, x.dtype, first + row + col * x.ld);
+      if (tf32) value = static_cast<Acc>(round_to_tf32(static_cast<float>(value)));
+      scratch[static_cast<size_t>(row + col * x.rows)] = value;
+    }
+  }
+  return {scratch.data(), op == GemmOp::transpose, std::max<int64_t>(1, x.rows)};
+}
+
+template <typename Acc>
+void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
+  const bool tf32 = g.compute == GemmCompute::f32_fast_tf32;
+  const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
+  const size_t m = static_cast<size_t>(g.m), n = static_cast<size_t>(g.n);
+  void* d = const_cast<void*>(g.d.data);  // D shares GemmMatrix with the inputs; it is the output
+  std::vector<Acc> product(m * n), a_scratch, b_scratch;
+  for (int64_t batch = 0; batch < g.batch_count; ++batch) {
+    // product[j * m + i] = (op(A) op(B))(i, j): the host GEMM computes
+    // op(B)^T op(A)^T row-major, which is the column-major product.
+    std::fill(product.begin(), product.end(), Acc(0));
+    if (g.k > 0 && g.m > 0 && g.n > 0) {
+      const cpu::GemmMatrix<Acc> a = gemm_operand<Acc>(g.a, g.op_a, batch, tf32, a_scratch);
+      const cpu::GemmMatrix<Acc> b = gemm_operand<Acc>(g.b, g.op_b, batch, tf32, b_scratch);
+      cpu::gemm<Acc>(backend, g.n, g.m, g.k, b, a, product.data());
+    }
+    const int64_t d_first = batch * g.d.batch_stride, c_first = batch * g.c.batch_stride;
+    const int64_t aux_first = batch * g.aux_batch_stride, bias_first = batch * g.bias_batch_stride;
+    for (int64_t j = 0; j < g.n; ++j) {
+      for (int64_t i = 0; i < g.m; ++i) {
+        Acc value = alpha * product[static_cast<size_t>(j * g.m + i)];
+        if (g.beta != 0.0) value += beta * load<Acc>(g.c.data, g.c.dtype, c_first + i + j * g.c.ld);
+        if (adds_bias(g.epilogue)) value += load<Acc>(g.bias, g.d.dtype, bias_first + i);
+        if (writes_aux(g.epilogue)) store<Acc>(g.aux, g.d.dtype, aux_first + i + j * g.aux_ld, value);
+        if (applies_gelu(g.epilogue)) value = gelu_tanh(value);
+        if (g.epilogue == GemmEpilogue::dgelu) {
+          value *= gelu_tanh_derivative(load<Acc>(g.aux, g.d.dtype, aux_first + i + j * g.aux_ld));
+        }
+        store<Acc>(d, g.d.dtype, d_first + i + j * g.d.ld, value);
+      }
+    }
+    if (g.epilogue == GemmEpilogue::bgradb) {  // bias[j] = sum over k of op(B)(p, j), in k order
+      const int64_t b_first = batch * g.b.batch_stride;
+      for (int64_t j = 0; j < g.n; ++j) {
+        Acc sum = 0;
+        for (int64_t p = 0; p < g.k; ++p) {
+          const int64_t index = g.op_b == GemmOp::none ? p + j * g.b.ld : j + p * g.b.ld;
+          sum += load<Acc>(g.b.data, g.b.dtype, b_first + index);
+        }
+        store<Acc>(g.bias, g.d.dtype, bias_first + j, sum);
+      }
+    }
+  }
+}
+
+// What a roofline needs: each operand's bytes once (a broadcast matrix once),
+// and 2 FLOPs per multiply-add.
+void count(const GemmDescriptor& g) {
+  const auto matrix_bytes = [&](const GemmMatrix& x) {
+    const int64_t copies = x.batch_stride == 0 ? 1 : g.batch_count;
+    return copies * x.rows * x.cols * element_bytes(x.dtype);
+  };
+  const int64_t d_elements = g.batch_count * g.m * g.n, d_bytes = element_bytes(g.d.dtype);
+  int64_t read = matrix_bytes(g.a) + matrix_bytes(g.b);
+  int64_t written = d_elements * d_bytes;
+  if (g.beta != 0.0) read += matrix_bytes(g.c);
+  const int64_t bias_copies = g.bias_batch_stride == 0 ? 1 : g.batch_count;
+  if (adds_bias(g.epilogue)) read += bias_copies * g.m * d_bytes;
+  if (g.epilogue == GemmEpilogue::bgradb) written += bias_copies * g.n * d_bytes;
+  if (writes_aux(g.epilogue)) written += d_elements * d_bytes;
+  if (g.epilogue == GemmEpilogue::dgelu) read += d_elements * d_bytes;
+  sim::count_library_call("cublasLtMatmul", read, written, 2 * g.batch_count * g.m * g.n * g.k);
+}
+
+}  // namespace
+
+void gemm(const GemmDescriptor& descriptor, const std::shared_ptr<Stream>& stream) {
+  auto* sim_stream = dynamic_cast<sim::SimStream*>(stream.get());
+  TESSERA_CHECK(sim_stream != nullptr, "cuda sim: cublasLtMatmul on a {} stream (it runs on cuda streams)",
+                stream == nullptr ? "null" : stream->device().str());
+  validate(descriptor);
+  const std::vector<BufferUse> buffers = buffers_of(descriptor);
+  for (const BufferUse& buffer : buffers) {
+    TESSERA_CHECK(sim::is_live_device_range(buffer.data, buffer.bytes),
+                  "cuda sim: cublasLtMatmul: {} ({} bytes at {}) is not live device memory: {}", buffer.name,
+                  buffer.bytes, buffer.data, sim::describe_device_address(buffer.data, buffer.bytes));
+  }
+  sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), "cublasLtMatmul", buffers);
+  const GemmBackend backend = gemm_backend();  // read on the host: it may throw
+  stream->enqueue([descriptor, backend] {
+    if (descriptor.compute == GemmCompute::f64) {
+      run_gemm<double>(descriptor, backend);
+    } else {
+      run_gemm<float>(descriptor, backend);
+    }
+    count(descriptor);
+  });
+}
+
+}  // namespace tessera::cuda

@@ -196,4 +196,13 @@ void reset_kernel_counters() {
   all_counters().clear();
 }
 
+void count_library_call(const std::string& name, int64_t bytes_read, int64_t bytes_written, int64_t flops) {
+  std::lock_guard lock(counters_mutex);
+  KernelCounters& total = all_counters()[name];
+  total.launches += 1;
+  total.device_bytes_read += bytes_read;
+  total.device_bytes_written += bytes_written;
+  total.flops += flops;
+}
+
 }  // namespace tessera::cuda::sim

@@ -26,7 +26,9 @@ void set_block_order_seed(uint64_t seed);
 
 // What the simulator counted, per kernel name, over every launch since the
 // last reset: device bytes each launch's threads read and wrote (atomics count
-// as both), and shared-memory bytes.
+// as both), and shared-memory bytes. Library calls the simulator runs as a
+// whole (cublasLtMatmul) count the bytes of each operand once and their
+// FLOPs (2 per multiply-add), for roofline predictions.
 struct KernelCounters {
   int64_t launches = 0;
   int64_t blocks = 0;
@@ -34,8 +36,11 @@ struct KernelCounters {
   int64_t device_bytes_read = 0;
   int64_t device_bytes_written = 0;
   int64_t shared_bytes_accessed = 0;
+  int64_t flops = 0;
 };
 std::map<std::string, KernelCounters> kernel_counters();
 void reset_kernel_counters();
+// Counts one call of a simulated library routine as one launch of `name`.
+void count_library_call(const std::string& name, int64_t bytes_read, int64_t bytes_written, int64_t flops);
 
 }  // namespace tessera::cuda::sim
