@@ -27,6 +27,7 @@ namespace {
 
 constexpr double kHbmBytesPerSecond = 3.35e12;    // H100 SXM, HBM3
 constexpr double kF32FlopsPerSecond = 67e12;      // H100 SXM, f32 (no tensor cores)
+constexpr double kBf16TensorFlopsPerSecond = 989e12;  // H100 SXM, dense bf16 on tensor cores (GEMMs)
 const Device kCuda(DeviceType::cuda);
 
 struct Case {
@@ -34,6 +35,7 @@ struct Case {
   int64_t ideal_bytes;
   int64_t flops;
   std::function<void()> run;
+  double peak_flops = kF32FlopsPerSecond;  // the roofline's compute roof for this op
 };
 
 void measure(const Case& c) {
@@ -48,7 +50,7 @@ void measure(const Case& c) {
     bytes += counters.device_bytes_read + counters.device_bytes_written;
   }
   const auto roofline = [&](double moved) {
-    return std::max(moved / kHbmBytesPerSecond, static_cast<double>(c.flops) / kF32FlopsPerSecond);
+    return std::max(moved / kHbmBytesPerSecond, static_cast<double>(c.flops) / c.peak_flops);
   };
   const double predicted = roofline(static_cast<double>(bytes)), bound = roofline(static_cast<double>(c.ideal_bytes));
   fmt::print("{:<34} {:>8} {:>12} {:>12} {:>6.3f} {:>10} {:>11.2f} {:>9.2f} {:>8.2f}\n", c.name, launches, bytes,
@@ -68,7 +70,8 @@ int main(int argc, char** argv) {
 
   fmt::print("# cuda kernels on the simulator: cpu={} ({} cores, load {}); shapes [{}, {}] f32 (GPT-2 activations)\n",
              bench::cpu_model(), std::thread::hardware_concurrency(), bench::load_average(), tokens, channels);
-  fmt::print("# predicted = max(counted bytes / 3.35 TB/s, FLOPs / 67 TFLOP/s) on an H100 SXM: a paper estimate\n");
+  fmt::print("# predicted = max(counted bytes / 3.35 TB/s, FLOPs / 67 TFLOP/s; bf16 GEMMs 989 TFLOP/s) on an H100 SXM: "
+             "a paper estimate\n");
   fmt::print("{:<34} {:>8} {:>12} {:>12} {:>6} {:>10} {:>11} {:>9} {:>8}\n", "op", "launches", "bytes", "ideal",
              "ratio", "FLOPs", "predicted us", "bound us", "of bound");
 
@@ -100,6 +103,24 @@ int main(int argc, char** argv) {
       {"amax over rows", bytes + tokens * 4, n, [&] { ops::amax(x, {1}); }},
       {"index_select rows (embedding)", 2 * bytes + tokens * 8, 0, [&] { ops::index_select(table, 0, rows); }},
   };
+  // GEMMs (cublasLtMatmul on the simulator, which counts each operand once
+  // and 2 FLOPs per multiply-add): GPT-2 124M's linears over `tokens` rows,
+  // bias in the epilogue, so the ideal is x, W, bias read and out written
+  // once. bf16 is predicted at the tensor cores' dense rate, f32 at the
+  // CUDA cores' (TF32 off, the default).
+  const auto gemm_case = [&](const char* name, int64_t in, int64_t out, DType dtype) {
+    const Tensor gemm_x = ops::randn({tokens, in}, PhiloxKey{4, 1}, {.dtype = dtype, .device = kCuda});
+    const Tensor gemm_w = ops::randn({out, in}, PhiloxKey{4, 2}, {.dtype = dtype, .device = kCuda});
+    const Tensor gemm_b = ops::randn({out}, PhiloxKey{4, 3}, {.dtype = dtype, .device = kCuda});
+    const int64_t element = static_cast<int64_t>(element_size(dtype));
+    cases.push_back({name, element * (tokens * in + out * in + out + tokens * out), 2 * tokens * in * out,
+                     [=] { ops::linear(gemm_x, gemm_w, gemm_b); },
+                     dtype == DType::bf16 ? kBf16TensorFlopsPerSecond : kF32FlopsPerSecond});
+  };
+  gemm_case("gemm qkv 768->2304 bf16 (+bias)", channels, 3 * channels, DType::bf16);
+  gemm_case("gemm fc 768->3072 bf16 (+bias)", channels, 4 * channels, DType::bf16);
+  gemm_case("gemm proj 3072->768 bf16 (+bias)", 4 * channels, channels, DType::bf16);
+  gemm_case("gemm attn proj 768->768 f32 (+bias)", channels, channels, DType::f32);
   for (const Case& c : cases) measure(c);
   return 0;
 }
