@@ -18,6 +18,24 @@
 
 namespace tessera {
 
+// One tensor of an AdamW step: param (the f32/f64 master), grad, exp_avg and
+// exp_avg_sq, contiguous, of one shape and dtype; working_copy, when defined,
+// a contiguous bf16 tensor of that shape that receives the updated param.
+// The scalars are the host's, in f64 (the step count lives on the host):
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   p = p * decay - step_size * m / (sqrt(v) * inv_sqrt_bias2 + eps)
+// with decay = 1 - lr wd, step_size = lr / (1 - b1^t),
+// inv_sqrt_bias2 = 1 / sqrt(1 - b2^t), each rounded to the param's dtype.
+struct AdamWTensor {
+  Tensor param, grad, exp_avg, exp_avg_sq, working_copy;
+  double decay = 1.0, step_size = 0.0, inv_sqrt_bias2 = 1.0;
+};
+// Shared by every tensor of a step: b1, b2 and eps, with 1 - b1 and 1 - b2
+// taken in f64 (in f32, 1 - float(0.999) is 1.3e-5 off).
+struct AdamWMoments {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
 struct KernelTable {
   // out[...] = value (converted to out's dtype).
   void (*fill)(const Tensor& out, double value);
@@ -87,6 +105,19 @@ struct KernelTable {
                                     const Tensor& out, const Tensor& logsumexp);
   // y = x * mask, mask = keep ? 1/(1-p) : 0, keep decided by Philox at each flat index.
   void (*dropout)(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key);
+
+  // One AdamW step over many tensors of one device (cuda: one fused launch
+  // per batch of tensors, not one per parameter); see AdamWTensor.
+  void (*adamw_step)(const std::vector<AdamWTensor>& tensors, const AdamWMoments& moments);
+  // total (0-d f64) = sum of squares of every element of `tensors` (f32 or
+  // f64, contiguous), accumulated in f64 in a fixed order: the same bits on
+  // every run. The cpu sums blocks of 2^15 elements in order, then tensors in
+  // order (what clip_grad_norm_ always did).
+  void (*sum_of_squares)(const Tensor& total, const std::vector<Tensor>& tensors);
+  // Every tensor *= max_norm / (sqrt(total) + 1e-6) (rounded to the tensor's
+  // dtype) when that factor is < 1 and sqrt(total) is finite; total (0-d f64)
+  // is read where it lives, so a device never waits for the host.
+  void (*scale_to_max_norm)(const std::vector<Tensor>& tensors, const Tensor& total, double max_norm);
 };
 
 // The table of `device`; throws tessera::Error for a device this build has no

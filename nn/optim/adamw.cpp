@@ -1,10 +1,12 @@
-// optim::AdamW: the fused per-parameter update loop.
+// optim::AdamW: the host's part of a step (step counts, bias corrections,
+// checks), then one adamw_step kernel-table call per device.
 #include "nn/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "tensor/kernels.h"
 #include "tensor/ops.h"
-#include "tensor/parallel.h"
 
 namespace tessera::optim {
 
@@ -16,35 +18,33 @@ void check_options(const AdamWOptions& options) {
   TESSERA_CHECK(options.eps >= 0.0, "AdamW: eps must be >= 0, got {}", options.eps);
 }
 
-// One pass over [begin, end): decay, both moments, and the parameter.
-// 1 - beta comes in from f64: in f32, 1 - float(0.999) is 1.3e-5 off.
-template <typename T>
-void adamw_range(T* __restrict param, const T* __restrict grad, T* __restrict exp_avg, T* __restrict exp_avg_sq,
-                 int64_t begin, int64_t end, T decay, T beta1, T beta2, T one_minus_beta1, T one_minus_beta2,
-                 T step_size, T inv_sqrt_bias2, T eps) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) {
-    const T g = grad[i];
-    const T m = beta1 * exp_avg[i] + one_minus_beta1 * g;
-    const T v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    param[i] = param[i] * decay - step_size * m / (std::sqrt(v) * inv_sqrt_bias2 + eps);
-  }
-}
-
-template <typename T>
-void adamw_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, int64_t step) {
-  // Bias corrections folded into two scalars: lr / (1 - b1^t) and 1 / sqrt(1 - b2^t).
-  const T decay = static_cast<T>(1.0 - lr * weight_decay);
-  const T step_size = static_cast<T>(lr / (1.0 - std::pow(beta1, static_cast<double>(step))));
-  const T inv_sqrt_bias2 = static_cast<T>(1.0 / std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step))));
-  parallel_for(count, 1 << 15, [&](int64_t begin, int64_t end) {
-    adamw_range(param, grad, exp_avg, exp_avg_sq, begin, end, decay, static_cast<T>(beta1), static_cast<T>(beta2),
-                static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2), step_size, inv_sqrt_bias2,
-                static_cast<T>(eps));
-  });
+// Advances the parameter's step (a cpu i64 in its state) and folds the bias
+// corrections into two scalars: lr / (1 - b1^t) and 1 / sqrt(1 - b2^t).
+AdamWTensor prepare(const AdamWOptions& options, Tensor& param, const Tensor& grad, ParamState& state,
+                    const ParamGroup& group, const Tensor& working_copy) {
+  Tensor& step_tensor = state.at("step");
+  Tensor& exp_avg = state.at("exp_avg");
+  Tensor& exp_avg_sq = state.at("exp_avg_sq");
+  TESSERA_CHECK(step_tensor.dtype() == DType::i64 && step_tensor.numel() == 1 && step_tensor.device().is_cpu(),
+                "AdamW: state 'step' must be a one-element i64 cpu tensor");
+  TESSERA_CHECK(exp_avg.is_contiguous() && exp_avg_sq.is_contiguous() && exp_avg.dtype() == param.dtype() &&
+                    exp_avg_sq.dtype() == param.dtype(),
+                "AdamW: moments must be contiguous and of the parameter's dtype ({})", dtype_name(param.dtype()));
+  TESSERA_CHECK(exp_avg.device() == param.device() && exp_avg_sq.device() == param.device(),
+                "AdamW: moments on {} and {}, the parameter on {}", exp_avg.device().str(),
+                exp_avg_sq.device().str(), param.device().str());
+  const int64_t step = ++step_tensor.data_ptr<int64_t>()[0];
+  const double lr = *group.lr, weight_decay = *group.weight_decay;
+  return AdamWTensor{
+      .param = param,
+      .grad = grad,
+      .exp_avg = exp_avg,
+      .exp_avg_sq = exp_avg_sq,
+      .working_copy = working_copy,
+      .decay = 1.0 - lr * weight_decay,
+      .step_size = lr / (1.0 - std::pow(options.beta1, static_cast<double>(step))),
+      .inv_sqrt_bias2 = 1.0 / std::sqrt(1.0 - std::pow(options.beta2, static_cast<double>(step))),
+  };
 }
 
 }  // namespace
@@ -58,6 +58,14 @@ AdamW::AdamW(const std::vector<nn::NamedParameter>& params, AdamWOptions options
     : AdamW(std::vector<ParamGroup>{ParamGroup{.params = params, .lr = std::nullopt, .weight_decay = std::nullopt}},
             options) {}
 
+void AdamW::set_working_copy(std::string_view name, Tensor working_copy) {
+  state(name);  // the name must be one of ours
+  TESSERA_CHECK(working_copy.defined() && working_copy.dtype() == DType::bf16 && working_copy.is_contiguous(),
+                "AdamW: the working copy of '{}' must be a contiguous bf16 tensor, got {}", name,
+                working_copy.defined() ? dtype_name(working_copy.dtype()) : "an undefined tensor");
+  working_copies_[std::string(name)] = std::move(working_copy);
+}
+
 void AdamW::init_param_state(const Tensor& param, ParamState& state) const {
   state["step"] = ops::scalar_tensor(0, {.dtype = DType::i64});
   state["exp_avg"] = ops::zeros_like(param);
@@ -65,24 +73,30 @@ void AdamW::init_param_state(const Tensor& param, ParamState& state) const {
 }
 
 void AdamW::update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) {
-  Tensor& step_tensor = state.at("step");
-  Tensor& exp_avg = state.at("exp_avg");
-  Tensor& exp_avg_sq = state.at("exp_avg_sq");
-  TESSERA_CHECK(step_tensor.dtype() == DType::i64 && step_tensor.numel() == 1 && step_tensor.device().is_cpu(),
-                "AdamW: state 'step' must be a one-element i64 cpu tensor");
-  TESSERA_CHECK(exp_avg.is_contiguous() && exp_avg_sq.is_contiguous() && exp_avg.dtype() == param.dtype() &&
-                    exp_avg_sq.dtype() == param.dtype(),
-                "AdamW: moments must be contiguous and of the parameter's dtype ({})", dtype_name(param.dtype()));
-  const int64_t step = ++step_tensor.data_ptr<int64_t>()[0];
-  const double lr = *group.lr, weight_decay = *group.weight_decay;
-  if (param.dtype() == DType::f32) {
-    adamw_update(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
-                 exp_avg_sq.data_ptr<float>(), param.numel(), lr, options_.beta1, options_.beta2, options_.eps,
-                 weight_decay, step);
-  } else {
-    adamw_update(param.data_ptr<double>(), grad.data_ptr<double>(), exp_avg.data_ptr<double>(),
-                 exp_avg_sq.data_ptr<double>(), param.numel(), lr, options_.beta1, options_.beta2, options_.eps,
-                 weight_decay, step);
+  kernels(param.device()).adamw_step({prepare(options_, param, grad, state, group, Tensor())},
+                                     {.beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps});
+}
+
+// Every parameter of a device in one kernel-table call, devices in the order
+// they first appear.
+void AdamW::update_all(const std::vector<ParamUpdate>& updates) {
+  std::vector<std::pair<Device, std::vector<AdamWTensor>>> by_device;
+  for (const ParamUpdate& one : updates) {
+    const auto working = working_copies_.find(*one.name);
+    const Tensor working_copy = working == working_copies_.end() ? Tensor() : working->second;
+    if (working_copy.defined()) {
+      TESSERA_CHECK(working_copy.sizes() == one.param->sizes() && working_copy.device() == one.param->device(),
+                    "AdamW: the working copy of '{}' is {} on {}, the parameter {} on {}", *one.name,
+                    working_copy.sizes(), working_copy.device().str(), one.param->sizes(),
+                    one.param->device().str());
+    }
+    const Device device = one.param->device();
+    auto slot = std::find_if(by_device.begin(), by_device.end(), [&](const auto& entry) { return entry.first == device; });
+    if (slot == by_device.end()) slot = by_device.insert(by_device.end(), {device, {}});
+    slot->second.push_back(prepare(options_, *one.param, one.grad, *one.state, *one.group, working_copy));
+  }
+  for (const auto& [device, tensors] : by_device) {
+    kernels(device).adamw_step(tensors, {.beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps});
   }
 }
 

@@ -34,14 +34,17 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr, double d
 
 void Optimizer::step() {
   autograd::NoGradGuard no_grad;
+  std::vector<ParamUpdate> updates;
   for (const ParamGroup& group : groups_) {
     for (const auto& [param_name, param] : group.params) {
       Tensor& tensor = param->tensor();
       const Tensor& grad = tensor.grad();
       if (!grad.defined()) continue;
-      TESSERA_CHECK(tensor.device().is_cpu(), "{}: parameter '{}' is on {}, only cpu parameters can be stepped", name_,
-                    param_name, tensor.device().str());
+      TESSERA_CHECK(steps_on(tensor.device()), "{}: parameter '{}' is on {}, which {} cannot step", name_, param_name,
+                    tensor.device().str(), name_);
       TESSERA_CHECK(tensor.is_contiguous(), "{}: parameter '{}' is not contiguous", name_, param_name);
+      TESSERA_CHECK(grad.device() == tensor.device(), "{}: gradient of '{}' is on {}, the parameter on {}", name_,
+                    param_name, grad.device().str(), tensor.device().str());
       TESSERA_CHECK(grad.sizes() == tensor.sizes() && grad.dtype() == tensor.dtype(),
                     "{}: gradient of '{}' is {} {}, the parameter {} {}", name_, param_name, grad.sizes(),
                     dtype_name(grad.dtype()), tensor.sizes(), dtype_name(tensor.dtype()));
@@ -55,10 +58,15 @@ void Optimizer::step() {
                       "{}: state '{}' of '{}' has shape {}, the parameter {}", name_, key, param_name, value.sizes(),
                       tensor.sizes());
       }
-      update(tensor, ops::contiguous(grad), param_state, group);
+      updates.push_back(ParamUpdate{&param_name, &tensor, ops::contiguous(grad), &param_state, &group});
     }
   }
+  update_all(updates);
   ++step_count_;
+}
+
+void Optimizer::update_all(const std::vector<ParamUpdate>& updates) {
+  for (const ParamUpdate& one : updates) update(*one.param, one.grad, *one.state, *one.group);
 }
 
 void Optimizer::zero_grad() {

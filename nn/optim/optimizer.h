@@ -64,10 +64,25 @@ class Optimizer {
  protected:
   Optimizer(std::vector<ParamGroup> groups, double default_lr, double default_weight_decay, std::string name);
 
+  // One parameter of a step, checked: grad has its shape and dtype, is
+  // contiguous, and the state exists.
+  struct ParamUpdate {
+    const std::string* name;
+    Tensor* param;
+    Tensor grad;
+    ParamState* state;
+    const ParamGroup* group;
+  };
+
   // Creates the state of a parameter whose tensor is `param`.
   virtual void init_param_state(const Tensor& param, ParamState& state) const = 0;
   // Updates `param` in place from `grad` (same shape, contiguous, same dtype).
   virtual void update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) = 0;
+  // Updates every parameter of a step; by default one update() each. An
+  // optimizer with a multi-tensor kernel (AdamW) takes them all at once.
+  virtual void update_all(const std::vector<ParamUpdate>& updates);
+  // Devices whose parameters this optimizer can step (cpu by default).
+  virtual bool steps_on(Device device) const { return device.is_cpu(); }
 
   const std::string& name() const { return name_; }
 

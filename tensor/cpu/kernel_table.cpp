@@ -27,6 +27,9 @@ const KernelTable& kernel_table() {
       .causal_attention = causal_attention,
       .causal_attention_backward = causal_attention_backward,
       .dropout = dropout,
+      .adamw_step = adamw_step,
+      .sum_of_squares = sum_of_squares,
+      .scale_to_max_norm = scale_to_max_norm,
   };
   return table;
 }

@@ -24,4 +24,17 @@ void index_select(const Operand& out, const Operand& x, const Operand& index, co
 void index_add(const Operand& out, const Operand& index, const Operand& source, const IndexGeometry& geometry,
                const KernelLaunch& launch);
 
+// Keys index_add_rows sorts: a power of two, at least a sort tile.
+int64_t sort_key_capacity(int64_t count);
+// The embedding backward: out [size, inner] += source [count, inner] at rows
+// index[i] (outer == 1), parallel over tokens and columns. The keys
+// (row << 32 | position, unique, so every correct sort yields the one order)
+// are sorted on the device by a bitonic network in `keys`
+// (sort_key_capacity(count) of them); then a block takes each run of one row
+// and its threads add the run's source rows in position order across the
+// columns. The cpu's order for duplicates, no atomics: the cpu's bits.
+// f32 or f64; needs size and count below 2^31.
+void index_add_rows(const Operand& out, const Operand& index, const Operand& source, const IndexGeometry& geometry,
+                    uint64_t* keys, const KernelLaunch& launch);
+
 }  // namespace tessera::cuda

@@ -6,9 +6,11 @@
 #include <optional>
 
 #include "tensor/cuda/blas_lt.h"
+#include "tensor/cuda/dropout.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/indexing.h"
 #include "tensor/cuda/operands.h"
+#include "tensor/cuda/optimizer.h"
 #include "tensor/cuda/random.h"
 #include "tensor/cuda/reduction.h"
 #include "tensor/cuda/transfer.h"
@@ -143,10 +145,132 @@ void index_add_kernel(const Tensor& out, int64_t dim, const Tensor& index, const
   check_contiguous("index_add", {&out, &index, &source});
   TESSERA_CHECK(out.dtype() == source.dtype(), "cuda::index_add: out is {}, source {}", dtype_name(out.dtype()),
                 dtype_name(source.dtype()));
-  index_add(operand(out), operand(index), operand(source), rows_around(out, dim, index.numel()),
+  const IndexGeometry geometry = rows_around(out, dim, index.numel());
+  constexpr int64_t kRowLimit = int64_t{1} << 31;
+  if (geometry.outer == 1 && is_floating(out.dtype()) && geometry.size < kRowLimit && geometry.count < kRowLimit) {
+    // The embedding backward's case: sort the rows on the device, then sum
+    // each row's run in order (parallel over tokens, not only columns).
+    const Tensor keys = ops::empty({sort_key_capacity(geometry.count)}, {.dtype = DType::i64, .device = out.device()});
+    return index_add_rows(operand(out), operand(index), operand(source), geometry,
+                          static_cast<uint64_t*>(operand(keys).data),
+                          launch_on_current_stream(out.device(), {buffer_use("source", source, kRead),
+                                                                  buffer_use("index", index, kRead),
+                                                                  buffer_use("keys", keys, BufferAccess::read_write),
+                                                                  buffer_use("out", out, BufferAccess::read_write)}));
+  }
+  index_add(operand(out), operand(index), operand(source), geometry,
             launch_on_current_stream(out.device(), {buffer_use("source", source, kRead),
                                                     buffer_use("index", index, kRead),
                                                     buffer_use("out", out, BufferAccess::read_write)}));
+}
+
+// --- training: dropout and the optimizer step (tensor/cuda/dropout.cu, optimizer.cu) ---
+
+void dropout_kernel(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key) {
+  TESSERA_CHECK(y.dtype() == x.dtype() && mask.dtype() == x.dtype() && y.is_contiguous() && mask.is_contiguous(),
+                "cuda::dropout: y and mask must be contiguous and of x's dtype {}, got {} and {}",
+                dtype_name(x.dtype()), dtype_name(y.dtype()), dtype_name(mask.dtype()));
+  TESSERA_CHECK(x.dim() <= kMaxDims, "cuda::dropout: {} dims (shape {}); cuda kernels take up to {}", x.dim(),
+                x.sizes(), kMaxDims);
+  // The cpu's scale, rounded to the dtype the same way.
+  dropout(operand(y), operand(mask), operand(x), p, 1.0 / (1.0 - p), key,
+          launch_on_current_stream(y.device(), {buffer_use("x", x, kRead), buffer_use("y", y, kWrite),
+                                                buffer_use("mask", mask, kWrite)}));
+}
+
+// A tensor an optimizer kernel reads or writes in place: contiguous f32 or
+// f64 (bf16 for the working copy), `like`'s shape, on the device.
+void check_optimizer_operand(const char* kernel, const char* role, const Tensor& tensor, const Tensor& like,
+                             DType dtype) {
+  TESSERA_CHECK(tensor.defined() && tensor.is_contiguous() && tensor.dtype() == dtype && tensor.sizes() == like.sizes() &&
+                    tensor.device() == like.device(),
+                "cuda::{}: {} must be a contiguous {} tensor of shape {} on {}, got {} {} on {}", kernel, role,
+                dtype_name(dtype), like.sizes(), like.device().str(), tensor.defined() ? dtype_name(tensor.dtype()) : "undefined",
+                tensor.sizes(), tensor.device().str());
+}
+
+void check_float_dtype(const char* kernel, const Tensor& tensor) {
+  TESSERA_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64,
+                "cuda::{}: computes in f32 or f64, got {}", kernel, dtype_name(tensor.dtype()));
+}
+
+void adamw_step_kernel(const std::vector<AdamWTensor>& tensors, const AdamWMoments& moments) {
+  if (tensors.empty()) return;
+  const Device device = tensors.front().param.device();
+  std::vector<AdamWOperands> operands;
+  operands.reserve(tensors.size());
+  for (const AdamWTensor& tensor : tensors) {
+    check_float_dtype("adamw_step", tensor.param);
+    const DType dtype = tensor.param.dtype();
+    TESSERA_CHECK(tensor.param.device() == device && tensor.param.is_contiguous(),
+                  "cuda::adamw_step: params must be contiguous and on {}, got one of shape {} on {}", device.str(),
+                  tensor.param.sizes(), tensor.param.device().str());
+    check_optimizer_operand("adamw_step", "grad", tensor.grad, tensor.param, dtype);
+    check_optimizer_operand("adamw_step", "exp_avg", tensor.exp_avg, tensor.param, dtype);
+    check_optimizer_operand("adamw_step", "exp_avg_sq", tensor.exp_avg_sq, tensor.param, dtype);
+    std::vector<BufferUse> buffers = {buffer_use("param", tensor.param, BufferAccess::read_write),
+                                      buffer_use("grad", tensor.grad, kRead),
+                                      buffer_use("exp_avg", tensor.exp_avg, BufferAccess::read_write),
+                                      buffer_use("exp_avg_sq", tensor.exp_avg_sq, BufferAccess::read_write)};
+    void* working = nullptr;
+    if (tensor.working_copy.defined()) {
+      check_optimizer_operand("adamw_step", "working_copy", tensor.working_copy, tensor.param, DType::bf16);
+      buffers.push_back(buffer_use("working_copy", tensor.working_copy, kWrite));
+      working = operand(tensor.working_copy).data;
+    }
+    operands.push_back(AdamWOperands{.param = operand(tensor.param).data,
+                                     .grad = operand(tensor.grad).data,
+                                     .exp_avg = operand(tensor.exp_avg).data,
+                                     .exp_avg_sq = operand(tensor.exp_avg_sq).data,
+                                     .working_copy = working,
+                                     .dtype = dtype,
+                                     .count = tensor.param.numel(),
+                                     .decay = tensor.decay,
+                                     .step_size = tensor.step_size,
+                                     .inv_sqrt_bias2 = tensor.inv_sqrt_bias2,
+                                     .buffers = std::move(buffers)});
+  }
+  adamw_step(operands, moments.beta1, moments.beta2, moments.eps, current_stream(device).get());
+}
+
+std::vector<DenseOperand> dense_operands(const char* kernel, const std::vector<Tensor>& tensors, const Tensor& total,
+                                         BufferAccess access) {
+  std::vector<DenseOperand> operands;
+  for (const Tensor& tensor : tensors) {
+    check_float_dtype(kernel, tensor);
+    check_optimizer_operand(kernel, "a tensor", tensor, tensor, tensor.dtype());
+    TESSERA_CHECK(tensor.device() == total.device(), "cuda::{}: a tensor is on {}, the total on {}", kernel,
+                  tensor.device().str(), total.device().str());
+    operands.push_back(DenseOperand{.data = operand(tensor).data,
+                                    .dtype = tensor.dtype(),
+                                    .count = tensor.numel(),
+                                    .buffer = buffer_use("tensor", tensor, access)});
+  }
+  return operands;
+}
+
+void check_total(const char* kernel, const Tensor& total) {
+  TESSERA_CHECK(total.dtype() == DType::f64 && total.numel() == 1 && total.is_contiguous(),
+                "cuda::{}: the total must be one contiguous f64 value, got {} {}", kernel, dtype_name(total.dtype()),
+                total.sizes());
+}
+
+void sum_of_squares_kernel(const Tensor& total, const std::vector<Tensor>& tensors) {
+  check_total("sum_of_squares", total);
+  const std::vector<DenseOperand> operands = dense_operands("sum_of_squares", tensors, total, kRead);
+  int64_t chunks = 0;
+  for (const DenseOperand& operand : operands) chunks += chunks_of(operand.count);
+  const Tensor partials = ops::empty({std::max<int64_t>(chunks, 1)}, {.dtype = DType::f64, .device = total.device()});
+  sum_of_squares(operands, static_cast<double*>(operand(partials).data),
+                 buffer_use("partials", partials, BufferAccess::read_write), static_cast<double*>(operand(total).data),
+                 buffer_use("total", total, kWrite), current_stream(total.device()).get());
+}
+
+void scale_to_max_norm_kernel(const std::vector<Tensor>& tensors, const Tensor& total, double max_norm) {
+  check_total("scale_to_max_norm", total);
+  scale_to_max_norm(dense_operands("scale_to_max_norm", tensors, total, BufferAccess::read_write),
+                    static_cast<const double*>(operand(total).data), buffer_use("total", total, kRead), max_norm,
+                    current_stream(total.device()).get());
 }
 
 void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b) {
@@ -317,7 +441,10 @@ const KernelTable& kernel_table() {
       .causal_attention_backward = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                       const Tensor&, const Tensor&, const Tensor&,
                                       const Tensor&) { not_on_cuda_yet("causal_attention"); },
-      .dropout = [](const Tensor&, const Tensor&, const Tensor&, double, PhiloxKey) { not_on_cuda_yet("dropout"); },
+      .dropout = dropout_kernel,
+      .adamw_step = adamw_step_kernel,
+      .sum_of_squares = sum_of_squares_kernel,
+      .scale_to_max_norm = scale_to_max_norm_kernel,
   };
   return table;
 }
