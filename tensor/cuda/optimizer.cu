@@ -74,7 +74,10 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(AdamWBatch<T> batch, T 
     const T v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    const T p = param[i] * decay - step_size * m / (sqrt(v) * inv_sqrt_bias2 + eps);
+    // sqrt's result in T, whichever overload the compiler picks (the f64
+    // root of an f32 rounds to the f32 root: 53 >= 2 * 24 + 2 bits).
+    const T root = static_cast<T>(sqrt(v));
+    const T p = param[i] * decay - step_size * m / (root * inv_sqrt_bias2 + eps);
     param[i] = p;
     if (working != nullptr) working[i] = convert<BFloat16>(p);
   }
