@@ -5,6 +5,7 @@
 #include <atomic>
 #include <optional>
 
+#include "tensor/cuda/attention.h"
 #include "tensor/cuda/blas_lt.h"
 #include "tensor/cuda/dropout.h"
 #include "tensor/cuda/elementwise.h"
@@ -273,6 +274,83 @@ void scale_to_max_norm_kernel(const std::vector<Tensor>& tensors, const Tensor& 
                     current_stream(total.device()).get());
 }
 
+// --- causal attention: flash-style tiles (tensor/cuda/attention.cu) ---
+
+// The [B * H, T, D] geometry of q, after checking that every operand named
+// in `like_q` is q's shape, dtype (f32, f64 or bf16), device and contiguous,
+// and logsumexp is [B, H, T] in the accumulation dtype (f32 for bf16).
+AttentionShape attention_shape(const char* op, const Tensor& q,
+                               std::initializer_list<std::pair<const char*, const Tensor*>> like_q,
+                               const Tensor& logsumexp) {
+  TESSERA_CHECK(q.dim() == 4, "cuda::{}: q must be [B, H, T, D], got {}", op, q.sizes());
+  TESSERA_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64 || q.dtype() == DType::bf16,
+                "cuda::{}: computes f32, f64 or bf16 (with f32 accumulation), got q {}", op, dtype_name(q.dtype()));
+  TESSERA_CHECK(q.size(3) <= kMaxAttentionHeadDim, "cuda::{}: head dim {} is above the {} the kernels take (q {})",
+                op, q.size(3), kMaxAttentionHeadDim, q.sizes());
+  TESSERA_CHECK(q.size(2) <= INT32_MAX, "cuda::{}: a sequence of {} is above 2^31 - 1", op,
+                q.size(2));
+  for (const auto& [name, tensor] : like_q) {
+    TESSERA_CHECK(tensor->sizes() == q.sizes(), "cuda::{}: {} must be q's shape {}, got {}", op, name, q.sizes(),
+                  tensor->sizes());
+    TESSERA_CHECK(tensor->dtype() == q.dtype(), "cuda::{}: {} is {}, q is {}", op, name,
+                  dtype_name(tensor->dtype()), dtype_name(q.dtype()));
+    TESSERA_CHECK(tensor->device() == q.device(), "cuda::{}: {} on {}, q on {}", op, name, tensor->device().str(),
+                  q.device().str());
+    TESSERA_CHECK(tensor->is_contiguous(), "cuda::{}: {} must be contiguous, got shape {} strides {}", op, name,
+                  tensor->sizes(), tensor->strides());
+  }
+  const DType accumulation = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Shape rows{q.size(0), q.size(1), q.size(2)};
+  TESSERA_CHECK(logsumexp.sizes() == rows && logsumexp.dtype() == accumulation && logsumexp.is_contiguous() &&
+                    logsumexp.device() == q.device(),
+                "cuda::{}: logsumexp must be {} {} (contiguous, on {}), got {} {} on {}", op,
+                dtype_name(accumulation), rows, q.device().str(), dtype_name(logsumexp.dtype()), logsumexp.sizes(),
+                logsumexp.device().str());
+  return {q.size(0) * q.size(1), static_cast<int32_t>(q.size(2)), static_cast<int32_t>(q.size(3))};
+}
+
+void causal_attention_kernel(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k,
+                             const Tensor& v) {
+  const AttentionShape shape =
+      attention_shape("causal_attention", q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, logsumexp);
+  causal_attention(operand(out), operand(logsumexp), operand(q), operand(k), operand(v), shape,
+                   launch_on_current_stream(q.device(), {buffer_use("q", q, kRead), buffer_use("k", k, kRead),
+                                                         buffer_use("v", v, kRead), buffer_use("out", out, kWrite),
+                                                         buffer_use("logsumexp", logsumexp, kWrite)}));
+}
+
+// Three launches on the current stream; delta ([B, H, T], accumulation dtype)
+// is the only scratch: O(T), freed for reuse on this stream once enqueued.
+void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                                      const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& out, const Tensor& logsumexp) {
+  const AttentionShape shape = attention_shape(
+      "causal_attention_backward", q,
+      {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"grad_out", &grad_out}, {"grad_q", &grad_q},
+       {"grad_k", &grad_k}, {"grad_v", &grad_v}},
+      logsumexp);
+  const Tensor delta = ops::empty(logsumexp.sizes(), {.dtype = logsumexp.dtype(), .device = q.device()});
+  attention_row_dots(operand(delta), operand(grad_out), operand(out), shape,
+                     launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead),
+                                                           buffer_use("out", out, kRead),
+                                                           buffer_use("delta", delta, kWrite)}));
+  attention_key_grads(
+      operand(grad_k), operand(grad_v), operand(grad_out), operand(q), operand(k), operand(v), operand(logsumexp),
+      operand(delta), shape,
+      launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
+                                            buffer_use("k", k, kRead), buffer_use("v", v, kRead),
+                                            buffer_use("logsumexp", logsumexp, kRead),
+                                            buffer_use("delta", delta, kRead), buffer_use("grad_k", grad_k, kWrite),
+                                            buffer_use("grad_v", grad_v, kWrite)}));
+  attention_query_grads(
+      operand(grad_q), operand(grad_out), operand(q), operand(k), operand(v), operand(logsumexp), operand(delta),
+      shape,
+      launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
+                                            buffer_use("k", k, kRead), buffer_use("v", v, kRead),
+                                            buffer_use("logsumexp", logsumexp, kRead),
+                                            buffer_use("delta", delta, kRead), buffer_use("grad_q", grad_q, kWrite)}));
+}
+
 void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b) {
   where(operand(out), operand(condition), operand(a), operand(b),
         launch_on_current_stream(out.device(), {buffer_use("condition", condition, kRead), buffer_use("a", a, kRead),
@@ -436,11 +514,8 @@ const KernelTable& kernel_table() {
       .cross_entropy = [](const Tensor&, const Tensor&, const Tensor&, int64_t) { not_on_cuda_yet("cross_entropy"); },
       .cross_entropy_backward = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                    int64_t) { not_on_cuda_yet("cross_entropy"); },
-      .causal_attention = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&) { not_on_cuda_yet("causal_attention"); },
-      .causal_attention_backward = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                      const Tensor&, const Tensor&, const Tensor&,
-                                      const Tensor&) { not_on_cuda_yet("causal_attention"); },
+      .causal_attention = causal_attention_kernel,
+      .causal_attention_backward = causal_attention_backward_kernel,
       .dropout = dropout_kernel,
       .adamw_step = adamw_step_kernel,
       .sum_of_squares = sum_of_squares_kernel,

@@ -1,0 +1,51 @@
+// Host entry points of the causal attention kernels (tensor/cuda/attention.cu):
+// the forward, and the backward's three launches (row dots, key gradients,
+// query gradients). Operands are checked by the kernel table's adapters:
+// q, k, v, out and the gradients [B, H, T, D] contiguous in one dtype (f32,
+// f64 or bf16); logsumexp and delta [B, H, T] in the accumulation dtype.
+#pragma once
+
+#include "tensor/cuda/elementwise.h"
+
+namespace tessera::cuda {
+
+// The largest head dim the kernels take (GPT-2 uses 64).
+constexpr int64_t kMaxAttentionHeadDim = 128;
+
+// One head is [seq, dim]; there are `heads` of them (B * H).
+struct AttentionShape {
+  int64_t heads = 0;
+  int32_t seq = 0;
+  int32_t dim = 0;
+};
+
+// How the kernels tile a head: a block owns `owned_rows` rows (query rows in
+// the forward and for dQ, key rows for dK and dV) and streams the other side
+// through shared memory `streamed_rows` rows at a time. Depends on the
+// accumulation dtype and the head dim; tests derive the bytes a launch
+// should move from it.
+struct AttentionTiling {
+  int64_t owned_rows = 0;
+  int64_t streamed_rows = 0;
+};
+AttentionTiling attention_tiling(DType dtype, int64_t head_dim);
+
+// out = softmax(q k^T / sqrt(D) + causal mask) v, logsumexp = the log of each
+// row's softmax denominator (max included), kept for the backward.
+void causal_attention(const Operand& out, const Operand& logsumexp, const Operand& q, const Operand& k,
+                      const Operand& v, const AttentionShape& shape, const KernelLaunch& launch);
+
+// The backward, in three launches on one stream:
+// delta[i] = grad_out[i] . out[i], the softmax backward's row term;
+void attention_row_dots(const Operand& delta, const Operand& grad_out, const Operand& out,
+                        const AttentionShape& shape, const KernelLaunch& launch);
+// grad_k, grad_v: a block owns a key tile and loops over the query tiles that see it;
+void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Operand& grad_out, const Operand& q,
+                         const Operand& k, const Operand& v, const Operand& logsumexp, const Operand& delta,
+                         const AttentionShape& shape, const KernelLaunch& launch);
+// grad_q: a block owns a query tile and loops over the key tiles it sees.
+void attention_query_grads(const Operand& grad_q, const Operand& grad_out, const Operand& q, const Operand& k,
+                           const Operand& v, const Operand& logsumexp, const Operand& delta,
+                           const AttentionShape& shape, const KernelLaunch& launch);
+
+}  // namespace tessera::cuda
