@@ -77,7 +77,10 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(AdamWBatch<T> batch, T 
     // sqrt's result in T, whichever overload the compiler picks (the f64
     // root of an f32 rounds to the f32 root: 53 >= 2 * 24 + 2 bits).
     const T root = static_cast<T>(sqrt(v));
-    const T p = param[i] * decay - step_size * m / (root * inv_sqrt_bias2 + eps);
+    // The step first, then the decayed parameter: the same two IEEE operands
+    // of the subtraction, and fewer values live across f64's division call.
+    const T update = step_size * m / (root * inv_sqrt_bias2 + eps);
+    const T p = param[i] * decay - update;
     param[i] = p;
     if (working != nullptr) working[i] = convert<BFloat16>(p);
   }
