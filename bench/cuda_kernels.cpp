@@ -103,6 +103,30 @@ int main(int argc, char** argv) {
       {"amax over rows", bytes + tokens * 4, n, [&] { ops::amax(x, {1}); }},
       {"index_select rows (embedding)", 2 * bytes + tokens * 8, 0, [&] { ops::index_select(table, 0, rows); }},
   };
+  // Causal attention at GPT-2's head dim: [B, H, T, 64] with B * T = tokens
+  // (T = 64) and H = channels / 64. The ideal reads q, k, v once and writes out
+  // and logsumexp once (backward: reads q, k, v, out, grad_out, logsumexp,
+  // writes the three grads); the tiles re-read k and v (q and grad_out in the
+  // backward) once per tile that sees them. FLOPs as the kernels do them on
+  // CUDA cores, per visible (query, key) pair: 4D forward (q.k, p v), 14D
+  // backward (s and dp in both gradient kernels, dv, dk, dq).
+  const int64_t seq = std::min<int64_t>(tokens, 64), heads = std::max<int64_t>(1, channels / 64);
+  const Shape attention_shape{tokens / seq, heads, seq, 64};
+  const int64_t attention_elements = (tokens / seq) * heads * seq * 64, attention_rows = attention_elements / 64;
+  const int64_t visible_pairs = (tokens / seq) * heads * seq * (seq + 1) / 2;
+  const auto attention_input = [&](uint64_t stream) {
+    return ops::randn(attention_shape, PhiloxKey{3, stream}, {.device = kCuda});
+  };
+  const Tensor attn_q = attention_input(1), attn_k = attention_input(2), attn_v = attention_input(3),
+               attn_grad = attention_input(4);
+  const ops::AttentionOutput attention = ops::causal_attention(attn_q, attn_k, attn_v);
+  cases.push_back({"causal attention (T 64, D 64)", 4 * (4 * attention_elements + attention_rows),
+                   4 * 64 * visible_pairs, [&] { ops::causal_attention(attn_q, attn_k, attn_v); }});
+  cases.push_back({"causal attention backward", 4 * (8 * attention_elements + attention_rows),
+                   14 * 64 * visible_pairs, [&] {
+                     ops::causal_attention_backward(attn_grad, attn_q, attn_k, attn_v, attention.out,
+                                                    attention.logsumexp);
+                   }});
   // GEMMs (cublasLtMatmul on the simulator, which counts each operand once
   // and 2 FLOPs per multiply-add): GPT-2 124M's linears over `tokens` rows,
   // bias in the epilogue, so the ideal is x, W, bias read and out written
