@@ -145,6 +145,35 @@ int main(int argc, char** argv) {
   gemm_case("gemm fc 768->3072 bf16 (+bias)", channels, 4 * channels, DType::bf16);
   gemm_case("gemm proj 3072->768 bf16 (+bias)", 4 * channels, channels, DType::bf16);
   gemm_case("gemm attn proj 768->768 f32 (+bias)", channels, channels, DType::f32);
+  // Training kernels: dropout (the cpu's Philox bits), the fused AdamW step
+  // over [tokens, channels] of parameters (reads p, g, m, v, writes p, m, v
+  // and the bf16 working copy), clip_grad_norm_'s f64 sum of squares, and
+  // the embedding backward (index_add along dim 0 of `tokens` gradient rows
+  // into tokens / 4 distinct rows: a device sort of the keys, then each row's
+  // run summed in order; ideal: the source and keys read once, each touched
+  // row read and written once).
+  const KernelTable& device_kernels = kernels(kCuda);
+  const Tensor dropout_y = ops::empty({tokens, channels}, {.device = kCuda});
+  const Tensor dropout_mask = ops::empty({tokens, channels}, {.device = kCuda});
+  cases.push_back({"dropout p=0.1", 3 * bytes, 60 * n, [&] { device_kernels.dropout(dropout_y, dropout_mask, x, 0.1, {5, 1}); }});
+  const AdamWTensor adamw{.param = ops::clone(x),
+                          .grad = y,
+                          .exp_avg = ops::zeros({tokens, channels}, {.device = kCuda}),
+                          .exp_avg_sq = ops::zeros({tokens, channels}, {.device = kCuda}),
+                          .working_copy = ops::empty({tokens, channels}, {.dtype = DType::bf16, .device = kCuda}),
+                          .decay = 1.0 - 6e-4 * 0.1,
+                          .step_size = 6e-4,
+                          .inv_sqrt_bias2 = 1.0};
+  cases.push_back({"adamw step (+bf16 copy)", 7 * bytes + 2 * n, 12 * n, [&] { device_kernels.adamw_step({adamw}, {}); }});
+  const Tensor squares_total = ops::empty({}, {.dtype = DType::f64, .device = kCuda});
+  cases.push_back({"sum of squares (f64)", bytes + 8, 2 * n, [&] { device_kernels.sum_of_squares(squares_total, {x}); }});
+  const int64_t distinct_rows = std::max<int64_t>(1, tokens / 4);
+  Tensor host_rows = ops::empty({tokens}, {.dtype = DType::i64});
+  for (int64_t i = 0; i < tokens; ++i) host_rows.data_ptr<int64_t>()[i] = (i * 7) % distinct_rows;
+  const Tensor embedding_rows = ops::to(host_rows, kCuda);
+  Tensor embedding_grad = ops::zeros({tokens * 2, channels}, {.device = kCuda});
+  cases.push_back({"embedding backward (index_add)", bytes + 2 * distinct_rows * channels * 4 + tokens * 8, n,
+                   [&] { ops::index_add_(embedding_grad, 0, embedding_rows, x); }});
   for (const Case& c : cases) measure(c);
   return 0;
 }
