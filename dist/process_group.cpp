@@ -10,6 +10,7 @@
 
 #include "dist/errors.h"
 #include "dist/trace.h"
+#include "tensor/ops.h"
 
 namespace tessera::dist {
 
@@ -37,19 +38,24 @@ bool is_communicable(DType dtype) {
   return false;
 }
 
-// A buffer a collective may read or write: materialised on the CPU,
-// contiguous, of a dtype the wire carries.
-void check_buffer(std::string_view collective, const char* role, const Tensor& tensor) {
+// A buffer a collective may read or write: materialised, contiguous, of a
+// dtype the wire carries. The transports move host memory; a group of one
+// rank moves nothing, so it takes device tensors too (see run_on_one_device).
+void check_buffer(std::string_view collective, const char* role, const Tensor& tensor, int size) {
   TESSERA_CHECK(tensor.defined(), "{}: {} is an undefined tensor", collective, role);
-  TESSERA_CHECK(tensor.device().is_cpu(), "{}: {} is on {}; collectives need materialised CPU tensors", collective,
-                role, tensor.device().str());
+  TESSERA_CHECK(tensor.device().is_cpu() || (tensor.device().is_cuda() && size == 1),
+                "{}: {} is on {}; collectives across {} ranks carry materialised CPU tensors (cuda tensors across "
+                "ranks need the NCCL backend, which tessera does not have yet; a group of one rank takes them)",
+                collective, role, tensor.device().str(), size);
   TESSERA_CHECK(tensor.is_contiguous(), "{}: {} {} is not contiguous (strides {}); pass a contiguous buffer",
                 collective, role, tensor.sizes(), tensor.strides());
   TESSERA_CHECK(is_communicable(tensor.dtype()), "{}: {} has dtype {}; collectives carry f32, f64, bf16, f16, i32, i64",
                 collective, role, dtype_name(tensor.dtype()));
 }
 
-const char* byte_address(const Tensor& tensor) { return static_cast<const char*>(tensor.raw_data()); }
+const char* byte_address(const Tensor& tensor) {
+  return static_cast<const char*>(tensor.device().is_cpu() ? tensor.raw_data() : tensor.cuda_data());
+}
 
 // `chunk` may be exactly the rank's own chunk of `whole` (the in-place form);
 // any other overlap would read bytes while they are being written.
@@ -69,8 +75,10 @@ void check_overlap(std::string_view collective, const Tensor& whole, const Tenso
 // all-gather fills the whole (out) from chunks (in), reduce-scatter the reverse.
 void check_whole_and_chunk(std::string_view collective, const Tensor& out, const Tensor& in, bool out_is_whole,
                            int size, int rank) {
-  check_buffer(collective, "out", out);
-  check_buffer(collective, "in", in);
+  check_buffer(collective, "out", out, size);
+  check_buffer(collective, "in", in, size);
+  TESSERA_CHECK(out.device() == in.device(), "{}: out is on {} but in on {}", collective, out.device().str(),
+                in.device().str());
   TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", collective, dtype_name(out.dtype()),
                 dtype_name(in.dtype()));
   const Tensor& whole = out_is_whole ? out : in;
@@ -286,11 +294,24 @@ void ProcessGroup::check_signatures(const CollectiveSignature& mine) {
   }
 }
 
+Work ProcessGroup::run_on_one_device(CollectiveSignature signature, int64_t bytes, const Tensor& out,
+                                     const Tensor& in) {
+  signature.sequence = next_sequence_++;
+  const int64_t start_us = Tracer::now_us();
+  if (out.defined() && byte_address(out) != byte_address(in)) {
+    Tensor destination = out;
+    ops::copy_(destination, in);
+  }
+  account(signature, bytes, start_us, Tracer::now_us());
+  return Work();
+}
+
 Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool async_op) {
   check_whole_and_chunk("all_gather_into", out, in, /*out_is_whole=*/true, size_, rank_);
   const CollectiveSignature signature{
       .kind = CollectiveKind::all_gather, .dtype = in.dtype(), .in_shape = in.sizes(), .out_shape = out.sizes()};
   const int64_t bytes = in.nbytes();
+  if (!out.device().is_cpu()) return run_on_one_device(signature, bytes, ops::view(out, in.sizes()), in);
   void* out_data = out.raw_data();
   const void* in_data = in.raw_data();
   return issue(signature, keep({out, in}), bytes, async_op,
@@ -306,6 +327,7 @@ Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, Redu
                                       .op = op,
                                       .in_shape = in.sizes(),
                                       .out_shape = out.sizes()};
+  if (!out.device().is_cpu()) return run_on_one_device(signature, out.nbytes(), out, ops::view(in, out.sizes()));
   const int64_t count = out.numel();
   const DType dtype = out.dtype();
   void* out_data = out.raw_data();
@@ -318,12 +340,13 @@ Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, Redu
 
 Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) {
   constexpr std::string_view name = "all_reduce";
-  check_buffer(name, "tensor", tensor);
+  check_buffer(name, "tensor", tensor, size_);
   const CollectiveSignature signature{.kind = CollectiveKind::all_reduce,
                                       .dtype = tensor.dtype(),
                                       .op = op,
                                       .in_shape = tensor.sizes(),
                                       .out_shape = tensor.sizes()};
+  if (!tensor.device().is_cpu()) return run_on_one_device(signature, tensor.nbytes(), Tensor(), tensor);
   const int64_t count = tensor.numel();
   const DType dtype = tensor.dtype();
   void* data = tensor.raw_data();
@@ -335,7 +358,7 @@ Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) 
 
 Work ProcessGroup::broadcast(const Tensor& tensor, int root, bool async_op) {
   constexpr std::string_view name = "broadcast";
-  check_buffer(name, "tensor", tensor);
+  check_buffer(name, "tensor", tensor, size_);
   TESSERA_CHECK(root >= 0 && root < size_, "{}: root {} is not a rank of group '{}' (size {})", name, root, name_,
                 size_);
   const CollectiveSignature signature{.kind = CollectiveKind::broadcast,
@@ -343,6 +366,7 @@ Work ProcessGroup::broadcast(const Tensor& tensor, int root, bool async_op) {
                                       .root = root,
                                       .in_shape = tensor.sizes(),
                                       .out_shape = tensor.sizes()};
+  if (!tensor.device().is_cpu()) return run_on_one_device(signature, tensor.nbytes(), Tensor(), tensor);
   const int64_t bytes = tensor.nbytes();
   void* data = tensor.raw_data();
   return issue(signature, keep({tensor}), bytes, async_op,

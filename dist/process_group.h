@@ -144,6 +144,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Work issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes, bool async_op,
              std::function<void(const CollectiveSignature&)> run);
   void account(const CollectiveSignature& signature, int64_t bytes, int64_t start_us, int64_t end_us);
+  // A collective over one rank on device tensors: nothing crosses a wire, so
+  // it is a copy of `in` into `out` (none when `out` is undefined or is `in`),
+  // queued on the caller's current stream where the tensors' users run, and
+  // complete as far as the host is concerned. Every reduction of one value is
+  // that value, AVG's division by 1 included.
+  Work run_on_one_device(CollectiveSignature signature, int64_t bytes, const Tensor& out, const Tensor& in);
   // Every rank's bytes through two all-gathers (lengths, then padded data).
   std::vector<std::vector<uint8_t>> exchange_bytes(const CollectiveSignature& signature,
                                                    std::span<const uint8_t> bytes);

@@ -119,6 +119,8 @@ void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
   }
 }
 
+Device FSDPParamGroup::device() const { return params_.front()->sharded().device(); }
+
 // ---- unshard ---------------------------------------------------------------------------------
 
 void FSDPParamGroup::unshard(bool async_op) {
@@ -136,7 +138,7 @@ void FSDPParamGroup::unshard(bool async_op) {
   Tensor gathered;
   {
     MemoryScope scope(unsharded_memory_);
-    gathered = ops::empty({layout.world * layout.slot_numel}, {.dtype = param_dtype_});
+    gathered = ops::empty({layout.world * layout.slot_numel}, {.dtype = param_dtype_, .device = device()});
   }
   Tensor slot = ops::narrow(gathered, 0, slot_begin, layout.slot_numel);
   {
@@ -215,7 +217,8 @@ void FSDPParamGroup::reshard(ShardState target) {
       const dist::ProcessGroupPtr& group = comm_.post_forward;
       {
         MemoryScope scope(unsharded_memory_);
-        post_forward_slot_ = ops::empty({post_forward_layout_.slot_numel}, {.dtype = param_dtype_});
+        post_forward_slot_ =
+            ops::empty({post_forward_layout_.slot_numel}, {.dtype = param_dtype_, .device = device()});
       }
       for (size_t index = 0; index < params_.size(); ++index) {
         const FSDPParam& param = *params_[index];
@@ -286,10 +289,11 @@ void FSDPParamGroup::issue_reduce_scatter() {
   const int64_t flags = static_cast<int64_t>(params_.size());
   const int64_t slot_numel = layout.slot_numel + flags;
   Tensor input;
+  std::vector<bool> present_here;
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_copy_in", "fsdp", {{"module", module_fqn_}});
     // Every byte is written once: rows, zero padding, and the flags.
-    input = ops::empty({layout.world * slot_numel}, {.dtype = reduce_dtype_});
+    input = ops::empty({layout.world * slot_numel}, {.dtype = reduce_dtype_, .device = device()});
     for (size_t index = 0; index < params_.size(); ++index) {
       FSDPParam& param = *params_[index];
       Tensor unsharded = param.unsharded();
@@ -302,17 +306,19 @@ void FSDPParamGroup::issue_reduce_scatter() {
         Tensor flag = ops::narrow(input, 0, slot + layout.slot_numel + static_cast<int64_t>(index), 1);
         ops::fill_(flag, grad.defined() ? 1.0 : 0.0);
       }
+      present_here.push_back(grad.defined());
       if (grad.defined()) unsharded.set_grad(Tensor());
     }
   }
-  Tensor output = ops::empty({slot_numel}, {.dtype = reduce_dtype_});
+  Tensor output = ops::empty({slot_numel}, {.dtype = reduce_dtype_, .device = device()});
   // HSDP sums over the shard group, then over the replicate group, and
   // divides once; plain FSDP averages in the reduce-scatter itself.
   const dist::ReduceOp op = comm_.replicate ? dist::ReduceOp::sum : dist::ReduceOp::avg;
   dist::Work work = comm_.shard->reduce_scatter_into(output, input, op, /*async_op=*/true);
   count(dist::CollectiveKind::reduce_scatter, slot_numel * static_cast<int64_t>(element_size(reduce_dtype_)),
         *comm_.shard);
-  pending_reduce_scatter_ = PendingReduceScatter{std::move(input), std::move(output), std::move(work)};
+  pending_reduce_scatter_ =
+      PendingReduceScatter{std::move(input), std::move(output), std::move(work), std::move(present_here)};
 
   // One reduce-scatter stays in flight behind the backward pass: finishing the
   // previous one here bounds gradient buffers to two groups.
@@ -344,10 +350,15 @@ void FSDPParamGroup::finish_reduce_scatter() {
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   const FlatLayout& layout = shard_layout_;
-  const std::vector<double> present =
-      ops::narrow(pending.output, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
+  // A parameter has a gradient when any rank's backward gave it one: the
+  // reduced flags say so. Alone in its groups, this rank knows without
+  // reading them (on a device, a read would be a synchronisation per group).
+  const bool alone = comm_.shard->size() == 1 && !comm_.replicate;
+  const std::vector<double> reduced_flags =
+      alone ? std::vector<double>()
+            : ops::narrow(pending.output, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
   for (size_t index = 0; index < params_.size(); ++index) {
-    if (present[index] == 0.0) continue;
+    if (alone ? !pending.present_here[index] : reduced_flags[index] == 0.0) continue;
     const FSDPParam& param = *params_[index];
     Tensor sharded = param.sharded();
     const Tensor piece = chunk_view(pending.output, layout.offsets[index], param.local_rows(), param);

@@ -150,6 +150,8 @@ class FSDPParamGroup {
 
  private:
   const FlatLayout& layout_for(int world) const;
+  // Where the shards live, and with them every buffer of their collectives.
+  Device device() const;
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
   void issue_reduce_scatter();
   void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
@@ -184,6 +186,7 @@ class FSDPParamGroup {
     Tensor input;   // all ranks' gradient slots
     Tensor output;  // this rank's reduced slot (+ flags)
     dist::Work work;
+    std::vector<bool> present_here;  // which parameters this rank's backward gave a gradient
   };
   std::optional<PendingReduceScatter> pending_reduce_scatter_;
 

@@ -295,6 +295,26 @@ void Module::to_empty(Device device) {
   for (Module* module : modules()) module->compute_own_buffers();
 }
 
+void Module::to(Device device) {
+  autograd::NoGradGuard no_grad;
+  const std::vector<NamedParameter> parameters = named_parameters();
+  for (const auto& [name, parameter] : parameters) {
+    TESSERA_CHECK(!parameter->sharding(),
+                  "Module::to({}): parameter {} is sharded; a sharded model materialises on its device with "
+                  "to_empty and then loads its state",
+                  device.str(), name);
+    TESSERA_CHECK(!parameter->tensor().is_meta() || device.is_meta(),
+                  "Module::to({}): parameter {} is on meta and holds no values; use to_empty({}) and initialise or load",
+                  device.str(), name, device.str());
+  }
+  for (const auto& [name, parameter] : parameters) {
+    if (parameter->tensor().device() != device) parameter->set_tensor(ops::to(parameter->tensor(), device).detach());
+  }
+  for (Module* module : modules()) {
+    for (auto& [name, tensor] : module->buffers_) tensor = ops::to(tensor, device);
+  }
+}
+
 void Module::reset_parameters(uint64_t seed) {
   autograd::NoGradGuard no_grad;
   for (const auto& [prefix, module] : named_modules()) module->reset_own_parameters(InitContext{seed, prefix});

@@ -144,6 +144,11 @@ class Module {
   // (compute_own_buffers). Meta -> cpu is the FSDP2 flow: build on meta,
   // shard, to_empty, reset_parameters.
   void to_empty(Device device);
+  // Copies every parameter and buffer to `device` (torch's module.to(device)),
+  // keeping requires_grad; tensors already there are kept as they are, the
+  // others lose their gradients. Sharded parameters refuse:
+  // a sharded model materialises where it trains (to_empty, then a load).
+  void to(Device device);
   // Initialises every parameter and buffer of the tree: each module's
   // reset_own_parameters with its prefix. The bits depend only on (seed, fully
   // qualified name, element index).

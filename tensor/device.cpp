@@ -4,6 +4,9 @@
 #include <charconv>
 
 #include "tensor/cpu/float_vector.h"
+#if TESSERA_HAVE_CUDA
+#include "tensor/cuda/runtime.h"
+#endif
 #include "tensor/error.h"
 
 namespace tessera {
@@ -33,5 +36,21 @@ std::string Device::str() const {
 }
 
 const char* cpu_instruction_set() { return cpu::FloatVector::kInstructionSet; }
+
+std::string describe_device(Device device) {
+  switch (device.type) {
+    case DeviceType::cpu: return fmt::format("cpu ({})", cpu_instruction_set());
+    case DeviceType::meta: return "meta (shapes only, no data)";
+    case DeviceType::cuda:
+#if TESSERA_HAVE_CUDA
+      return fmt::format("{} on {}", device.str(), cuda::describe_device(device.index));
+#else
+      break;
+#endif
+  }
+  fail("{}: this build has no cuda runtime (configure with the CUDA toolkit: -Dgpu_runtime=sim, the default, or "
+       "-Dgpu_runtime=nvidia)",
+       device.str());
+}
 
 }  // namespace tessera

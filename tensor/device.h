@@ -32,6 +32,11 @@ struct Device {
 inline constexpr Device kCPU{DeviceType::cpu};
 inline constexpr Device kMeta{DeviceType::meta};
 
+// What runs `device`, in one line: the cpu's instruction set, or for cuda the
+// GPU (nvidia runtime) or the simulator, which says that it is simulated.
+// Throws tessera::Error for cuda in a build without a cuda runtime.
+std::string describe_device(Device device);
+
 // The vector instruction set the CPU kernels (and Eigen's GEMM) were compiled
 // for (-Dmarch): "AVX-512", "AVX2+FMA", "AVX", "SSE2" or "scalar".
 const char* cpu_instruction_set();

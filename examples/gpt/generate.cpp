@@ -36,6 +36,7 @@ struct GenerateConfig {
   bool top_k_given = false;
   uint64_t seed = 1337;
   int threads = 0;  // 0: tessera's default (every core)
+  std::string device = "cpu";
 };
 
 // A number flag that must be finite and >= 0 (CLI11's own range checks print
@@ -69,6 +70,8 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
   app.add_option("--seed", config.seed, "Seed of the sampling draws");
   app.add_option("--threads", config.threads, "CPU threads (0 = all cores; 1 is fastest for tiny models)")
       ->check(kNonNegative);
+  app.add_option("--device", config.device, "Where the model runs: cpu, or cuda (the SIMT simulator or the GPU, as built)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
     if (checkpoint_flag->count() + safetensors_flag->count() == 0) {
@@ -86,8 +89,11 @@ int run(const GenerateConfig& config) {
   const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens(config.prompt);
   gpt::check_generation_length(static_cast<int64_t>(prompt.size()), config.max_new_tokens, gpt::machine_resources());
   if (config.threads > 0) tessera::set_num_threads(config.threads);
+  const tessera::Device device = tessera::Device::parse(config.device);
+  const std::string device_description = tessera::describe_device(device);  // a build without cuda refuses here
   const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_safetensors(config.safetensors)
                                                             : gpt::load_model_from_checkpoint(config.checkpoint);
+  loaded.model->to(device);
   const int64_t vocab_size = loaded.model->vocab_size();
   TESSERA_CHECK(vocab_size <= gpt::kByteVocab,
                 "{}: the model's vocab_size is {}, but generate encodes text as bytes (vocab <= {}); a model of "
@@ -106,9 +112,9 @@ int run(const GenerateConfig& config) {
 
   std::cout << gpt::byte_tokens_to_printable(tokens) << '\n' << std::flush;
   const std::string step = loaded.step ? fmt::format("step {}", *loaded.step) : "step unknown";
-  std::cerr << fmt::format("generate: {} ({}, {:.3f} M parameters): {} tokens in {:.2f} s, {:.1f} tokens/s\n",
+  std::cerr << fmt::format("generate: {} ({}, {:.3f} M parameters) on {}: {} tokens in {:.2f} s, {:.1f} tokens/s\n",
                            loaded.source, step, static_cast<double>(gpt::num_parameters(loaded.config)) / 1e6,
-                           config.max_new_tokens, seconds,
+                           device_description, config.max_new_tokens, seconds,
                            seconds > 0.0 ? static_cast<double>(config.max_new_tokens) / seconds : 0.0);
   return 0;
 }

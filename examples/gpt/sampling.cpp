@@ -113,6 +113,9 @@ std::vector<uint16_t> generate_tokens(tessera::nn::CausalLM& model, std::vector<
   tessera::autograd::NoGradGuard no_grad;
   TrainingModeGuard restore_mode(model);
   model.eval();
+  // The tokens go where the model's parameters are.
+  const std::vector<std::shared_ptr<tessera::nn::Parameter>> parameters = model.parameters();
+  const tessera::Device device = parameters.empty() ? tessera::kCPU : parameters.front()->tensor().device();
   std::vector<uint16_t> tokens = std::move(prompt);
   tokens.reserve(tokens.size() + static_cast<size_t>(max_new_tokens));
   for (int64_t i = 0; i < max_new_tokens; ++i) {
@@ -120,7 +123,7 @@ std::vector<uint16_t> generate_tokens(tessera::nn::CausalLM& model, std::vector<
     // have no position embedding, or no rotary angles).
     const int64_t context = std::min(static_cast<int64_t>(tokens.size()), model.block_size());
     const std::vector<int64_t> window(tokens.end() - context, tokens.end());
-    const tessera::Tensor idx = tessera::ops::from_vector(window, {1, context});
+    const tessera::Tensor idx = tessera::ops::to(tessera::ops::from_vector(window, {1, context}), device);
     const tessera::Tensor logits = model(idx);                                                              // [1, T, V]
     const tessera::Tensor last = tessera::ops::select(tessera::ops::select(logits, 0, 0), 0, context - 1);  // [V]
     const int64_t token = sample_token(last, options.temperature, options.top_k, options.key, static_cast<uint64_t>(i));

@@ -129,6 +129,11 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(eval_batches >= 1, "--eval-batches must be >= 1, got {}", eval_batches);
   TESSERA_CHECK(backend == "local" || backend == "mpi", "--backend must be local or mpi, got '{}'", backend);
   TESSERA_CHECK(nproc >= 1, "--nproc must be >= 1, got {}", nproc);
+  TESSERA_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu or cuda, got {}", device.str());
+  TESSERA_CHECK(device.is_cpu() || nproc == 1,
+                "--device cuda runs on one rank (--nproc 1): collectives across ranks on cuda need the NCCL backend, "
+                "which tessera does not have yet; got --nproc {}",
+                nproc);
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
                 hsdp, nproc);
@@ -206,6 +211,11 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
       ->check(kNonNegative);
   app.add_option("--eval-batches", config.eval_batches, "Micro-batches per validation")->check(kPositive);
 
+  std::string device = "cpu";
+  app.add_option("--device", device,
+                 "Where the model trains: cpu, or cuda (one rank; the SIMT simulator or the GPU, as built)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+
   // Parallelism: FSDP over --nproc ranks.
   auto* nproc_flag = app.add_option("--nproc", config.nproc,
                                     "Ranks, each with its own micro-batches (threads, or the launcher's processes)")
@@ -274,6 +284,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     if (warmup_flag->count() == 0) config.warmup = std::min(config.warmup, config.steps);
     config.reshard_after_forward = *parse_reshard(reshard_text);
     config.param_dtype = parse_dtype(param_dtype);
+    config.device = tessera::Device::parse(device);
     if (!reduce_dtype.empty()) config.reduce_dtype = parse_dtype(reduce_dtype);
     read_world_size(config, nproc_flag->count() > 0);
     config.validate();
@@ -296,12 +307,14 @@ std::string describe(const TrainConfig& c) {
       "batch    {} x {} tokens x {} micro-batches x {} ranks = {} tokens per step, {} steps\n"
       "optim    AdamW lr {:g} (warmup {}, cosine to {:g}), weight decay {:g}, clip {}\n"
       "fsdp     {} on {} {} rank{} (mesh {}), reshard_after_forward {}, param {}, reduce {}{}\n"
+      "device   {}\n"
       "seed     {}",
       name, describe_shape(model), static_cast<double>(num_parameters(model)) / 1e6, c.batch, c.seq_len, c.grad_accum,
       c.nproc, c.tokens_per_step(), c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
-      tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "", c.seed);
+      tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "",
+      tessera::describe_device(c.device), c.seed);
 }
 
 }  // namespace gpt

@@ -13,6 +13,7 @@
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt_config.h"
 #include "nn/models/llama_config.h"
+#include "tensor/device.h"
 #include "tensor/dtype.h"
 
 namespace gpt {
@@ -44,6 +45,12 @@ struct TrainConfig {
   std::string log_json;     // "" = no JSON-lines log
   int64_t eval_every = 50;  // validation loss every N steps (and at the last); 0 = never
   int64_t eval_batches = 8;  // micro-batches per validation
+
+  // Where the model, activations, gradients and optimizer state live: cpu, or
+  // cuda (the simulator or a GPU, whichever this build's runtime is). cuda
+  // runs on one rank: collectives across ranks on cuda need the NCCL backend,
+  // which tessera does not have yet.
+  tessera::Device device = tessera::kCPU;
 
   // Parallelism: `train` always runs the FSDP2 recipe, one rank included.
   std::string backend = "local";  // "local": nproc ranks as threads; "mpi": the mpirun/srun world

@@ -24,6 +24,7 @@
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "tensor/storage.h"
 
 namespace gpt {
 
@@ -47,9 +48,9 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
     Distributed distributed;
     distributed.world = world;
     distributed.mesh = config.hsdp > 1
-                           ? dist::DeviceMesh(world, tessera::kCPU, {config.hsdp, config.shard_ranks()},
+                           ? dist::DeviceMesh(world, config.device, {config.hsdp, config.shard_ranks()},
                                               {"replicate", "shard"})
-                           : dist::DeviceMesh(world, tessera::kCPU, {config.nproc}, {"shard"});
+                           : dist::DeviceMesh(world, config.device, {config.nproc}, {"shard"});
     if (!config.trace.empty()) distributed.tracer = std::make_shared<dist::Tracer>();
     run_rank(distributed);
   };
@@ -105,7 +106,7 @@ std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& confi
 std::unique_ptr<tessera::nn::CausalLM> build_model_meta(const TrainConfig& config,
                                                         const std::optional<Distributed>& distributed) {
   std::unique_ptr<tessera::nn::CausalLM> model = shard_model_meta(config, distributed);
-  model->to_empty(tessera::kCPU);
+  model->to_empty(config.device);
   model->reset_parameters(config.seed);
   return model;
 }
@@ -174,6 +175,7 @@ StepMetrics Trainer::train_step() {
   dist::TraceSpan step_span(tracer(), rank(), "compute", fmt::format("step {}", step_ + 1), "train");
   if (fsdp_root_) fsdp_root_->reset_communication_stats();
   dist::reset_rank_peak_memory();
+  if (!config_.device.is_cpu()) tessera::reset_peak_memory(config_.device);
   const auto start = std::chrono::steady_clock::now();
   const double lr = schedule_.lr(step_);
   optimizer_->set_lr(lr);
@@ -181,16 +183,22 @@ StepMetrics Trainer::train_step() {
 
   const int64_t micro_batches = config_.grad_accum;
   const int64_t ranks = world_size();
-  double loss_sum = 0.0;
+  // The micro-batches' losses stay where they were computed until all are
+  // done: on cuda, reading one is a device-to-host synchronisation, and the
+  // step makes one (the losses and the gradient norm, for the log).
+  std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < micro_batches; ++micro) {
     // FSDP2's accumulation: gradients stay unsharded on this rank until the
     // last micro-batch, whose backward reduce-scatters their sum.
     if (fsdp_root_) fsdp_root_->set_requires_gradient_sync(micro + 1 == micro_batches);
     Batch batch = data_.train_batch(next_micro_batch_ + micro * ranks + rank());
-    Tensor loss = model_->loss(batch.inputs, batch.targets);
-    loss_sum += loss.item();
+    Tensor loss = model_->loss(tessera::ops::to(batch.inputs, config_.device),
+                               tessera::ops::to(batch.targets, config_.device));
     tessera::autograd::backward(loss);
+    losses.push_back(loss.detach());
   }
+  double loss_sum = 0.0;
+  for (const double loss : tessera::ops::stack(losses, 0).to_vector<double>()) loss_sum += loss;
   // FSDP counts its own collectives, whatever the group; its last one is done
   // (the backward's final callback waited for it). From here on the groups
   // count the trainer's own: the loss's all-reduce and clip_grad_norm_'s.
@@ -228,7 +236,8 @@ StepMetrics Trainer::train_step() {
   // same step however the signal reached the ranks.
   int64_t comm_bytes = bytes_sent(process_groups_);
   if (fsdp_root_) comm_bytes += fsdp_root_->communication_stats().total().bytes_sent;
-  int64_t peak_bytes = dist::rank_memory_stats().peak_bytes;
+  int64_t peak_bytes =
+      config_.device.is_cpu() ? dist::rank_memory_stats().peak_bytes : tessera::memory_stats(config_.device).peak_bytes;
   int64_t stop_signal = GracefulStop::requested();
   if (distributed_) {
     Tensor largest = tessera::ops::from_vector(std::vector<int64_t>{peak_bytes, comm_bytes, stop_signal}, {3});
@@ -262,7 +271,9 @@ double Trainer::evaluate() {
   double loss_sum = 0.0;
   for (int64_t index = 0; index < config_.eval_batches; ++index) {
     Batch batch = data_.val_batch(index);
-    loss_sum += model_->loss(batch.inputs, batch.targets).item();
+    loss_sum += model_->loss(tessera::ops::to(batch.inputs, config_.device),
+                             tessera::ops::to(batch.targets, config_.device))
+                    .item();
   }
   model_->train();
   return sum_over_ranks(loss_sum) / static_cast<double>(config_.eval_batches * world_size());

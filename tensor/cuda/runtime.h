@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tessera {
 class Stream;
@@ -14,6 +15,9 @@ namespace tessera::cuda {
 
 // "sim" or "nvidia": what runs the cuda device in this build.
 const char* runtime_name();
+// One line on what runs cuda:`index`: the GPU's name, compute capability and
+// memory, or the simulator's target architecture and that it is simulated.
+std::string describe_device(int index);
 // cudaMalloc: a segment of at least `bytes`, or nullptr when the device is
 // out of memory.
 void* device_malloc(int64_t bytes);

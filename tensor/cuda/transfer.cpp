@@ -1,5 +1,6 @@
 #include "tensor/cuda/transfer.h"
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 
@@ -15,6 +16,8 @@ namespace tessera::cuda {
 
 namespace {
 
+std::atomic<int64_t> host_to_device_copies{0}, device_to_host_copies{0}, bytes_to_device{0}, bytes_to_host{0};
+
 // A cuda tensor with `tensor`'s shape and dtype, dense.
 Tensor dense_on_device(const Tensor& like, Device device) {
   return ops::empty(like.sizes(), {.dtype = like.dtype(), .device = device});
@@ -27,6 +30,8 @@ void copy_host_to_device(const Tensor& dst, const Tensor& src) {
   const Tensor host = ops::empty(dst.sizes(), {.dtype = dst.dtype(), .device = kCPU});
   kernels(kCPU).copy(host, src);
   const int64_t bytes = host.nbytes();
+  host_to_device_copies.fetch_add(1, std::memory_order_relaxed);
+  bytes_to_device.fetch_add(bytes, std::memory_order_relaxed);
   const Tensor target = dst.is_contiguous() ? dst : dense_on_device(dst, dst.device());
   const std::shared_ptr<Stream> stream = current_stream(dst.device());
   void* pinned = pinned_host_malloc(bytes);
@@ -49,6 +54,8 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
                                                   buffer_use("out", source, BufferAccess::write)}));
   }
   const int64_t bytes = source.nbytes();
+  device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
+  bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
   const std::shared_ptr<Stream> stream = current_stream(src.device());
   const std::unique_ptr<void, void (*)(void*)> pinned(pinned_host_malloc(bytes), pinned_host_free);
   memcpy_async(pinned.get(), source.cuda_data(), bytes, CopyKind::device_to_host, *stream);
@@ -56,6 +63,20 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
   const Tensor host = ops::empty(source.sizes(), {.dtype = source.dtype(), .device = kCPU});
   std::memcpy(host.raw_data(), pinned.get(), static_cast<size_t>(bytes));
   kernels(kCPU).copy(dst, host);
+}
+
+TransferStats transfer_stats() {
+  return {.host_to_device = host_to_device_copies.load(),
+          .device_to_host = device_to_host_copies.load(),
+          .bytes_to_device = bytes_to_device.load(),
+          .bytes_to_host = bytes_to_host.load()};
+}
+
+void reset_transfer_stats() {
+  host_to_device_copies = 0;
+  device_to_host_copies = 0;
+  bytes_to_device = 0;
+  bytes_to_host = 0;
 }
 
 }  // namespace tessera::cuda

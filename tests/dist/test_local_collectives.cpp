@@ -374,3 +374,29 @@ TEST_CASE("run_local: bad arguments are errors") {
   CHECK_THROWS_WITH_AS(run_local(2, noop, negative),
                        "run_local: threads_per_rank must be >= 0 (0: cores / world size), got -2", Error);
 }
+
+#if TESSERA_HAVE_CUDA
+TEST_CASE("local: a group of one rank takes cuda tensors (copies on the device); a larger one refuses them") {
+  const Device cuda(DeviceType::cuda);
+  run_local(1, [&](const ProcessGroupPtr& world) {
+    const Tensor shard = ops::to(ops::arange(0.0, 6.0, 1.0), cuda);
+    Tensor whole = ops::zeros({6}, {.device = cuda});
+    world->all_gather_into(whole, shard);
+    CHECK(whole.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5});
+    Tensor reduced = ops::zeros({6}, {.device = cuda});
+    world->reduce_scatter_into(reduced, ops::mul(shard, 2.0), ReduceOp::avg);  // the average of one value
+    CHECK(reduced.to_vector<float>() == std::vector<float>{0, 2, 4, 6, 8, 10});
+    world->all_reduce(whole, ReduceOp::sum);
+    world->broadcast(whole, 0);
+    CHECK(whole.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5});
+    world->all_gather_into(whole, whole);  // the in-place form is no copy at all
+    CHECK(world->stats()[CollectiveKind::all_gather].calls == 2);
+    CHECK_THROWS_WITH_AS(world->all_gather_into(ops::zeros({6}), shard), doctest::Contains("out is on cpu but in on cuda:0"),
+                         Error);
+  });
+  run_local(2, [&](const ProcessGroupPtr& world) {
+    Tensor tensor = ops::ones({4}, {.device = cuda});
+    CHECK_THROWS_WITH_AS(world->all_reduce(tensor), doctest::Contains("need the NCCL backend"), Error);
+  });
+}
+#endif

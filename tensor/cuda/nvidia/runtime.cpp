@@ -4,6 +4,7 @@
 #include "tensor/cuda/runtime.h"
 
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include "tensor/cuda/nvidia/launch.h"
 #include "tensor/cuda/nvidia/nvidia_stream.h"
@@ -12,6 +13,14 @@
 namespace tessera::cuda {
 
 const char* runtime_name() { return "nvidia"; }
+
+std::string describe_device(int index) {
+  cudaDeviceProp properties{};
+  nvidia::check(cudaGetDeviceProperties(&properties, index), "cudaGetDeviceProperties");
+  return fmt::format("{} (sm_{}{}, {:.1f} GiB, {} multiprocessors), nvidia runtime", properties.name, properties.major,
+                     properties.minor, static_cast<double>(properties.totalGlobalMem) / (1 << 30),
+                     properties.multiProcessorCount);
+}
 
 void* device_malloc(int64_t bytes) {
   void* pointer = nullptr;

@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "tensor/cuda/sim/architecture.h"
 #include "tensor/cuda/sim/device_heap.h"
 #include "tensor/cuda/sim/sim_stream.h"
 #include "tensor/cuda/sim/stream_order_checker.h"
@@ -12,6 +15,13 @@
 namespace tessera::cuda {
 
 const char* runtime_name() { return "sim"; }
+
+std::string describe_device(int index) {
+  return fmt::format("the SIMT simulator on the CPU, SIMULATED (no GPU runs this; cuda:{} checked against {}'s limits, "
+                     "{:.1f} GiB device heap)",
+                     index, sim::target_architecture().name,
+                     static_cast<double>(sim::device_capacity()) / (1 << 30));
+}
 void* device_malloc(int64_t bytes) { return sim::device_malloc(bytes); }
 void device_free(void* pointer) { sim::device_free(pointer); }
 
