@@ -174,6 +174,41 @@ int main(int argc, char** argv) {
   Tensor embedding_grad = ops::zeros({tokens * 2, channels}, {.device = kCuda});
   cases.push_back({"embedding backward (index_add)", bytes + 2 * distinct_rows * channels * 4 + tokens * 8, n,
                    [&] { ops::index_add_(embedding_grad, 0, embedding_rows, x); }});
+  // The row kernels at [tokens, channels] (softmax, norms: the ideal reads
+  // each input once and writes each output once; the norms' statistics are
+  // [tokens], weight and bias [channels]) and the fused cross-entropy over
+  // GPT-2's vocabulary of 50257 for 8 rows (the forward reads the logits
+  // once, the backward reads them once and writes the gradient once).
+  // FLOPs are rough counts per element (an exp as one).
+  const KernelTable& cuda = kernels(kCuda);
+  const auto device_empty = [](const Shape& shape) { return ops::empty(shape, {.device = kCuda}); };
+  const Tensor row_out = device_empty({tokens, channels}), row_grad = device_empty({tokens, channels});
+  const Tensor norm_mean = device_empty({tokens}), norm_rstd = device_empty({tokens});
+  const Tensor grad_weight = device_empty({channels}), grad_bias = device_empty({channels});
+  const Tensor norm_bias = ops::randn({channels}, PhiloxKey{1, 6}, {.device = kCuda});
+  cases.push_back({"softmax", 2 * bytes, 5 * n, [&] { cuda.softmax(row_out, x, false); }});
+  cases.push_back({"softmax backward", 3 * bytes, 4 * n, [&] { cuda.softmax_backward(row_grad, y, row_out, false); }});
+  cases.push_back({"layer_norm", 2 * bytes + 4 * (2 * channels + 2 * tokens), 8 * n,
+                   [&] { cuda.norm(row_out, norm_mean, norm_rstd, x, bias, norm_bias, 1e-5); }});
+  cases.push_back({"layer_norm backward", 3 * bytes + 4 * (3 * channels + 2 * tokens), 12 * n, [&] {
+                     cuda.norm_backward(row_grad, grad_weight, grad_bias, y, x, bias, norm_mean, norm_rstd);
+                   }});
+  cases.push_back({"rms_norm", 2 * bytes + 4 * (channels + tokens), 6 * n,
+                   [&] { cuda.norm(row_out, Tensor(), norm_rstd, x, bias, Tensor(), 1e-5); }});
+  cases.push_back({"rms_norm backward", 3 * bytes + 4 * (2 * channels + tokens), 9 * n, [&] {
+                     cuda.norm_backward(row_grad, grad_weight, Tensor(), y, x, bias, Tensor(), norm_rstd);
+                   }});
+  const int64_t vocab_rows = 8, vocab = 50257;
+  const Tensor logits = ops::randn({vocab_rows, vocab}, PhiloxKey{1, 7}, {.device = kCuda});
+  const Tensor vocab_targets = ops::to(ops::arange(0.0, static_cast<double>(vocab_rows), 1.0, {.dtype = DType::i64}), kCuda);
+  const Tensor ce_loss = device_empty({}), ce_logsumexp = device_empty({vocab_rows});
+  const Tensor ce_grad = device_empty({vocab_rows, vocab}), ce_grad_loss = ops::ones({}, {.device = kCuda});
+  cases.push_back({"cross_entropy [8, 50257]", 4 * vocab_rows * vocab + 12 * vocab_rows + 4, 4 * vocab_rows * vocab,
+                   [&] { cuda.cross_entropy(ce_loss, ce_logsumexp, logits, vocab_targets, -100); }});
+  cases.push_back({"cross_entropy backward [8, 50257]", 8 * vocab_rows * vocab + 12 * vocab_rows + 4,
+                   3 * vocab_rows * vocab, [&] {
+                     cuda.cross_entropy_backward(ce_grad, ce_grad_loss, logits, ce_logsumexp, vocab_targets, -100);
+                   }});
   for (const Case& c : cases) measure(c);
   return 0;
 }

@@ -91,12 +91,15 @@ struct KernelTable {
   void (*norm_backward)(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                         const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd);
-  // loss (0-d, f32 or f64 like logits) = mean over kept rows of
-  // logsumexp(logits[n]) - logits[n, target[n]].
-  void (*cross_entropy)(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index);
-  // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / kept, zero on ignored rows.
+  // loss (0-d) = mean over kept rows of logsumexp[n] - logits[n, target[n]],
+  // also writing logsumexp [N] of every row (ignored ones too) for the
+  // backward; loss and logsumexp in f32, or f64 for f64 logits.
+  void (*cross_entropy)(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
+                        int64_t ignore_index);
+  // grad_logits = grad_loss * (exp(logits - logsumexp) - onehot(target)) / kept,
+  // zero on ignored rows: with the forward's logsumexp the logits are read once.
   void (*cross_entropy_backward)(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                                 const Tensor& targets, int64_t ignore_index);
+                                 const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index);
   // q, k, v, out: [B, H, T, D] contiguous; logsumexp [B, H, T].
   void (*causal_attention)(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k,
                            const Tensor& v);

@@ -216,6 +216,16 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index = -100);
+// The loss and each row's log-sum-exp [N] (f32, or f64 for f64 logits); the
+// backward given it reads the logits once (the one above computes it again).
+struct CrossEntropyOutput {
+  Tensor loss;
+  Tensor logsumexp;
+};
+CrossEntropyOutput cross_entropy_with_logsumexp(const Tensor& logits, const Tensor& targets,
+                                                int64_t ignore_index = -100);
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index, const Tensor& logsumexp);
 
 // Causal scaled-dot-product attention. q, k, v: [B, H, T, D] -> [B, H, T, D],
 // scale 1/sqrt(D). Also returns the per-row log-sum-exp [B, H, T] of the

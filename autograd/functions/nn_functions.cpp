@@ -76,16 +76,16 @@ class EmbeddingBackward final : public Node {
 
 class CrossEntropyBackward final : public Node {
  public:
-  CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t ignore_index)
-      : logits_(logits), targets_(targets), ignore_index_(ignore_index) {}
+  CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor logsumexp)
+      : logits_(logits), targets_(targets), logsumexp_(std::move(logsumexp)), ignore_index_(ignore_index) {}
   std::string name() const override { return "CrossEntropyBackward"; }
   TensorList apply(TensorList&& grads) override {
-    return {ops::cross_entropy_backward(grads[0], logits_, targets_, ignore_index_)};
+    return {ops::cross_entropy_backward(grads[0], logits_, targets_, ignore_index_, logsumexp_)};
   }
-  void release_saved_tensors() override { logits_ = targets_ = Tensor(); }
+  void release_saved_tensors() override { logits_ = targets_ = logsumexp_ = Tensor(); }
 
  private:
-  Tensor logits_, targets_;
+  Tensor logits_, targets_, logsumexp_;
   int64_t ignore_index_;
 };
 
@@ -167,11 +167,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   const GradInputsAllowed recorded_here;
-  Tensor loss = ops::cross_entropy(logits, targets, ignore_index);
+  ops::CrossEntropyOutput out = ops::cross_entropy_with_logsumexp(logits, targets, ignore_index);
   if (autograd::any_requires_grad({&logits})) {
-    autograd::record(loss, std::make_shared<CrossEntropyBackward>(logits, targets, ignore_index), {&logits});
+    autograd::record(out.loss,
+                     std::make_shared<CrossEntropyBackward>(logits, targets, ignore_index, std::move(out.logsumexp)),
+                     {&logits});
   }
-  return loss;
+  return out.loss;
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v) {

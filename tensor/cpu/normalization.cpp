@@ -174,21 +174,23 @@ int64_t kept_rows(const std::vector<int64_t>& targets) {
 }
 
 template <typename T>
-void cross_entropy_typed(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+void cross_entropy_typed(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
+                         int64_t ignore_index) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const T* data = logits.data_ptr<T>();
+  T* lse_data = logsumexp.data_ptr<T>();
   const std::vector<int64_t> target = row_targets(targets, ignore_index);
   std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
   parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
     Eigen::Array<T, Eigen::Dynamic, 1> shifted_exp(cols);  // one row's exp(x - max)
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = target[static_cast<size_t>(r)];
-      if (t < 0) continue;
       const ConstRow<T> x(data + r * cols, cols);
-      const T max = x.maxCoeff();
+      const T max = cols > 0 ? x.maxCoeff() : -std::numeric_limits<T>::infinity();
       vec::exp_shifted(shifted_exp.data(), x.data(), cols, max);
-      const double logsumexp = static_cast<double>(max) + std::log(lane_sum(shifted_exp.data(), cols));
-      row_loss[static_cast<size_t>(r)] = logsumexp - static_cast<double>(x[t]);
+      const double row_logsumexp = static_cast<double>(max) + std::log(lane_sum(shifted_exp.data(), cols));
+      lse_data[r] = static_cast<T>(row_logsumexp);  // every row's, for the backward
+      const int64_t t = target[static_cast<size_t>(r)];
+      if (t >= 0) row_loss[static_cast<size_t>(r)] = row_logsumexp - static_cast<double>(x[t]);
     }
   });
   double total = 0.0;  // summed in row order: the same bits on any thread count
@@ -198,11 +200,14 @@ void cross_entropy_typed(const Tensor& loss, const Tensor& logits, const Tensor&
   loss.data_ptr<T>()[0] = static_cast<T>(kept > 0 ? total / kept : std::numeric_limits<double>::quiet_NaN());
 }
 
+// dx = scale (exp(x - logsumexp) - onehot(t)): the forward's logsumexp, so
+// the logits are read once.
 template <typename T>
 void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                                  const Tensor& targets, int64_t ignore_index) {
+                                  const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const T* data = logits.data_ptr<T>();
+  const T* lse_data = logsumexp.data_ptr<T>();
   T* dst = grad_logits.data_ptr<T>();
   const std::vector<int64_t> target = row_targets(targets, ignore_index);
   const int64_t kept = kept_rows(target);
@@ -215,8 +220,7 @@ void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_
         dx.setZero();
         continue;
       }
-      // dx = scale * (softmax(x) - onehot(t))
-      softmax_row<T>(dx, ConstRow<T>(data + r * cols, cols), false);
+      vec::exp_shifted(dx.data(), data + r * cols, cols, lse_data[r]);
       dx *= scale;
       dx[t] -= scale;
     }
@@ -246,15 +250,16 @@ void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor
   });
 }
 
-void cross_entropy(const Tensor& loss, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+void cross_entropy(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
+                   int64_t ignore_index) {
   visit_float_dtype(logits.dtype(), "cross_entropy",
-                 [&]<typename T>(T) { cross_entropy_typed<T>(loss, logits, targets, ignore_index); });
+                 [&]<typename T>(T) { cross_entropy_typed<T>(loss, logsumexp, logits, targets, ignore_index); });
 }
 
 void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                            const Tensor& targets, int64_t ignore_index) {
+                            const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index) {
   visit_float_dtype(logits.dtype(), "cross_entropy_backward", [&]<typename T>(T) {
-    cross_entropy_backward_typed<T>(grad_logits, grad_loss, logits, targets, ignore_index);
+    cross_entropy_backward_typed<T>(grad_logits, grad_loss, logits, logsumexp, targets, ignore_index);
   });
 }
 

@@ -1,19 +1,21 @@
 // The cuda kernel table: each entry declares the bytes its launch reads and
 // writes (for the simulator's memcheck and stream-ordering checker) and runs
-// on the current stream of the tensors' device. Entries whose kernels are
-// not written yet refuse with an error naming the op.
+// on the current stream of the tensors' device.
 #include <atomic>
 #include <optional>
 
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/blas_lt.h"
 #include "tensor/cuda/dropout.h"
+#include "tensor/cuda/cross_entropy.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/indexing.h"
+#include "tensor/cuda/normalization.h"
 #include "tensor/cuda/operands.h"
 #include "tensor/cuda/optimizer.h"
 #include "tensor/cuda/random.h"
 #include "tensor/cuda/reduction.h"
+#include "tensor/cuda/softmax.h"
 #include "tensor/cuda/transfer.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
@@ -26,12 +28,6 @@ namespace {
 
 constexpr BufferAccess kRead = BufferAccess::read;
 constexpr BufferAccess kWrite = BufferAccess::write;
-
-[[noreturn]] void not_on_cuda_yet(const char* op) {
-  fail("{} has no cuda kernel yet (the cuda device is being built: elementwise, random, reduction and indexing "
-       "ops run on it today); compute it on cpu",
-       op);
-}
 
 void fill_kernel(const Tensor& out, double value) {
   fill(operand(out), value, launch_on_current_stream(out.device(), {buffer_use("out", out, kWrite)}));
@@ -481,6 +477,146 @@ void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Te
   cuda::gemm(descriptor, current_stream(out.device()));
 }
 
+
+// ---- row-wise kernels: softmax, norms, cross-entropy (contiguous rows) ----
+
+DType accumulator_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+int64_t row_length(const Tensor& x) { return x.dim() == 0 ? 1 : x.size(-1); }
+int64_t row_total(const Tensor& x) { return row_length(x) == 0 ? 0 : x.numel() / row_length(x); }
+
+Operand optional_operand(const Tensor& tensor) { return tensor.defined() ? operand(tensor) : Operand{}; }
+
+// Declares `tensor` among `buffers` when the op has it.
+void declare(std::vector<BufferUse>& buffers, const char* role, const Tensor& tensor, BufferAccess access) {
+  if (tensor.defined()) buffers.push_back(buffer_use(role, tensor, access));
+}
+
+// `tensor` is contiguous, of `dtype`, with `count` elements (a row-wise operand or statistic).
+void check_row_operand(const char* op, const char* role, const Tensor& tensor, DType dtype, int64_t count) {
+  TESSERA_CHECK(tensor.is_contiguous() && tensor.dtype() == dtype && tensor.numel() == count,
+                "cuda::{}: {} must be contiguous {} with {} elements, got {} of shape {} strides {}", op, role,
+                dtype_name(dtype), count, dtype_name(tensor.dtype()), tensor.sizes(), tensor.strides());
+}
+
+void softmax_kernel(const Tensor& out, const Tensor& x, bool log) {
+  check_row_operand("softmax", "x", x, x.dtype(), x.numel());
+  check_row_operand("softmax", "out", out, x.dtype(), x.numel());
+  softmax(operand(out), operand(x), row_total(x), row_length(x), log,
+          launch_on_current_stream(out.device(), {buffer_use("x", x, kRead), buffer_use("out", out, kWrite)}));
+}
+
+void softmax_backward_kernel(const Tensor& grad_in, const Tensor& grad_out, const Tensor& y, bool log) {
+  for (const auto& [role, tensor] : {std::pair{"y", &y}, std::pair{"grad_out", &grad_out}, std::pair{"grad_in", &grad_in}}) {
+    check_row_operand("softmax_backward", role, *tensor, y.dtype(), y.numel());
+  }
+  softmax_backward(operand(grad_in), operand(grad_out), operand(y), row_total(y), row_length(y), log,
+                   launch_on_current_stream(y.device(), {buffer_use("grad_out", grad_out, kRead),
+                                                         buffer_use("y", y, kRead),
+                                                         buffer_use("grad_in", grad_in, kWrite)}));
+}
+
+// The shapes a norm kernel takes: x [rows, cols] with cols <= kNormMaxColumns,
+// weight/bias [cols] of x's dtype, statistics [rows] in the arithmetic dtype.
+void check_norm_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd) {
+  TESSERA_CHECK(x.dim() >= 1 && row_length(x) <= kNormMaxColumns,
+                "cuda::{}: x of shape {}: the cuda kernels take rows of at most {} features", op, x.sizes(),
+                kNormMaxColumns);
+  check_row_operand(op, "x", x, x.dtype(), x.numel());
+  if (weight.defined()) check_row_operand(op, "weight", weight, x.dtype(), row_length(x));
+  const DType stats = accumulator_dtype(x.dtype());
+  if (mean.defined()) check_row_operand(op, "mean", mean, stats, row_total(x));
+  check_row_operand(op, "rstd", rstd, stats, row_total(x));
+}
+
+void norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                 const Tensor& bias, double eps) {
+  check_norm_operands("norm", x, weight, mean, rstd);
+  check_row_operand("norm", "y", y, x.dtype(), x.numel());
+  if (bias.defined()) check_row_operand("norm", "bias", bias, x.dtype(), row_length(x));
+  std::vector<BufferUse> buffers{buffer_use("x", x, kRead), buffer_use("y", y, kWrite),
+                                 buffer_use("rstd", rstd, kWrite)};
+  declare(buffers, "weight", weight, kRead);
+  declare(buffers, "bias", bias, kRead);
+  declare(buffers, "mean", mean, kWrite);
+  norm(operand(y), optional_operand(mean), operand(rstd), operand(x), optional_operand(weight),
+       optional_operand(bias), eps, row_total(x), row_length(x),
+       launch_on_current_stream(x.device(), std::move(buffers)));
+}
+
+void norm_backward_kernel(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                          const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                          const Tensor& rstd) {
+  check_norm_operands("norm_backward", x, weight, mean, rstd);
+  check_row_operand("norm_backward", "grad_y", grad_y, x.dtype(), x.numel());
+  if (grad_x.defined()) check_row_operand("norm_backward", "grad_x", grad_x, x.dtype(), x.numel());
+  if (grad_weight.defined()) check_row_operand("norm_backward", "grad_weight", grad_weight, x.dtype(), row_length(x));
+  if (grad_bias.defined()) check_row_operand("norm_backward", "grad_bias", grad_bias, x.dtype(), row_length(x));
+  // The per-block partial sums of the weight and bias gradients (the caching
+  // allocator makes this free in steady state; stream order keeps it alive).
+  Tensor workspace;
+  if (grad_weight.defined() || grad_bias.defined()) {
+    workspace = ops::empty({norm_backward_workspace_elements(row_total(x), row_length(x))},
+                           {.dtype = accumulator_dtype(x.dtype()), .device = x.device()});
+  }
+  std::vector<BufferUse> buffers{buffer_use("grad_y", grad_y, kRead), buffer_use("x", x, kRead),
+                                 buffer_use("rstd", rstd, kRead)};
+  declare(buffers, "weight", weight, kRead);
+  declare(buffers, "mean", mean, kRead);
+  declare(buffers, "grad_x", grad_x, kWrite);
+  declare(buffers, "grad_weight", grad_weight, kWrite);
+  declare(buffers, "grad_bias", grad_bias, kWrite);
+  declare(buffers, "workspace", workspace, BufferAccess::read_write);
+  norm_backward(optional_operand(grad_x), optional_operand(grad_weight), optional_operand(grad_bias),
+                optional_operand(workspace), operand(grad_y), operand(x), optional_operand(weight),
+                optional_operand(mean), operand(rstd), row_total(x), row_length(x),
+                launch_on_current_stream(x.device(), std::move(buffers)));
+}
+
+// logits [rows, classes] contiguous, targets [rows] contiguous, logsumexp [rows] in the arithmetic dtype.
+void check_cross_entropy_operands(const char* op, const Tensor& logits, const Tensor& logsumexp,
+                                  const Tensor& targets) {
+  TESSERA_CHECK(logits.dim() == 2, "cuda::{}: logits must be [rows, classes], got {}", op, logits.sizes());
+  check_row_operand(op, "logits", logits, logits.dtype(), logits.numel());
+  check_row_operand(op, "targets", targets, targets.dtype(), logits.size(0));
+  check_row_operand(op, "logsumexp", logsumexp, accumulator_dtype(logits.dtype()), logits.size(0));
+}
+
+void cross_entropy_kernel(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
+                          int64_t ignore_index) {
+  check_cross_entropy_operands("cross_entropy", logits, logsumexp, targets);
+  const DType accumulator = accumulator_dtype(logits.dtype());
+  check_row_operand("cross_entropy", "loss", loss, accumulator, 1);
+  const Tensor row_losses = ops::empty({logits.size(0)}, {.dtype = accumulator, .device = logits.device()});
+  cross_entropy(operand(loss), operand(logsumexp), operand(row_losses), operand(logits), operand(targets),
+                ignore_index, logits.size(0), logits.size(1),
+                launch_on_current_stream(logits.device(), {buffer_use("logits", logits, kRead),
+                                                           buffer_use("targets", targets, kRead),
+                                                           buffer_use("row_losses", row_losses, BufferAccess::read_write),
+                                                           buffer_use("logsumexp", logsumexp, kWrite),
+                                                           buffer_use("loss", loss, kWrite)}));
+}
+
+void cross_entropy_backward_kernel(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
+                                   const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index) {
+  check_cross_entropy_operands("cross_entropy_backward", logits, logsumexp, targets);
+  check_row_operand("cross_entropy_backward", "grad_logits", grad_logits, logits.dtype(), logits.numel());
+  TESSERA_CHECK(grad_loss.numel() == 1, "cuda::cross_entropy_backward: grad_loss must hold one value, got shape {}",
+                grad_loss.sizes());
+  const DType accumulator = accumulator_dtype(logits.dtype());
+  const Tensor grad_value = ops::contiguous(ops::to(grad_loss, accumulator));
+  const Tensor scale = ops::empty({1}, {.dtype = accumulator, .device = logits.device()});
+  cross_entropy_backward(operand(grad_logits), operand(grad_value), operand(scale), operand(logits),
+                         operand(logsumexp), operand(targets), ignore_index, logits.size(0), logits.size(1),
+                         launch_on_current_stream(logits.device(), {buffer_use("logits", logits, kRead),
+                                                                    buffer_use("logsumexp", logsumexp, kRead),
+                                                                    buffer_use("targets", targets, kRead),
+                                                                    buffer_use("grad_loss", grad_value, kRead),
+                                                                    buffer_use("scale", scale, BufferAccess::read_write),
+                                                                    buffer_use("grad_logits", grad_logits, kWrite)}));
+}
+
 }  // namespace
 
 bool allow_tf32() { return tf32_allowed.load(); }
@@ -505,15 +641,12 @@ const KernelTable& kernel_table() {
       .index_select = index_select_kernel,
       .index_add = index_add_kernel,
       .matmul = matmul_kernel,
-      .softmax = [](const Tensor&, const Tensor&, bool) { not_on_cuda_yet("softmax"); },
-      .softmax_backward = [](const Tensor&, const Tensor&, const Tensor&, bool) { not_on_cuda_yet("softmax"); },
-      .norm = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                 double) { not_on_cuda_yet("layer_norm/rms_norm"); },
-      .norm_backward = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&) { not_on_cuda_yet("layer_norm/rms_norm"); },
-      .cross_entropy = [](const Tensor&, const Tensor&, const Tensor&, int64_t) { not_on_cuda_yet("cross_entropy"); },
-      .cross_entropy_backward = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                   int64_t) { not_on_cuda_yet("cross_entropy"); },
+      .softmax = softmax_kernel,
+      .softmax_backward = softmax_backward_kernel,
+      .norm = norm_kernel,
+      .norm_backward = norm_backward_kernel,
+      .cross_entropy = cross_entropy_kernel,
+      .cross_entropy_backward = cross_entropy_backward_kernel,
       .causal_attention = causal_attention_kernel,
       .causal_attention_backward = causal_attention_backward_kernel,
       .dropout = dropout_kernel,

@@ -1,1 +1,211 @@
-// Placeholder until the kernels land (issue 14).
+// Layer norm and RMS norm on the device, forward and backward: a row per
+// group of threads (row_group.h), read once into registers (rows up to
+// kNormMaxColumns, 4096), the statistics by fixed trees in the arithmetic
+// type (f32 for f32 and bf16 rows, f64 for f64 ones). The formulas are the cpu's
+// (tensor/cpu/normalization.cpp): two passes over the registers (centre, then
+// square) for the variance, and
+//   xhat = (x - mean) rstd,  gw = dy weight,
+//   dx = rstd (gw - mean(gw) - xhat mean(gw xhat))   (no mean(gw) for RMS norm).
+// A group takes kRowsPerGroup rows or more (twice that in the backward), so
+// it loads the weight and bias once for many rows; in the backward it also
+// sums its rows' weight and bias gradients in registers, the block's groups
+// add theirs in group order into a per-block partial, and a last kernel adds
+// the blocks' partials in block order: no float atomics, the same bits on
+// every run.
+#include "tensor/cuda/normalization.h"
+
+#include "tensor/cuda/portability.h"
+#include "tensor/cuda/row_group.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+// Rows a group takes at least: the forward re-reads the weight and bias once
+// per group, the backward also writes and re-reads a partial per block, so it
+// takes twice as many (each at most ~3% of the ideal bytes at [256, 768]).
+constexpr int64_t kRowsPerGroup = 16;
+constexpr int64_t kBackwardRowsPerGroup = 32;
+
+int64_t group_count(int64_t rows, int64_t rows_per_group) { return (rows + rows_per_group - 1) / rows_per_group; }
+
+template <typename T, int kGroupThreads, int kPerThread>
+__global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
+    norm_kernel(T* y, Accumulator<T>* mean, Accumulator<T>* rstd, const T* x, const T* weight, const T* bias,
+                int64_t rows, int64_t cols, Accumulator<T> eps) {
+  using Group = RowGroup<kGroupThreads>;
+  using A = Accumulator<T>;
+  const int lane = Group::lane();
+  const RowSlice<T, kGroupThreads, kPerThread> w(weight, cols, lane), b(bias, cols, lane);
+  const A n = static_cast<A>(cols);
+  for (int64_t row = Group::first(); row < rows; row += Group::stride()) {
+    const RowSlice<T, kGroupThreads, kPerThread> slice(x + row * cols, cols, lane);
+    A mu = 0;
+    if (mean != nullptr) {
+      A sum = 0;
+      slice.for_each([&](int, int64_t, A value) { sum += value; });
+      mu = Group::all_reduce(sum, Plus{}) / n;
+    }
+    A squares = 0;
+    slice.for_each([&](int, int64_t, A value) { squares += (value - mu) * (value - mu); });
+    const A inverse = A(1) / std::sqrt(Group::all_reduce(squares, Plus{}) / n + eps);
+    T* out = y + row * cols;
+    slice.for_each([&](int i, int64_t col, A value) {
+      A result = (value - mu) * inverse;
+      if (weight != nullptr) result *= w.at(i, col);
+      if (bias != nullptr) result += b.at(i, col);
+      out[col] = convert<T>(result);
+    });
+    if (lane == 0) {
+      if (mean != nullptr) mean[row] = mu;
+      rstd[row] = inverse;
+    }
+  }
+}
+
+template <typename T, int kGroupThreads, int kPerThread>
+__global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
+    norm_backward_kernel(T* grad_x, Accumulator<T>* partials, const T* grad_y, const T* x, const T* weight,
+                         const Accumulator<T>* mean, const Accumulator<T>* rstd, int64_t rows, int64_t cols) {
+  using Group = RowGroup<kGroupThreads>;
+  using A = Accumulator<T>;
+  const int lane = Group::lane();
+  const RowSlice<T, kGroupThreads, kPerThread> w(weight, cols, lane);
+  const A n = static_cast<A>(cols);
+  A dweight[kPerThread] = {}, dbias[kPerThread] = {};
+  for (int64_t row = Group::first(); row < rows; row += Group::stride()) {
+    const RowSlice<T, kGroupThreads, kPerThread> xs(x + row * cols, cols, lane), dy(grad_y + row * cols, cols, lane);
+    const A inverse = Group::from_lane0(lane == 0 ? rstd[row] : A(0));
+    const A mu = mean != nullptr ? Group::from_lane0(lane == 0 ? mean[row] : A(0)) : A(0);
+    A sum_gw = 0, sum_gw_xhat = 0;
+    xs.for_each([&](int i, int64_t col, A value) {
+      const A xhat = (value - mu) * inverse;
+      const A g = dy.at(i, col);
+      dweight[i] += g * xhat;
+      dbias[i] += g;
+      const A gw = weight != nullptr ? g * w.at(i, col) : g;
+      sum_gw += gw;
+      sum_gw_xhat += gw * xhat;
+    });
+    const A gw_mean = mean != nullptr ? Group::all_reduce(sum_gw, Plus{}) / n : A(0);
+    const A projection = Group::all_reduce(sum_gw_xhat, Plus{}) / n;
+    if (grad_x == nullptr) continue;
+    T* dx = grad_x + row * cols;
+    xs.for_each([&](int i, int64_t col, A value) {
+      const A xhat = (value - mu) * inverse;
+      const A gw = weight != nullptr ? dy.at(i, col) * w.at(i, col) : dy.at(i, col);
+      dx[col] = convert<T>(inverse * (gw - gw_mean - xhat * projection));
+    });
+  }
+  if (partials == nullptr) return;
+  // partials[block] = [dweight (cols), dbias (cols)] of this block's rows.
+  A* block_partial = partials + static_cast<int64_t>(blockIdx.x) * 2 * cols;
+  if constexpr (Group::kPerBlock == 1) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t col = lane + static_cast<int64_t>(i) * kGroupThreads;
+      if (col >= cols) continue;
+      block_partial[col] = dweight[i];
+      block_partial[cols + col] = dbias[i];
+    }
+  } else {
+    __shared__ A combined[2][kGroupThreads * kPerThread];
+    for (int group = 0; group < Group::kPerBlock; ++group) {
+      if (Group::in_block() == group) {
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) {
+          const int col = lane + i * kGroupThreads;
+          combined[0][col] = (group == 0 ? A(0) : combined[0][col]) + dweight[i];
+          combined[1][col] = (group == 0 ? A(0) : combined[1][col]) + dbias[i];
+        }
+      }
+      __syncthreads();
+    }
+    for (int64_t col = threadIdx.x; col < cols; col += blockDim.x) {
+      block_partial[col] = combined[0][col];
+      block_partial[cols + col] = combined[1][col];
+    }
+  }
+}
+
+// grad_weight[c], grad_bias[c] = the blocks' partials added in block order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) norm_parameter_grads_kernel(T* grad_weight, T* grad_bias,
+                                                                         const Accumulator<T>* partials,
+                                                                         int64_t blocks, int64_t cols) {
+  using A = Accumulator<T>;
+  for (int64_t col = first_index(); col < cols; col += index_stride()) {
+    if (grad_weight != nullptr) {
+      A sum = 0;
+      for (int64_t block = 0; block < blocks; ++block) sum += partials[block * 2 * cols + col];
+      grad_weight[col] = convert<T>(sum);
+    }
+    if (grad_bias != nullptr) {
+      A sum = 0;
+      for (int64_t block = 0; block < blocks; ++block) sum += partials[block * 2 * cols + cols + col];
+      grad_bias[col] = convert<T>(sum);
+    }
+  }
+}
+
+// The blocks the row kernels of a [rows, cols] norm launch.
+int64_t norm_blocks(int64_t rows, int64_t cols) {
+  int64_t blocks = 0;
+  visit_row_shape(cols, [&]<int kGroupThreads, int kPerThread>() {
+    blocks = row_config<kGroupThreads>(group_count(rows, kBackwardRowsPerGroup), KernelLaunch{}).grid.x;
+  });
+  return blocks;
+}
+
+template <typename T>
+T* typed(const Operand& operand) {
+  return static_cast<T*>(operand.data);
+}
+
+}  // namespace
+
+void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Operand& x, const Operand& weight,
+          const Operand& bias, double eps, int64_t rows, int64_t cols, const KernelLaunch& launch) {
+  if (rows == 0 || cols == 0) return;
+  visit_row_dtype(x.dtype, "norm", [&]<typename T>(T) {
+    using A = Accumulator<T>;
+    visit_row_shape(cols, [&]<int kGroupThreads, int kPerThread>() {
+      if constexpr (kPerThread > 0 && kGroupThreads * kPerThread <= kNormMaxColumns) {
+        TESSERA_LAUNCH((norm_kernel<T, kGroupThreads, kPerThread>),
+                       row_config<kGroupThreads>(group_count(rows, kRowsPerGroup), launch), typed<T>(y),
+                       typed<A>(mean), typed<A>(rstd), typed<const T>(x), typed<const T>(weight),
+                       typed<const T>(bias), rows, cols, static_cast<A>(eps));
+      } else {
+        refuse_operands("norm", "rows longer than kNormMaxColumns (4096) columns, dtype", x.dtype);
+      }
+    });
+  });
+}
+
+int64_t norm_backward_workspace_elements(int64_t rows, int64_t cols) { return norm_blocks(rows, cols) * 2 * cols; }
+
+void norm_backward(const Operand& grad_x, const Operand& grad_weight, const Operand& grad_bias,
+                   const Operand& workspace, const Operand& grad_y, const Operand& x, const Operand& weight,
+                   const Operand& mean, const Operand& rstd, int64_t rows, int64_t cols, const KernelLaunch& launch) {
+  if (cols == 0) return;
+  visit_row_dtype(x.dtype, "norm_backward", [&]<typename T>(T) {
+    using A = Accumulator<T>;
+    visit_row_shape(cols, [&]<int kGroupThreads, int kPerThread>() {
+      if constexpr (kPerThread > 0 && kGroupThreads * kPerThread <= kNormMaxColumns) {
+        if (rows > 0) {
+          TESSERA_LAUNCH((norm_backward_kernel<T, kGroupThreads, kPerThread>),
+                         row_config<kGroupThreads>(group_count(rows, kBackwardRowsPerGroup), launch), typed<T>(grad_x),
+                         typed<A>(workspace), typed<const T>(grad_y), typed<const T>(x), typed<const T>(weight),
+                         typed<const A>(mean), typed<const A>(rstd), rows, cols);
+        }
+      } else {
+        refuse_operands("norm_backward", "rows longer than kNormMaxColumns (4096) columns, dtype", x.dtype);
+      }
+    });
+    if (grad_weight.data == nullptr && grad_bias.data == nullptr) return;
+    TESSERA_LAUNCH(norm_parameter_grads_kernel<T>, config_for(cols, launch), typed<T>(grad_weight),
+                   typed<T>(grad_bias), typed<const A>(workspace), rows > 0 ? norm_blocks(rows, cols) : 0, cols);
+  });
+}
+
+}  // namespace tessera::cuda

@@ -250,30 +250,53 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
   return to(grad, grad_out.dtype());
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+CrossEntropyOutput cross_entropy_with_logsumexp(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   check_raw_op_inputs("cross_entropy", {{"logits", logits}});
   check_cross_entropy("cross_entropy", logits, targets, ignore_index);
-  if (logits.is_meta()) return empty({}, {.dtype = logits.dtype(), .device = logits.device()});
+  const TensorOptions stats{.dtype = compute_dtype(logits.dtype()), .device = logits.device()};
+  if (logits.is_meta()) {
+    return {empty({}, {.dtype = logits.dtype(), .device = logits.device()}), empty({logits.size(0)}, stats)};
+  }
   const Tensor rows = compute_input(logits);
-  Tensor loss = empty({}, {.dtype = rows.dtype(), .device = rows.device()});
-  kernels(rows.device()).cross_entropy(loss, rows, targets, ignore_index);
-  return to(loss, logits.dtype());
+  CrossEntropyOutput result{empty({}, stats), empty({logits.size(0)}, stats)};
+  kernels(rows.device()).cross_entropy(result.loss, result.logsumexp, rows, targets, ignore_index);
+  result.loss = to(result.loss, logits.dtype());
+  return result;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  return cross_entropy_with_logsumexp(logits, targets, ignore_index).loss;
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index, const Tensor& logsumexp) {
+  const char* op = "cross_entropy_backward";
+  check_raw_op_inputs(op, {{"grad_loss", grad_loss}, {"logits", logits}});
+  check_cross_entropy(op, logits, targets, ignore_index);
+  check_float(op, "grad_loss", grad_loss);
+  TESSERA_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: grad_loss must hold one value, got shape {}",
+                grad_loss.sizes());
+  TESSERA_CHECK(grad_loss.device() == logits.device(), "cross_entropy_backward: grad_loss on {}, logits on {}",
+                grad_loss.device().str(), logits.device().str());
+  check_float(op, "logsumexp", logsumexp);
+  TESSERA_CHECK(logsumexp.device() == logits.device(), "cross_entropy_backward: logsumexp on {}, logits on {}",
+                logsumexp.device().str(), logits.device().str());
+  check_shape(op, "logsumexp", logsumexp, {logits.size(0)});
+  if (logits.is_meta()) return empty(logits.sizes(), {.dtype = logits.dtype(), .device = logits.device()});
+  const Tensor rows = compute_input(logits);
+  Tensor grad = empty(rows.sizes(), {.dtype = rows.dtype(), .device = rows.device()});
+  kernels(rows.device()).cross_entropy_backward(grad, grad_loss, rows, compute_input(logsumexp, rows.dtype()),
+                                                targets, ignore_index);
+  return to(grad, logits.dtype());
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index) {
   check_raw_op_inputs("cross_entropy_backward", {{"grad_loss", grad_loss}, {"logits", logits}});
   check_cross_entropy("cross_entropy_backward", logits, targets, ignore_index);
-  check_float("cross_entropy_backward", "grad_loss", grad_loss);
-  TESSERA_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: grad_loss must hold one value, got shape {}",
-                grad_loss.sizes());
-  TESSERA_CHECK(grad_loss.device() == logits.device(), "cross_entropy_backward: grad_loss on {}, logits on {}",
-                grad_loss.device().str(), logits.device().str());
-  if (logits.is_meta()) return empty(logits.sizes(), {.dtype = logits.dtype(), .device = logits.device()});
-  const Tensor rows = compute_input(logits);
-  Tensor grad = empty(rows.sizes(), {.dtype = rows.dtype(), .device = rows.device()});
-  kernels(rows.device()).cross_entropy_backward(grad, grad_loss, rows, targets, ignore_index);
-  return to(grad, logits.dtype());
+  // Without the forward's logsumexp: one more read of the logits to get it.
+  return cross_entropy_backward(grad_loss, logits, targets, ignore_index,
+                                cross_entropy_with_logsumexp(logits, targets, ignore_index).logsumexp);
 }
 
 AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {

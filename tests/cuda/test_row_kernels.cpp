@@ -1,2 +1,477 @@
-// Placeholder until the tests land (issue 14).
+// The row-wise cuda kernels (softmax/log_softmax, layer/RMS norm, the fused
+// cross-entropy, forward and backward) against the cpu kernels on the same
+// inputs, bf16 against an f32 reference of the rounded inputs, the weight and
+// bias gradients bit for bit from run to run, ignore_index, the errors, the
+// bytes the simulator counts against the ideal, and gradchecks in f64 on cuda.
+//
+// Tolerances. The cpu sums every row in f64 (lane_sum.h) and rounds once; the
+// device sums in the arithmetic type (f32 for f32 and bf16, f64 for f64): a
+// thread adds its ceil(cols / G) columns in order, then a butterfly over the
+// G threads of the row's group adds log2(G) levels (G = 32, 128, 512 or 1024
+// by row length, row_group.h). A sum of n terms so added is within
+// depth u sum|terms| of the exact one, depth = ceil(cols / G) + log2(G) and u
+// the unit roundoff; every output is that sum used in a few more roundings
+// (exp within 2 ulp on both sides, a division, a product). So each element is
+// checked within (depth + 16) u (|cpu value| + the row's scale), where the
+// scale is the magnitude the sums carry (stated per kernel below).
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#if TESSERA_HAVE_CUDA_SIM
+#include "tensor/cuda/sim/launch.h"
+#endif
+#include "tensor/error.h"
+#include "tensor/kernels.h"
+#include "tensor/ops.h"
+#include "tensor/stream.h"
+
+using namespace tessera;
+
+namespace {
+
+const Device kCuda(DeviceType::cuda);
+
+struct CountedBytes {
+  int64_t read = 0, written = 0;
+  int64_t total() const { return read + written; }
+};
+
+// The device bytes the kernels `run` launches read and write, as the
+// simulator counts them through its instrumentation; nullopt where nothing
+// counts (a GPU, or kernels that ASan instruments instead).
+template <typename Run>
+std::optional<CountedBytes> counted_bytes(Run run) {
+#if TESSERA_SIM_CHECKS
+  current_stream(kCuda)->synchronize();  // earlier launches count before the reset, not after
+  cuda::sim::reset_kernel_counters();
+  run();
+  current_stream(kCuda)->synchronize();
+  CountedBytes counted;
+  for (const auto& [name, counter] : cuda::sim::kernel_counters()) {
+    counted.read += counter.device_bytes_read;
+    counted.written += counter.device_bytes_written;
+  }
+  return counted;
+#else
+  run();
+  return std::nullopt;
+#endif
+}
+
+// Normal values on the cpu, in f64 (rounded to `dtype` by the caller).
+Tensor normal(const Shape& shape, uint64_t stream, double scale = 1.0) {
+  return ops::mul(ops::randn(shape, PhiloxKey{2024, stream}, {.dtype = DType::f64}),
+                  ops::full({}, scale, {.dtype = DType::f64}));
+}
+
+std::vector<double> values_of(const Tensor& t) { return ops::to(ops::contiguous(t), kCPU).to_vector<double>(); }
+
+double unit_roundoff(DType dtype) { return std::ldexp(1.0, dtype == DType::f64 ? -53 : -24); }
+
+// The group of threads that takes a row of `cols` (row_group.h's shapes) and
+// the rounding depth of a sum over it.
+int group_threads(int64_t cols) {
+  if (cols <= 256) return 32;
+  if (cols <= 1024) return 128;
+  return 512;
+}
+double sum_depth(int64_t cols) {
+  const int g = group_threads(cols);
+  return std::ceil(static_cast<double>(cols) / g) + std::log2(static_cast<double>(g));
+}
+
+// Every |device - cpu| <= (depth + 16) u (|cpu| + scale[i]), u of the
+// arithmetic (`dtype`: f32 for bf16 rows), plus 2^-8 |cpu| for a bf16 output
+// (the one rounding of the f32 result); reports the worst ratio to that bound.
+void check_within(const char* what, const Tensor& device, const Tensor& cpu, double depth, DType dtype,
+                  const std::vector<double>& scale) {
+  const double output_rounding = device.dtype() == DType::bf16 ? std::ldexp(1.0, -8) : 0.0;
+  const std::vector<double> got = values_of(device), want = values_of(cpu);
+  REQUIRE(got.size() == want.size());
+  const double u = unit_roundoff(dtype);
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound =
+        output_rounding * std::abs(want[i]) + (depth + 16.0) * u * (std::abs(want[i]) + scale[i % scale.size()]);
+    const double error = std::abs(got[i] - want[i]);
+    if (!(error <= bound)) {
+      FAIL_CHECK(std::string(what) << ": element " << i << " is " << got[i] << " on cuda, " << want[i] << " on cpu (bound " << bound
+                      << ")");
+      return;
+    }
+    if (bound > 0) worst = std::max(worst, error / bound);
+  }
+  MESSAGE(std::string(what) << ": worst error " << worst << " of the bound");
+}
+
+// Per element: the row's largest |value| (the scale of a row's sums).
+std::vector<double> row_max_abs(const Tensor& t, int64_t cols) {
+  const std::vector<double> v = values_of(t);
+  std::vector<double> scale(v.size(), 0.0);
+  for (size_t row = 0; row * cols < v.size(); ++row) {
+    double largest = 0.0;
+    for (int64_t c = 0; c < cols; ++c) largest = std::max(largest, std::abs(v[row * cols + c]));
+    for (int64_t c = 0; c < cols; ++c) scale[row * cols + c] = largest;
+  }
+  return scale;
+}
+
+// The scale of a softmax backward's sums: the row's largest |g|, times
+// 1 + p cols for log_softmax (exp(y) sum(g), sum(g) within depth u cols max|g|).
+std::vector<double> softmax_backward_scale(const Tensor& g, const Tensor& y, int64_t cols, bool log) {
+  std::vector<double> scale = row_max_abs(g, cols);
+  if (!log) return scale;
+  const std::vector<double> p = values_of(ops::exp(ops::to(y, DType::f64)));
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] *= 1.0 + p[i] * static_cast<double>(cols);
+  return scale;
+}
+
+const std::vector<int64_t> kColumns = {1, 7, 31, 32, 33, 768, 1000, 50257};
+
+// Rows to test at a row length: one, and many (fewer for the long rows, to
+// keep the simulator's run short).
+std::vector<int64_t> row_counts(int64_t cols) { return cols >= 10000 ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 37}; }
+
+}  // namespace
+
+TEST_CASE("softmax and log_softmax, forward and backward, match the cpu in f32 and f64") {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    for (const int64_t cols : kColumns) {
+      for (const int64_t rows : row_counts(cols)) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(cols);
+        CAPTURE(rows);
+        const Tensor x = ops::to(normal({rows, cols}, 1, 3.0), dtype);
+        const Tensor g = ops::to(normal({rows, cols}, 2), dtype);
+        const Tensor x_dev = ops::to(x, kCuda), g_dev = ops::to(g, kCuda);
+        const double depth = sum_depth(cols);
+        for (const bool log : {false, true}) {
+          CAPTURE(log);
+          const Tensor y = log ? ops::log_softmax(x, -1) : ops::softmax(x, -1);
+          const Tensor y_dev = log ? ops::log_softmax(x_dev, -1) : ops::softmax(x_dev, -1);
+          // softmax: y = e / sum, each e within a relative (depth + few) u; log_softmax:
+          // (x - max) - log(sum), an absolute error of the sum's relative one.
+          check_within("forward", y_dev, y, depth, dtype, {log ? 1.0 : 0.0});
+          // The backward from the same y on both devices: dx = y (g - <g, y>)
+          // or g - exp(y) sum(g); the sums carry the row's largest |g|
+          // (times a probability of at most 1, or times the row length for log_softmax).
+          const Tensor dx = log ? ops::log_softmax_backward(g, y, -1) : ops::softmax_backward(g, y, -1);
+          const Tensor dx_dev = log ? ops::log_softmax_backward(g_dev, ops::to(y, kCuda), -1)
+                                    : ops::softmax_backward(g_dev, ops::to(y, kCuda), -1);
+          check_within("backward", dx_dev, dx, depth, dtype, softmax_backward_scale(g, y, cols, log));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax, log_softmax and cross-entropy keep -inf entries (masked positions) exact on cuda") {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (const int64_t cols : {int64_t{4}, int64_t{300}, int64_t{9000}}) {  // a warp, a block, the re-reading path
+    CAPTURE(cols);
+    std::vector<float> values(static_cast<size_t>(cols), -kInf);
+    values[0] = values[2] = 0.0f;
+    const Tensor row = ops::to(ops::from_vector(values, {1, cols}), kCuda);
+    std::vector<float> expected(static_cast<size_t>(cols), 0.0f);
+    expected[0] = expected[2] = 0.5f;
+    CHECK(ops::to(ops::softmax(row, -1), kCPU).to_vector<float>() == expected);
+    const std::vector<float> log_probs = ops::to(ops::log_softmax(row, -1), kCPU).to_vector<float>();
+    CHECK(log_probs[0] == doctest::Approx(-std::log(2.0)).epsilon(1e-7));
+    CHECK(log_probs[1] == -kInf);
+    CHECK(ops::cross_entropy(row, ops::to(ops::from_vector(std::vector<int64_t>{2}, {1}), kCuda)).item() ==
+          doctest::Approx(std::log(2.0)).epsilon(1e-7));
+  }
+}
+
+TEST_CASE("layer_norm and rms_norm, forward and backward, match the cpu in f32 and f64") {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    for (const int64_t cols : {1, 7, 31, 32, 33, 768, 1000, 4096}) {
+      for (const int64_t rows : {int64_t{1}, int64_t{37}}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(cols);
+        CAPTURE(rows);
+        const Tensor x = ops::to(ops::add(normal({rows, cols}, 3, 2.0), ops::full({}, 0.5, {.dtype = DType::f64})), dtype);
+        const Tensor w = ops::to(normal({cols}, 4), dtype), b = ops::to(normal({cols}, 5), dtype);
+        const Tensor gy = ops::to(normal({rows, cols}, 6), dtype);
+        const Tensor x_dev = ops::to(x, kCuda), w_dev = ops::to(w, kCuda), b_dev = ops::to(b, kCuda),
+                     gy_dev = ops::to(gy, kCuda);
+        const double depth = sum_depth(cols);
+        for (const bool layer : {true, false}) {
+          CAPTURE(layer);
+          const ops::NormOutput cpu = layer ? ops::layer_norm(x, w, b, 1e-5) : ops::rms_norm(x, w, 1e-5);
+          const ops::NormOutput dev = layer ? ops::layer_norm(x_dev, w_dev, b_dev, 1e-5) : ops::rms_norm(x_dev, w_dev, 1e-5);
+          // y = xhat w + b with xhat of order 1: the statistics' errors (relative
+          // depth u of a row of order-1 values) scale |w|, plus |b|'s rounding.
+          std::vector<double> scale = values_of(ops::add(ops::abs(w), ops::abs(b)));
+          for (double& s : scale) s += 1.0;
+          check_within("y", dev.y, cpu.y, depth, dtype, scale);
+          check_within("rstd", dev.rstd, cpu.rstd, depth, dtype, {0.0});
+          if (layer) check_within("mean", dev.mean, cpu.mean, depth, dtype, {2.0});
+
+          const ops::NormGrads grads = layer ? ops::layer_norm_backward(gy, x, w, cpu.mean, cpu.rstd, true)
+                                             : ops::rms_norm_backward(gy, x, w, cpu.rstd);
+          const ops::NormGrads grads_dev =
+              layer ? ops::layer_norm_backward(gy_dev, x_dev, w_dev, ops::to(cpu.mean, kCuda), ops::to(cpu.rstd, kCuda), true)
+                    : ops::rms_norm_backward(gy_dev, x_dev, w_dev, ops::to(cpu.rstd, kCuda));
+          // dx = rstd (gw - mean(gw) - xhat mean(gw xhat)): sums over the row of
+          // |gw| (|xhat| + 1), times xhat: the row's largest |gy w| times
+          // 16 (normal rows: |xhat| < 5), times rstd.
+          std::vector<double> gx_scale = row_max_abs(ops::mul(gy, w), cols);
+          const std::vector<double> rstd = values_of(cpu.rstd);
+          for (size_t i = 0; i < gx_scale.size(); ++i) gx_scale[i] *= 16.0 * rstd[i / cols];
+          check_within("grad_x", grads_dev.x, grads.x, depth, dtype, gx_scale);
+          // dweight, dbias: sums over the rows of gy xhat and gy, in a different
+          // order on each device: depth up to the row count, scale sum|gy| (|xhat| + 1).
+          std::vector<double> column_scale(static_cast<size_t>(cols), 0.0);
+          const std::vector<double> gyv = values_of(gy);
+          for (size_t i = 0; i < gyv.size(); ++i) column_scale[i % cols] += 5.0 * std::abs(gyv[i]);
+          check_within("grad_weight", grads_dev.weight, grads.weight, static_cast<double>(rows), dtype, column_scale);
+          if (layer) check_within("grad_bias", grads_dev.bias, grads.bias, static_cast<double>(rows), dtype, column_scale);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cross_entropy, forward and backward, matches the cpu with ignored rows, in f32 and f64") {
+  constexpr int64_t kIgnore = -100;
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    for (const int64_t cols : kColumns) {
+      for (const int64_t rows : row_counts(cols)) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(cols);
+        CAPTURE(rows);
+        const Tensor logits = ops::to(normal({rows, cols}, 7, 4.0), dtype);
+        std::vector<int64_t> target_values;
+        for (int64_t r = 0; r < rows; ++r) target_values.push_back(r % 5 == 3 ? kIgnore : (r * 7919 + cols - 1) % cols);
+        const Tensor targets = ops::from_vector(target_values, {rows});
+        const Tensor logits_dev = ops::to(logits, kCuda), targets_dev = ops::to(targets, kCuda);
+        const ops::CrossEntropyOutput cpu = ops::cross_entropy_with_logsumexp(logits, targets, kIgnore);
+        const ops::CrossEntropyOutput dev = ops::cross_entropy_with_logsumexp(logits_dev, targets_dev, kIgnore);
+        CHECK(dev.loss.device() == kCuda);
+        // logsumexp = max + log(sum exp(x - max)): the sum's relative error
+        // (online rescaling adds a rounding per new maximum: depth + 2 log2(cols)) as an absolute one.
+        const double depth = sum_depth(cols) + 2.0 * std::log2(static_cast<double>(cols));
+        check_within("logsumexp", dev.logsumexp, cpu.logsumexp, depth, dtype, {1.0});
+        // The loss, a mean of lse - x[t], is within the same absolute bound.
+        check_within("loss", dev.loss, cpu.loss, depth, dtype, {1.0});
+        const Tensor grad_loss = ops::full({}, 1.5, {.dtype = dtype});
+        const Tensor grad = ops::cross_entropy_backward(grad_loss, logits, targets, kIgnore, cpu.logsumexp);
+        const Tensor grad_dev =
+            ops::cross_entropy_backward(ops::to(grad_loss, kCuda), logits_dev, targets_dev, kIgnore, ops::to(cpu.logsumexp, kCuda));
+        // From the same logsumexp the arithmetic is the cpu's (exp, a product,
+        // one subtraction at the target): a few roundings of the scale 1.5 / kept.
+        check_within("grad", grad_dev, grad, 0.0, dtype, {1.5});
+        const std::vector<double> gv = values_of(grad_dev);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (target_values[r] != kIgnore) continue;
+          for (int64_t c = 0; c < cols; ++c) CHECK(gv[r * cols + c] == 0.0);
+        }
+      }
+    }
+  }
+  // Every row ignored: the loss is NaN (0/0) like the cpu's, the gradient zero.
+  const Tensor none = ops::to(ops::from_vector(std::vector<int64_t>{kIgnore, kIgnore}, {2}), kCuda);
+  const Tensor zeros = ops::zeros({2, 3}, {.device = kCuda});
+  CHECK(std::isnan(ops::cross_entropy(zeros, none, kIgnore).item()));
+  for (double value : values_of(ops::cross_entropy_backward(ops::ones({}, {.device = kCuda}), zeros, none, kIgnore))) {
+    CHECK(value == 0.0);
+  }
+}
+
+TEST_CASE("bf16 rows compute in f32: each kernel against an f32 reference of the rounded inputs") {
+  const KernelTable& cuda = kernels(kCuda);
+  const auto bf16 = [](const Tensor& t) { return ops::to(t, DType::bf16); };
+  const auto f32 = [](const Tensor& t) { return ops::to(t, DType::f32); };
+  const auto dev = [](const Tensor& t) { return ops::to(t, kCuda); };
+  const auto empty = [](const Shape& shape, DType dtype) { return ops::empty(shape, {.dtype = dtype, .device = kCuda}); };
+  // The device result is the f32 computation (within the f32 bound above)
+  // rounded once to bf16: within 2^-8 relative of the reference, plus the f32 bound.
+  for (const int64_t cols : {int64_t{33}, int64_t{768}, int64_t{50257}}) {
+    const int64_t rows = cols > 10000 ? 2 : 9;
+    CAPTURE(cols);
+    const double depth = sum_depth(cols) + 2.0 * std::log2(static_cast<double>(cols));
+    const Tensor x = bf16(normal({rows, cols}, 11, 3.0)), g = bf16(normal({rows, cols}, 12));
+    // softmax and its backward
+    for (const bool log : {false, true}) {
+      const Tensor y = empty({rows, cols}, DType::bf16);
+      cuda.softmax(y, dev(x), log);
+      const Tensor reference = log ? ops::log_softmax(f32(x), -1) : ops::softmax(f32(x), -1);
+      check_within("softmax bf16", y, reference, depth, DType::f32, {log ? 1.0 : 0.0});
+      const Tensor dx = empty({rows, cols}, DType::bf16);
+      cuda.softmax_backward(dx, dev(g), y, log);
+      const Tensor y_rounded = f32(ops::to(y, kCPU));
+      const Tensor dx_reference = log ? ops::log_softmax_backward(f32(g), y_rounded, -1) : ops::softmax_backward(f32(g), y_rounded, -1);
+      check_within("softmax_backward bf16", dx, dx_reference, depth, DType::f32,
+                   softmax_backward_scale(f32(g), y_rounded, cols, log));
+    }
+    // cross-entropy: loss and logsumexp in f32, the gradient in bf16
+    const Tensor targets = ops::from_vector(std::vector<int64_t>(static_cast<size_t>(rows), cols - 1), {rows});
+    const Tensor loss = empty({}, DType::f32), lse = empty({rows}, DType::f32);
+    cuda.cross_entropy(loss, lse, dev(x), dev(targets), -100);
+    const ops::CrossEntropyOutput reference = ops::cross_entropy_with_logsumexp(f32(x), targets);
+    check_within("cross_entropy loss bf16", loss, reference.loss, depth, DType::f32, {1.0});
+    check_within("cross_entropy logsumexp bf16", lse, reference.logsumexp, depth, DType::f32, {1.0});
+    const Tensor grad = empty({rows, cols}, DType::bf16);
+    cuda.cross_entropy_backward(grad, ops::ones({}, {.device = kCuda}), dev(x), lse, dev(targets), -100);
+    const Tensor grad_reference = ops::cross_entropy_backward(ops::ones({}), f32(x), targets, -100, reference.logsumexp);
+    check_within("cross_entropy grad bf16", grad, grad_reference, depth, DType::f32, {1.0 / static_cast<double>(rows)});
+  }
+  for (const int64_t cols : {int64_t{33}, int64_t{768}}) {
+    CAPTURE(cols);
+    const int64_t rows = 40;
+    const Tensor x = bf16(normal({rows, cols}, 13, 2.0)), w = bf16(normal({cols}, 14)), b = bf16(normal({cols}, 15));
+    const Tensor gy = bf16(normal({rows, cols}, 16));
+    const Tensor y = empty({rows, cols}, DType::bf16), mean = empty({rows}, DType::f32), rstd = empty({rows}, DType::f32);
+    cuda.norm(y, mean, rstd, dev(x), dev(w), dev(b), 1e-5);
+    const ops::NormOutput reference = ops::layer_norm(f32(x), f32(w), f32(b), 1e-5);
+    std::vector<double> scale = values_of(ops::add(ops::abs(f32(w)), ops::abs(f32(b))));
+    for (double& s : scale) s += 1.0;
+    check_within("layer_norm y bf16", y, reference.y, sum_depth(cols), DType::f32, scale);
+    check_within("layer_norm rstd bf16 (f32)", rstd, reference.rstd, sum_depth(cols), DType::f32, {0.0});
+    const Tensor gx = empty({rows, cols}, DType::bf16), gw = empty({cols}, DType::bf16), gb = empty({cols}, DType::bf16);
+    cuda.norm_backward(gx, gw, gb, dev(gy), dev(x), dev(w), dev(reference.mean), dev(reference.rstd));
+    const ops::NormGrads grads = ops::layer_norm_backward(f32(gy), f32(x), f32(w), reference.mean, reference.rstd, true);
+    std::vector<double> gx_scale = row_max_abs(ops::mul(f32(gy), f32(w)), cols);
+    const std::vector<double> rstd_values = values_of(reference.rstd);
+    for (size_t i = 0; i < gx_scale.size(); ++i) gx_scale[i] *= 16.0 * rstd_values[i / cols];
+    check_within("layer_norm grad_x bf16", gx, grads.x, sum_depth(cols), DType::f32, gx_scale);
+    check_within("layer_norm grad_weight bf16", gw, grads.weight, rows, DType::f32, {5.0 * rows});
+    check_within("layer_norm grad_bias bf16", gb, grads.bias, rows, DType::f32, {5.0 * rows});
+  }
+}
+
+TEST_CASE("norm weight and bias gradients and the cross-entropy loss are the same bits on every run") {
+  const int64_t rows = 300, cols = 768;
+  const Tensor x = ops::to(ops::to(normal({rows, cols}, 21), DType::f32), kCuda);
+  const Tensor w = ops::to(ops::to(normal({cols}, 22), DType::f32), kCuda);
+  const Tensor b = ops::to(ops::to(normal({cols}, 23), DType::f32), kCuda);
+  const Tensor gy = ops::to(ops::to(normal({rows, cols}, 24), DType::f32), kCuda);
+  const ops::NormOutput forward = ops::layer_norm(x, w, b, 1e-5);
+  const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>(static_cast<size_t>(rows), 5), {rows}), kCuda);
+  std::vector<double> first_weight, first_bias, first_loss;
+  for (uint64_t run = 0; run < 3; ++run) {
+#if TESSERA_HAVE_CUDA_SIM
+    cuda::sim::set_block_order_seed(run * 7919 + 1);  // blocks run in another order each time
+#endif
+    const ops::NormGrads grads = ops::layer_norm_backward(gy, x, w, forward.mean, forward.rstd, true);
+    const std::vector<double> loss = values_of(ops::cross_entropy(x, targets));
+    if (run == 0) {
+      first_weight = values_of(grads.weight);
+      first_bias = values_of(grads.bias);
+      first_loss = loss;
+      continue;
+    }
+    CHECK(values_of(grads.weight) == first_weight);  // doubles exactly holding the f32 bits
+    CHECK(values_of(grads.bias) == first_bias);
+    CHECK(loss == first_loss);
+  }
+}
+
+TEST_CASE("row kernels: errors for bad shapes and dtypes") {
+  const KernelTable& cuda = kernels(kCuda);
+  const auto on_device = [](const Shape& shape, DType dtype) {
+    return ops::zeros(shape, {.dtype = dtype, .device = kCuda});
+  };
+  CHECK_THROWS_WITH_AS(cuda.softmax(on_device({2, 3}, DType::i32), on_device({2, 3}, DType::i32), false),
+                       doctest::Contains("cuda::softmax: computes in f32, f64 or bf16, got i32"), Error);
+  CHECK_THROWS_WITH_AS(cuda.softmax(on_device({2, 3}, DType::f32), ops::transpose(on_device({3, 2}, DType::f32), 0, 1), false),
+                       doctest::Contains("cuda::softmax: x must be contiguous f32"), Error);
+  const Tensor x = on_device({2, 5000}, DType::f32), stats = on_device({2}, DType::f32);
+  CHECK_THROWS_WITH_AS(cuda.norm(on_device({2, 5000}, DType::f32), stats, stats, x, Tensor(), Tensor(), 1e-5),
+                       doctest::Contains("take rows of at most 4096 features"), Error);
+  const Tensor xb = on_device({2, 8}, DType::bf16);
+  CHECK_THROWS_WITH_AS(cuda.norm(on_device({2, 8}, DType::bf16), Tensor(), on_device({2}, DType::bf16), xb, Tensor(), Tensor(), 1e-5),
+                       doctest::Contains("cuda::norm: rstd must be contiguous f32 with 2 elements, got bf16"), Error);
+  CHECK_THROWS_WITH_AS(cuda.norm_backward(on_device({2, 8}, DType::f32), on_device({7}, DType::f32), Tensor(),
+                                          on_device({2, 8}, DType::f32), on_device({2, 8}, DType::f32), Tensor(), Tensor(), stats),
+                       doctest::Contains("grad_weight must be contiguous f32 with 8 elements, got f32 of shape [7]"), Error);
+  const Tensor logits = on_device({2, 5}, DType::f32);
+  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, logits, on_device({2}, DType::f32), -100),
+                       doctest::Contains("cuda::cross_entropy: targets must be i32 or i64, got f32"), Error);
+  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), on_device({3}, DType::f32), logits, on_device({2}, DType::i64), -100),
+                       doctest::Contains("cuda::cross_entropy: logsumexp must be contiguous f32 with 2 elements"), Error);
+  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, on_device({2, 5, 1}, DType::f32), on_device({2}, DType::i64), -100),
+                       doctest::Contains("cuda::cross_entropy: logits must be [rows, classes], got [2, 5, 1]"), Error);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, ops::to(ops::from_vector(std::vector<int64_t>{0, 5}, {2}), kCuda)),
+                       doctest::Contains("cross_entropy: target 5 out of range for 5 classes"), Error);
+}
+
+TEST_CASE("row kernels move at most 1.1x their ideal bytes") {
+  const KernelTable& cuda = kernels(kCuda);
+  const int64_t rows = 256, cols = 768, n = rows * cols;
+  const auto device = [](const Tensor& t) { return ops::to(ops::to(t, DType::f32), kCuda); };
+  const auto empty = [](const Shape& shape) { return ops::empty(shape, {.device = kCuda}); };
+  const Tensor x = device(normal({rows, cols}, 31)), g = device(normal({rows, cols}, 32));
+  const Tensor w = device(normal({cols}, 33)), b = device(normal({cols}, 34));
+  const Tensor y = empty({rows, cols}), dx = empty({rows, cols}), mean = empty({rows}), rstd = empty({rows});
+  const Tensor gw = empty({cols}), gb = empty({cols});
+  const auto check_ratio = [](const char* what, const std::optional<CountedBytes>& counted, int64_t ideal) {
+    if (!counted) return;
+    const double ratio = static_cast<double>(counted->total()) / static_cast<double>(ideal);
+    MESSAGE(std::string(what) << ": " << counted->total() << " bytes, ideal " << ideal << ", ratio " << ratio);
+    CHECK(counted->total() >= ideal);
+    CHECK(ratio <= 1.1);
+  };
+  check_ratio("softmax", counted_bytes([&] { cuda.softmax(y, x, false); }), 2 * n * 4);
+  check_ratio("log_softmax", counted_bytes([&] { cuda.softmax(y, x, true); }), 2 * n * 4);
+  check_ratio("softmax_backward", counted_bytes([&] { cuda.softmax_backward(dx, g, y, false); }), 3 * n * 4);
+  check_ratio("layer_norm", counted_bytes([&] { cuda.norm(y, mean, rstd, x, w, b, 1e-5); }),
+              (2 * n + 2 * cols + 2 * rows) * 4);
+  check_ratio("rms_norm", counted_bytes([&] { cuda.norm(y, Tensor(), rstd, x, w, Tensor(), 1e-5); }),
+              (2 * n + cols + rows) * 4);
+  check_ratio("layer_norm_backward", counted_bytes([&] { cuda.norm_backward(dx, gw, gb, g, x, w, mean, rstd); }),
+              (3 * n + 3 * cols + 2 * rows) * 4);
+  check_ratio("rms_norm_backward", counted_bytes([&] { cuda.norm_backward(dx, gw, Tensor(), g, x, w, Tensor(), rstd); }),
+              (3 * n + 2 * cols + rows) * 4);
+
+  const int64_t ce_rows = 8, vocab = 50257;
+  const Tensor logits = device(normal({ce_rows, vocab}, 35, 3.0));
+  const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 50256}, {ce_rows}), kCuda);
+  const Tensor loss = empty({}), lse = empty({ce_rows}), grad = empty({ce_rows, vocab}), grad_loss = ops::ones({}, {.device = kCuda});
+  // logits read once; targets, logsumexp and the loss are 8 + 4 + 4/rows bytes a row.
+  check_ratio("cross_entropy", counted_bytes([&] { cuda.cross_entropy(loss, lse, logits, targets, -100); }),
+              ce_rows * vocab * 4 + ce_rows * (8 + 4) + 4);
+  check_ratio("cross_entropy_backward",
+              counted_bytes([&] { cuda.cross_entropy_backward(grad, grad_loss, logits, lse, targets, -100); }),
+              2 * ce_rows * vocab * 4 + ce_rows * (8 + 4) + 4);
+}
+
+TEST_CASE("gradcheck of softmax, log_softmax, layer_norm, rms_norm and cross_entropy on cuda, in f64") {
+  const auto leaf = [](const Shape& shape, uint64_t stream, double scale) {
+    Tensor on_device = ops::to(normal(shape, 40 + stream, scale), kCuda);
+    on_device.set_requires_grad(true);
+    return on_device;
+  };
+  const Tensor x = leaf({3, 33}, 1, 1.0), w = leaf({33}, 2, 1.0), b = leaf({33}, 3, 1.0);
+  const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>{5, -100, 32}, {3}), kCuda);
+  using autograd::TensorList;
+  using Function = std::function<Tensor(const TensorList&)>;
+  const Tensor weights = ops::to(normal({3, 33}, 9), kCuda);  // a weighted sum tests every output's gradient
+  struct Case {
+    const char* name;
+    Function function;
+    TensorList inputs;  // only what the function uses: gradcheck perturbs each element
+  };
+  const std::vector<Case> cases = {
+      {"softmax", [&](const TensorList& t) { return mul(softmax(t[0], -1), weights); }, {x}},
+      {"log_softmax", [&](const TensorList& t) { return mul(log_softmax(t[0], 1), weights); }, {x}},
+      {"softmax along dim 0", [&](const TensorList& t) { return mul(softmax(t[0], 0), weights); }, {x}},
+      {"layer_norm", [&](const TensorList& t) { return mul(layer_norm(t[0], t[1], t[2], 1e-5), weights); }, {x, w, b}},
+      {"rms_norm", [&](const TensorList& t) { return mul(rms_norm(t[0], t[1], 1e-6), weights); }, {x, w}},
+      {"cross_entropy (ignore_index)", [&](const TensorList& t) { return cross_entropy(t[0], targets); }, {x}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const autograd::GradcheckResult result = autograd::gradcheck(c.function, c.inputs);
+    CHECK_MESSAGE(result.ok, result.report);
+  }
+}
