@@ -10,6 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "tensor/op_kinds.h"
@@ -121,6 +124,15 @@ struct KernelTable {
   // dtype) when that factor is < 1 and sqrt(total) is finite; total (0-d f64)
   // is read where it lives, so a device never waits for the host.
   void (*scale_to_max_norm)(const std::vector<Tensor>& tensors, const Tensor& total, double max_norm);
+
+  // Checks that every value of `indices` (i32/i64) lies in [0, count) or is
+  // also_allowed; the error is describe(position, value). The cpu throws
+  // here. cuda checks on the device and raises at the host's next read of the
+  // stream (tensor/cuda/deferred_errors.h), and its gather and scatter
+  // kernels skip such values meanwhile: asking now would cost a
+  // synchronisation per op.
+  void (*check_index_range)(const Tensor& indices, int64_t count, std::optional<int64_t> also_allowed,
+                            const std::function<std::string(int64_t position, int64_t value)>& describe);
 };
 
 // The table of `device`; throws tessera::Error for a device this build has no

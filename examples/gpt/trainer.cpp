@@ -197,20 +197,12 @@ StepMetrics Trainer::train_step() {
     tessera::autograd::backward(loss);
     losses.push_back(loss.detach());
   }
-  double loss_sum = 0.0;
-  for (const double loss : tessera::ops::stack(losses, 0).to_vector<double>()) loss_sum += loss;
   // FSDP counts its own collectives, whatever the group; its last one is done
   // (the backward's final callback waited for it). From here on the groups
-  // count the trainer's own: the loss's all-reduce and clip_grad_norm_'s.
+  // count the trainer's own: clip_grad_norm_'s and the loss's all-reduces.
   for (const auto& group : process_groups_) group->reset_stats();
 
-  // Every rank's losses, summed before the optimizer touches anything: a
-  // non-finite loss stops the run on every rank at the same step.
-  const double mean_loss = sum_over_ranks(loss_sum) / static_cast<double>(micro_batches * ranks);
-  TESSERA_CHECK(std::isfinite(mean_loss), "train: step {}: the loss is {}; the model has diverged (lower --lr?)",
-                step_ + 1, mean_loss);
-
-  double grad_norm = 0.0;
+  double grad_norm = 0.0, mean_loss = 0.0;
   {
     dist::TraceSpan span(tracer(), rank(), "compute", "optimizer", "train");
     // The sum over micro-batches becomes their mean (the reduce-scatter has
@@ -222,7 +214,22 @@ StepMetrics Trainer::train_step() {
       }
     }
     const double max_norm = config_.clip > 0.0 ? config_.clip : std::numeric_limits<double>::infinity();
-    grad_norm = tessera::optim::clip_grad_norm_(parameters_, max_norm);  // global: the same on every rank
+    const Tensor norm = tessera::optim::clip_grad_norm_tensor(parameters_, max_norm);  // global: the same on every rank
+
+    // The step's one read of the device: the micro-batches' losses and the norm, together.
+    std::vector<Tensor> readout;
+    for (const Tensor& loss : losses) readout.push_back(tessera::ops::to(loss, tessera::DType::f64));
+    readout.push_back(tessera::ops::to(norm, config_.device));
+    const std::vector<double> values = tessera::ops::stack(readout, 0).to_vector<double>();
+    double loss_sum = 0.0;
+    for (int64_t micro = 0; micro < micro_batches; ++micro) loss_sum += values[static_cast<size_t>(micro)];
+    grad_norm = values.back();
+
+    // Every rank's losses, summed before the optimizer touches the parameters:
+    // a non-finite loss stops the run on every rank at the same step.
+    mean_loss = sum_over_ranks(loss_sum) / static_cast<double>(micro_batches * ranks);
+    TESSERA_CHECK(std::isfinite(mean_loss), "train: step {}: the loss is {}; the model has diverged (lower --lr?)",
+                  step_ + 1, mean_loss);
     TESSERA_CHECK(std::isfinite(grad_norm), "train: step {}: the gradient norm is {} (loss {}); lower --lr?",
                   step_ + 1, grad_norm, mean_loss);
     optimizer_->step();

@@ -2,7 +2,7 @@
 // gradient (the kernel table's sum_of_squares: fixed blocks, summed in a
 // fixed order), summed across the shard groups of sharded parameters, then
 // one in-place scale that reads the total where it lives. On cuda the host
-// reads one number per step: the total, after the scale was queued.
+// reads one number per step (clip_grad_norm_), or none (clip_grad_norm_tensor).
 #include "nn/optim/clip_grad.h"
 
 #include <cmath>
@@ -16,7 +16,7 @@
 
 namespace tessera::optim {
 
-double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm) {
+Tensor clip_grad_norm_tensor(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm) {
   TESSERA_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> grads;
@@ -35,7 +35,7 @@ double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params
     grads.push_back(grad);
     owners.push_back(param.get());
   }
-  if (grads.empty()) return 0.0;
+  if (grads.empty()) return ops::scalar_tensor(0.0, {.dtype = DType::f64});
   const Device device = grads.front().device();
   const KernelTable& table = kernels(device);
 
@@ -61,28 +61,28 @@ double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params
   }
   Tensor total = ops::empty({}, {.dtype = DType::f64, .device = device});
   table.sum_of_squares(total, whole);
-  if (!sharded.empty()) {
-    // Collectives run on cpu tensors today, so a device's partial sums cross
-    // to the host for the all-reduce and the total goes back: one round trip
-    // per step that an unsharded model does not make.
-    double sum = ops::to(total, kCPU).item();
-    for (auto& [key, entry] : sharded) {
-      Tensor partial = ops::empty({}, {.dtype = DType::f64, .device = device});
-      table.sum_of_squares(partial, entry.second);
-      partial = ops::to(partial, kCPU);
-      for (const auto& group : entry.first) group->all_reduce(partial, dist::ReduceOp::sum);
-      sum += partial.item();
-    }
-    total = ops::to(ops::scalar_tensor(sum, {.dtype = DType::f64}), device);
+  for (auto& [key, entry] : sharded) {
+    Tensor partial = ops::empty({}, {.dtype = DType::f64, .device = device});
+    table.sum_of_squares(partial, entry.second);
+    // Collectives across ranks carry cpu tensors until tessera has NCCL, so
+    // there a device's partial sum crosses to the host and back; a group of
+    // one rank takes it where it is.
+    bool across_ranks = false;
+    for (const auto& group : entry.first) across_ranks = across_ranks || group->size() > 1;
+    Tensor reduced = across_ranks ? ops::to(partial, kCPU) : partial;
+    for (const auto& group : entry.first) group->all_reduce(reduced, dist::ReduceOp::sum);
+    total = ops::add(total, ops::to(reduced, device));
   }
   table.scale_to_max_norm(dense, total, max_norm);
-  // The one read of the step (a device waits for the scale's queue position).
-  const double norm = std::sqrt(ops::to(total, kCPU).item());
   // Non-contiguous gradients were scaled in a copy: write it back.
   for (size_t index = 0; index < grads.size(); ++index) {
     if (!dense[index].is_same(grads[index])) ops::copy_(grads[index], dense[index]);
   }
-  return norm;
+  return ops::sqrt(total);
+}
+
+double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm) {
+  return clip_grad_norm_tensor(params, max_norm).item();  // the one read of the device
 }
 
 }  // namespace tessera::optim

@@ -18,5 +18,9 @@ namespace tessera::optim {
 // with the same parameters), so the norm is the global one on every rank and
 // every rank clips by the same factor.
 double clip_grad_norm_(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm);
+// The same clipping, with the norm left where the gradients live (a 0-d f64
+// tensor; a cpu zero when no parameter has a gradient): on cuda nothing waits
+// for the device, and a training loop reads the norm together with its loss.
+Tensor clip_grad_norm_tensor(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm);
 
 }  // namespace tessera::optim

@@ -51,5 +51,7 @@ void causal_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWMoments& moments);
 void sum_of_squares(const Tensor& total, const std::vector<Tensor>& tensors);
 void scale_to_max_norm(const std::vector<Tensor>& tensors, const Tensor& total, double max_norm);
+void check_index_range(const Tensor& indices, int64_t count, std::optional<int64_t> also_allowed,
+                       const std::function<std::string(int64_t position, int64_t value)>& describe);
 
 }  // namespace tessera::cpu

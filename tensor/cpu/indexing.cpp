@@ -123,4 +123,14 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor
   });
 }
 
+void check_index_range(const Tensor& indices, int64_t count, std::optional<int64_t> also_allowed,
+                       const std::function<std::string(int64_t position, int64_t value)>& describe) {
+  const std::vector<int64_t> values = indices.to_vector<int64_t>();
+  for (size_t position = 0; position < values.size(); ++position) {
+    const int64_t value = values[position];
+    if ((value >= 0 && value < count) || value == also_allowed) continue;
+    fail("{}", describe(static_cast<int64_t>(position), value));
+  }
+}
+
 }  // namespace tessera::cpu

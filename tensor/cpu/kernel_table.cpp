@@ -30,6 +30,7 @@ const KernelTable& kernel_table() {
       .adamw_step = adamw_step,
       .sum_of_squares = sum_of_squares,
       .scale_to_max_norm = scale_to_max_norm,
+      .check_index_range = check_index_range,
   };
   return table;
 }

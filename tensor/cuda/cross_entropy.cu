@@ -37,7 +37,9 @@ __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
     const A row_logsumexp = state.max + std::log(state.sum);
     logsumexp[row] = row_logsumexp;
     const auto target = static_cast<int64_t>(targets[row]);
-    row_losses[row] = target == ignore_index ? A(0) : row_logsumexp - convert<A>(x[target]);
+    // A target out of range (check_index_range reports it) reads nothing.
+    const bool readable = target >= 0 && target < classes;
+    row_losses[row] = target == ignore_index || !readable ? A(0) : row_logsumexp - convert<A>(x[target]);
   }
 }
 

@@ -18,11 +18,19 @@ __global__ void __launch_bounds__(kThreads) index_select_kernel(Word* out, const
   const int64_t rows = geometry.outer * geometry.count;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t outer = row / geometry.count, j = row % geometry.count;
-    if (threadIdx.x == 0) source_row = outer * geometry.size + static_cast<int64_t>(index[j]);
+    if (threadIdx.x == 0) {
+      const int64_t chosen = static_cast<int64_t>(index[j]);
+      // An index out of range (check_index_range reports it) reads nothing: its row is zeros.
+      source_row = chosen >= 0 && chosen < geometry.size ? outer * geometry.size + chosen : -1;
+    }
     __syncthreads();
-    const Word* from = x + source_row * geometry.inner;
     Word* to = out + row * geometry.inner;
-    for (int64_t column = threadIdx.x; column < geometry.inner; column += blockDim.x) to[column] = from[column];
+    if (source_row < 0) {
+      for (int64_t column = threadIdx.x; column < geometry.inner; column += blockDim.x) to[column] = Word{};
+    } else {
+      const Word* from = x + source_row * geometry.inner;
+      for (int64_t column = threadIdx.x; column < geometry.inner; column += blockDim.x) to[column] = from[column];
+    }
     __syncthreads();  // source_row is rewritten next round
   }
 }
@@ -46,6 +54,7 @@ __global__ void __launch_bounds__(kThreads) index_add_kernel(T* out, const T* so
       __syncthreads();
       for (int64_t k = 0; active && k < in_tile; ++k) {
         const int64_t i = tile + k;
+        if (staged[k] < 0 || staged[k] >= geometry.size) continue;  // out of range: reported, never written
         T& target = out[(outer * geometry.size + staged[k]) * geometry.inner + column];
         const T addend = source[(outer * geometry.count + i) * geometry.inner + column];
         if constexpr (std::is_floating_point_v<T>) {
@@ -60,15 +69,34 @@ __global__ void __launch_bounds__(kThreads) index_add_kernel(T* out, const T* so
   }
 }
 
+// Records the first value of `indices` outside [0, count) (other than
+// `also_allowed`, when given) in `record`; the host raises it later.
+template <typename Index>
+__global__ void __launch_bounds__(kThreads) check_index_range_kernel(const Index* indices, int64_t n, int64_t count,
+                                                                   bool has_allowed, int64_t also_allowed,
+                                                                   DeviceErrorRecord* record, int64_t check) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) {
+    const int64_t value = static_cast<int64_t>(indices[i]);
+    if ((value >= 0 && value < count) || (has_allowed && value == also_allowed)) continue;
+    if (atomicCAS(&record->raised, 0ull, 1ull) == 0ull) {
+      record->check = check;
+      record->position = i;
+      record->value = value;
+    }
+  }
+}
+
 // The embedding backward's sort: 2 * kThreads keys per tile in shared memory.
 constexpr int kSortTile = 2 * kThreads;
 constexpr uint64_t kNoKey = ~uint64_t{0};  // padding: sorts last, matches no row
 
 template <typename Index>
 __global__ void __launch_bounds__(kThreads) make_keys_kernel(uint64_t* keys, const Index* index, int64_t count,
-                                                           int64_t capacity) {
+                                                           int64_t capacity, int64_t size) {
   for (int64_t i = first_index(); i < capacity; i += index_stride()) {
-    keys[i] = i < count ? static_cast<uint64_t>(index[i]) << 32 | static_cast<uint64_t>(i) : kNoKey;
+    // An index out of range (check_index_range reports it) becomes padding.
+    const int64_t row = i < count ? static_cast<int64_t>(index[i]) : -1;
+    keys[i] = row >= 0 && row < size ? static_cast<uint64_t>(row) << 32 | static_cast<uint64_t>(i) : kNoKey;
   }
 }
 
@@ -128,7 +156,8 @@ __global__ void __launch_bounds__(kThreads) add_runs_kernel(T* out, const T* sou
   for (int64_t s = blockIdx.x; s < count; s += gridDim.x) {
     if (threadIdx.x == 0) {
       const uint64_t row_bits = keys[s] >> 32;
-      run_starts = s == 0 || keys[s - 1] >> 32 != row_bits;
+      // Out-of-range indices became padding keys, which sort last: no run.
+      run_starts = keys[s] != kNoKey && (s == 0 || keys[s - 1] >> 32 != row_bits);
       if (run_starts) {
         int64_t low = s + 1, high = count;  // the first key of a later row, in [s + 1, count]
         while (low < high) {
@@ -209,7 +238,7 @@ void index_add_rows(const Operand& out, const Operand& index, const Operand& sou
   const int64_t capacity = sort_key_capacity(geometry.count);
   visit_index(index.dtype, "index_add", [&]<typename Index>(Index) {
     TESSERA_LAUNCH(make_keys_kernel<Index>, config_for(capacity, launch), keys,
-                   static_cast<const Index*>(index.data), geometry.count, capacity);
+                   static_cast<const Index*>(index.data), geometry.count, capacity, geometry.size);
   });
   // Bitonic: stages up to a tile sort inside tiles; each later stage k takes
   // global steps down to distance kSortTile, then finishes inside tiles.
@@ -235,6 +264,16 @@ void index_add_rows(const Operand& out, const Operand& index, const Operand& sou
                           geometry.inner);
   }
   refuse_operands("index_add", "sorts rows of f32 or f64, got", out.dtype);
+}
+
+void check_index_range(const Operand& indices, int64_t count, bool has_allowed, int64_t also_allowed,
+                       DeviceErrorRecord* record, int64_t check, const KernelLaunch& launch) {
+  if (indices.count == 0) return;
+  visit_index(indices.dtype, "check_index_range", [&]<typename Index>(Index) {
+    TESSERA_LAUNCH(check_index_range_kernel<Index>, config_for(indices.count, launch),
+                   static_cast<const Index*>(indices.data), indices.count, count, has_allowed, also_allowed, record,
+                   check);
+  });
 }
 
 }  // namespace tessera::cuda

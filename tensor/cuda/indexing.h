@@ -3,6 +3,7 @@
 // [outer, size, inner] around the indexed dim, as on the cpu.
 #pragma once
 
+#include "tensor/cuda/deferred_errors.h"
 #include "tensor/cuda/elementwise.h"
 
 namespace tessera::cuda {
@@ -36,5 +37,12 @@ int64_t sort_key_capacity(int64_t count);
 // f32 or f64; needs size and count below 2^31.
 void index_add_rows(const Operand& out, const Operand& index, const Operand& source, const IndexGeometry& geometry,
                     uint64_t* keys, const KernelLaunch& launch);
+
+// Writes to `record` (check id `check`) the first value of `indices`
+// (contiguous i32/i64) outside [0, count) and not also_allowed (when
+// has_allowed). The gather and scatter kernels skip such values, so a bad
+// index never touches memory before the host raises it.
+void check_index_range(const Operand& indices, int64_t count, bool has_allowed, int64_t also_allowed,
+                       DeviceErrorRecord* record, int64_t check, const KernelLaunch& launch);
 
 }  // namespace tessera::cuda

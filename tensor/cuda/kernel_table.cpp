@@ -6,8 +6,8 @@
 
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/blas_lt.h"
-#include "tensor/cuda/dropout.h"
 #include "tensor/cuda/cross_entropy.h"
+#include "tensor/cuda/dropout.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/indexing.h"
 #include "tensor/cuda/normalization.h"
@@ -261,6 +261,18 @@ void sum_of_squares_kernel(const Tensor& total, const std::vector<Tensor>& tenso
   sum_of_squares(operands, static_cast<double*>(operand(partials).data),
                  buffer_use("partials", partials, BufferAccess::read_write), static_cast<double*>(operand(total).data),
                  buffer_use("total", total, kWrite), current_stream(total.device()).get());
+}
+
+void check_index_range_kernel(const Tensor& indices, int64_t count, std::optional<int64_t> also_allowed,
+                              const std::function<std::string(int64_t, int64_t)>& describe) {
+  if (indices.numel() == 0) return;
+  const Tensor dense = ops::contiguous(indices);
+  const std::shared_ptr<Stream> stream = current_stream(dense.device());
+  DeviceErrorRecord* record = error_record(*stream);
+  const int64_t check = register_check(*stream, describe);
+  KernelLaunch launch = launch_on_current_stream(dense.device(), {buffer_use("indices", dense, kRead)});
+  launch.buffers.push_back({"error record", record, sizeof(DeviceErrorRecord), BufferAccess::read_write});
+  check_index_range(operand(dense), count, also_allowed.has_value(), also_allowed.value_or(0), record, check, launch);
 }
 
 void scale_to_max_norm_kernel(const std::vector<Tensor>& tensors, const Tensor& total, double max_norm) {
@@ -653,6 +665,7 @@ const KernelTable& kernel_table() {
       .adamw_step = adamw_step_kernel,
       .sum_of_squares = sum_of_squares_kernel,
       .scale_to_max_norm = scale_to_max_norm_kernel,
+      .check_index_range = check_index_range_kernel,
   };
   return table;
 }

@@ -27,6 +27,11 @@ void device_free(void* pointer);
 // Page-locked host memory for transfers (cudaHostAlloc); the simulator's is
 // ordinary host memory.
 void* pinned_host_malloc(int64_t bytes);
+// Memory the host and the device both address by the same pointer: mapped
+// page-locked host memory (cudaHostAllocMapped, unified addressing) on the
+// nvidia runtime, the device heap (which is host memory) in the simulator.
+// Never freed: it holds small per-stream records.
+void* mapped_host_malloc(int64_t bytes);
 void pinned_host_free(void* pointer);
 
 enum class CopyKind : uint8_t { host_to_device, device_to_host, device_to_device };

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "tensor/cuda/deferred_errors.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/operands.h"
 #include "tensor/cuda/runtime.h"
@@ -60,6 +61,7 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
   const std::unique_ptr<void, void (*)(void*)> pinned(pinned_host_malloc(bytes), pinned_host_free);
   memcpy_async(pinned.get(), source.cuda_data(), bytes, CopyKind::device_to_host, *stream);
   stream->synchronize();
+  raise_deferred_errors(*stream);
   const Tensor host = ops::empty(source.sizes(), {.dtype = source.dtype(), .device = kCPU});
   std::memcpy(host.raw_data(), pinned.get(), static_cast<size_t>(bytes));
   kernels(kCPU).copy(dst, host);

@@ -18,12 +18,11 @@ void check_index(const Tensor& index, int64_t size, int64_t dim, const Tensor& t
   TESSERA_CHECK(index.device() == device, "{}: index is on {}, the tensor on {}", op, index.device().str(),
                 device.str());
   if (index.is_meta() || index.numel() == 0) return;
-  const std::vector<int64_t> values = index.to_vector<int64_t>();
-  for (size_t i = 0; i < values.size(); ++i) {
-    TESSERA_CHECK(values[i] >= 0 && values[i] < size,
-                  "{}: index {} at position {} is out of range for dim {} of size {} (shape {})", op, values[i], i, dim,
-                  size, tensor.sizes());
-  }
+  kernels(device).check_index_range(index, size, std::nullopt, [op, dim, size, shape = tensor.sizes()](
+                                                                     int64_t position, int64_t value) {
+    return fmt::format("{}: index {} at position {} is out of range for dim {} of size {} (shape {})", op, value,
+                       position, dim, size, shape);
+  });
 }
 
 }  // namespace

@@ -46,9 +46,9 @@ void check_indices(const char* op, const Tensor& indices, int64_t count, const c
   TESSERA_CHECK(indices.dtype() == DType::i32 || indices.dtype() == DType::i64,
                 "{}: indices must be i32 or i64, got {}", op, dtype_name(indices.dtype()));
   if (indices.is_meta()) return;
-  for (int64_t index : indices.to_vector<int64_t>()) {
-    TESSERA_CHECK(index >= 0 && index < count, "{}: index {} out of range for {} {}", op, index, count, what);
-  }
+  kernels(indices.device()).check_index_range(indices, count, std::nullopt, [op, count, what](int64_t, int64_t index) {
+    return fmt::format("{}: index {} out of range for {} {}", op, index, count, what);
+  });
 }
 
 // Moves `dim` last (when it is not), runs `rowwise` on contiguous compute-dtype
@@ -155,10 +155,11 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
                 "{}: targets must be i32 or i64, got {}", op, dtype_name(targets.dtype()));
   if (targets.is_meta()) return;
   const int64_t classes = logits.size(1);
-  for (int64_t t : targets.to_vector<int64_t>()) {
-    TESSERA_CHECK(t == ignore_index || (t >= 0 && t < classes),
-                  "{}: target {} out of range for {} classes (ignore_index is {})", op, t, classes, ignore_index);
-  }
+  kernels(targets.device()).check_index_range(
+      targets, classes, ignore_index, [op, classes, ignore_index](int64_t, int64_t target) {
+        return fmt::format("{}: target {} out of range for {} classes (ignore_index is {})", op, target, classes,
+                           ignore_index);
+      });
 }
 
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {

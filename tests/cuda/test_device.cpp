@@ -433,3 +433,29 @@ TEST_CASE("gradcheck of the differentiable ops on cuda tensors, in f64") {
     CHECK_MESSAGE(result.ok, result.report);
   }
 }
+
+TEST_CASE("an index out of range on the device is raised at the next read, and touches no memory meanwhile") {
+  const Tensor table = ops::to(ops::randn({5, 3}, PhiloxKey{4, 4}), kCuda);
+  const Tensor bad = ops::to(host_tensor(std::vector<int64_t>{1, 7, 2}), kCuda);
+  // Queued without a synchronisation: the gather skips the bad row (zeros).
+  const Tensor gathered = ops::index_select(table, 0, bad);
+  CHECK_THROWS_WITH_AS(gathered.to_vector<float>(),
+                       doctest::Contains("index_select: index 7 at position 1 is out of range for dim 0 of size 5"),
+                       Error);
+  // Raised once: the stream's next read is clean, and the bad row read nothing.
+  const std::vector<float> rows = gathered.to_vector<float>();
+  CHECK(rows[3] == 0.0f);
+  CHECK(rows[4] == 0.0f);
+  CHECK(rows[5] == 0.0f);
+  const Tensor good = ops::to(host_tensor(std::vector<int64_t>{4, 0}), kCuda);
+  CHECK(bitwise_equal(ops::index_select(ops::to(table, kCPU), 0, ops::to(good, kCPU)), ops::index_select(table, 0, good)));
+  // The scatter-add skips it too, and cross-entropy's targets are checked the same way.
+  Tensor sums = ops::zeros({5, 3}, {.device = kCuda});
+  ops::index_add_(sums, 0, bad, ops::ones({3, 3}, {.device = kCuda}));
+  CHECK_THROWS_WITH_AS(sums.to_vector<float>(), doctest::Contains("out of range"), Error);
+  CHECK(ops::sum(sums).item() == 6.0);
+  const Tensor logits = ops::zeros({2, 4}, {.device = kCuda});
+  const Tensor targets = ops::to(host_tensor(std::vector<int64_t>{3, 9}), kCuda);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, targets).item(),
+                       doctest::Contains("target 9 out of range for 4 classes"), Error);
+}

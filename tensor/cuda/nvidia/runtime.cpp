@@ -43,6 +43,15 @@ void* pinned_host_malloc(int64_t bytes) {
 
 void pinned_host_free(void* pointer) { nvidia::check(cudaFreeHost(pointer), "cudaFreeHost"); }
 
+void* mapped_host_malloc(int64_t bytes) {
+  void* host = nullptr;
+  nvidia::check(cudaHostAlloc(&host, static_cast<size_t>(bytes), cudaHostAllocMapped), "cudaHostAlloc (mapped)");
+  void* device = nullptr;
+  nvidia::check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer");
+  TESSERA_CHECK(device == host, "cuda: mapped host memory has another device address (no unified addressing)");
+  return host;
+}
+
 void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream) {
   const cudaMemcpyKind direction = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
                                    : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost

@@ -32,6 +32,12 @@ void* pinned_host_malloc(int64_t bytes) {
 }
 void pinned_host_free(void* pointer) { std::free(pointer); }
 
+void* mapped_host_malloc(int64_t bytes) {
+  void* pointer = sim::device_malloc(bytes);
+  TESSERA_CHECK(pointer != nullptr, "cuda sim: the device is out of memory for a {}-byte mapped record", bytes);
+  return pointer;
+}
+
 void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream) {
   auto* sim_stream = dynamic_cast<sim::SimStream*>(&stream);
   TESSERA_CHECK(sim_stream != nullptr, "cuda sim: memcpy_async on a {} stream (copies run on cuda streams)",
