@@ -33,38 +33,16 @@
 #include "tensor/ops.h"
 #include "tensor/stream.h"
 
+#include "tests/cuda/counted_bytes.h"
+
 using namespace tessera;
+using tessera::testing::counted_bytes;
+using tessera::testing::CountedBytes;
 
 namespace {
 
 const Device kCuda(DeviceType::cuda);
 
-struct CountedBytes {
-  int64_t read = 0, written = 0;
-  int64_t total() const { return read + written; }
-};
-
-// The device bytes the kernels `run` launches read and write, as the
-// simulator counts them through its instrumentation; nullopt where nothing
-// counts (a GPU, or kernels that ASan instruments instead).
-template <typename Run>
-std::optional<CountedBytes> counted_bytes(Run run) {
-#if TESSERA_SIM_CHECKS
-  current_stream(kCuda)->synchronize();  // earlier launches count before the reset, not after
-  cuda::sim::reset_kernel_counters();
-  run();
-  current_stream(kCuda)->synchronize();
-  CountedBytes counted;
-  for (const auto& [name, counter] : cuda::sim::kernel_counters()) {
-    counted.read += counter.device_bytes_read;
-    counted.written += counter.device_bytes_written;
-  }
-  return counted;
-#else
-  run();
-  return std::nullopt;
-#endif
-}
 
 // Normal values on the cpu, in f64 (rounded to `dtype` by the caller).
 Tensor normal(const Shape& shape, uint64_t stream, double scale = 1.0) {
