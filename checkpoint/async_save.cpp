@@ -1,9 +1,7 @@
 // Snapshot on the calling thread, write and commit on a background one.
 #include "checkpoint/async_save.h"
 
-
 #include "checkpoint/rank_errors.h"
-#include "autograd/grad_mode.h"
 #include "dist/launch.h"
 #include "tensor/ops.h"
 
@@ -23,9 +21,8 @@ bool SaveHandle::ready() const {
 
 Tensor SnapshotBuffers::buffer_for(const std::string& name, const Tensor& like) {
   Tensor& buffer = buffers_[name];
-  if (!buffer.defined() || buffer.sizes() != like.sizes() || buffer.dtype() != like.dtype() ||
-      buffer.device() != like.device()) {
-    buffer = ops::empty(like.sizes(), {.dtype = like.dtype(), .device = like.device()});
+  if (!buffer.defined() || buffer.sizes() != like.sizes() || buffer.dtype() != like.dtype()) {
+    buffer = new_host_buffer(like);  // page-locked for a device tensor, whose copy runs asynchronously
   }
   return buffer;
 }
@@ -36,30 +33,18 @@ int64_t SnapshotBuffers::bytes() const {
   return total;
 }
 
-DistributedStateDict snapshot(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers) {
+HostPieces snapshot_async(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers) {
   if (buffers != nullptr) buffers->wait_for_reader();
-  autograd::NoGradGuard no_grad;  // copies the values of tensors that may require grad (live parameters)
-  auto private_copy = [buffers](const std::string& name, const Tensor& tensor) {
-    Tensor copy = buffers != nullptr ? buffers->buffer_for(name, tensor)
-                                     : ops::empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = tensor.device()});
-    ops::copy_(copy, tensor);
-    return copy;
+  const HostBufferFor buffer_for = [buffers](const std::string& name, const Tensor& like) {
+    return buffers != nullptr ? buffers->buffer_for(name, like) : new_host_buffer(like);
   };
-  DistributedStateDict copies;
-  for (const auto& [name, entry] : state) {
-    // What this rank does not write is never read by the save beyond its
-    // dtype and layout, so it is not copied.
-    if (!writes_piece(entry, rank)) {
-      copies.emplace(name, entry);
-    } else if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
-      copies.emplace(name, private_copy(name, *tensor));
-    } else {
-      const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
-      copies.emplace(name, dist::DTensor(private_copy(name, dtensor.local()), dtensor.mesh(), dtensor.placements(),
-                                         dtensor.global_shape()));
-    }
-  }
-  return copies;
+  return stage_written_pieces(state, rank, true, buffer_for);
+}
+
+DistributedStateDict snapshot(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers) {
+  HostPieces copies = snapshot_async(state, rank, buffers);
+  copies.wait();
+  return std::move(copies.state);
 }
 
 SaveHandle async_save(const std::string& dir, const DistributedStateDict& state, SaveOptions options,
@@ -76,9 +61,9 @@ SaveHandle async_save(const std::string& dir, const DistributedStateDict& state,
   // A rank whose snapshot fails still joins the save's collectives and
   // reports the error there, so no rank waits for it forever.
   std::string snapshot_error;
-  DistributedStateDict copies;
+  HostPieces copies;
   try {
-    copies = snapshot(state, rank, buffers);
+    copies = snapshot_async(state, rank, buffers);
   } catch (const std::exception& error) {
     snapshot_error = fmt::format("snapshot failed: {}", error.what());
   }
@@ -86,7 +71,13 @@ SaveHandle async_save(const std::string& dir, const DistributedStateDict& state,
   // writer instead of leaving it running past the state it reads.
   SaveHandle handle(std::async(std::launch::async, [dir, copies = std::move(copies), options, snapshot_error,
                                                     after_commit = std::move(after_commit)]() {
-                       save_or_report(dir, copies, options, snapshot_error);
+                       std::string error = snapshot_error;
+                       try {
+                         copies.wait();  // the device's copies into the host buffers
+                       } catch (const std::exception& failure) {
+                         if (error.empty()) error = fmt::format("snapshot failed: {}", failure.what());
+                       }
+                       save_or_report(dir, copies.state, options, error);
                        if (after_commit) after_commit();
                      }).share());
   if (buffers != nullptr) buffers->set_reader(handle);

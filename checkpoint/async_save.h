@@ -1,6 +1,8 @@
 // Async save: the snapshot is taken when async_save returns (a copy of every
-// piece this rank owns, so later optimizer steps cannot leak into it), and a
-// background thread writes and commits it while training goes on. This is
+// piece this rank owns, so later optimizer steps cannot leak into it; a
+// device piece's copy is enqueued on a side stream, and the device's later
+// work waits for it), and a background thread waits for the copies, then
+// writes and commits the snapshot while training goes on. This is
 // DCP's async_save: the training thread pays one memory copy of its own
 // shards, the disk time is hidden.
 //
@@ -16,6 +18,7 @@
 #include <map>
 #include <string>
 
+#include "checkpoint/host_pieces.h"
 #include "checkpoint/sharded_checkpoint.h"
 
 namespace tessera::checkpoint {
@@ -44,7 +47,9 @@ class SaveHandle {
 // them first waits for the save that still reads them.
 class SnapshotBuffers {
  public:
-  // The kept buffer for `name` when it has `like`'s shape and dtype, else a new one (kept).
+  // The kept host buffer for `name` when it has `like`'s shape and dtype,
+  // else a new one (kept): page-locked when `like` is on a device (a run's
+  // state stays on one device, so a kept buffer fits its tensor's device).
   Tensor buffer_for(const std::string& name, const Tensor& like);
   // The save that reads the buffers now.
   void set_reader(SaveHandle save) { reader_ = std::move(save); }
@@ -56,11 +61,15 @@ class SnapshotBuffers {
   SaveHandle reader_;
 };
 
-// Copies this rank's owned pieces of `state` to a private snapshot: the state
-// dict that async_save writes. Whole tensors are copied on rank 0 only (the
-// rank that writes them); pieces this rank does not write are passed through
-// uncopied (the save reads only their layout). With `buffers`, the copies
-// go into them.
+// Copies this rank's owned pieces of `state` to a private snapshot in host
+// memory: the state dict that async_save writes. Whole tensors are copied on
+// rank 0 only (the rank that writes them); pieces this rank does not write
+// are passed through uncopied (the save reads only their layout). With
+// `buffers`, the copies go into them. Device pieces are copied on the
+// device's checkpoint stream (host_pieces.h): snapshot_async returns before
+// those copies have run, and the compute stream's later work is ordered after
+// them; snapshot waits for them.
+HostPieces snapshot_async(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers = nullptr);
 DistributedStateDict snapshot(const DistributedStateDict& state, int rank, SnapshotBuffers* buffers = nullptr);
 
 // Collective: every rank calls it with the same directory. `after_commit`

@@ -67,4 +67,13 @@ void read_chunk_overlap(const std::string& dir, const ChunkInfo& chunk, DType dt
   ops::copy_(destination, source);
 }
 
+void read_chunks(const std::string& dir, const std::vector<ChunkInfo>& chunks, DType dtype,
+                 const std::string& tensor_name, Tensor piece, const Shape& piece_offsets) {
+  if (piece.numel() == 0) return;
+  const bool on_host = piece.device().is_cpu();
+  Tensor target = on_host ? piece : ops::empty(piece.sizes(), {.dtype = piece.dtype(), .device = kCPU});
+  for (const ChunkInfo& chunk : chunks) read_chunk_overlap(dir, chunk, dtype, tensor_name, target, piece_offsets);
+  if (!on_host) ops::copy_(piece, target);  // host to device, once for the tensor
+}
+
 }  // namespace tessera::checkpoint

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "checkpoint/metadata.h"
 #include "tensor/tensor.h"
@@ -19,5 +20,11 @@ namespace tessera::checkpoint {
 // (short reads, checksum mismatches).
 void read_chunk_overlap(const std::string& dir, const ChunkInfo& chunk, DType dtype, const std::string& tensor_name,
                         Tensor& piece, const Shape& piece_offsets);
+
+// Fills `piece` from the chunks that together hold the whole tensor: a host
+// piece in place; a device piece is assembled in host memory and copied to
+// the device once.
+void read_chunks(const std::string& dir, const std::vector<ChunkInfo>& chunks, DType dtype,
+                 const std::string& tensor_name, Tensor piece, const Shape& piece_offsets);
 
 }  // namespace tessera::checkpoint

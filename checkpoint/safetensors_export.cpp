@@ -68,8 +68,6 @@ nlohmann::json local_plan(const DistributedStateDict& state, int rank) {
     const LocalBox box = local_box_of(entry);
     TESSERA_CHECK(box.local.defined(), "'{}' is an undefined tensor", name);
     if (!writes_piece(entry, rank) || box.local.numel() == 0) continue;
-    TESSERA_CHECK(box.local.device().is_cpu(), "'{}' is on {}; only cpu tensors are exported", name,
-                  box.local.device().str());
     if (std::holds_alternative<dist::DTensor>(entry)) {
       pieces[name] = {{"offsets", box.offsets}, {"sizes", box.local.sizes()}};
     }
@@ -171,13 +169,14 @@ Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const dist:
   const bool one_piece = pieces.size() == 1;  // e.g. replicated: the piece is the tensor
   Tensor whole;
   if (rank == 0 && !one_piece) whole = ops::empty(dtensor.global_shape(), {.dtype = dtensor.dtype()});
+  const Tensor local = ops::to(dtensor.local(), kCPU);  // a device piece comes through a page-locked buffer
   for (const OwnedPiece& piece : pieces) {
-    Tensor received = dtensor.local();
+    Tensor received = local;
     if (piece.rank != 0) {
       const int64_t bytes = shape_numel(piece.sizes) * static_cast<int64_t>(element_size(dtensor.dtype()));
       const Tensor wire = ops::empty({(bytes + 7) / 8}, {.dtype = DType::i64});
       received = Tensor::make(wire.storage(), piece.sizes, contiguous_strides(piece.sizes), 0, dtensor.dtype());
-      if (rank == piece.rank) ops::copy_(received, dtensor.local());
+      if (rank == piece.rank) ops::copy_(received, local);
       group->broadcast(wire, piece.rank);
     }
     if (rank != 0) continue;
@@ -237,7 +236,7 @@ void export_safetensors(const std::string& path, const DistributedStateDict& sta
 
   for (const auto& [name, entry] : state) {
     if (const Tensor* whole = std::get_if<Tensor>(&entry)) {
-      on_rank0([&] { writer->append(*whole); });
+      on_rank0([&] { writer->append(ops::to(*whole, kCPU)); });
       continue;
     }
     const auto found = pieces.find(name);
@@ -264,10 +263,8 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
   report.metadata = header.metadata;
   std::vector<std::string> problems;
   for (const auto& [name, entry] : state) {
-    const Tensor& local = local_box_of(entry).local;
-    if (!local.defined() || !local.device().is_cpu()) {
-      problems.push_back(fmt::format("{}: {}; only cpu tensors are filled", name,
-                                     local.defined() ? "on " + local.device().str() : "undefined"));
+    if (!local_box_of(entry).local.defined()) {
+      problems.push_back(fmt::format("{}: undefined; there is no tensor to fill", name));
       continue;
     }
     const auto found = stored.find(name);
@@ -297,13 +294,11 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
     if (found == stored.end()) continue;
     const SafetensorsEntry& file_entry = *found->second;
     const LocalBox box = local_box_of(entry);
-    if (box.local.numel() == 0) continue;
     // The whole file tensor as one chunk (no checksums): only its overlap with the piece is read.
     const fs::path file(path);
     const ChunkInfo chunk{file.filename().string(), header.data_offset + file_entry.begin,
                           header.data_offset + file_entry.end, Shape(file_entry.shape.size(), 0), file_entry.shape, {}};
-    Tensor local = box.local;
-    read_chunk_overlap(file.parent_path().string(), chunk, file_entry.dtype, name, local, box.offsets);
+    read_chunks(file.parent_path().string(), {chunk}, file_entry.dtype, name, box.local, box.offsets);
   }
   return report;
 }

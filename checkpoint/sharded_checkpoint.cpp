@@ -11,6 +11,7 @@
 #include "checkpoint/checksum.h"
 #include "checkpoint/chunk_reader.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint/host_pieces.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors.h"
@@ -66,13 +67,16 @@ std::vector<uint32_t> block_checksums(const Tensor& dense) {
 // Writes this rank's file; returns its chunks as JSON (or the error text).
 nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDict& state, int rank, bool sync) {
   autograd::NoGradGuard no_grad;  // reads the values of tensors that may require grad (live parameters)
+  // Device pieces come to the host first, through page-locked buffers (an
+  // async save's snapshot is there already).
+  const HostPieces host = stage_written_pieces(state, rank, false,
+                                               [](const std::string&, const Tensor& like) { return new_host_buffer(like); });
+  host.wait();
   std::vector<std::pair<std::string, Tensor>> tensors;
   nlohmann::json chunks = nlohmann::json::object();
-  for (const auto& [name, entry] : state) {
+  for (const auto& [name, entry] : host.state) {
     Piece piece = piece_of(entry, rank);
     if (!piece.owned || piece.local.numel() == 0) continue;
-    TESSERA_CHECK(piece.local.device().is_cpu(), "checkpoint::save: '{}' is on {}; only cpu tensors are saved", name,
-                  piece.local.device().str());
     const Tensor dense = ops::contiguous(piece.local);
     chunks[name] = {{"offsets", piece.offsets}, {"sizes", dense.sizes()}, {"crc32c", block_checksums(dense)}};
     tensors.emplace_back(name, dense);
@@ -209,12 +213,7 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
     const auto found = metadata.tensors.find(name);
     if (found == metadata.tensors.end()) continue;
     Piece piece = piece_of(entry, rank);
-    if (piece.local.numel() == 0) continue;
-    TESSERA_CHECK(piece.local.device().is_cpu(), "checkpoint::load: '{}' is on {}; only cpu tensors are loaded", name,
-                  piece.local.device().str());
-    for (const ChunkInfo& chunk : found->second.chunks) {
-      read_chunk_overlap(dir, chunk, found->second.dtype, name, piece.local, piece.offsets);
-    }
+    read_chunks(dir, found->second.chunks, found->second.dtype, name, piece.local, piece.offsets);
   }
   return report;
 }

@@ -78,12 +78,25 @@ std::shared_ptr<Storage> Storage::released(Device device, int64_t bytes) {
   return std::shared_ptr<Storage>(new Storage(device, bytes));
 }
 
+std::shared_ptr<Storage> Storage::adopt_host(void* data, int64_t bytes, void (*free_bytes)(void*)) {
+  TESSERA_CHECK(bytes >= 0 && free_bytes != nullptr, "Storage::adopt_host: {} bytes, {} free function", bytes,
+                free_bytes != nullptr ? "a" : "no");
+  auto storage = std::make_shared<Storage>(data, bytes, kCPU, current_scope);
+  storage->adopted_free_ = free_bytes;
+  return storage;
+}
+
 Storage::~Storage() {
   if (!released_) free_data();
 }
 
 void Storage::free_data() {
-  if (device_.is_cpu()) cpu::free_bytes(data_, static_cast<size_t>(bytes_));
+  if (adopted_free_ != nullptr) {
+    adopted_free_(data_);
+    adopted_free_ = nullptr;  // restore_data allocates ordinary memory
+  } else if (device_.is_cpu()) {
+    cpu::free_bytes(data_, static_cast<size_t>(bytes_));
+  }
 #if TESSERA_HAVE_CUDA
   if (device_.is_cuda()) cuda::CachingAllocator::instance().free(data_);
 #endif

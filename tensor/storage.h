@@ -67,6 +67,9 @@ class Storage {
   void restore_data();
   // A storage of `bytes` that starts released: it costs nothing until restored.
   static std::shared_ptr<Storage> released(Device device, int64_t bytes);
+  // Host bytes allocated elsewhere (page-locked memory from the cuda
+  // runtime), counted as cpu memory and given back with `free_bytes`.
+  static std::shared_ptr<Storage> adopt_host(void* data, int64_t bytes, void (*free_bytes)(void*));
 
  private:
   Storage(Device device, int64_t bytes);  // released from the start
@@ -77,6 +80,7 @@ class Storage {
   Device device_;
   std::shared_ptr<MemoryCounters> scope_;
   bool released_ = false;
+  void (*adopted_free_)(void*) = nullptr;  // set by adopt_host
 };
 
 // Allocates `bytes` on `device` (64-byte aligned on CPU); meta returns a block

@@ -296,10 +296,9 @@ namespace {
 
 // x * 0 is 0 for every finite x and NaN for an infinity or a NaN, so the sum
 // is NaN exactly when some element is not finite (a plain sum could overflow
-// to inf on finite values).
-bool all_finite(const Tensor& tensor) {
-  if (tensor.numel() == 0 || !tessera::is_floating(tensor.dtype())) return true;
-  return std::isfinite(tessera::ops::sum(tessera::ops::mul(tensor, 0.0)).item());
+// to inf on finite values). Computed where the tensor lives, as f64.
+Tensor non_finite_witness(const Tensor& tensor) {
+  return tessera::ops::to(tessera::ops::sum(tessera::ops::mul(tensor, 0.0)), tessera::DType::f64);
 }
 
 // A saved model of another family is refused by name, before its shape is
@@ -316,13 +315,22 @@ void check_same_family(const nlohmann::json& saved_model, const ModelConfig& min
 }  // namespace
 
 void Trainer::require_finite_state() {
-  std::string first_bad;
+  // One read per device for the whole state (on cuda a read is a
+  // synchronisation), not one per tensor.
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<Tensor>>> witnesses;  // by device
   for (const auto& [name, entry] : state_dict()) {
     const Tensor& local = std::holds_alternative<Tensor>(entry) ? std::get<Tensor>(entry)
                                                                 : std::get<dist::DTensor>(entry).local();
-    if (!all_finite(local)) {
-      first_bad = name;
-      break;
+    if (local.numel() == 0 || !tessera::is_floating(local.dtype())) continue;
+    auto& [names, sums] = witnesses[local.device().str()];
+    names.push_back(name);
+    sums.push_back(non_finite_witness(local));
+  }
+  std::string first_bad;
+  for (const auto& [device, named_sums] : witnesses) {
+    const std::vector<double> sums = tessera::ops::stack(named_sums.second, 0).to_vector<double>();
+    for (size_t index = 0; index < sums.size() && first_bad.empty(); ++index) {
+      if (!std::isfinite(sums[index])) first_bad = named_sums.first[index];
     }
   }
   const std::vector<nlohmann::json> reports = tessera::checkpoint::gather_json(

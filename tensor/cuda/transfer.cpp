@@ -1,5 +1,6 @@
 #include "tensor/cuda/transfer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "tensor/error.h"
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/storage.h"
 #include "tensor/stream.h"
 
 namespace tessera::cuda {
@@ -65,6 +67,30 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
   const Tensor host = ops::empty(source.sizes(), {.dtype = source.dtype(), .device = kCPU});
   std::memcpy(host.raw_data(), pinned.get(), static_cast<size_t>(bytes));
   kernels(kCPU).copy(dst, host);
+}
+
+Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& stream) {
+  TESSERA_CHECK(dst.device().is_cpu() && src.device().is_cuda() && dst.is_contiguous() && src.is_contiguous() &&
+                    dst.dtype() == src.dtype() && dst.numel() == src.numel(),
+                "copy_device_to_host_async: needs a dense cpu destination and a dense cuda source of one dtype and "
+                "size, got {} {} {} on {} from {} {} {} on {}",
+                dtype_name(dst.dtype()), dst.sizes(), dst.is_contiguous() ? "dense" : "strided", dst.device().str(),
+                dtype_name(src.dtype()), src.sizes(), src.is_contiguous() ? "dense" : "strided", src.device().str());
+  const int64_t bytes = src.nbytes();
+  device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
+  bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
+  memcpy_async(dst.raw_data(), src.cuda_data(), bytes, CopyKind::device_to_host, stream);
+  stream.enqueue([keep = dst.storage()] {});  // the host bytes outlive the copy, whatever the caller drops
+  Event copied;
+  copied.record(stream);
+  return copied;
+}
+
+Tensor pinned_host_empty(const Shape& sizes, DType dtype) {
+  const int64_t bytes = shape_numel(sizes) * static_cast<int64_t>(element_size(dtype));
+  void* pinned = pinned_host_malloc(std::max<int64_t>(bytes, 1));
+  TESSERA_CHECK(pinned != nullptr, "pinned_host_empty: no {} bytes of page-locked host memory", bytes);
+  return Tensor::make(Storage::adopt_host(pinned, bytes, pinned_host_free), sizes, contiguous_strides(sizes), 0, dtype);
 }
 
 TransferStats transfer_stats() {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace tessera::cuda {
@@ -15,6 +16,13 @@ namespace tessera::cuda {
 void copy_host_to_device(const Tensor& dst, const Tensor& src);
 // dst (cpu) = src (cuda); waits for the stream.
 void copy_device_to_host(const Tensor& dst, const Tensor& src);
+// dst (cpu, dense, ideally page-locked) = src (cuda, dense, same dtype and
+// numel), enqueued on `stream` without waiting: the returned Event completes
+// once dst holds the bytes. `stream` must be ordered after src's writes
+// (wait_event), and src must not be written until the Event.
+Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& stream);
+// `bytes` of page-locked host memory as a dense cpu tensor (cudaHostAlloc).
+Tensor pinned_host_empty(const Shape& sizes, DType dtype);
 
 // Every transfer since the last reset, counted process-wide: a device-to-host
 // copy is a synchronisation of the host with the device, so these are what a

@@ -12,6 +12,7 @@ namespace {
 
 std::atomic<uint64_t> jitter_seed{0};
 std::atomic<int> jitter_max_microseconds{0};
+std::atomic<int64_t> synchronizations{0};
 
 }  // namespace
 
@@ -43,7 +44,10 @@ void SimStream::wait_event(const Event& event) {
   StreamOrderChecker::instance().stream_waits(checker_id_, clock);
 }
 
+int64_t stream_synchronizations() { return synchronizations.load(); }
+
 void SimStream::synchronize() {
+  synchronizations.fetch_add(1, std::memory_order_relaxed);
   const StreamOrderChecker::Clock clock = StreamOrderChecker::instance().clock_of(checker_id_);
   WorkerStream::synchronize();
   StreamOrderChecker::instance().host_learns(clock);

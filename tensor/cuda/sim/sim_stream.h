@@ -6,6 +6,7 @@
 // shake out orderings that only timing was providing.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <random>
 
@@ -38,5 +39,10 @@ class SimStream final : public WorkerStream {
 // Jitter mode: every operation on a simulated stream first sleeps a random
 // 0..max_microseconds, drawn from (seed, stream). 0 turns it off.
 void set_stream_jitter(uint64_t seed, int max_microseconds);
+
+// How many times the host has called synchronize() on a simulated stream
+// since the process started: tests hold code that must not wait for the
+// device (an asynchronous checkpoint snapshot) to a count of zero.
+int64_t stream_synchronizations();
 
 }  // namespace tessera::cuda::sim
