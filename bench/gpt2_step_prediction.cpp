@@ -10,7 +10,7 @@
 // fitted per kernel name over five reduced runs and checked on a sixth:
 //
 //   count(L, B, T) = c1 + cL L + cBT B T + cLBT L B T + cT T          (every kernel but attention's)
-//   count(L, B, T) = aLBT L B T + aLBT2 L B T^2                       (attention's tiled kernels)
+//   count(L, B, T) = aL L + aLBT L B T + aLBT2 L B T^2                (attention's tiled kernels)
 //
 // - L B T: a layer's GEMMs, elementwise, norm, dropout kernels are linear in
 //   the rows they see; B T alone: embeddings, final norm, the tied head's
@@ -37,8 +37,10 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,7 +131,7 @@ bool is_tiled_attention(const std::string& name) {
 // The scaling model's basis functions at a shape (see the file comment).
 std::vector<double> basis(const std::string& name, const Shape3& s) {
   const double l = static_cast<double>(s.layers), b = static_cast<double>(s.batch), t = static_cast<double>(s.seq);
-  if (is_tiled_attention(name)) return {l * b * t, l * b * t * t};
+  if (is_tiled_attention(name)) return {l, l * b * t, l * b * t * t};
   return {1.0, l, b * t, l * b * t, t};
 }
 
@@ -262,7 +264,10 @@ double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 int main(int argc, char** argv) {
   CLI::App app{"PREDICTED H100 time per GPT-2 124M bf16 training step, from simulator-counted bytes and FLOPs"};
   int top = 12;
+  std::string save_path, load_path;
   app.add_option("--top", top, "kernels listed per batch size")->check(CLI::PositiveNumber);
+  app.add_option("--save-counts", save_path, "write the six runs' per-kernel counts here (tab-separated)");
+  app.add_option("--load-counts", load_path, "analyse counts saved by --save-counts instead of simulating");
   CLI11_PARSE(app, argc, argv);
 
   fmt::print("# gpt2_step_prediction: cpu={} ({} cores, load {}); simulated cuda device, FSDP one rank, "
@@ -273,11 +278,46 @@ int main(int argc, char** argv) {
 
   // Five runs fit the model (five unknowns for most kernels, two for the
   // tiled attention ones); the sixth, larger in L, B and T at once, checks it.
+  // --save-counts keeps the six runs' counts (tab-separated) so that
+  // --load-counts can redo the analysis without the simulator.
   const std::vector<Shape3> fit_shapes = {{1, 1, 64}, {2, 1, 64}, {1, 2, 64}, {1, 1, 128}, {2, 2, 128}};
   const Shape3 check_shape{3, 2, 96};
+  std::vector<Run> loaded;
+  if (!load_path.empty()) {
+    std::ifstream in(load_path);
+    TESSERA_CHECK(in.good(), "gpt2_step_prediction: cannot read {}", load_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<std::string> fields;
+      std::stringstream split(line);
+      for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
+      TESSERA_CHECK(fields.size() == 8, "gpt2_step_prediction: {}: malformed line '{}'", load_path, line);
+      const Shape3 shape{std::stoll(fields[0]), std::stoll(fields[1]), std::stoll(fields[2])};
+      if (loaded.empty() || loaded.back().shape.layers != shape.layers || loaded.back().shape.batch != shape.batch ||
+          loaded.back().shape.seq != shape.seq) {
+        loaded.push_back({shape, {}, std::stoll(fields[3]), 0});
+      }
+      loaded.back().counts[fields[4]] = {std::stod(fields[5]), std::stod(fields[6]), std::stod(fields[7])};
+    }
+    TESSERA_CHECK(loaded.size() == fit_shapes.size() + 1, "gpt2_step_prediction: {} holds {} runs, not {}", load_path,
+                  loaded.size(), fit_shapes.size() + 1);
+  }
+  std::ofstream save;
+  if (!save_path.empty()) save.open(save_path);
+  const auto counted = [&](const Shape3& shape, size_t index) {
+    Run run = loaded.empty() ? count_step(shape) : loaded[index];
+    if (save.is_open()) {
+      for (const auto& [name, c] : run.counts) {
+        save << shape.layers << '\t' << shape.batch << '\t' << shape.seq << '\t' << run.peak_bytes << '\t' << name
+             << '\t' << fmt::format("{:.0f}\t{:.0f}\t{:.0f}", c.launches, c.bytes, c.flops) << '\n';
+      }
+      save.flush();
+    }
+    return run;
+  };
   std::vector<Run> runs;
   for (const Shape3& shape : fit_shapes) {
-    runs.push_back(count_step(shape));
+    runs.push_back(counted(shape, runs.size()));
     fmt::print("counted {:<16} {:4} kernel names, {:6} launches, {:8.3f} GB moved, peak {:7.1f} MiB ({:.0f} s on the "
                "simulator)\n",
                shape_text(shape), runs.back().counts.size(), [&] {
@@ -296,7 +336,7 @@ int main(int argc, char** argv) {
   const Model model = fit_model(runs);
 
   // The check: predict the held-out run from the five, per kernel and in total.
-  const Run check = count_step(check_shape);
+  const Run check = counted(check_shape, fit_shapes.size());
   fmt::print("\nscaling model check: {} counted, predicted from the five runs above\n", shape_text(check_shape));
   fmt::print("  {:<58} {:>14} {:>14} {:>8}\n", "kernel", "counted bytes", "predicted", "error");
   double counted_total = 0, predicted_total = 0, counted_flops = 0, predicted_flops = 0, worst = 0;
