@@ -66,7 +66,8 @@ link_only_sources=(
   tensor/device.cpp tensor/kernels.cpp tensor/parallel.cpp tensor/philox.cpp tensor/raw_op_guard.cpp tensor/storage.cpp
   tensor/ops/copy.cpp tensor/ops/creation.cpp tensor/ops/views.cpp
   tensor/cpu/allocator.cpp tensor/cpu/attention.cpp tensor/cpu/elementwise.cpp tensor/cpu/gemm.cpp tensor/cpu/indexing.cpp
-  tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/reduction.cpp
+  tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/optimizer.cpp
+  tensor/cpu/reduction.cpp
 )
 targets=(metadata safetensors_header)
 declare -A max_len=([metadata]=4096 [safetensors_header]=2048)
