@@ -19,4 +19,9 @@ const KernelTable& kernels(Device device) {
        device.str());
 }
 
+DType kernel_dtype(Device device, DType dtype) {
+  if (dtype == DType::bf16 && !device.is_meta() && kernels(device).computes_bf16) return dtype;
+  return compute_dtype(dtype);
+}
+
 }  // namespace tessera

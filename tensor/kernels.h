@@ -133,7 +133,18 @@ struct KernelTable {
   // synchronisation per op.
   void (*check_index_range)(const Tensor& indices, int64_t count, std::optional<int64_t> also_allowed,
                             const std::function<std::string(int64_t position, int64_t value)>& describe);
+
+  // Whether unary, unary_backward, binary, reduce, softmax, norm,
+  // cross_entropy and causal_attention take bf16 operands themselves
+  // (computing in f32, rounding each bf16 result once, statistics in f32).
+  // Ops widen bf16 to f32 around a table without it: the same bits, two
+  // more passes over memory.
+  bool computes_bf16 = false;
 };
+
+// The dtype ops hand the kernels of `device` for values of `dtype`: bf16
+// itself where the table computes bf16, else compute_dtype(dtype).
+DType kernel_dtype(Device device, DType dtype);
 
 // The table of `device`; throws tessera::Error for a device this build has no
 // kernels for (cuda without the CUDA build, or meta, which has no data).

@@ -5,6 +5,9 @@
 // and same-width dense operands move 16 bytes per load and store. Binary ops
 // with a broadcast operand (a bias row, a per-row value, a scalar) take a
 // tiled path that reads it about once instead of once per element.
+// bf16 operands are read and written as bf16 and computed in f32, each
+// result rounded once: the bits of widening to f32, computing and narrowing,
+// without the two extra passes over memory that costs.
 // The formulas are the cpu kernels' (tensor/cpu/elementwise.cpp): IEEE-exact
 // operations give the same bits; exp, log, tanh, erf, pow and what is built
 // on them use the device's math library, within a few ulp of the cpu's.
@@ -198,55 +201,81 @@ __global__ void __launch_bounds__(kThreads) arange_kernel(T* out, Layout layout,
   }
 }
 
-template <typename Out, typename C>
-__global__ void __launch_bounds__(kThreads) unary_kernel(UnaryOp op, Out* out, Layout out_layout, bool out_dense, const C* x, Layout x_layout,
-                             bool x_dense, int64_t count) {
+// The type a stored element S computes in: f32 for bf16, else S itself.
+template <typename S>
+using ComputeOf = std::conditional_t<std::is_same_v<S, BFloat16>, float, S>;
+
+template <typename C, typename S, int N>
+__device__ Pack<C, N> widen(const Pack<S, N>& stored) {
+  Pack<C, N> values;
+  for (int lane = 0; lane < N; ++lane) values.values[lane] = convert<C>(stored.values[lane]);
+  return values;
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kThreads) unary_kernel(UnaryOp op, S* out, Layout out_layout, bool out_dense, const S* x,
+                                                         Layout x_layout, bool x_dense, int64_t count) {
+  using C = ComputeOf<S>;
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    out[out_dense ? i : out_layout.offset(i)] = static_cast<Out>(apply_unary(op, x[x_dense ? i : x_layout.offset(i)]));
+    const C value = convert<C>(x[x_dense ? i : x_layout.offset(i)]);
+    out[out_dense ? i : out_layout.offset(i)] = convert<S>(apply_unary(op, value));
   }
 }
 
-template <typename C>
-__global__ void __launch_bounds__(kThreads) unary_packed_kernel(UnaryOp op, Pack<C>* out, const Pack<C>* x, int64_t packs) {
+template <typename S>
+__global__ void __launch_bounds__(kThreads) unary_packed_kernel(UnaryOp op, Pack<S>* out, const Pack<S>* x, int64_t packs) {
+  using C = ComputeOf<S>;
   for (int64_t i = first_index(); i < packs; i += index_stride()) {
-    Pack<C> values = x[i];
-    for (int lane = 0; lane < Pack<C>::kCount; ++lane) values.values[lane] = apply_unary(op, values.values[lane]);
+    Pack<S> values = x[i];
+    for (int lane = 0; lane < Pack<S>::kCount; ++lane) {
+      values.values[lane] = convert<S>(apply_unary(op, convert<C>(values.values[lane])));
+    }
     out[i] = values;
   }
 }
 
-template <typename C>
-__global__ void __launch_bounds__(kThreads) unary_backward_kernel(UnaryOp op, C* grad_in, Layout in_layout, const C* grad_out,
-                                      Layout out_layout, const C* saved, Layout saved_layout, bool dense,
+template <typename S>
+__global__ void __launch_bounds__(kThreads) unary_backward_kernel(UnaryOp op, S* grad_in, Layout in_layout, const S* grad_out,
+                                      Layout out_layout, const S* saved, Layout saved_layout, bool dense,
                                       int64_t count) {
+  using C = ComputeOf<S>;
   for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const C dy = grad_out[dense ? i : out_layout.offset(i)];
-    const C s = saved[dense ? i : saved_layout.offset(i)];
-    grad_in[dense ? i : in_layout.offset(i)] = apply_unary_backward(op, dy, s);
+    const C dy = convert<C>(grad_out[dense ? i : out_layout.offset(i)]);
+    const C s = convert<C>(saved[dense ? i : saved_layout.offset(i)]);
+    grad_in[dense ? i : in_layout.offset(i)] = convert<S>(apply_unary_backward(op, dy, s));
   }
 }
 
+// out = a op b, or the comparison a op b into bool when Out is bool.
 template <typename Out, typename C>
-__global__ void __launch_bounds__(kThreads) binary_kernel(BinaryOp op, bool comparison, Out* out, Layout out_layout, const C* a, Layout a_layout,
-                              const C* b, Layout b_layout, bool dense, int64_t count) {
-  for (int64_t i = first_index(); i < count; i += index_stride()) {
-    const C x = a[dense ? i : a_layout.offset(i)];
-    const C y = b[dense ? i : b_layout.offset(i)];
-    const int64_t at = dense ? i : out_layout.offset(i);
-    if constexpr (std::is_same_v<Out, bool>) {
-      out[at] = comparison ? compare(op, x, y) : static_cast<bool>(apply_binary(op, x, y));
-    } else {
-      out[at] = apply_binary(op, x, y);
-    }
+__device__ Out binary_result(BinaryOp op, bool comparison, C x, C y) {
+  if constexpr (std::is_same_v<Out, bool>) {
+    return comparison ? compare(op, x, y) : static_cast<bool>(apply_binary(op, x, y));
+  } else {
+    return convert<Out>(apply_binary(op, x, y));
   }
 }
 
-template <typename C>
-__global__ void __launch_bounds__(kThreads) binary_packed_kernel(BinaryOp op, Pack<C>* out, const Pack<C>* a, const Pack<C>* b, int64_t packs) {
+template <typename Out, typename S>
+__global__ void __launch_bounds__(kThreads) binary_kernel(BinaryOp op, bool comparison, Out* out, Layout out_layout, const S* a, Layout a_layout,
+                              const S* b, Layout b_layout, bool dense, int64_t count) {
+  using C = ComputeOf<S>;
+  for (int64_t i = first_index(); i < count; i += index_stride()) {
+    const C x = convert<C>(a[dense ? i : a_layout.offset(i)]);
+    const C y = convert<C>(b[dense ? i : b_layout.offset(i)]);
+    out[dense ? i : out_layout.offset(i)] = binary_result<Out>(op, comparison, x, y);
+  }
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kThreads) binary_packed_kernel(BinaryOp op, Pack<S>* out, const Pack<S>* a, const Pack<S>* b, int64_t packs) {
+  using C = ComputeOf<S>;
   for (int64_t i = first_index(); i < packs; i += index_stride()) {
-    const Pack<C> x = a[i], y = b[i];
-    Pack<C> result;
-    for (int lane = 0; lane < Pack<C>::kCount; ++lane) result.values[lane] = apply_binary(op, x.values[lane], y.values[lane]);
+    const Pack<S> x = a[i], y = b[i];
+    Pack<S> result;
+    for (int lane = 0; lane < Pack<S>::kCount; ++lane) {
+      result.values[lane] = convert<S>(apply_binary(op, convert<C>(x.values[lane]), convert<C>(y.values[lane])));
+    }
     out[i] = result;
   }
 }
@@ -256,19 +285,19 @@ __global__ void __launch_bounds__(kThreads) binary_packed_kernel(BinaryOp op, Pa
 // the same across the columns (a row's mean, or a scalar when rows is 1).
 enum class Spread : uint8_t { dense, one_row, one_per_row };
 
-template <typename C>
+template <typename S>
 struct SpreadOperand {
-  const C* data;
+  const S* data;
   Spread spread;
 };
 
-template <typename C, int N>
-__device__ Pack<C, N> spread_lanes(const SpreadOperand<C>& operand, const Pack<C, N>& row_values,
-                                   const C* staged_per_row, int64_t at, int64_t tile_row) {
-  if (operand.spread == Spread::dense) return reinterpret_cast<const Pack<C, N>*>(operand.data)[at];
+template <typename C, typename S, int N>
+__device__ Pack<C, N> spread_lanes(const SpreadOperand<S>& operand, const Pack<C, N>& row_values,
+                                   const S* staged_per_row, int64_t at, int64_t tile_row) {
+  if (operand.spread == Spread::dense) return widen<C>(reinterpret_cast<const Pack<S, N>*>(operand.data)[at]);
   if (operand.spread == Spread::one_row) return row_values;
   Pack<C, N> lanes;
-  for (int lane = 0; lane < N; ++lane) lanes.values[lane] = staged_per_row[tile_row];
+  for (int lane = 0; lane < N; ++lane) lanes.values[lane] = convert<C>(staged_per_row[tile_row]);
   return lanes;
 }
 
@@ -277,12 +306,13 @@ __device__ Pack<C, N> spread_lanes(const SpreadOperand<C>& operand, const Pack<C
 // a tile of rows (so that operand is read once per block row, at most 1/32
 // of the output), and a block stages a tile's per-row values in shared
 // memory (read once per block column). Columns are in packs of N elements;
-// dynamic shared memory holds 2 * tile_rows values of C.
-template <typename Out, typename C, int N>
+// dynamic shared memory holds 2 * tile_rows values of S.
+template <typename Out, typename S, int N>
 __global__ void __launch_bounds__(kThreads) binary_spread_kernel(BinaryOp op, bool comparison, Pack<Out, N>* out,
-                                                                 SpreadOperand<C> a, SpreadOperand<C> b,
+                                                                 SpreadOperand<S> a, SpreadOperand<S> b,
                                                                  int64_t rows, int64_t columns, int64_t tile_rows) {
-  C* staged = dynamic_shared_memory<C>();  // a's per-row values, then b's
+  using C = ComputeOf<S>;
+  S* staged = dynamic_shared_memory<S>();  // a's per-row values, then b's
   const bool stages = a.spread == Spread::one_per_row || b.spread == Spread::one_per_row;
   const int threads = static_cast<int>(blockDim.x * blockDim.y);
   const int thread = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
@@ -291,8 +321,8 @@ __global__ void __launch_bounds__(kThreads) binary_spread_kernel(BinaryOp op, bo
     const int64_t column = first_column + threadIdx.x;
     const bool active = column < columns;
     Pack<C, N> a_row{}, b_row{};
-    if (active && a.spread == Spread::one_row) a_row = reinterpret_cast<const Pack<C, N>*>(a.data)[column];
-    if (active && b.spread == Spread::one_row) b_row = reinterpret_cast<const Pack<C, N>*>(b.data)[column];
+    if (active && a.spread == Spread::one_row) a_row = widen<C>(reinterpret_cast<const Pack<S, N>*>(a.data)[column]);
+    if (active && b.spread == Spread::one_row) b_row = widen<C>(reinterpret_cast<const Pack<S, N>*>(b.data)[column]);
     for (int64_t first_row = static_cast<int64_t>(blockIdx.y) * tile_rows; first_row < rows;
          first_row += static_cast<int64_t>(gridDim.y) * tile_rows) {
       const int64_t tile = rows - first_row < tile_rows ? rows - first_row : tile_rows;
@@ -311,12 +341,7 @@ __global__ void __launch_bounds__(kThreads) binary_spread_kernel(BinaryOp op, bo
         const Pack<C, N> y = spread_lanes(b, b_row, staged + tile_rows, at, row);
         Pack<Out, N> result;
         for (int lane = 0; lane < N; ++lane) {
-          if constexpr (std::is_same_v<Out, bool>) {
-            result.values[lane] = comparison ? compare(op, x.values[lane], y.values[lane])
-                                             : static_cast<bool>(apply_binary(op, x.values[lane], y.values[lane]));
-          } else {
-            result.values[lane] = apply_binary(op, x.values[lane], y.values[lane]);
-          }
+          result.values[lane] = binary_result<Out>(op, comparison, x.values[lane], y.values[lane]);
         }
         out[at] = result;
       }
@@ -335,11 +360,13 @@ __global__ void __launch_bounds__(kThreads) where_kernel(Word* out, Layout out_l
   }
 }
 
-// Calls fn(T{}) for the compute dtypes: the numeric ones and bool.
+// Calls fn(S{}) for the dtypes the compute kernels store: the numeric ones,
+// bool and bf16 (computed in f32).
 template <typename Fn>
-void visit_compute(DType dtype, const char* kernel, Fn&& fn) {
+void visit_stored(DType dtype, const char* kernel, Fn&& fn) {
   if (dtype == DType::boolean) return fn(bool{});
-  visit_numeric(dtype, kernel, "computes in f32, f64, i32, i64 or bool (the op converts 16-bit floats), got", fn);
+  if (dtype == DType::bf16) return fn(BFloat16{});
+  visit_numeric(dtype, kernel, "computes in f32, f64, i32, i64, bool or bf16 (the op converts f16), got", fn);
 }
 
 
@@ -386,20 +413,21 @@ void arange(const Operand& out, double start, double step, const KernelLaunch& l
 }
 
 void unary(UnaryOp op, const Operand& out, const Operand& x, const KernelLaunch& launch) {
-  visit_compute(x.dtype, "unary", [&]<typename C>(C) {
+  visit_stored(x.dtype, "unary", [&]<typename S>(S) {
+    using C = ComputeOf<S>;
     const bool defined = std::is_same_v<C, bool>    ? op == UnaryOp::logical_not
                          : std::is_integral_v<C> ? (op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::relu)
                                                  : op != UnaryOp::logical_not;
     if (!defined) refuse_operands("unary", "this op is not defined for an input of dtype", x.dtype);
     if (out.dtype != x.dtype) refuse_operands("unary", "the output's dtype differs from the input's,", out.dtype);
-    if (packable<C>(out) && packable<C>(x) && out.count % Pack<C>::kCount == 0) {
-      const int64_t packs = out.count / Pack<C>::kCount;
-      TESSERA_LAUNCH(unary_packed_kernel<C>, config_for(packs, launch), op, static_cast<Pack<C>*>(out.data),
-                     static_cast<const Pack<C>*>(x.data), packs);
+    if (packable<S>(out) && packable<S>(x) && out.count % Pack<S>::kCount == 0) {
+      const int64_t packs = out.count / Pack<S>::kCount;
+      TESSERA_LAUNCH(unary_packed_kernel<S>, config_for(packs, launch), op, static_cast<Pack<S>*>(out.data),
+                     static_cast<const Pack<S>*>(x.data), packs);
       return;
     }
-    TESSERA_LAUNCH((unary_kernel<C, C>), config_for(out.count, launch), op, static_cast<C*>(out.data), out.layout,
-                   out.contiguous, static_cast<const C*>(x.data), x.layout, x.contiguous, out.count);
+    TESSERA_LAUNCH(unary_kernel<S>, config_for(out.count, launch), op, static_cast<S*>(out.data), out.layout,
+                   out.contiguous, static_cast<const S*>(x.data), x.layout, x.contiguous, out.count);
   });
 }
 
@@ -407,11 +435,11 @@ void unary_backward(UnaryOp op, const Operand& grad_in, const Operand& grad_out,
                     const KernelLaunch& launch) {
   if (op == UnaryOp::logical_not) refuse_operands("unary_backward", "logical_not has no derivative; input", grad_in.dtype);
   const bool dense = grad_in.contiguous && grad_out.contiguous && saved.contiguous;
-  visit_compute(grad_in.dtype, "unary_backward", [&]<typename C>(C) {
-    if constexpr (std::is_floating_point_v<C>) {
-      TESSERA_LAUNCH(unary_backward_kernel<C>, config_for(grad_in.count, launch), op, static_cast<C*>(grad_in.data),
-                     grad_in.layout, static_cast<const C*>(grad_out.data), grad_out.layout,
-                     static_cast<const C*>(saved.data), saved.layout, dense, grad_in.count);
+  visit_stored(grad_in.dtype, "unary_backward", [&]<typename S>(S) {
+    if constexpr (std::is_floating_point_v<ComputeOf<S>>) {
+      TESSERA_LAUNCH(unary_backward_kernel<S>, config_for(grad_in.count, launch), op, static_cast<S*>(grad_in.data),
+                     grad_in.layout, static_cast<const S*>(grad_out.data), grad_out.layout,
+                     static_cast<const S*>(saved.data), saved.layout, dense, grad_in.count);
     } else {
       refuse_operands("unary_backward", "needs floating operands, got", grad_in.dtype);
     }
@@ -453,7 +481,7 @@ bool aligned(const void* data, int64_t bytes) { return reinterpret_cast<uintptr_
 // Launches binary_spread_kernel when the output is contiguous and both
 // operands spread at one split of its dims (the first, which gives the
 // longest rows); false when they do not.
-template <typename Out, typename C>
+template <typename Out, typename S>
 bool binary_spread(BinaryOp op, bool comparison, const Operand& out, const Operand& a, const Operand& b,
                    const KernelLaunch& launch) {
   if (!out.contiguous) return false;
@@ -473,9 +501,9 @@ bool binary_spread(BinaryOp op, bool comparison, const Operand& out, const Opera
   // Up to four lanes (16 bytes of f32/i32, 4 of bool), and f64 one at a time:
   // 16 bool lanes, or two f64 lanes live across the call to pow, make ptxas
   // spill with the operands a thread keeps across its rows.
-  constexpr int kWide = std::is_same_v<C, double> ? 1 : std::min(Pack<C>::kCount, 4);
+  constexpr int kWide = std::is_same_v<S, double> ? 1 : std::min(Pack<S>::kCount, 4);
   const auto packs = [&](const Operand& operand, Spread spread) {
-    return spread == Spread::one_per_row || aligned(operand.data, sizeof(C) * kWide);
+    return spread == Spread::one_per_row || aligned(operand.data, sizeof(S) * kWide);
   };
   const bool wide = columns % kWide == 0 && aligned(out.data, sizeof(Out) * kWide) && packs(a, *a_spread) &&
                     packs(b, *b_spread);
@@ -492,16 +520,16 @@ bool binary_spread(BinaryOp op, bool comparison, const Operand& out, const Opera
   config.grid = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   config.block = dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
   const bool stages = *a_spread == Spread::one_per_row || *b_spread == Spread::one_per_row;
-  config.dynamic_shared_bytes = stages ? 2 * tile_rows * static_cast<int64_t>(sizeof(C)) : 0;
+  config.dynamic_shared_bytes = stages ? 2 * tile_rows * static_cast<int64_t>(sizeof(S)) : 0;
   config.buffers = launch.buffers;
   config.stream = launch.stream;
-  const SpreadOperand<C> a_operand{static_cast<const C*>(a.data), *a_spread};
-  const SpreadOperand<C> b_operand{static_cast<const C*>(b.data), *b_spread};
+  const SpreadOperand<S> a_operand{static_cast<const S*>(a.data), *a_spread};
+  const SpreadOperand<S> b_operand{static_cast<const S*>(b.data), *b_spread};
   if (wide) {
-    TESSERA_LAUNCH((binary_spread_kernel<Out, C, kWide>), config, op, comparison,
+    TESSERA_LAUNCH((binary_spread_kernel<Out, S, kWide>), config, op, comparison,
                    static_cast<Pack<Out, kWide>*>(out.data), a_operand, b_operand, rows, column_packs, tile_rows);
   } else {
-    TESSERA_LAUNCH((binary_spread_kernel<Out, C, 1>), config, op, comparison, static_cast<Pack<Out, 1>*>(out.data),
+    TESSERA_LAUNCH((binary_spread_kernel<Out, S, 1>), config, op, comparison, static_cast<Pack<Out, 1>*>(out.data),
                    a_operand, b_operand, rows, column_packs, tile_rows);
   }
   return true;
@@ -511,7 +539,8 @@ bool binary_spread(BinaryOp op, bool comparison, const Operand& out, const Opera
 
 void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b, const KernelLaunch& launch) {
   const bool dense = out.contiguous && a.contiguous && b.contiguous;
-  visit_compute(a.dtype, "binary", [&]<typename C>(C) {
+  visit_stored(a.dtype, "binary", [&]<typename S>(S) {
+    using C = ComputeOf<S>;
     const bool comparison = is_comparison(op);
     if (!comparison) {
       const bool defined = std::is_floating_point_v<C> ||
@@ -520,22 +549,24 @@ void binary(BinaryOp op, const Operand& out, const Operand& a, const Operand& b,
                                                     : op != BinaryOp::div);
       if (!defined) refuse_operands("binary", "this op is not defined for operands of dtype", a.dtype);
     }
+    if (b.dtype != a.dtype) refuse_operands("binary", "operands differ in dtype; b is", b.dtype);
     if (comparison || std::is_same_v<C, bool>) {
-      if (!dense && binary_spread<bool, C>(op, comparison, out, a, b, launch)) return;
-      TESSERA_LAUNCH((binary_kernel<bool, C>), config_for(out.count, launch), op, comparison,
-                     static_cast<bool*>(out.data), out.layout, static_cast<const C*>(a.data), a.layout,
-                     static_cast<const C*>(b.data), b.layout, dense, out.count);
+      if (!dense && binary_spread<bool, S>(op, comparison, out, a, b, launch)) return;
+      TESSERA_LAUNCH((binary_kernel<bool, S>), config_for(out.count, launch), op, comparison,
+                     static_cast<bool*>(out.data), out.layout, static_cast<const S*>(a.data), a.layout,
+                     static_cast<const S*>(b.data), b.layout, dense, out.count);
       return;
     }
-    if (packable<C>(out) && packable<C>(a) && packable<C>(b) && out.count % Pack<C>::kCount == 0) {
-      const int64_t packs = out.count / Pack<C>::kCount;
-      TESSERA_LAUNCH(binary_packed_kernel<C>, config_for(packs, launch), op, static_cast<Pack<C>*>(out.data),
-                     static_cast<const Pack<C>*>(a.data), static_cast<const Pack<C>*>(b.data), packs);
+    if (out.dtype != a.dtype) refuse_operands("binary", "the output's dtype differs from the operands',", out.dtype);
+    if (packable<S>(out) && packable<S>(a) && packable<S>(b) && out.count % Pack<S>::kCount == 0) {
+      const int64_t packs = out.count / Pack<S>::kCount;
+      TESSERA_LAUNCH(binary_packed_kernel<S>, config_for(packs, launch), op, static_cast<Pack<S>*>(out.data),
+                     static_cast<const Pack<S>*>(a.data), static_cast<const Pack<S>*>(b.data), packs);
       return;
     }
-    if (!dense && binary_spread<C, C>(op, false, out, a, b, launch)) return;
-    TESSERA_LAUNCH((binary_kernel<C, C>), config_for(out.count, launch), op, false, static_cast<C*>(out.data),
-                   out.layout, static_cast<const C*>(a.data), a.layout, static_cast<const C*>(b.data), b.layout,
+    if (!dense && binary_spread<S, S>(op, false, out, a, b, launch)) return;
+    TESSERA_LAUNCH((binary_kernel<S, S>), config_for(out.count, launch), op, false, static_cast<S*>(out.data),
+                   out.layout, static_cast<const S*>(a.data), a.layout, static_cast<const S*>(b.data), b.layout,
                    dense, out.count);
   });
 }

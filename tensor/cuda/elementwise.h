@@ -1,7 +1,8 @@
 // Host entry points of the elementwise kernels (tensor/cuda/elementwise.cu):
 // each launches on `launch.stream` with the buffers the caller declared.
 // Operands are already checked and shaped by the ops; the compute kernels
-// (unary, binary, where) see the compute dtypes (f32, f64, i32, i64, bool).
+// (unary, binary) take f32, f64, i32, i64, bool and bf16 (computed in f32);
+// where moves any dtype.
 #pragma once
 
 #include <vector>

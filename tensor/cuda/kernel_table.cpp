@@ -666,6 +666,7 @@ const KernelTable& kernel_table() {
       .sum_of_squares = sum_of_squares_kernel,
       .scale_to_max_norm = scale_to_max_norm_kernel,
       .check_index_range = check_index_range_kernel,
+      .computes_bf16 = true,
   };
   return table;
 }

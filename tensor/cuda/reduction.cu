@@ -68,6 +68,14 @@ __global__ void __launch_bounds__(kThreads) max_along_kernel(T* values, int64_t*
   }
 }
 
+// Calls fn(T{}) for the dtypes reduce reads: f32, f64, i32, i64 and bf16
+// (bool goes through i32).
+template <typename Fn>
+void visit_reduced(DType dtype, Fn&& fn) {
+  if (dtype == DType::bf16) return fn(BFloat16{});
+  visit_numeric(dtype, "reduce", "reads f32, f64, i32, i64 or bf16 (bool goes through i32), got", fn);
+}
+
 // The smallest power of two covering `count`, at most a block.
 int group_size(int64_t count) {
   int group = 1;
@@ -82,7 +90,7 @@ void reduce(ReduceOp op, const Operand& out, const Operand& x, const ReduceGeome
   if (geometry.outputs == 0) return;
   const int group = group_size(geometry.reduced_count);
   const int64_t blocks_needed = (geometry.outputs * group + kThreads - 1) / kThreads;
-  visit_numeric(x.dtype, "reduce", "computes in f32, f64, i32 or i64 (bool goes through i32), got", [&]<typename T>(T) {
+  visit_reduced(x.dtype, [&]<typename T>(T) {
     visit_dtype(out.dtype, [&]<typename Out>(Out) {
       LaunchConfig config = config_for(blocks_needed * kThreads, launch);
       const T* data = static_cast<const T*>(x.data);

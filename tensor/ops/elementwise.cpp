@@ -2,8 +2,8 @@
 // in-place add_/mul_, unary maths and their fused derivatives, comparisons,
 // where, masked_fill and dropout. Each op checks its inputs and infers the
 // output, then hands the kernel operands expanded to the output's shape and
-// converted to the compute dtype (16-bit floats compute in f32 and convert
-// back once).
+// in the kernels' dtype (kernel_dtype: 16-bit floats compute in f32 and
+// convert back once, on the host side of a kernel that takes bf16 itself).
 #include <cmath>
 
 #include "tensor/kernels.h"
@@ -50,12 +50,28 @@ DType scalar_dtype(DType tensor, double value, const char* name) {
   return dtype;
 }
 
+// Whether `value` as an f32 scalar (how a scalar joins a 16-bit float op)
+// is a bf16 value too, so it may join a bf16 kernel unchanged.
+bool scalar_is_exact_in_bf16(double value) {
+  const auto as_f32 = static_cast<float>(value);
+  return static_cast<float>(BFloat16(as_f32)) == as_f32;
+}
+
+// The dtype a binary op of `result` computes in on `device`: the kernels'
+// dtype when both operands already have it (a bf16 kernel), else the compute
+// dtype, so an f32 operand is never rounded to bf16 before the op.
+DType binary_compute_dtype(Device device, DType result, const Tensor& a, const Tensor& b) {
+  const DType kernel = kernel_dtype(device, result);
+  if (kernel == compute_dtype(result) || (a.dtype() == kernel && b.dtype() == kernel)) return kernel;
+  return compute_dtype(result);
+}
+
 // out = a op b with both operands already on one device and `result` the
 // arithmetic dtype (comparisons write bool).
 Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b, DType result) {
   const Device device = common_device(name, a, b);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
-  const DType compute = compute_dtype(result);
+  const DType compute = binary_compute_dtype(device, result, a, b);
   const DType out_dtype = is_comparison(op) ? DType::boolean : result;
   Tensor out = empty(shape, {.dtype = out_dtype, .device = device});
   if (out.is_meta() || out.numel() == 0) return out;
@@ -84,8 +100,10 @@ Tensor binary_scalar(BinaryOp op, const char* name, const Tensor& a, double b) {
   check_defined(a, name, "a");
   const DType promoted = scalar_dtype(a.dtype(), b, name);
   const DType result = is_comparison(op) ? promoted : arithmetic_dtype(op, promoted, name);
-  // The scalar joins in the compute dtype, so a bf16 tensor + 0.1 adds 0.1f, not 0.1 rounded to bf16.
-  const Tensor scalar = full({}, b, {.dtype = compute_dtype(result), .device = a.device()});
+  // The scalar joins in the compute dtype, so a bf16 tensor + 0.1 adds 0.1f,
+  // not 0.1 rounded to bf16; one that is a bf16 value joins as bf16.
+  const bool bf16_scalar = kernel_dtype(a.device(), result) == DType::bf16 && scalar_is_exact_in_bf16(b);
+  const Tensor scalar = full({}, b, {.dtype = bf16_scalar ? DType::bf16 : compute_dtype(result), .device = a.device()});
   return binary_op(op, name, a, scalar, result);
 }
 
@@ -102,8 +120,8 @@ Tensor compare(BinaryOp op, const char* name, const Tensor& a, double b) {
 }
 
 // Checks an in-place update `out op= b` and returns b ready for the kernel:
-// expanded to out's shape, in the compute dtype, detached from out's memory
-// when the two overlap differently.
+// expanded to out's shape, in the dtype the op computes in, detached from
+// out's memory when the two overlap differently.
 Tensor in_place_operand(const char* name, const Tensor& out, const Tensor& b, DType result) {
   check_defined(out, name, "out");
   common_device(name, out, b);
@@ -120,7 +138,7 @@ Tensor in_place_operand(const char* name, const Tensor& out, const Tensor& b, DT
                 dtype_name(out.dtype()));
   TESSERA_CHECK(out.dtype() != DType::boolean || result == DType::boolean,
                 "{}: a {} result cannot be written into bool out in place", name, dtype_name(result));
-  Tensor operand = to(b, compute_dtype(result));
+  Tensor operand = to(b, binary_compute_dtype(out.device(), result, out, b));
   const bool same_view = operand.is_same(out) || (operand.storage_offset() == out.storage_offset() &&
                                                    operand.strides() == out.strides() && operand.dtype() == out.dtype());
   if (operand.shares_storage_with(out) && !same_view) operand = clone(operand);
@@ -143,7 +161,7 @@ void in_place_binary(BinaryOp op, Tensor& out, const Tensor& b_compute) {
 Tensor unary_op(UnaryOp op, const Tensor& x, DType result) {
   Tensor out = empty(x.sizes(), {.dtype = result, .device = x.device()});
   if (out.is_meta() || out.numel() == 0) return out;
-  const DType compute = compute_dtype(result);
+  const DType compute = kernel_dtype(x.device(), result);
   const Tensor x_compute = to(x, compute);
   if (compute == result) {
     kernels(x.device()).unary(op, out, x_compute);
@@ -179,7 +197,7 @@ Tensor unary_backward(UnaryOp op, const char* name, const Tensor& grad_out, cons
   const DType result = promote_types(grad_out.dtype(), saved.dtype());
   Tensor grad_in = empty(grad_out.sizes(), {.dtype = result, .device = device});
   if (grad_in.is_meta() || grad_in.numel() == 0) return grad_in;
-  const DType compute = compute_dtype(result);
+  const DType compute = kernel_dtype(device, result);
   const Tensor computed = compute == result ? grad_in : empty(grad_out.sizes(), {.dtype = compute, .device = device});
   kernels(device).unary_backward(op, computed, to(grad_out, compute), to(saved, compute));
   if (!computed.is_same(grad_in)) kernels(device).copy(grad_in, computed);
@@ -225,7 +243,8 @@ void add_(Tensor& out, const Tensor& b, double alpha) {
   result = arithmetic_dtype(BinaryOp::add, result, "add_");
   Tensor operand = in_place_operand("add_", out, b, result);
   if (out.is_meta()) return;
-  if (alpha != 1.0) operand = mul(operand, alpha);
+  // b * alpha rounds once, in the compute dtype (never first to bf16).
+  if (alpha != 1.0) operand = mul(to(operand, compute_dtype(result)), alpha);
   in_place_binary(BinaryOp::add, out, operand);
 }
 
@@ -242,7 +261,8 @@ void mul_(Tensor& out, double b) {
   const GradInputsAllowed out_is_only_written;
   check_defined(out, "mul_", "out");
   const DType result = scalar_dtype(out.dtype(), b, "mul_");
-  const Tensor scalar = full({}, b, {.dtype = compute_dtype(result), .device = out.device()});
+  const bool bf16_scalar = kernel_dtype(out.device(), result) == DType::bf16 && scalar_is_exact_in_bf16(b);
+  const Tensor scalar = full({}, b, {.dtype = bf16_scalar ? DType::bf16 : compute_dtype(result), .device = out.device()});
   in_place_binary(BinaryOp::mul, out, in_place_operand("mul_", out, scalar, result));
 }
 

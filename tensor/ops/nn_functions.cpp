@@ -1,7 +1,9 @@
 // Neural-network ops: softmax, layer/RMS norm, embedding, cross-entropy and
 // causal attention, forward and backward. Each checks its inputs, reshapes to
-// the row layout the kernels want ([rows, C] contiguous, in f32 or f64) and
-// converts back, so kernels see one simple case.
+// the row layout the kernels want ([rows, C] contiguous, in the kernels'
+// dtype: f32 or f64, or bf16 where the table computes it) and converts back,
+// so kernels see one simple case. Statistics (mean, rstd, logsumexp, loss)
+// stay in the compute dtype (f32 for 16-bit floats).
 #include <algorithm>
 
 #include "tensor/kernels.h"
@@ -29,9 +31,10 @@ void check_shape(const char* op, const char* what, const Tensor& t, const Shape&
   TESSERA_CHECK(t.sizes() == shape, "{}: {} has shape {}, expected {}", op, what, t.sizes(), shape);
 }
 
-// The kernels' view of a tensor: contiguous, in its compute dtype (f32 for bf16/f16).
+// The kernels' view of a tensor: contiguous, in the kernels' dtype for it
+// (f32 for 16-bit floats, unless the device's kernels take bf16).
 Tensor compute_input(const Tensor& t) {
-  return t.defined() ? contiguous(to(t, compute_dtype(t.dtype()))) : Tensor();
+  return t.defined() ? contiguous(to(t, kernel_dtype(t.device(), t.dtype()))) : Tensor();
 }
 
 // Contiguous in exactly `dtype` (statistics saved by a forward may differ from the input's dtype).
@@ -104,9 +107,11 @@ NormOutput norm_forward(const char* op, const Tensor& x, const Tensor& weight, c
     return {empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()}), centre ? empty(rows, stats) : Tensor(),
             empty(rows, stats)};
   }
-  NormOutput result{empty(x.sizes(), stats), centre ? empty(rows, stats) : Tensor(), empty(rows, stats)};
-  kernels(x.device()).norm(result.y, result.mean, result.rstd, compute_input(x), compute_input(weight),
-                           compute_input(bias), eps);
+  const Tensor x_rows = compute_input(x);
+  NormOutput result{empty(x.sizes(), {.dtype = x_rows.dtype(), .device = x.device()}),
+                    centre ? empty(rows, stats) : Tensor(), empty(rows, stats)};
+  kernels(x.device()).norm(result.y, result.mean, result.rstd, x_rows, compute_input(weight), compute_input(bias),
+                           eps);
   result.y = to(result.y, x.dtype());
   return result;
 }
@@ -133,13 +138,13 @@ NormGrads norm_backward(const char* op, const Tensor& grad_y, const Tensor& x, c
     return {empty(x.sizes(), options), weight.defined() ? empty({x.size(-1)}, options) : Tensor(),
             has_bias ? empty({x.size(-1)}, options) : Tensor()};
   }
-  const DType compute = compute_dtype(x.dtype());
-  const TensorOptions options{.dtype = compute, .device = x.device()};
+  const DType stats = compute_dtype(x.dtype());
+  const TensorOptions options{.dtype = kernel_dtype(x.device(), x.dtype()), .device = x.device()};
   NormGrads grads{empty(x.sizes(), options), weight.defined() ? empty({x.size(-1)}, options) : Tensor(),
                   has_bias ? empty({x.size(-1)}, options) : Tensor()};
   kernels(x.device()).norm_backward(grads.x, grads.weight, grads.bias, compute_input(grad_y), compute_input(x),
-                                    compute_input(weight), mean.defined() ? compute_input(mean, compute) : Tensor(),
-                                    compute_input(rstd, compute));
+                                    compute_input(weight), mean.defined() ? compute_input(mean, stats) : Tensor(),
+                                    compute_input(rstd, stats));
   return {to(grads.x, x.dtype()), to_dtype(grads.weight, x.dtype()), to_dtype(grads.bias, x.dtype())};
 }
 
@@ -286,8 +291,9 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   if (logits.is_meta()) return empty(logits.sizes(), {.dtype = logits.dtype(), .device = logits.device()});
   const Tensor rows = compute_input(logits);
   Tensor grad = empty(rows.sizes(), {.dtype = rows.dtype(), .device = rows.device()});
-  kernels(rows.device()).cross_entropy_backward(grad, grad_loss, rows, compute_input(logsumexp, rows.dtype()),
-                                                targets, ignore_index);
+  kernels(rows.device()).cross_entropy_backward(grad, grad_loss, rows,
+                                                compute_input(logsumexp, compute_dtype(logits.dtype())), targets,
+                                                ignore_index);
   return to(grad, logits.dtype());
 }
 
@@ -308,8 +314,9 @@ AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor&
     return {empty(q.sizes(), {.dtype = q.dtype(), .device = q.device()}),
             empty(without_last(q), {.dtype = compute, .device = q.device()})};
   }
-  const TensorOptions options{.dtype = compute, .device = q.device()};
-  AttentionOutput result{empty(q.sizes(), options), empty(without_last(q), options)};
+  const TensorOptions stats{.dtype = compute, .device = q.device()};
+  AttentionOutput result{empty(q.sizes(), {.dtype = kernel_dtype(q.device(), q.dtype()), .device = q.device()}),
+                         empty(without_last(q), stats)};
   kernels(q.device()).causal_attention(result.out, result.logsumexp, compute_input(q), compute_input(k),
                                        compute_input(v));
   result.out = to(result.out, q.dtype());
@@ -334,12 +341,11 @@ AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q
     const TensorOptions options{.dtype = q.dtype(), .device = q.device()};
     return {empty(q.sizes(), options), empty(q.sizes(), options), empty(q.sizes(), options)};
   }
-  const DType compute = compute_dtype(q.dtype());
-  const TensorOptions options{.dtype = compute, .device = q.device()};
+  const TensorOptions options{.dtype = kernel_dtype(q.device(), q.dtype()), .device = q.device()};
   AttentionGrads grads{empty(q.sizes(), options), empty(q.sizes(), options), empty(q.sizes(), options)};
   kernels(q.device()).causal_attention_backward(grads.q, grads.k, grads.v, compute_input(grad_out), compute_input(q),
                                                 compute_input(k), compute_input(v), compute_input(out),
-                                                compute_input(logsumexp, compute));
+                                                compute_input(logsumexp, compute_dtype(q.dtype())));
   return {to(grads.q, q.dtype()), to(grads.k, q.dtype()), to(grads.v, q.dtype())};
 }
 

@@ -40,12 +40,12 @@ ReductionPlan plan_reduction(const Tensor& x, const std::vector<int64_t>& dims, 
   return plan;
 }
 
-// Runs the reduce kernel on x (in its compute dtype) into a `kernel_dtype`
+// Runs the reduce kernel on x (in the kernels' dtype) into an `out_dtype`
 // tensor, then converts to `result` and drops reduced dims unless kept.
-Tensor run_reduction(ReduceOp op, const Tensor& x, const ReductionPlan& plan, DType kernel_dtype, DType result) {
+Tensor run_reduction(ReduceOp op, const Tensor& x, const ReductionPlan& plan, DType out_dtype, DType result) {
   if (x.is_meta()) return empty(plan.out_shape, {.dtype = result, .device = x.device()});
-  const Tensor out = empty(plan.keep_shape, {.dtype = kernel_dtype, .device = x.device()});
-  kernels(x.device()).reduce(op, out, to(x, compute_dtype(x.dtype())), plan.reduced);
+  const Tensor out = empty(plan.keep_shape, {.dtype = out_dtype, .device = x.device()});
+  kernels(x.device()).reduce(op, out, to(x, kernel_dtype(x.device(), x.dtype())), plan.reduced);
   return reshape(to(out, result), plan.out_shape);
 }
 
