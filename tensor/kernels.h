@@ -103,7 +103,9 @@ struct KernelTable {
   // zero on ignored rows: with the forward's logsumexp the logits are read once.
   void (*cross_entropy_backward)(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
                                  const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index);
-  // q, k, v, out: [B, H, T, D] contiguous; logsumexp [B, H, T].
+  // q, k, v, out (and the gradients): [B, H, T, D] with rows of D
+  // contiguous and any other strides (views of a packed projection, or the
+  // [B, T, H, D] order); logsumexp [B, H, T] contiguous.
   void (*causal_attention)(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k,
                            const Tensor& v);
   void (*causal_attention_backward)(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,

@@ -1,6 +1,8 @@
 // Differentiable joining and splitting: the backward of a join splits the
 // gradient (narrow/select views of it), the backward of a split joins the
 // gradients (zeros for pieces that received none).
+#include <optional>
+
 #include "autograd/functions.h"
 #include "autograd/functions/recording.h"
 
@@ -71,6 +73,7 @@ class SplitBackward final : public Node {
   }
   std::string name() const override { return name_; }
   TensorList apply(TensorList&& grads) override {
+    if (std::optional<Tensor> joined = side_by_side(grads)) return {*joined};
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) grads[i] = ops::zeros(shapes_[i], {.dtype = dtype_, .device = device_});
     }
@@ -78,6 +81,28 @@ class SplitBackward final : public Node {
   }
 
  private:
+  // The gradients as one view when they already lie side by side along dim
+  // in one buffer, in the input's dtype (attention writes q, k and v's so
+  // for a packed projection): the join costs no copy. The engine adds into
+  // a gradient in place only while nothing else holds its storage.
+  std::optional<Tensor> side_by_side(const TensorList& grads) const {
+    if (grads.empty() || !grads[0].defined()) return std::nullopt;
+    const Tensor& first = grads[0];
+    int64_t offset = first.storage_offset(), along = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Tensor& grad = grads[i];
+      if (!grad.defined() || grad.storage() != first.storage() || grad.dtype() != dtype_ ||
+          grad.sizes() != shapes_[i] || grad.strides() != first.strides() || grad.storage_offset() != offset) {
+        return std::nullopt;
+      }
+      offset += shapes_[i][dim_] * first.stride(dim_);
+      along += shapes_[i][dim_];
+    }
+    Shape joined = shapes_[0];
+    joined[dim_] = along;
+    return Tensor::make(first.storage(), joined, first.strides(), first.storage_offset(), dtype_);
+  }
+
   const char* name_;
   int64_t dim_;
   DType dtype_;

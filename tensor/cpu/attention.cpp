@@ -1,7 +1,9 @@
 // CPU causal attention, forward and backward, in the flash-attention style:
 // per (batch, head), query rows go in blocks against only the keys they may
 // see; the backward rebuilds the probabilities from the saved log-sum-exp, so
-// nothing [T, T] outlives one block's scratch.
+// nothing [T, T] outlives one block's scratch. Operands are [B, H, T, D] with
+// rows of D contiguous and any other strides (views of a packed projection,
+// or the [B, T, H, D] order the heads merge back in).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -20,19 +22,36 @@ namespace {
 template <typename T>
 using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <typename T>
-using HeadMap = Eigen::Map<Matrix<T>>;  // one head: [T, D]
+using HeadMap = Eigen::Map<Matrix<T>, 0, Eigen::OuterStride<>>;  // one head: [T, D], rows apart by its row stride
 template <typename T>
-using ConstHeadMap = Eigen::Map<const Matrix<T>>;
+using ConstHeadMap = Eigen::Map<const Matrix<T>, 0, Eigen::OuterStride<>>;
 
 constexpr int64_t kQueryBlock = 64;
 
 struct Geometry {
-  int64_t heads;  // B * H
-  int64_t seq;    // T
-  int64_t dim;    // D
+  int64_t heads;            // B * H
+  int64_t heads_per_batch;  // H
+  int64_t seq;              // T
+  int64_t dim;              // D
 };
 
-Geometry geometry_of(const Tensor& q) { return {q.size(0) * q.size(1), q.size(2), q.size(3)}; }
+Geometry geometry_of(const Tensor& q) {
+  return {q.size(0) * q.size(1), std::max<int64_t>(q.size(1), 1), q.size(2), q.size(3)};
+}
+
+// Head `index` (b * H + h) of a [B, H, T, D] tensor as a [T, D] matrix.
+template <typename T>
+ConstHeadMap<T> const_head(const Tensor& t, int64_t index, const Geometry& geometry) {
+  const int64_t batch = index / geometry.heads_per_batch, head = index % geometry.heads_per_batch;
+  return ConstHeadMap<T>(t.data_ptr<T>() + batch * t.stride(0) + head * t.stride(1), geometry.seq, geometry.dim,
+                         Eigen::OuterStride<>(t.stride(2)));
+}
+template <typename T>
+HeadMap<T> mutable_head(const Tensor& t, int64_t index, const Geometry& geometry) {
+  const int64_t batch = index / geometry.heads_per_batch, head = index % geometry.heads_per_batch;
+  return HeadMap<T>(t.data_ptr<T>() + batch * t.stride(0) + head * t.stride(1), geometry.seq, geometry.dim,
+                    Eigen::OuterStride<>(t.stride(2)));
+}
 
 // scores: [rows, keys] holds scale * q_i . k_j for query rows i = i0 + r; it is
 // turned into the probabilities exp(score - lse_i) for j <= i and 0 above the diagonal.
@@ -53,14 +72,13 @@ void attention_typed(const Tensor& out, const Tensor& logsumexp, const Tensor& q
   const Geometry geometry = geometry_of(q);
   const int64_t heads = geometry.heads, seq = geometry.seq, dim = geometry.dim;
   const T scale = T{1} / std::sqrt(static_cast<T>(dim));
-  const T *q_data = q.data_ptr<T>(), *k_data = k.data_ptr<T>(), *v_data = v.data_ptr<T>();
-  T *out_data = out.data_ptr<T>(), *lse_data = logsumexp.data_ptr<T>();
+  T* lse_data = logsumexp.data_ptr<T>();
   parallel_for(heads, 1, [&](int64_t begin, int64_t end) {
     Matrix<T> scores(std::min(kQueryBlock, seq), seq);
     for (int64_t head = begin; head < end; ++head) {
-      const ConstHeadMap<T> Q(q_data + head * seq * dim, seq, dim), K(k_data + head * seq * dim, seq, dim),
-          V(v_data + head * seq * dim, seq, dim);
-      HeadMap<T> O(out_data + head * seq * dim, seq, dim);
+      const ConstHeadMap<T> Q = const_head<T>(q, head, geometry), K = const_head<T>(k, head, geometry),
+                            V = const_head<T>(v, head, geometry);
+      HeadMap<T> O = mutable_head<T>(out, head, geometry);
       T* lse = lse_data + head * seq;
       for (int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
         const int64_t rows = std::min(kQueryBlock, seq - i0), keys = i0 + rows;
@@ -93,18 +111,17 @@ void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const 
   const Geometry geometry = geometry_of(q);
   const int64_t heads = geometry.heads, seq = geometry.seq, dim = geometry.dim;
   const T scale = T{1} / std::sqrt(static_cast<T>(dim));
-  const T *q_data = q.data_ptr<T>(), *k_data = k.data_ptr<T>(), *v_data = v.data_ptr<T>();
-  const T *o_data = out.data_ptr<T>(), *go_data = grad_out.data_ptr<T>(), *lse_data = logsumexp.data_ptr<T>();
-  T *gq_data = grad_q.data_ptr<T>(), *gk_data = grad_k.data_ptr<T>(), *gv_data = grad_v.data_ptr<T>();
+  const T* lse_data = logsumexp.data_ptr<T>();
   parallel_for(heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kQueryBlock, seq);
     Matrix<T> probs(block, seq), grad_probs(block, seq);
     Eigen::Array<T, Eigen::Dynamic, 1> delta(seq);
     for (int64_t head = begin; head < end; ++head) {
-      const int64_t at = head * seq * dim;
-      const ConstHeadMap<T> Q(q_data + at, seq, dim), K(k_data + at, seq, dim), V(v_data + at, seq, dim),
-          O(o_data + at, seq, dim), dO(go_data + at, seq, dim);
-      HeadMap<T> dQ(gq_data + at, seq, dim), dK(gk_data + at, seq, dim), dV(gv_data + at, seq, dim);
+      const ConstHeadMap<T> Q = const_head<T>(q, head, geometry), K = const_head<T>(k, head, geometry),
+                            V = const_head<T>(v, head, geometry), O = const_head<T>(out, head, geometry),
+                            dO = const_head<T>(grad_out, head, geometry);
+      HeadMap<T> dQ = mutable_head<T>(grad_q, head, geometry), dK = mutable_head<T>(grad_k, head, geometry),
+                 dV = mutable_head<T>(grad_v, head, geometry);
       const T* lse = lse_data + head * seq;
       // delta_i = dO_i . O_i = sum_j P_ij dP_ij, the softmax backward's row term.
       for (int64_t i = 0; i < seq; ++i) delta[i] = static_cast<T>(lane_dot(dO.row(i).data(), O.row(i).data(), dim));

@@ -54,14 +54,31 @@ struct Tiling {
 // different rows hit different banks.
 __device__ inline int pitch_of(int dim) { return dim + 1; }
 
+// An operand's heads: row t of head (b, h) starts at data + b * batch_stride
+// + h * head_stride + t * row_stride, its D values contiguous. So q, k and v
+// may be views into one packed [B, T, 3C] projection and out may be written
+// in the [B, T, H, D] order the heads merge back in, with no copies.
+template <typename T>
+struct Heads {
+  T* data;
+  int64_t batch_stride, head_stride, row_stride;
+
+  // The first row of head `index` (b * heads_per_batch + h).
+  __device__ T* head(int64_t index, int heads_per_batch) const {
+    const int64_t batch = index / heads_per_batch;
+    return data + batch * batch_stride + (index - batch * heads_per_batch) * head_stride;
+  }
+};
+
 // tile[r][d] = scale * rows[first + r][d] for r < count, zero past the
-// sequence; every thread of the block takes part.
+// sequence; rows are row_stride apart; every thread of the block takes part.
 template <typename S, typename Acc>
-__device__ void stage_rows(Acc* tile, const S* rows, int first, int count, int seq, int dim, Acc scale) {
+__device__ void stage_rows(Acc* tile, const S* rows, int64_t row_stride, int first, int count, int seq, int dim,
+                           Acc scale) {
   const int elements = count * dim, pitch = pitch_of(dim);
   for (int i = static_cast<int>(threadIdx.x); i < elements; i += kBlockThreads) {
     const int r = i / dim, d = i - r * dim, row = first + r;
-    tile[r * pitch + d] = row < seq ? scale * convert<Acc>(rows[static_cast<int64_t>(row) * dim + d]) : Acc(0);
+    tile[r * pitch + d] = row < seq ? scale * convert<Acc>(rows[row * row_stride + d]) : Acc(0);
   }
 }
 
@@ -134,18 +151,21 @@ __device__ void store_row(S* row, const Acc (&acc)[Tile::kDimsPerLane], Acc fact
 // [kStreamed][pitch], p [kOwned][kStreamed + 1].
 template <typename S, typename Acc, int kMaxDim>
 __global__ void __launch_bounds__(kBlockThreads, 1)
-    attention_forward_kernel(S* out, Acc* logsumexp, const S* q, const S* k, const S* v, int seq, int dim, Acc scale) {
+    attention_forward_kernel(Heads<S> out, Acc* logsumexp, Heads<const S> q, Heads<const S> k, Heads<const S> v,
+                             int heads_per_batch, int seq, int dim, Acc scale) {
   using Tile = Tiling<Acc, kMaxDim>;
   const int pitch = pitch_of(dim), p_pitch = Tile::kStreamed + 1;
   Acc* q_tile = dynamic_shared_memory<Acc>();
   Acc* k_tile = q_tile + Tile::kOwned * pitch;
   Acc* v_tile = k_tile + Tile::kStreamed * pitch;
   Acc* p_tile = v_tile + Tile::kStreamed * pitch;
-  const int64_t head = static_cast<int64_t>(blockIdx.x) * seq * dim;
+  const S* q_rows = q.head(blockIdx.x, heads_per_batch);
+  const S* k_rows = k.head(blockIdx.x, heads_per_batch);
+  const S* v_rows = v.head(blockIdx.x, heads_per_batch);
   const int first_query = static_cast<int>(blockIdx.y) * Tile::kOwned;
   const int row = static_cast<int>(threadIdx.x) / Tile::kLanes, lane = static_cast<int>(threadIdx.x) % Tile::kLanes;
   const int query = first_query + row;
-  stage_rows(q_tile, q + head, first_query, Tile::kOwned, seq, dim, scale);
+  stage_rows(q_tile, q_rows, q.row_stride, first_query, Tile::kOwned, seq, dim, scale);
 
   constexpr Acc kMinusInfinity = -std::numeric_limits<Acc>::infinity();
   Acc acc[Tile::kDimsPerLane];
@@ -156,8 +176,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   const int keys_end = first_query + Tile::kOwned < seq ? first_query + Tile::kOwned : seq;
   for (int first_key = 0; first_key < keys_end; first_key += Tile::kStreamed) {
     __syncthreads();  // the previous tile's readers are done
-    stage_rows(k_tile, k + head, first_key, Tile::kStreamed, seq, dim, Acc(1));
-    stage_rows(v_tile, v + head, first_key, Tile::kStreamed, seq, dim, Acc(1));
+    stage_rows(k_tile, k_rows, k.row_stride, first_key, Tile::kStreamed, seq, dim, Acc(1));
+    stage_rows(v_tile, v_rows, v.row_stride, first_key, Tile::kStreamed, seq, dim, Acc(1));
     __syncthreads();
     // scores: this lane's keys of the tile, masked to -inf where not visible
     Acc scores[Tile::kStreamedPerLane];
@@ -188,23 +208,27 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
     accumulate_streamed<Tile>(acc, p_tile + row * p_pitch, v_tile, lane, dim);
   }
   if (query < seq) {
-    store_row<Tile>(out + head + static_cast<int64_t>(query) * dim, acc, Acc(1) / running_sum, lane, dim);
+    store_row<Tile>(out.head(blockIdx.x, heads_per_batch) + query * out.row_stride, acc, Acc(1) / running_sum, lane,
+                    dim);
     if (lane == 0) logsumexp[blockIdx.x * static_cast<int64_t>(seq) + query] = running_max + std::log(running_sum);
   }
 }
 
-// delta[row] = grad_out[row] . out[row]: a warp per row, lanes striding over
-// the dims, then a fixed butterfly.
+// delta[row] = grad_out[row] . out[row] over the rows of every head (row =
+// head * seq + t): a warp per row, lanes striding over the dims, then a
+// fixed butterfly.
 template <typename S, typename Acc>
 __global__ void __launch_bounds__(kBlockThreads, 1)
-    attention_row_dots_kernel(Acc* delta, const S* grad_out, const S* out, int64_t rows, int dim) {
+    attention_row_dots_kernel(Acc* delta, Heads<const S> grad_out, Heads<const S> out, int heads_per_batch, int seq,
+                              int64_t rows, int dim) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kBlockThreads / kWarpSize) + threadIdx.x / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   Acc sum = Acc(0);
   if (row < rows) {
-    for (int d = lane; d < dim; d += kWarpSize) {
-      sum += convert<Acc>(grad_out[row * dim + d]) * convert<Acc>(out[row * dim + d]);
-    }
+    const int64_t head = row / seq, t = row - head * seq;
+    const S* grad_row = grad_out.head(head, heads_per_batch) + t * grad_out.row_stride;
+    const S* out_row = out.head(head, heads_per_batch) + t * out.row_stride;
+    for (int d = lane; d < dim; d += kWarpSize) sum += convert<Acc>(grad_row[d]) * convert<Acc>(out_row[d]);
   }
   sum = row_sum<kWarpSize>(sum);
   if (row < rows && lane == 0) delta[row] = sum;
@@ -216,8 +240,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 // [kStreamed].
 template <typename S, typename Acc, int kMaxDim>
 __global__ void __launch_bounds__(kBlockThreads, 1)
-    attention_key_grads_kernel(S* grad_k, S* grad_v, const S* grad_out, const S* q, const S* k, const S* v,
-                               const Acc* logsumexp, const Acc* delta, int seq, int dim, Acc scale) {
+    attention_key_grads_kernel(Heads<S> grad_k, Heads<S> grad_v, Heads<const S> grad_out, Heads<const S> q,
+                               Heads<const S> k, Heads<const S> v, const Acc* logsumexp, const Acc* delta,
+                               int heads_per_batch, int seq, int dim, Acc scale) {
   using Tile = Tiling<Acc, kMaxDim>;
   const int pitch = pitch_of(dim), p_pitch = Tile::kStreamed + 1;
   Acc* k_tile = dynamic_shared_memory<Acc>();
@@ -228,14 +253,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   Acc* ds_tile = p_tile + Tile::kOwned * p_pitch;
   Acc* lse_tile = ds_tile + Tile::kOwned * p_pitch;
   Acc* delta_tile = lse_tile + Tile::kStreamed;
-  const int64_t head = static_cast<int64_t>(blockIdx.x) * seq * dim;
+  const S* q_rows = q.head(blockIdx.x, heads_per_batch);
+  const S* grad_out_rows = grad_out.head(blockIdx.x, heads_per_batch);
   const Acc* head_lse = logsumexp + blockIdx.x * static_cast<int64_t>(seq);
   const Acc* head_delta = delta + blockIdx.x * static_cast<int64_t>(seq);
   const int first_key = static_cast<int>(blockIdx.y) * Tile::kOwned;
   const int row = static_cast<int>(threadIdx.x) / Tile::kLanes, lane = static_cast<int>(threadIdx.x) % Tile::kLanes;
   const int key = first_key + row;
-  stage_rows(k_tile, k + head, first_key, Tile::kOwned, seq, dim, Acc(1));
-  stage_rows(v_tile, v + head, first_key, Tile::kOwned, seq, dim, Acc(1));
+  stage_rows(k_tile, k.head(blockIdx.x, heads_per_batch), k.row_stride, first_key, Tile::kOwned, seq, dim, Acc(1));
+  stage_rows(v_tile, v.head(blockIdx.x, heads_per_batch), v.row_stride, first_key, Tile::kOwned, seq, dim, Acc(1));
 
   Acc grad_k_acc[Tile::kDimsPerLane], grad_v_acc[Tile::kDimsPerLane];
 #pragma unroll
@@ -244,8 +270,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   for (int first_query = first_key / Tile::kStreamed * Tile::kStreamed; first_query < seq;
        first_query += Tile::kStreamed) {
     __syncthreads();  // the previous tile's readers are done
-    stage_rows(q_tile, q + head, first_query, Tile::kStreamed, seq, dim, scale);
-    stage_rows(go_tile, grad_out + head, first_query, Tile::kStreamed, seq, dim, Acc(1));
+    stage_rows(q_tile, q_rows, q.row_stride, first_query, Tile::kStreamed, seq, dim, scale);
+    stage_rows(go_tile, grad_out_rows, grad_out.row_stride, first_query, Tile::kStreamed, seq, dim, Acc(1));
     stage_values(lse_tile, head_lse, first_query, Tile::kStreamed, seq);
     stage_values(delta_tile, head_delta, first_query, Tile::kStreamed, seq);
     __syncthreads();
@@ -268,8 +294,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
     accumulate_streamed<Tile>(grad_k_acc, ds_tile + row * p_pitch, q_tile, lane, dim);
   }
   if (key < seq) {
-    store_row<Tile>(grad_k + head + static_cast<int64_t>(key) * dim, grad_k_acc, Acc(1), lane, dim);
-    store_row<Tile>(grad_v + head + static_cast<int64_t>(key) * dim, grad_v_acc, Acc(1), lane, dim);
+    store_row<Tile>(grad_k.head(blockIdx.x, heads_per_batch) + key * grad_k.row_stride, grad_k_acc, Acc(1), lane,
+                    dim);
+    store_row<Tile>(grad_v.head(blockIdx.x, heads_per_batch) + key * grad_v.row_stride, grad_v_acc, Acc(1), lane,
+                    dim);
   }
 }
 
@@ -278,8 +306,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 // v [kStreamed][pitch], ds [kOwned][kStreamed + 1], lse and delta [kOwned].
 template <typename S, typename Acc, int kMaxDim>
 __global__ void __launch_bounds__(kBlockThreads, 1)
-    attention_query_grads_kernel(S* grad_q, const S* grad_out, const S* q, const S* k, const S* v,
-                                 const Acc* logsumexp, const Acc* delta, int seq, int dim, Acc scale) {
+    attention_query_grads_kernel(Heads<S> grad_q, Heads<const S> grad_out, Heads<const S> q, Heads<const S> k,
+                                 Heads<const S> v, const Acc* logsumexp, const Acc* delta, int heads_per_batch,
+                                 int seq, int dim, Acc scale) {
   using Tile = Tiling<Acc, kMaxDim>;
   const int pitch = pitch_of(dim), p_pitch = Tile::kStreamed + 1;
   Acc* q_tile = dynamic_shared_memory<Acc>();
@@ -289,12 +318,14 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   Acc* ds_tile = v_tile + Tile::kStreamed * pitch;
   Acc* lse_tile = ds_tile + Tile::kOwned * p_pitch;
   Acc* delta_tile = lse_tile + Tile::kOwned;
-  const int64_t head = static_cast<int64_t>(blockIdx.x) * seq * dim;
+  const S* k_rows = k.head(blockIdx.x, heads_per_batch);
+  const S* v_rows = v.head(blockIdx.x, heads_per_batch);
   const int first_query = static_cast<int>(blockIdx.y) * Tile::kOwned;
   const int row = static_cast<int>(threadIdx.x) / Tile::kLanes, lane = static_cast<int>(threadIdx.x) % Tile::kLanes;
   const int query = first_query + row;
-  stage_rows(q_tile, q + head, first_query, Tile::kOwned, seq, dim, scale);
-  stage_rows(go_tile, grad_out + head, first_query, Tile::kOwned, seq, dim, Acc(1));
+  stage_rows(q_tile, q.head(blockIdx.x, heads_per_batch), q.row_stride, first_query, Tile::kOwned, seq, dim, scale);
+  stage_rows(go_tile, grad_out.head(blockIdx.x, heads_per_batch), grad_out.row_stride, first_query, Tile::kOwned, seq,
+             dim, Acc(1));
   stage_values(lse_tile, logsumexp + blockIdx.x * static_cast<int64_t>(seq), first_query, Tile::kOwned, seq);
   stage_values(delta_tile, delta + blockIdx.x * static_cast<int64_t>(seq), first_query, Tile::kOwned, seq);
 
@@ -304,8 +335,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   const int keys_end = first_query + Tile::kOwned < seq ? first_query + Tile::kOwned : seq;
   for (int first_key = 0; first_key < keys_end; first_key += Tile::kStreamed) {
     __syncthreads();  // the previous tile's readers are done
-    stage_rows(k_tile, k + head, first_key, Tile::kStreamed, seq, dim, Acc(1));
-    stage_rows(v_tile, v + head, first_key, Tile::kStreamed, seq, dim, Acc(1));
+    stage_rows(k_tile, k_rows, k.row_stride, first_key, Tile::kStreamed, seq, dim, Acc(1));
+    stage_rows(v_tile, v_rows, v.row_stride, first_key, Tile::kStreamed, seq, dim, Acc(1));
     __syncthreads();
     Acc scores[Tile::kStreamedPerLane], grad_probs[Tile::kStreamedPerLane];
     dots_with_streamed<Tile>(scores, q_tile + row * pitch, k_tile, lane, dim);
@@ -322,7 +353,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
     // grad_q[query] += sum_j ds[j] k[j], scaled once at the end
     accumulate_streamed<Tile>(acc, ds_tile + row * p_pitch, k_tile, lane, dim);
   }
-  if (query < seq) store_row<Tile>(grad_q + head + static_cast<int64_t>(query) * dim, acc, scale, lane, dim);
+  if (query < seq) {
+    store_row<Tile>(grad_q.head(blockIdx.x, heads_per_batch) + query * grad_q.row_stride, acc, scale, lane, dim);
+  }
 }
 
 // ---- host side ----------------------------------------------------------
@@ -383,6 +416,13 @@ LaunchConfig tiled_config(AttentionKernel kernel, const AttentionShape& shape, c
 
 bool no_elements(const AttentionShape& shape) { return shape.heads == 0 || shape.seq == 0 || shape.dim == 0; }
 
+// The heads of a [B, H, T, D] operand (the kernel table checked its D stride is 1).
+template <typename T>
+Heads<T> heads_of(const Operand& operand) {
+  const int64_t* strides = operand.layout.strides;
+  return {static_cast<T*>(operand.data), strides[0], strides[1], strides[2]};
+}
+
 }  // namespace
 
 AttentionTiling attention_tiling(DType dtype, int64_t head_dim) {
@@ -403,9 +443,9 @@ void causal_attention(const Operand& out, const Operand& logsumexp, const Operan
     constexpr int kMaxDim = decltype(max_dim)::value;
     const Acc scale = Acc(1) / std::sqrt(static_cast<Acc>(shape.dim));
     TESSERA_LAUNCH((attention_forward_kernel<S, Acc, kMaxDim>),
-                   (tiled_config<Acc, kMaxDim>(AttentionKernel::forward, shape, launch)), static_cast<S*>(out.data),
-                   static_cast<Acc*>(logsumexp.data), static_cast<const S*>(q.data), static_cast<const S*>(k.data),
-                   static_cast<const S*>(v.data), shape.seq, shape.dim, scale);
+                   (tiled_config<Acc, kMaxDim>(AttentionKernel::forward, shape, launch)), heads_of<S>(out),
+                   static_cast<Acc*>(logsumexp.data), heads_of<const S>(q), heads_of<const S>(k),
+                   heads_of<const S>(v), shape.heads_per_batch, shape.seq, shape.dim, scale);
   });
 }
 
@@ -423,7 +463,8 @@ void attention_row_dots(const Operand& delta, const Operand& grad_out, const Ope
     config.buffers = launch.buffers;
     config.stream = launch.stream;
     TESSERA_LAUNCH((attention_row_dots_kernel<S, Acc>), config, static_cast<Acc*>(delta.data),
-                   static_cast<const S*>(grad_out.data), static_cast<const S*>(out.data), rows, shape.dim);
+                   heads_of<const S>(grad_out), heads_of<const S>(out), shape.heads_per_batch, shape.seq, rows,
+                   shape.dim);
   });
 }
 
@@ -438,10 +479,9 @@ void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Ope
     const Acc scale = Acc(1) / std::sqrt(static_cast<Acc>(shape.dim));
     TESSERA_LAUNCH((attention_key_grads_kernel<S, Acc, kMaxDim>),
                    (tiled_config<Acc, kMaxDim>(AttentionKernel::key_grads, shape, launch)),
-                   static_cast<S*>(grad_k.data), static_cast<S*>(grad_v.data), static_cast<const S*>(grad_out.data),
-                   static_cast<const S*>(q.data), static_cast<const S*>(k.data), static_cast<const S*>(v.data),
-                   static_cast<const Acc*>(logsumexp.data), static_cast<const Acc*>(delta.data), shape.seq,
-                   shape.dim, scale);
+                   heads_of<S>(grad_k), heads_of<S>(grad_v), heads_of<const S>(grad_out), heads_of<const S>(q),
+                   heads_of<const S>(k), heads_of<const S>(v), static_cast<const Acc*>(logsumexp.data),
+                   static_cast<const Acc*>(delta.data), shape.heads_per_batch, shape.seq, shape.dim, scale);
   });
 }
 
@@ -456,10 +496,9 @@ void attention_query_grads(const Operand& grad_q, const Operand& grad_out, const
     const Acc scale = Acc(1) / std::sqrt(static_cast<Acc>(shape.dim));
     TESSERA_LAUNCH((attention_query_grads_kernel<S, Acc, kMaxDim>),
                    (tiled_config<Acc, kMaxDim>(AttentionKernel::query_grads, shape, launch)),
-                   static_cast<S*>(grad_q.data), static_cast<const S*>(grad_out.data), static_cast<const S*>(q.data),
-                   static_cast<const S*>(k.data), static_cast<const S*>(v.data),
-                   static_cast<const Acc*>(logsumexp.data), static_cast<const Acc*>(delta.data), shape.seq,
-                   shape.dim, scale);
+                   heads_of<S>(grad_q), heads_of<const S>(grad_out), heads_of<const S>(q), heads_of<const S>(k),
+                   heads_of<const S>(v), static_cast<const Acc*>(logsumexp.data),
+                   static_cast<const Acc*>(delta.data), shape.heads_per_batch, shape.seq, shape.dim, scale);
   });
 }
 

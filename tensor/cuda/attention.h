@@ -1,8 +1,10 @@
 // Host entry points of the causal attention kernels (tensor/cuda/attention.cu):
 // the forward, and the backward's three launches (row dots, key gradients,
 // query gradients). Operands are checked by the kernel table's adapters:
-// q, k, v, out and the gradients [B, H, T, D] contiguous in one dtype (f32,
-// f64 or bf16); logsumexp and delta [B, H, T] in the accumulation dtype.
+// q, k, v, out and the gradients [B, H, T, D] in one dtype (f32, f64 or
+// bf16) with contiguous rows of D (any batch, head and row strides: views of
+// a packed projection, or the [B, T, H, D] order); logsumexp and delta
+// [B, H, T] contiguous in the accumulation dtype.
 #pragma once
 
 #include "tensor/cuda/elementwise.h"
@@ -12,9 +14,11 @@ namespace tessera::cuda {
 // The largest head dim the kernels take (GPT-2 uses 64).
 constexpr int64_t kMaxAttentionHeadDim = 128;
 
-// One head is [seq, dim]; there are `heads` of them (B * H).
+// One head is [seq, dim]; there are `heads` of them (B * H), in batches of
+// heads_per_batch (H).
 struct AttentionShape {
   int64_t heads = 0;
+  int32_t heads_per_batch = 1;
   int32_t seq = 0;
   int32_t dim = 0;
 };

@@ -285,8 +285,9 @@ void scale_to_max_norm_kernel(const std::vector<Tensor>& tensors, const Tensor& 
 // --- causal attention: flash-style tiles (tensor/cuda/attention.cu) ---
 
 // The [B * H, T, D] geometry of q, after checking that every operand named
-// in `like_q` is q's shape, dtype (f32, f64 or bf16), device and contiguous,
-// and logsumexp is [B, H, T] in the accumulation dtype (f32 for bf16).
+// in `like_q` is q's shape, dtype (f32, f64 or bf16) and device with rows of
+// D contiguous (other strides are free), and logsumexp is [B, H, T]
+// contiguous in the accumulation dtype (f32 for bf16).
 AttentionShape attention_shape(const char* op, const Tensor& q,
                                std::initializer_list<std::pair<const char*, const Tensor*>> like_q,
                                const Tensor& logsumexp) {
@@ -304,7 +305,8 @@ AttentionShape attention_shape(const char* op, const Tensor& q,
                   dtype_name(tensor->dtype()), dtype_name(q.dtype()));
     TESSERA_CHECK(tensor->device() == q.device(), "cuda::{}: {} on {}, q on {}", op, name, tensor->device().str(),
                   q.device().str());
-    TESSERA_CHECK(tensor->is_contiguous(), "cuda::{}: {} must be contiguous, got shape {} strides {}", op, name,
+    TESSERA_CHECK(tensor->stride(3) == 1 || tensor->size(3) == 1,
+                  "cuda::{}: {} needs contiguous rows (a unit stride along D), got shape {} strides {}", op, name,
                   tensor->sizes(), tensor->strides());
   }
   const DType accumulation = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
@@ -314,7 +316,9 @@ AttentionShape attention_shape(const char* op, const Tensor& q,
                 "cuda::{}: logsumexp must be {} {} (contiguous, on {}), got {} {} on {}", op,
                 dtype_name(accumulation), rows, q.device().str(), dtype_name(logsumexp.dtype()), logsumexp.sizes(),
                 logsumexp.device().str());
-  return {q.size(0) * q.size(1), static_cast<int32_t>(q.size(2)), static_cast<int32_t>(q.size(3))};
+  TESSERA_CHECK(q.size(1) <= INT32_MAX, "cuda::{}: {} heads are above 2^31 - 1", op, q.size(1));
+  return {q.size(0) * q.size(1), static_cast<int32_t>(std::max<int64_t>(q.size(1), 1)), static_cast<int32_t>(q.size(2)),
+          static_cast<int32_t>(q.size(3))};
 }
 
 void causal_attention_kernel(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k,

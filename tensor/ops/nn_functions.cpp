@@ -167,6 +167,53 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
       });
 }
 
+// A [B, H, T, D] attention operand as the kernels take it: in the kernels'
+// dtype with rows of D contiguous; other strides stay (no copy of a view of
+// a packed projection).
+Tensor attention_operand(const Tensor& t) {
+  const Tensor converted = to(t, kernel_dtype(t.device(), t.dtype()));
+  return converted.stride(3) == 1 || converted.size(3) == 1 ? converted : contiguous(converted);
+}
+
+// An empty [B, H, T, D] tensor laid out as [B, T, H, D]: the order the heads
+// merge back into [B, T, C], so the merge is a view, not a copy.
+Tensor empty_heads(const Shape& shape, const TensorOptions& options) {
+  return transpose(empty({shape[0], shape[2], shape[1], shape[3]}, options), 1, 2);
+}
+
+// The extent in elements of a view with non-negative strides.
+int64_t span_of(const Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return last + 1;
+}
+
+// Whether q, k and v are equal-strided views, evenly spaced, into one buffer
+// (the slices of a packed [B, T, 3C] projection) of `dtype`.
+bool packed_in_one_buffer(const Tensor& q, const Tensor& k, const Tensor& v, DType dtype) {
+  if (q.dtype() != dtype || k.dtype() != dtype || v.dtype() != dtype || q.numel() == 0) return false;
+  if (k.storage() != q.storage() || v.storage() != q.storage()) return false;
+  if (k.strides() != q.strides() || v.strides() != q.strides()) return false;
+  for (const int64_t stride : q.strides()) {
+    if (stride < 0) return false;
+  }
+  const int64_t gap = k.storage_offset() - q.storage_offset();
+  return gap > 0 && v.storage_offset() - k.storage_offset() == gap;
+}
+
+// Empty gradients for q, k and v: packed into one new buffer the way q, k and
+// v are when they are (so the split's backward joins them as a view), else
+// each in the [B, T, H, D] order.
+AttentionGrads empty_attention_grads(const Tensor& q, const Tensor& k, const Tensor& v, const TensorOptions& options) {
+  if (!packed_in_one_buffer(q, k, v, options.dtype)) {
+    return {empty_heads(q.sizes(), options), empty_heads(q.sizes(), options), empty_heads(q.sizes(), options)};
+  }
+  const int64_t gap = k.storage_offset() - q.storage_offset();
+  const std::shared_ptr<Storage> buffer = empty({2 * gap + span_of(q)}, options).storage();
+  const auto slice = [&](int64_t index) { return Tensor::make(buffer, q.sizes(), q.strides(), index * gap, options.dtype); };
+  return {slice(0), slice(1), slice(2)};
+}
+
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_float(op, "q", q);
   TESSERA_CHECK(q.dim() == 4, "{}: q, k, v must be [B, H, T, D], got q {}", op, q.sizes());
@@ -315,10 +362,10 @@ AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor&
             empty(without_last(q), {.dtype = compute, .device = q.device()})};
   }
   const TensorOptions stats{.dtype = compute, .device = q.device()};
-  AttentionOutput result{empty(q.sizes(), {.dtype = kernel_dtype(q.device(), q.dtype()), .device = q.device()}),
+  AttentionOutput result{empty_heads(q.sizes(), {.dtype = kernel_dtype(q.device(), q.dtype()), .device = q.device()}),
                          empty(without_last(q), stats)};
-  kernels(q.device()).causal_attention(result.out, result.logsumexp, compute_input(q), compute_input(k),
-                                       compute_input(v));
+  kernels(q.device()).causal_attention(result.out, result.logsumexp, attention_operand(q), attention_operand(k),
+                                       attention_operand(v));
   result.out = to(result.out, q.dtype());
   return result;
 }
@@ -342,10 +389,10 @@ AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q
     return {empty(q.sizes(), options), empty(q.sizes(), options), empty(q.sizes(), options)};
   }
   const TensorOptions options{.dtype = kernel_dtype(q.device(), q.dtype()), .device = q.device()};
-  AttentionGrads grads{empty(q.sizes(), options), empty(q.sizes(), options), empty(q.sizes(), options)};
-  kernels(q.device()).causal_attention_backward(grads.q, grads.k, grads.v, compute_input(grad_out), compute_input(q),
-                                                compute_input(k), compute_input(v), compute_input(out),
-                                                compute_input(logsumexp, compute_dtype(q.dtype())));
+  AttentionGrads grads = empty_attention_grads(q, k, v, options);
+  kernels(q.device()).causal_attention_backward(
+      grads.q, grads.k, grads.v, attention_operand(grad_out), attention_operand(q), attention_operand(k),
+      attention_operand(v), attention_operand(out), compute_input(logsumexp, compute_dtype(q.dtype())));
   return {to(grads.q, q.dtype()), to(grads.k, q.dtype()), to(grads.v, q.dtype())};
 }
 

@@ -2,7 +2,8 @@
 // cpu kernel (tensor/cpu/attention.cpp): forward (out, logsumexp) and
 // backward (dq, dk, dv) over sequence lengths around the 32-row tiles, head
 // dims of every kernel variant, f32, f64 and bf16; the backward's bits on
-// every run; the errors; the bytes the tiling moves and the memory it
+// every run; strided heads (views of a packed projection, the [B, T, H, D]
+// order) against contiguous ones, and the packed gradients; the errors; the bytes the tiling moves and the memory it
 // allocates (simulator); a gradcheck through the differentiable API.
 #include <doctest/doctest.h>
 
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "tensor/cuda/attention.h"
@@ -170,6 +172,106 @@ TEST_CASE("causal attention's backward on cuda gives the same bits on every run"
   }
 }
 
+namespace {
+
+// q, k and v as the model makes them: [B, H, T, D] views into one packed
+// [B, T, 3C] projection (the heads of each C-wide slice).
+struct PackedHeads {
+  Tensor packed, q, k, v;
+};
+
+PackedHeads packed_heads(int64_t batch, int64_t heads, int64_t seq, int64_t dim, Device device, DType dtype) {
+  const int64_t width = heads * dim;
+  PackedHeads result;
+  result.packed = on(ops::randn({batch, seq, 3 * width}, PhiloxKey{31, 1}), device, dtype);
+  Tensor* slices[] = {&result.q, &result.k, &result.v};
+  for (int64_t i = 0; i < 3; ++i) {
+    *slices[i] = ops::transpose(ops::view(ops::narrow(result.packed, 2, i * width, width), {batch, seq, heads, dim}), 1, 2);
+  }
+  return result;
+}
+
+Tensor dense_on_cpu(const Tensor& t) { return ops::contiguous(ops::to(t, kCPU)); }
+
+}  // namespace
+
+TEST_CASE("causal attention takes strided heads: packed q, k, v and a [B, T, H, D] out give the contiguous bits") {
+  for (const Device device : {kCPU, kCuda}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      if (device.is_cpu() && dtype == DType::bf16) continue;  // the cpu kernels compute f32, f64
+      CAPTURE(device.str());
+      CAPTURE(dtype_name(dtype));
+      const PackedHeads heads = packed_heads(2, 3, 37, 16, device, dtype);
+      const Tensor grad_out = on(ops::randn(heads.q.sizes(), PhiloxKey{31, 2}), device, dtype);
+      const ops::AttentionOutput strided = ops::causal_attention(heads.q, heads.k, heads.v);
+      const ops::AttentionOutput dense =
+          ops::causal_attention(ops::contiguous(heads.q), ops::contiguous(heads.k), ops::contiguous(heads.v));
+      CHECK_FALSE(ops::contiguous(heads.q).is_same(heads.q));
+      CHECK(bitwise_equal(dense_on_cpu(strided.out), dense_on_cpu(dense.out)));
+      CHECK(bitwise_equal(dense_on_cpu(strided.logsumexp), dense_on_cpu(dense.logsumexp)));
+      // out is laid out [B, T, H, D]: merging the heads back is a view.
+      CHECK(ops::transpose(strided.out, 1, 2).is_contiguous());
+
+      const ops::AttentionGrads grads =
+          ops::causal_attention_backward(grad_out, heads.q, heads.k, heads.v, strided.out, strided.logsumexp);
+      const ops::AttentionGrads dense_grads =
+          ops::causal_attention_backward(ops::contiguous(grad_out), ops::contiguous(heads.q), ops::contiguous(heads.k),
+                                         ops::contiguous(heads.v), dense.out, dense.logsumexp);
+      CHECK(bitwise_equal(dense_on_cpu(grads.q), dense_on_cpu(dense_grads.q)));
+      CHECK(bitwise_equal(dense_on_cpu(grads.k), dense_on_cpu(dense_grads.k)));
+      CHECK(bitwise_equal(dense_on_cpu(grads.v), dense_on_cpu(dense_grads.v)));
+      // The gradients of packed inputs are packed the same way, in one new buffer.
+      CHECK(grads.k.storage() == grads.q.storage());
+      CHECK(grads.v.storage() == grads.q.storage());
+      CHECK(grads.q.strides() == heads.q.strides());
+      CHECK(grads.k.storage_offset() - grads.q.storage_offset() == heads.k.storage_offset() - heads.q.storage_offset());
+      CHECK(grads.q.storage() != heads.packed.storage());
+      // Unpacked inputs get [B, T, H, D]-ordered gradients of their own.
+      CHECK(dense_grads.q.storage() != dense_grads.k.storage());
+      CHECK(ops::transpose(dense_grads.q, 1, 2).is_contiguous());
+    }
+  }
+}
+
+TEST_CASE("the split's backward joins packed attention gradients as a view: the same gradient, no copy") {
+  for (const Device device : {kCPU, kCuda}) {
+    CAPTURE(device.str());
+    const int64_t batch = 2, heads = 2, seq = 19, dim = 8, width = heads * dim;
+    const Tensor packed_values = on(ops::randn({batch, seq, 3 * width}, PhiloxKey{32, 1}), device, DType::f32);
+    const Tensor grad_y = on(ops::randn({batch, seq, width}, PhiloxKey{32, 2}), device, DType::f32);
+    // y = the heads of attention over the packed slices, merged back to [B, T, C].
+    const auto attention_grad = [&](bool through_copies) {
+      Tensor packed = ops::clone(packed_values);
+      packed.set_requires_grad(true);
+      std::vector<Tensor> parts = tessera::split(packed, width, 2);
+      std::vector<Tensor> views;
+      for (Tensor& part : parts) {
+        Tensor view = tessera::transpose(tessera::view(part, {batch, seq, heads, dim}), 1, 2);
+        views.push_back(through_copies ? tessera::mul(view, 1.0) : view);
+      }
+      const Tensor y = tessera::scaled_dot_product_attention(views[0], views[1], views[2]);
+      autograd::backward(tessera::reshape(tessera::transpose(y, 1, 2), {batch, seq, width}), grad_y);
+      return packed.grad();
+    };
+    const Tensor joined = attention_grad(false), copied = attention_grad(true);
+    CHECK(bitwise_equal(dense_on_cpu(joined), dense_on_cpu(copied)));
+    CHECK(joined.is_contiguous());
+#if TESSERA_SIM_CHECKS
+    if (device.is_cuda()) {
+      current_stream(kCuda)->synchronize();
+      cuda::sim::reset_kernel_counters();
+      (void)attention_grad(false);
+      current_stream(kCuda)->synchronize();
+      int64_t copies = 0;
+      for (const auto& [name, counter] : cuda::sim::kernel_counters()) {
+        if (name.find("copy") != std::string::npos) copies += counter.launches;
+      }
+      CHECK(copies == 1);  // the clone of the inputs; none in forward or backward
+    }
+#endif
+  }
+}
+
 TEST_CASE("causal attention on cuda: errors name the op and the operands") {
   const auto tensor = [](const Shape& shape, DType dtype = DType::f32) {
     return ops::zeros(shape, {.dtype = dtype, .device = kCuda});
@@ -184,7 +286,8 @@ TEST_CASE("causal attention on cuda: errors name the op and the operands") {
                        doctest::Contains("cuda::causal_attention: k must be q's shape [1, 2, 4, 8], got [1, 2, 5, 8]"),
                        Error);
   CHECK_THROWS_WITH_AS(forward(x, lse, x, x, ops::transpose(tensor({1, 2, 8, 4}), 2, 3)),
-                       doctest::Contains("cuda::causal_attention: v must be contiguous"), Error);
+                       doctest::Contains("cuda::causal_attention: v needs contiguous rows (a unit stride along D)"),
+                       Error);
   CHECK_THROWS_WITH_AS(forward(x, lse, x, tensor({1, 2, 4, 8}, DType::f64), x),
                        doctest::Contains("cuda::causal_attention: k is f64, q is f32"), Error);
   CHECK_THROWS_WITH_AS(forward(tensor({1, 2, 4, 8}, DType::f16), lse, tensor({1, 2, 4, 8}, DType::f16),
