@@ -8,6 +8,7 @@
 #include "tensor/cuda/deferred_errors.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/operands.h"
+#include "tensor/cuda/pinned_pool.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
@@ -26,21 +27,43 @@ Tensor dense_on_device(const Tensor& like, Device device) {
   return ops::empty(like.sizes(), {.dtype = like.dtype(), .device = device});
 }
 
+// A pinned staging block, given back to the pool when the scope ends unless
+// handed to the stream (released there once the copy has run).
+class StagingBlock {
+ public:
+  explicit StagingBlock(int64_t bytes) : block_(acquire_pinned(bytes)) {}
+  StagingBlock(const StagingBlock&) = delete;
+  StagingBlock& operator=(const StagingBlock&) = delete;
+  ~StagingBlock() { release_pinned(block_); }
+
+  void* data() const { return block_.data; }
+  // A dense cpu tensor like `like` over the block (the pool owns the bytes).
+  Tensor host_view(const Tensor& like) const {
+    return Tensor::make(Storage::adopt_host(block_.data, like.nbytes(), [](void*) {}), like.sizes(),
+                        contiguous_strides(like.sizes()), 0, like.dtype());
+  }
+  void release_after(Stream& stream) {
+    stream.enqueue([block = block_] { release_pinned(block); });
+    block_ = PinnedBlock{};
+  }
+
+ private:
+  PinnedBlock block_;
+};
+
 }  // namespace
 
 void copy_host_to_device(const Tensor& dst, const Tensor& src) {
-  // The source in the destination's dtype and shape, dense, on the host.
-  const Tensor host = ops::empty(dst.sizes(), {.dtype = dst.dtype(), .device = kCPU});
-  kernels(kCPU).copy(host, src);
-  const int64_t bytes = host.nbytes();
+  const int64_t bytes = dst.nbytes();
   host_to_device_copies.fetch_add(1, std::memory_order_relaxed);
   bytes_to_device.fetch_add(bytes, std::memory_order_relaxed);
   const Tensor target = dst.is_contiguous() ? dst : dense_on_device(dst, dst.device());
   const std::shared_ptr<Stream> stream = current_stream(dst.device());
-  void* pinned = pinned_host_malloc(bytes);
-  std::memcpy(pinned, host.raw_data(), static_cast<size_t>(bytes));
-  memcpy_async(target.cuda_data(), pinned, bytes, CopyKind::host_to_device, *stream);
-  stream->enqueue([pinned] { pinned_host_free(pinned); });  // once the copy has run
+  // The source in the destination's dtype and shape, dense, straight into the staging block.
+  StagingBlock staging(bytes);
+  kernels(kCPU).copy(staging.host_view(target), src);
+  memcpy_async(target.cuda_data(), staging.data(), bytes, CopyKind::host_to_device, *stream);
+  staging.release_after(*stream);
   if (!dst.is_contiguous()) {
     copy(operand(dst), operand(target),
          launch_on_current_stream(dst.device(), {buffer_use("in", target, BufferAccess::read),
@@ -60,13 +83,11 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
   device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
   bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
   const std::shared_ptr<Stream> stream = current_stream(src.device());
-  const std::unique_ptr<void, void (*)(void*)> pinned(pinned_host_malloc(bytes), pinned_host_free);
-  memcpy_async(pinned.get(), source.cuda_data(), bytes, CopyKind::device_to_host, *stream);
+  const StagingBlock staging(bytes);
+  memcpy_async(staging.data(), source.cuda_data(), bytes, CopyKind::device_to_host, *stream);
   stream->synchronize();
   raise_deferred_errors(*stream);
-  const Tensor host = ops::empty(source.sizes(), {.dtype = source.dtype(), .device = kCPU});
-  std::memcpy(host.raw_data(), pinned.get(), static_cast<size_t>(bytes));
-  kernels(kCPU).copy(dst, host);
+  kernels(kCPU).copy(dst, staging.host_view(source));
 }
 
 Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& stream) {

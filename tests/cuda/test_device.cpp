@@ -16,6 +16,7 @@
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/pinned_pool.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/launch.h"
 #endif
@@ -303,6 +304,36 @@ TEST_CASE("memory: statistics, no device malloc in steady state, and exact bytes
   if (!counted) return;
   CHECK(counted->read == count * 4);  // each input read once, with 16-byte loads
   CHECK(counted->written == count * 4);
+}
+
+TEST_CASE("transfers stage through cached pinned buffers: no page-locked allocation in steady state") {
+  const Tensor host = ops::arange(0.0, 3000.0, 1.0);  // 12000 bytes of f32: the 16 KiB class
+  // One round: an upload's block returns to the pool when the stream has run
+  // its copy, so the download after it may need a second block of the class.
+  const auto round_trip = [&] {
+    const Tensor back = ops::to(ops::to(host, kCuda), kCPU);
+    CHECK(back.to_vector<float>() == host.to_vector<float>());
+    const Tensor smaller = ops::to(ops::arange(0.0, 2100.0, 1.0), kCuda);  // 8400 bytes: the same class
+    CHECK(ops::to(smaller, kCPU).to_vector<float>()[2099] == 2099.0f);
+  };
+  round_trip();
+  current_stream(kCuda)->synchronize();  // every staging block is back in the pool
+  const cuda::PinnedPoolStats before = cuda::pinned_pool_stats();
+  CHECK(before.in_use_bytes == 0);
+  for (int round = 0; round < 4; ++round) round_trip();
+  current_stream(kCuda)->synchronize();
+  const cuda::PinnedPoolStats after = cuda::pinned_pool_stats();
+  CHECK(after.allocations == before.allocations);
+  CHECK(after.reuses == before.reuses + 16);
+  CHECK(after.in_use_bytes == 0);
+  CHECK(after.cached_bytes >= 16384);
+  // Strided and converting copies stage through the same blocks.
+  const Tensor strided = ops::transpose(ops::reshape(ops::to(host, DType::f64), {60, 50}), 0, 1);
+  const Tensor on_device = ops::to(strided, kCuda);
+  CHECK(ops::to(on_device, kCPU).to_vector<double>() == ops::contiguous(strided).to_vector<double>());
+  cuda::empty_pinned_cache();
+  CHECK(cuda::pinned_pool_stats().cached_bytes == 0);
+  CHECK_THROWS_WITH_AS(cuda::acquire_pinned(-1), doctest::Contains("pinned host memory: cannot hold -1 bytes"), Error);
 }
 
 TEST_CASE("random numbers on the device are the cpu's, index for index, in every floating dtype") {
