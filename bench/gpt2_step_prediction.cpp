@@ -24,6 +24,11 @@
 //   (T / 32 + 1) / 2 times (bytes: L B T and L B T^2 terms, exact for T a
 //   multiple of 32), and the visible (query, key) pairs are T (T + 1) / 2.
 //
+// Launches do not grow with B or T (grid-stride loops cover any size), only
+// with L: launches(L) = c1 + cL L per kernel, a least-squares fit over the
+// five runs. (Fitting them like bytes let a small run's choice of a packed
+// or an element-wise kernel variant extrapolate to thousands of launches.)
+//
 // Prediction per kernel: max(bytes / 3.35 TB/s, FLOPs / peak), plus a stated
 // launch overhead. GEMMs (cublasLtMatmul, bf16 in, f32 accumulate) at the
 // dense bf16 tensor-core peak (989 TFLOP/s); every other kernel runs on CUDA
@@ -135,6 +140,9 @@ std::vector<double> basis(const std::string& name, const Shape3& s) {
   return {1.0, l, b * t, l * b * t, t};
 }
 
+// The launch model's basis: launches depend on the layers only.
+std::vector<double> launch_basis(const Shape3& s) { return {1.0, static_cast<double>(s.layers)}; }
+
 // Least squares by the normal equations (the bases are tiny and well scaled
 // after dividing each column by its largest value), Gaussian elimination
 // with partial pivoting.
@@ -172,10 +180,10 @@ struct Model {
 
   Count predict(const std::string& name, const Shape3& shape) const {
     const auto& c = coefficients.at(name);
-    const std::vector<double> x = basis(name, shape);
     Count out;
     double* fields[3] = {&out.launches, &out.bytes, &out.flops};
     for (int q = 0; q < 3; ++q) {
+      const std::vector<double> x = q == 0 ? launch_basis(shape) : basis(name, shape);
       double value = 0;
       for (size_t i = 0; i < x.size(); ++i) value += c[q][i] * x[i];
       *fields[q] = std::max(0.0, value);
@@ -190,17 +198,18 @@ Model fit_model(const std::vector<Run>& runs) {
     for (const auto& [name, count] : run.counts) names.insert(name);
   Model model;
   for (const std::string& name : names) {
-    std::vector<std::vector<double>> rows;
+    std::vector<std::vector<double>> rows, launch_rows;
     std::array<std::vector<double>, 3> values;
     for (const Run& run : runs) {
       rows.push_back(basis(name, run.shape));
+      launch_rows.push_back(launch_basis(run.shape));
       const auto found = run.counts.find(name);
       const Count count = found == run.counts.end() ? Count{} : found->second;
       values[0].push_back(count.launches);
       values[1].push_back(count.bytes);
       values[2].push_back(count.flops);
     }
-    for (int q = 0; q < 3; ++q) model.coefficients[name][q] = fit(rows, values[q]);
+    for (int q = 0; q < 3; ++q) model.coefficients[name][q] = fit(q == 0 ? launch_rows : rows, values[q]);
   }
   return model;
 }
