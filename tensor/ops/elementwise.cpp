@@ -50,11 +50,13 @@ DType scalar_dtype(DType tensor, double value, const char* name) {
   return dtype;
 }
 
-// Whether `value` as an f32 scalar (how a scalar joins a 16-bit float op)
-// is a bf16 value too, so it may join a bf16 kernel unchanged.
-bool scalar_is_exact_in_bf16(double value) {
+// The dtype a scalar joins an op of `result` in: the compute dtype, so a
+// bf16 tensor + 0.1 adds 0.1f, not 0.1 rounded to bf16; bf16 when the
+// kernels take bf16 and the scalar as f32 is a bf16 value too (0.5, -1).
+DType scalar_operand_dtype(Device device, DType result, double value) {
   const auto as_f32 = static_cast<float>(value);
-  return static_cast<float>(BFloat16(as_f32)) == as_f32;
+  const bool exact_in_bf16 = static_cast<float>(BFloat16(as_f32)) == as_f32;
+  return kernel_dtype(device, result) == DType::bf16 && exact_in_bf16 ? DType::bf16 : compute_dtype(result);
 }
 
 // The dtype a binary op of `result` computes in on `device`: the kernels'
@@ -100,10 +102,7 @@ Tensor binary_scalar(BinaryOp op, const char* name, const Tensor& a, double b) {
   check_defined(a, name, "a");
   const DType promoted = scalar_dtype(a.dtype(), b, name);
   const DType result = is_comparison(op) ? promoted : arithmetic_dtype(op, promoted, name);
-  // The scalar joins in the compute dtype, so a bf16 tensor + 0.1 adds 0.1f,
-  // not 0.1 rounded to bf16; one that is a bf16 value joins as bf16.
-  const bool bf16_scalar = kernel_dtype(a.device(), result) == DType::bf16 && scalar_is_exact_in_bf16(b);
-  const Tensor scalar = full({}, b, {.dtype = bf16_scalar ? DType::bf16 : compute_dtype(result), .device = a.device()});
+  const Tensor scalar = full({}, b, {.dtype = scalar_operand_dtype(a.device(), result, b), .device = a.device()});
   return binary_op(op, name, a, scalar, result);
 }
 
@@ -261,8 +260,7 @@ void mul_(Tensor& out, double b) {
   const GradInputsAllowed out_is_only_written;
   check_defined(out, "mul_", "out");
   const DType result = scalar_dtype(out.dtype(), b, "mul_");
-  const bool bf16_scalar = kernel_dtype(out.device(), result) == DType::bf16 && scalar_is_exact_in_bf16(b);
-  const Tensor scalar = full({}, b, {.dtype = bf16_scalar ? DType::bf16 : compute_dtype(result), .device = out.device()});
+  const Tensor scalar = full({}, b, {.dtype = scalar_operand_dtype(out.device(), result, b), .device = out.device()});
   in_place_binary(BinaryOp::mul, out, in_place_operand("mul_", out, scalar, result));
 }
 
