@@ -1,6 +1,8 @@
 #include "tensor/cuda/sim/intrinsics.h"
 
 #include <atomic>
+#include <cstring>
+#include <vector>
 
 #include "tensor/cuda/sim/launch_state.h"
 #include "tensor/cuda/sim/memory_access.h"
@@ -34,6 +36,52 @@ T atomic_update(T* address, Update update) {
   return old;
 }
 
+// What one lane brought to a warp exchange and takes from it. One slot per
+// thread of the block this OS thread runs, by linear index; a slot's
+// registers are only read while its lane waits in the exchange.
+struct ExchangeSlot {
+  bool waiting = false;
+  const WarpExchange* exchange = nullptr;
+  std::source_location site;
+  alignas(16) unsigned char input[kWarpExchangeBytes];
+  alignas(16) unsigned char output[kWarpExchangeBytes];
+};
+thread_local std::vector<ExchangeSlot> exchange_slots;
+
+std::string site_name(const std::source_location& site) { return fmt::format("{}:{}", site.file_name(), site.line()); }
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+
+// Run by the first lane to go on after the warp met, while the other 31
+// still wait inside warp_exchange: checks that all 32 are at the same
+// instruction and site, then combines their registers.
+void combine_warp(ThreadBlock& block, int32_t warp, const ExchangeSlot& first, int32_t first_lane) {
+  ExchangeSlot* lanes = &exchange_slots[static_cast<size_t>(warp) * 32];
+  const auto disagree = [&](int32_t lane, const std::string& there) {
+    for (int32_t other = 0; other < 32; ++other) lanes[other].waiting = false;
+    block.fault(fmt::format("cuda sim: {}: lanes of warp {} disagree: lane {} executes {} at {}, lane {} {} (every "
+                            "lane of the warp must execute the same instruction: .aligned)",
+                            block.where(), warp, first_lane, first.exchange->instruction, site_name(first.site), lane,
+                            there));
+  };
+  const void* inputs[32];
+  void* outputs[32];
+  for (int32_t lane = 0; lane < 32; ++lane) {
+    ExchangeSlot& slot = lanes[lane];
+    if (!slot.waiting) {
+      disagree(lane, "is at another warp operation");
+    } else if (slot.exchange != first.exchange || !same_site(slot.site, first.site)) {
+      disagree(lane, fmt::format("executes {} at {}", slot.exchange->instruction, site_name(slot.site)));
+    }
+    inputs[lane] = slot.input;
+    outputs[lane] = slot.output;
+  }
+  first.exchange->combine(inputs, outputs);
+  for (int32_t lane = 0; lane < 32; ++lane) lanes[lane].waiting = false;
+}
+
 }  // namespace
 
 thread_local LaunchState* running_launch = nullptr;
@@ -56,6 +104,51 @@ unsigned active_mask() { return launch_of_caller("__activemask").block->active_m
 
 void* dynamic_shared_memory() {
   return reinterpret_cast<void*>(launch_of_caller("dynamic_shared_memory").dynamic_shared.begin);
+}
+
+void warp_exchange(const WarpExchange& exchange, const void* input, void* output, std::source_location site) {
+  LaunchState& launch = launch_of_caller(exchange.instruction);
+  ThreadBlock& block = *launch.block;
+  const KernelThread& thread = block.running();
+  const dim3 dims = launch.config->block;
+  const size_t threads = static_cast<size_t>(dims.x) * dims.y * dims.z;
+  const unsigned present = block.active_mask();
+  if (present != 0xffffffffu) {
+    block.fault(fmt::format("cuda sim: {}: {} at {} needs all 32 lanes of warp {}, but only lanes 0x{:08x} are there "
+                            "(the others exited, or lie past the block's {} threads)",
+                            block.where(), exchange.instruction, site_name(site), thread.warp, present, threads));
+  }
+  if (exchange_slots.size() < threads) exchange_slots.resize(threads);
+  ExchangeSlot& mine = exchange_slots[thread.linear];
+  mine.waiting = true;
+  mine.exchange = &exchange;
+  mine.site = site;
+  std::memcpy(mine.input, input, exchange.input_bytes);
+  block.warp_operation(WarpOp::any, 0xffffffffu, 0, 0, 32, site);
+  if (mine.waiting) combine_warp(block, thread.warp, mine, thread.lane);
+  std::memcpy(output, mine.output, exchange.output_bytes);
+}
+
+void check_shared_operand(const char* instruction, const void* address, int64_t bytes, int64_t alignment,
+                          std::source_location site) {
+  LaunchState& launch = launch_of_caller(instruction);
+  const auto begin = reinterpret_cast<uintptr_t>(address);
+  const bool in_dynamic = launch.dynamic_shared.contains(begin) &&
+                          begin + bytes <= launch.dynamic_shared.begin + launch.dynamic_shared_bytes;
+  const bool in_static = launch.static_shared.contains(begin) && launch.static_shared.contains(begin + bytes - 1);
+  ThreadBlock& block = *launch.block;
+  const auto refuse = [&](const std::string& reason) {
+    block.fault(fmt::format("cuda sim: {} thread {}: {} at {}: {}", block.where(),
+                            block.describe_thread(block.running().linear), instruction, site_name(site), reason));
+  };
+  if (!in_dynamic && !in_static) {
+    refuse(fmt::format("its address {} is not {} bytes of the block's shared memory (the instruction reads .shared "
+                       "only)",
+                       address, bytes));
+  }
+  if (begin % static_cast<uint64_t>(alignment) != 0) {
+    refuse(fmt::format("its address {} is not {}-byte aligned", address, alignment));
+  }
 }
 
 int atomic_add(int* address, int value) {

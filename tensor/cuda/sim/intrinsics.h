@@ -36,6 +36,34 @@ unsigned active_mask();
 // The block's dynamic shared memory (LaunchConfig::dynamic_shared_bytes).
 void* dynamic_shared_memory();
 
+// A warp-wide exchange of registers, for the instructions a warp computes
+// together (mma.sync and ldmatrix.sync, emulated in tensor/cuda/mma.h):
+// every lane of a full warp brings `input_bytes`; once all 32 are there,
+// `combine` runs once over the 32 inputs and fills the 32 outputs (both
+// indexed by lane), and each lane leaves with its own `output_bytes`. Lanes
+// already exited or missing (a partial last warp) when a lane arrives, or
+// lanes at another instruction or call site (.aligned), are a fault naming
+// `instruction` and `site`. The lanes meet at the votes' rendezvous, which
+// gives none of __syncwarp's memory ordering (neither instruction gives
+// any), so lanes that exit while others wait are reported by the block's
+// deadlock check as the others' wait at __any_sync(mask 0xffffffff) at
+// `site`.
+constexpr int32_t kWarpExchangeBytes = 64;
+struct WarpExchange {
+  const char* instruction;
+  int32_t input_bytes;   // at most kWarpExchangeBytes
+  int32_t output_bytes;  // at most kWarpExchangeBytes
+  void (*combine)(const void* const* inputs, void* const* outputs);
+};
+void warp_exchange(const WarpExchange& exchange, const void* input, void* output, std::source_location site);
+
+// Faults unless [address, address + bytes) lies in the block's shared memory
+// and `address` is a multiple of `alignment`: the operand rule of an
+// instruction that reads only the .shared state space (ldmatrix), checked
+// before the lane's read.
+void check_shared_operand(const char* instruction, const void* address, int64_t bytes, int64_t alignment,
+                          std::source_location site);
+
 // Atomics: the read-modify-write is atomic against every other thread of the
 // process, and the access is checked like any other.
 int atomic_add(int* address, int value);
