@@ -188,17 +188,21 @@ int64_t span_of(const Tensor& t) {
   return last + 1;
 }
 
-// Whether q, k and v are equal-strided views, evenly spaced, into one buffer
-// (the slices of a packed [B, T, 3C] projection) of `dtype`.
+// Whether q, k and v are the heads of the three slices of one packed
+// [B, T, 3C] projection of `dtype` (C = H D, any row and batch pitch): each
+// (b, t) row holds q's H D values, then k's `gap` later, then v's, and rows
+// and batches do not interleave, so the three are disjoint.
 bool packed_in_one_buffer(const Tensor& q, const Tensor& k, const Tensor& v, DType dtype) {
   if (q.dtype() != dtype || k.dtype() != dtype || v.dtype() != dtype || q.numel() == 0) return false;
   if (k.storage() != q.storage() || v.storage() != q.storage()) return false;
   if (k.strides() != q.strides() || v.strides() != q.strides()) return false;
-  for (const int64_t stride : q.strides()) {
-    if (stride < 0) return false;
-  }
-  const int64_t gap = k.storage_offset() - q.storage_offset();
-  return gap > 0 && v.storage_offset() - k.storage_offset() == gap;
+  const int64_t batches = q.size(0), heads = q.size(1), seq = q.size(2), dim = q.size(3);
+  const int64_t row_width = heads * dim, gap = k.storage_offset() - q.storage_offset();
+  const bool rows_of_heads = q.stride(3) == 1 && (heads == 1 || q.stride(1) == dim);
+  const bool slices_apart = gap >= row_width && v.storage_offset() - k.storage_offset() == gap;
+  const bool rows_apart = seq == 1 || q.stride(2) >= 2 * gap + row_width;
+  const bool batches_apart = batches == 1 || q.stride(0) >= (seq - 1) * q.stride(2) + 2 * gap + row_width;
+  return rows_of_heads && slices_apart && rows_apart && batches_apart && q.stride(2) >= 0 && q.stride(0) >= 0;
 }
 
 // Empty gradients for q, k and v: packed into one new buffer the way q, k and
