@@ -229,6 +229,22 @@ TEST_CASE("causal attention takes strided heads: packed q, k, v and a [B, T, H, 
       // Unpacked inputs get [B, T, H, D]-ordered gradients of their own.
       CHECK(dense_grads.q.storage() != dense_grads.k.storage());
       CHECK(ops::transpose(dense_grads.q, 1, 2).is_contiguous());
+      // Evenly spaced views of one buffer that overlap (each half a slice
+      // after the last) are not a packed projection: separate gradients,
+      // the same values.
+      const int64_t width = 3 * 16;
+      const auto heads_at = [&](int64_t offset) {
+        return ops::transpose(ops::view(ops::narrow(heads.packed, 2, offset, width), {2, 37, 3, 16}), 1, 2);
+      };
+      const Tensor q = heads_at(0), k = heads_at(width / 2), v = heads_at(width);
+      const ops::AttentionOutput shifted = ops::causal_attention(q, k, v);
+      const ops::AttentionGrads shifted_grads =
+          ops::causal_attention_backward(grad_out, q, k, v, shifted.out, shifted.logsumexp);
+      CHECK(shifted_grads.q.storage() != shifted_grads.k.storage());
+      const ops::AttentionGrads shifted_dense = ops::causal_attention_backward(
+          grad_out, ops::contiguous(q), ops::contiguous(k), ops::contiguous(v), shifted.out, shifted.logsumexp);
+      CHECK(bitwise_equal(dense_on_cpu(shifted_grads.q), dense_on_cpu(shifted_dense.q)));
+      CHECK(bitwise_equal(dense_on_cpu(shifted_grads.k), dense_on_cpu(shifted_dense.k)));
     }
   }
 }
