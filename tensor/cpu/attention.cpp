@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/dtype_dispatch.h"
 #include "tensor/cpu/lane_sum.h"
 #include "tensor/cpu/vector_math.h"
+#include "tensor/error.h"
 #include "tensor/parallel.h"
 
 namespace tessera::cpu {
@@ -39,18 +41,24 @@ Geometry geometry_of(const Tensor& q) {
   return {q.size(0) * q.size(1), std::max<int64_t>(q.size(1), 1), q.size(2), q.size(3)};
 }
 
-// Head `index` (b * H + h) of a [B, H, T, D] tensor as a [T, D] matrix.
-template <typename T>
-ConstHeadMap<T> const_head(const Tensor& t, int64_t index, const Geometry& geometry) {
+// Head `index` (b * H + h) of a [B, H, T, D] tensor as a [T, D] matrix
+// (Map: ConstHeadMap<T> or HeadMap<T>).
+template <typename Map>
+Map head_of(const Tensor& t, int64_t index, const Geometry& geometry) {
+  using Scalar = std::remove_const_t<typename Map::Scalar>;
   const int64_t batch = index / geometry.heads_per_batch, head = index % geometry.heads_per_batch;
-  return ConstHeadMap<T>(t.data_ptr<T>() + batch * t.stride(0) + head * t.stride(1), geometry.seq, geometry.dim,
-                         Eigen::OuterStride<>(t.stride(2)));
+  return Map(t.data_ptr<Scalar>() + batch * t.stride(0) + head * t.stride(1), geometry.seq, geometry.dim,
+             Eigen::OuterStride<>(t.stride(2)));
 }
-template <typename T>
-HeadMap<T> mutable_head(const Tensor& t, int64_t index, const Geometry& geometry) {
-  const int64_t batch = index / geometry.heads_per_batch, head = index % geometry.heads_per_batch;
-  return HeadMap<T>(t.data_ptr<T>() + batch * t.stride(0) + head * t.stride(1), geometry.seq, geometry.dim,
-                    Eigen::OuterStride<>(t.stride(2)));
+
+// The kernels read rows of D in place: each operand needs a unit stride along D.
+void check_rows(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> operands) {
+  for (const auto& [name, tensor] : operands) {
+    TESSERA_CHECK(tensor->dim() == 4 && (tensor->stride(3) == 1 || tensor->size(3) == 1),
+                  "cpu::{}: {} must be [B, H, T, D] with contiguous rows (a unit stride along D), got shape {} "
+                  "strides {}",
+                  op, name, tensor->sizes(), tensor->strides());
+  }
 }
 
 // scores: [rows, keys] holds scale * q_i . k_j for query rows i = i0 + r; it is
@@ -76,9 +84,9 @@ void attention_typed(const Tensor& out, const Tensor& logsumexp, const Tensor& q
   parallel_for(heads, 1, [&](int64_t begin, int64_t end) {
     Matrix<T> scores(std::min(kQueryBlock, seq), seq);
     for (int64_t head = begin; head < end; ++head) {
-      const ConstHeadMap<T> Q = const_head<T>(q, head, geometry), K = const_head<T>(k, head, geometry),
-                            V = const_head<T>(v, head, geometry);
-      HeadMap<T> O = mutable_head<T>(out, head, geometry);
+      const auto Q = head_of<ConstHeadMap<T>>(q, head, geometry), K = head_of<ConstHeadMap<T>>(k, head, geometry),
+                 V = head_of<ConstHeadMap<T>>(v, head, geometry);
+      HeadMap<T> O = head_of<HeadMap<T>>(out, head, geometry);
       T* lse = lse_data + head * seq;
       for (int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
         const int64_t rows = std::min(kQueryBlock, seq - i0), keys = i0 + rows;
@@ -117,11 +125,11 @@ void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const 
     Matrix<T> probs(block, seq), grad_probs(block, seq);
     Eigen::Array<T, Eigen::Dynamic, 1> delta(seq);
     for (int64_t head = begin; head < end; ++head) {
-      const ConstHeadMap<T> Q = const_head<T>(q, head, geometry), K = const_head<T>(k, head, geometry),
-                            V = const_head<T>(v, head, geometry), O = const_head<T>(out, head, geometry),
-                            dO = const_head<T>(grad_out, head, geometry);
-      HeadMap<T> dQ = mutable_head<T>(grad_q, head, geometry), dK = mutable_head<T>(grad_k, head, geometry),
-                 dV = mutable_head<T>(grad_v, head, geometry);
+      const auto Q = head_of<ConstHeadMap<T>>(q, head, geometry), K = head_of<ConstHeadMap<T>>(k, head, geometry),
+                 V = head_of<ConstHeadMap<T>>(v, head, geometry), O = head_of<ConstHeadMap<T>>(out, head, geometry),
+                 dO = head_of<ConstHeadMap<T>>(grad_out, head, geometry);
+      HeadMap<T> dQ = head_of<HeadMap<T>>(grad_q, head, geometry), dK = head_of<HeadMap<T>>(grad_k, head, geometry),
+                 dV = head_of<HeadMap<T>>(grad_v, head, geometry);
       const T* lse = lse_data + head * seq;
       // delta_i = dO_i . O_i = sum_j P_ij dP_ij, the softmax backward's row term.
       for (int64_t i = 0; i < seq; ++i) delta[i] = static_cast<T>(lane_dot(dO.row(i).data(), O.row(i).data(), dim));
@@ -149,6 +157,8 @@ void attention_backward_typed(const Tensor& grad_q, const Tensor& grad_k, const 
 
 void causal_attention(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.numel() == 0) return;
+  check_rows("causal_attention", {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
+  TESSERA_CHECK(logsumexp.is_contiguous(), "cpu::causal_attention: logsumexp must be contiguous");
   visit_float_dtype(q.dtype(), "causal_attention",
                  [&]<typename T>(T) { attention_typed<T>(out, logsumexp, q, k, v); });
 }
@@ -157,6 +167,9 @@ void causal_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const
                                const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& logsumexp) {
   if (q.numel() == 0) return;
+  check_rows("causal_attention_backward", {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"grad_out", &grad_out},
+                                           {"grad_q", &grad_q}, {"grad_k", &grad_k}, {"grad_v", &grad_v}});
+  TESSERA_CHECK(logsumexp.is_contiguous(), "cpu::causal_attention_backward: logsumexp must be contiguous");
   visit_float_dtype(q.dtype(), "causal_attention_backward", [&]<typename T>(T) {
     attention_backward_typed<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, out, logsumexp);
   });

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "tensor/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 
@@ -442,4 +443,14 @@ TEST_CASE("causal_attention: errors and meta") {
   CHECK(meta.logsumexp.sizes() == Shape{2, 12, 64});
   const ops::AttentionGrads grads = ops::causal_attention_backward(x, x, x, x, meta.out, meta.logsumexp);
   CHECK(grads.k.sizes() == Shape{2, 12, 64, 64});
+  // The kernels read rows of D in place: a view strided along D is refused
+  // there (the ops copy such a view first, and give its bits).
+  const Tensor q = ops::randn({1, 2, 4, 8}, PhiloxKey{5, 1});
+  const Tensor v_strided = ops::transpose(ops::randn({1, 2, 8, 4}, PhiloxKey{5, 2}), 2, 3);
+  const Tensor out = ops::empty({1, 2, 4, 8}), lse = ops::empty({1, 2, 4});
+  CHECK_THROWS_WITH_AS(kernels(kCPU).causal_attention(out, lse, q, q, v_strided),
+                       doctest::Contains("cpu::causal_attention: v must be [B, H, T, D] with contiguous rows"), Error);
+  const ops::AttentionOutput from_view = ops::causal_attention(q, q, v_strided);
+  const ops::AttentionOutput from_copy = ops::causal_attention(q, q, ops::contiguous(v_strided));
+  CHECK(ops::contiguous(from_view.out).to_vector<float>() == ops::contiguous(from_copy.out).to_vector<float>());
 }
