@@ -3,6 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include "tensor/error.h"
 
 namespace tessera::cuda::sim {
@@ -24,6 +28,14 @@ void FiberStacks::reserve(int count) {
   count_ = count;
   const size_t guard = slot_bytes() - kStackBytes;
   for (int index = 0; index < count; ++index) mprotect(base_ + slot_bytes() * index, guard, PROT_NONE);
+}
+
+void forget_stale_poison(const boost::context::stack_context& stack) {
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(static_cast<char*>(stack.sp) - stack.size, stack.size);
+#else
+  (void)stack;
+#endif
 }
 
 boost::context::stack_context FiberStacks::stack(int index) const {

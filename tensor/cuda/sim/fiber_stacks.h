@@ -29,11 +29,21 @@ class FiberStacks {
   int count_ = 0;
 };
 
+// Under AddressSanitizer, clears `stack`'s shadow before a fiber runs on it.
+// Stacks are reused block after block, and a fiber that faulted left the
+// stack by an exception thrown across a context switch ASan never saw: the
+// redzones of its frames stay poisoned and would fault the next fiber's
+// frames at those addresses. Nothing without ASan.
+void forget_stale_poison(const boost::context::stack_context& stack);
+
 // A Boost.Context stack allocator handing out one of the pool's stacks; the
 // pool owns the memory, so deallocation does nothing.
 struct PooledStack {
   boost::context::stack_context context;
-  boost::context::stack_context allocate() const { return context; }
+  boost::context::stack_context allocate() const {
+    forget_stale_poison(context);
+    return context;
+  }
   void deallocate(boost::context::stack_context&) const noexcept {}
 };
 
