@@ -12,9 +12,8 @@
 // in at least f32, but NVIDIA does not specify the order or the internal
 // precision of the K = 16 sum; measured parts align the products to the
 // largest exponent and truncate (Fasi, Higham, Mikaitis, Pranesh, "Numerical
-// behavior of NVIDIA tensor cores", PeerJ CS 7:e330, 2021; Khattak and
-// Mikaitis, "Accurate models of NVIDIA tensor cores", arXiv:2512.07004, for
-// V100 to B200). The emulation forms the exact products, adds C and the 16
+// behavior of NVIDIA tensor cores", PeerJ CS 7:e330, 2021, for V100 to
+// A100). The emulation forms the exact products, adds C and the 16
 // products in f64 in k order and rounds once to f32: the accurate end of
 // what hardware may give. So tests and kernels must bound the error by what
 // any f32 accumulation may lose, 17 * 2^-23 * (|C| + sum |A B|) per element
