@@ -9,9 +9,12 @@
 
 #include "tensor/cuda/mma.h"
 #include "tensor/cuda/portability.h"
+#include "tests/cuda/test_launch.h"
 
 using tessera::cuda::BufferAccess;
 using tessera::cuda::LaunchConfig;
+using tessera::testing::buffer;
+using tessera::testing::config;
 
 namespace mma_kernels {
 
@@ -21,19 +24,6 @@ using tessera::cuda::ldmatrix_x4;
 using tessera::cuda::ldmatrix_x4_trans;
 using tessera::cuda::mma_m16n8k16_bf16;
 using tessera::cuda::mma_m16n8k16_f16;
-
-LaunchConfig config(dim3 grid, dim3 block, int64_t shared = 0) {
-  LaunchConfig launch;
-  launch.grid = grid;
-  launch.block = block;
-  launch.dynamic_shared_bytes = shared;
-  return launch;
-}
-
-template <typename T>
-tessera::cuda::BufferUse buffer(const char* name, const T* data, int64_t count, BufferAccess access) {
-  return tessera::cuda::BufferUse{name, data, static_cast<int64_t>(sizeof(T)) * count, access};
-}
 
 // a: [tiles][16][16] row-major as 2-element words (word of (row, col) =
 // row * 8 + col / 2); b: [tiles][8 n][16 k] likewise (word n * 8 + k / 2);

@@ -6,26 +6,16 @@
 
 #include "tensor/cuda/portability.h"
 #include "tensor/error.h"
+#include "tests/cuda/test_launch.h"
 
 using tessera::cuda::BufferAccess;
 using tessera::cuda::LaunchConfig;
+using tessera::testing::buffer;
+using tessera::testing::config;
 
 namespace simulator_kernels {
 
 namespace {
-
-LaunchConfig config(dim3 grid, dim3 block, int64_t shared = 0) {
-  LaunchConfig launch;
-  launch.grid = grid;
-  launch.block = block;
-  launch.dynamic_shared_bytes = shared;
-  return launch;
-}
-
-template <typename T>
-tessera::cuda::BufferUse buffer(const char* name, const T* data, int64_t count, BufferAccess access) {
-  return tessera::cuda::BufferUse{name, data, static_cast<int64_t>(sizeof(T)) * count, access};
-}
 
 __global__ void block_sums_kernel(const float* in, float* out) {
   float* partial = dynamic_shared_memory<float>();

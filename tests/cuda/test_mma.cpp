@@ -21,31 +21,19 @@
 #include "tensor/error.h"
 #include "tensor/float16_bits.h"
 #include "tests/cuda/device_buffer.h"
+#include "tests/cuda/expected_error.h"
 #include "tests/cuda/mma_kernels.h"
 
 using namespace tessera;
 using namespace tessera::float16_bits;
 using mma_kernels::Inputs;
+using tessera::testing::contains;
+using tessera::testing::error_of;
 
 namespace {
 
 constexpr bool kSimChecks = TESSERA_SIM_CHECKS != 0;
 
-std::string error_of(const std::function<void()>& launch) {
-  try {
-    launch();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  FAIL("the launch did not fail");
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  const bool found = text.find(part) != std::string::npos;
-  if (!found) MESSAGE(text);
-  return found;
-}
 
 uint16_t to_bits(float value, Inputs inputs) {
   return inputs == Inputs::bf16 ? bfloat16_from_float(value) : half_from_float(value);

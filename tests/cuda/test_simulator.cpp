@@ -18,10 +18,13 @@
 #include "tensor/float16_bits.h"
 #include "tensor/stream.h"
 #include "tests/cuda/device_buffer.h"
+#include "tests/cuda/expected_error.h"
 #include "tests/cuda/simulator_kernels.h"
 
 using namespace tessera;
 namespace sim = tessera::cuda::sim;
+using tessera::testing::contains;
+using tessera::testing::error_of;
 using namespace tessera::float16_bits;
 
 namespace {
@@ -30,23 +33,6 @@ namespace {
 // instruments them instead (-Db_sanitize=address; GCC allows one of the two).
 constexpr bool kSimChecks = TESSERA_SIM_CHECKS != 0;
 
-// Runs `launch` and returns the message of the tessera::Error it must throw.
-template <typename Launch>
-std::string error_of(Launch launch) {
-  try {
-    launch();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  FAIL("the launch did not fail");
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  const bool found = text.find(part) != std::string::npos;
-  if (!found) MESSAGE(text);
-  return found;
-}
 
 std::vector<float> iota_floats(size_t count) {
   std::vector<float> values(count);
