@@ -52,7 +52,9 @@ struct FoundCheckpoint {
 struct RootContents {
   std::vector<FoundCheckpoint> checkpoints;  // oldest first
   std::vector<std::string> torn;             // step-N without metadata.json
-  std::vector<std::string> leftovers;        // step-N.tmp, step-N.deleting, run.json.tmp: interrupted writes
+  std::vector<std::string> not_directories;  // step-N that is a file or a symbolic link (dangling ones too)
+  std::vector<std::string> leftovers;        // step-N.tmp, step-N.deleting: interrupted saves and prunes
+  std::optional<std::string> record_leftover;  // run.json.tmp: a launch died while claiming the root
   std::vector<std::string> others;           // not the manager's
   bool has_record = false;
 };
@@ -80,11 +82,16 @@ RootContents scan_root(const std::string& root) {
       contents.has_record = true;
     } else if (name == kRootLockFile || name.starts_with(".rank-")) {
       continue;
-    } else if (name == std::string(kRunRecordFile) + kTmpSuffix ||
-               (name.starts_with(kStepPrefix) && (name.ends_with(kTmpSuffix) || name.ends_with(kDeletingSuffix)))) {
+    } else if (name == std::string(kRunRecordFile) + kTmpSuffix) {
+      contents.record_leftover = child.path().string();
+    } else if (name.starts_with(kStepPrefix) && (name.ends_with(kTmpSuffix) || name.ends_with(kDeletingSuffix))) {
       contents.leftovers.push_back(child.path().string());
-    } else if (const std::optional<int64_t> step = step_of(name); step && child.is_directory()) {
-      if (fs::exists(child.path() / kMetadataFile)) {
+    } else if (const std::optional<int64_t> step = step_of(name); step && !child.is_directory()) {
+      contents.not_directories.push_back(child.path().string());
+    } else if (step) {
+      if (child.is_symlink()) {
+        contents.not_directories.push_back(child.path().string());
+      } else if (fs::exists(child.path() / kMetadataFile)) {
         contents.checkpoints.push_back(inspect_checkpoint(*step, child.path().string()));
       } else {
         contents.torn.push_back(child.path().string());
@@ -96,6 +103,7 @@ RootContents scan_root(const std::string& root) {
   std::sort(contents.checkpoints.begin(), contents.checkpoints.end(),
             [](const auto& a, const auto& b) { return a.step < b.step; });
   std::sort(contents.torn.begin(), contents.torn.end());
+  std::sort(contents.not_directories.begin(), contents.not_directories.end());
   std::sort(contents.others.begin(), contents.others.end());
   return contents;
 }
@@ -113,6 +121,11 @@ void probe_writable(const std::string& root, int rank) {
 }
 
 }  // namespace
+
+bool is_managed_entry(const std::string& name) {
+  return name == kRunRecordFile || name == std::string(kRunRecordFile) + kTmpSuffix || name == kRootLockFile ||
+         name.starts_with(".rank-") || name.starts_with(kStepPrefix);
+}
 
 std::string checkpoint_path(const std::string& root, int64_t step) {
   TESSERA_CHECK(step >= 0, "checkpoint_path: step must be >= 0, got {}", step);
@@ -208,6 +221,10 @@ void check_checkpoints(const std::string& root, const RootContents& contents, co
   }
   TESSERA_CHECK(foreign.empty(), "{} holds checkpoints of another run (copied in?): {}; move them away", root,
                 names_of(foreign));
+  TESSERA_CHECK(contents.not_directories.empty(),
+                "{} holds entries named like checkpoints that are not directories (a file, or a symbolic link): {}; "
+                "tessera saves checkpoints under these names, so move them away",
+                root, fmt::join(contents.not_directories, ", "));
   TESSERA_CHECK(contents.torn.empty(),
                 "{} holds step directories without {} (tessera commits a checkpoint by renaming it whole, so these "
                 "were copied or edited): {}; move them away",
@@ -260,6 +277,11 @@ nlohmann::json CheckpointManager::open_root() {
     TESSERA_CHECK(fs::is_directory(root_), "{}: not a directory", root_);
     lock_ = std::make_unique<RootLock>(root_);
     const RootContents contents = scan_root(root_);
+    // Under the lock nobody else writes it: a launch died while claiming the root.
+    if (contents.record_leftover) {
+      fs::remove_all(*contents.record_leftover);
+      notices.push_back(fmt::format("removed {} (a launch that died while claiming the root)", *contents.record_leftover));
+    }
     RunRecord record = claim_record(root_, contents, options_, notices);
     check_checkpoints(root_, contents, record, options_.mode, notices);
     amend_identity(root_, contents, record, options_.identity, options_.sync, notices);
@@ -267,6 +289,7 @@ nlohmann::json CheckpointManager::open_root() {
       fs::remove_all(leftover);
       notices.push_back(fmt::format("removed {} (an interrupted save or prune)", leftover));
     }
+
     if (!contents.others.empty()) {
       notices.push_back(fmt::format("{} also holds {} (not checkpoints; left alone)", root_,
                                     fmt::join(contents.others, ", ")));

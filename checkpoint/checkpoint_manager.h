@@ -40,6 +40,10 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 std::optional<CheckpointEntry> latest_checkpoint(const std::string& root);
 // ROOT/step-NNNNNNNN.
 std::string checkpoint_path(const std::string& root, int64_t step);
+// Whether an entry of a root (a name, not a path) is the manager's: the run
+// record, the lock, step directories and their leftovers. Anything else in a
+// root is left alone, and may be read by a run (FileRoles).
+bool is_managed_entry(const std::string& name);
 
 // How a launch takes its root.
 enum class RootMode {

@@ -128,7 +128,18 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
   }
   reach_save_point("rank_file_written");
   const std::vector<nlohmann::json> reports = gather_json(group, mine);
-  rethrow_any(reports, "save");
+  // A failed save (a full disk, say) takes its partial directory with it:
+  // the previous checkpoints stay, and the space it held is free again.
+  const auto discard_partial = [&](const std::vector<nlohmann::json>& outcomes) {
+    const bool failed = std::any_of(outcomes.begin(), outcomes.end(),
+                                    [](const nlohmann::json& outcome) { return outcome.contains("error"); });
+    if (failed && rank == 0) {
+      std::error_code ignored;
+      fs::remove_all(tmp, ignored);
+    }
+    rethrow_any(outcomes, "save");
+  };
+  discard_partial(reports);
 
   nlohmann::json committed = nlohmann::json::object();
   if (rank == 0) {
@@ -166,7 +177,7 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
       committed["error"] = error.what();
     }
   }
-  rethrow_any(gather_json(group, committed), "save");
+  discard_partial(gather_json(group, committed));
 }
 
 // ---- load ----------------------------------------------------------------------------------------

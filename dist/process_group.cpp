@@ -140,8 +140,10 @@ ProcessGroupOptions ProcessGroupOptions::from_environment() {
   if (const char* timeout = std::getenv("TESSERA_DIST_TIMEOUT_S")) {
     char* end = nullptr;
     const double seconds = std::strtod(timeout, &end);
-    TESSERA_CHECK(end != timeout && *end == '\0' && seconds > 0,
-                  "TESSERA_DIST_TIMEOUT_S: expected a positive number of seconds, got '{}'", timeout);
+    // The bound keeps the milliseconds (and every deadline computed from them) far from overflow.
+    TESSERA_CHECK(end != timeout && *end == '\0' && seconds >= kMinTimeoutSeconds && seconds <= kMaxTimeoutSeconds,
+                  "TESSERA_DIST_TIMEOUT_S: expected seconds in [{:g}, {:g}] (a week), got '{}'", kMinTimeoutSeconds,
+                  kMaxTimeoutSeconds, timeout);
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
   }
   options.deterministic = environment_flag("TESSERA_DIST_DETERMINISTIC");

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+
 #include "tensor/error.h"
 
 namespace gpt {
@@ -55,19 +57,28 @@ std::vector<uint16_t> text_to_byte_tokens(std::string_view text) {
   return tokens;
 }
 
-std::string byte_tokens_to_printable(std::span<const uint16_t> tokens) {
-  std::vector<uint8_t> bytes;
+std::string byte_tokens_to_bytes(std::span<const uint16_t> tokens) {
+  std::string bytes;
   bytes.reserve(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    TESSERA_CHECK(tokens[i] < kByteVocab, "byte_tokens_to_printable: token {} at position {} is not a byte (>= {})",
-                  tokens[i], i, kByteVocab);
-    bytes.push_back(static_cast<uint8_t>(tokens[i]));
+    TESSERA_CHECK(tokens[i] < kByteVocab, "byte tokens: token {} at position {} is not a byte (>= {})", tokens[i], i,
+                  kByteVocab);
+    bytes.push_back(static_cast<char>(tokens[i]));
   }
+  return bytes;
+}
+
+std::string byte_tokens_to_printable(std::span<const uint16_t> tokens) {
+  const std::string raw = byte_tokens_to_bytes(tokens);
+  const std::vector<uint8_t> bytes(raw.begin(), raw.end());
   std::string text;
   text.reserve(bytes.size());
   for (size_t at = 0; at < bytes.size();) {
     const uint8_t byte = bytes[at];
-    if ((byte >= 0x20 && byte <= 0x7E) || byte == '\n' || byte == '\t') {
+    if (byte == '\\') {
+      text += "\\\\";
+      ++at;
+    } else if ((byte >= 0x20 && byte <= 0x7E) || byte == '\n' || byte == '\t') {
       text.push_back(static_cast<char>(byte));
       ++at;
     } else if (const size_t length = byte >= 0x80 ? utf8_sequence_length(bytes, at) : 0; length > 0) {
@@ -79,6 +90,30 @@ std::string byte_tokens_to_printable(std::span<const uint16_t> tokens) {
     }
   }
   return text;
+}
+
+std::string printable_to_bytes(std::string_view printable) {
+  std::string bytes;
+  bytes.reserve(printable.size());
+  for (size_t at = 0; at < printable.size(); ++at) {
+    if (printable[at] != '\\') {
+      bytes.push_back(printable[at]);
+      continue;
+    }
+    if (at + 1 < printable.size() && printable[at + 1] == '\\') {
+      bytes.push_back('\\');
+      ++at;
+      continue;
+    }
+    unsigned value = 0;
+    const bool escape = at + 3 < printable.size() && printable[at + 1] == 'x' &&
+                        std::from_chars(&printable[at + 2], &printable[at + 2] + 2, value, 16).ptr ==
+                            &printable[at + 2] + 2;
+    TESSERA_CHECK(escape, "printable text: the backslash at position {} starts neither \\\\ nor \\xHH", at);
+    bytes.push_back(static_cast<char>(value));
+    at += 3;
+  }
+  return bytes;
 }
 
 }  // namespace gpt

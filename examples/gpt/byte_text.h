@@ -16,9 +16,19 @@ inline constexpr int64_t kByteVocab = 256;
 // Each byte of `text` as a token in [0, 256).
 std::vector<uint16_t> text_to_byte_tokens(std::string_view text);
 
-// The bytes the tokens stand for, printable: ASCII from space to '~', newline,
-// tab and complete UTF-8 sequences of printable characters stay as they are;
-// every other byte becomes \xHH. Throws tessera::Error for a token >= 256.
+// The bytes the tokens stand for, unchanged (what `generate` writes when its
+// output is not a terminal). Throws tessera::Error for a token >= 256.
+std::string byte_tokens_to_bytes(std::span<const uint16_t> tokens);
+
+// The bytes the tokens stand for, printable and reversible: ASCII from space
+// to '~' (but the backslash), newline, tab and complete UTF-8 sequences of
+// printable characters stay as they are; a backslash becomes \\ and every
+// other byte \xHH, so printable_to_bytes gives the bytes back. Throws
+// tessera::Error for a token >= 256.
 std::string byte_tokens_to_printable(std::span<const uint16_t> tokens);
+
+// The inverse of byte_tokens_to_printable. Throws tessera::Error naming the
+// position of a backslash that starts no escape.
+std::string printable_to_bytes(std::string_view printable);
 
 }  // namespace gpt

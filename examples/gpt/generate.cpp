@@ -2,11 +2,14 @@
 // byte). The model comes from a checkpoint that `train` saved (--ckpt: one
 // checkpoint, or a root of step-N checkpoints, then the newest; saved on any
 // number of ranks, it loads whole here) or from an exported .safetensors file
-// (--init-from). Prints the prompt and its continuation to stdout (bytes that
-// are not printable escaped as \xHH) and where the model came from and the
-// speed to stderr. --max-new-tokens is refused, before the model loads, when
-// its buffers would not fit in half the available memory (resource_limits.h).
-// Flags: generate --help.
+// (--init-from). Writes the prompt and its continuation to stdout: the bytes
+// unchanged when stdout is not a terminal (a file or a pipe gets exactly the
+// model's bytes), escaped when it is one or with --escape (a backslash as \\,
+// bytes that are not printable as \xHH: byte_text.h, reversible). Where the
+// model came from and the speed go to stderr. --max-new-tokens is refused,
+// before the model loads, when its buffers would not fit in half the
+// available memory (resource_limits.h). Exit status: 0 generated, 1 failed
+// (a model that cannot be loaded, say), 2 bad flags. Flags: generate --help.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -15,9 +18,15 @@
 #include <cmath>
 #include <exception>
 #include <iostream>
+#include <limits>
 #include <optional>
 
+#include <unistd.h>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/file_roles.h"
 #include "examples/gpt/byte_text.h"
+#include "examples/gpt/flag_checks.h"
 #include "examples/gpt/model_loader.h"
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/sampling.h"
@@ -30,6 +39,8 @@ struct GenerateConfig {
   std::string checkpoint;   // --ckpt
   std::string safetensors;  // --init-from
   std::string prompt = "\n";
+  std::string prompt_file;  // --prompt-file: the prompt's bytes from a file (any bytes, NUL included)
+  bool escape = false;      // --escape: escaped output even when stdout is not a terminal
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 40;
@@ -39,17 +50,11 @@ struct GenerateConfig {
   std::string device = "cpu";
 };
 
-// A number flag that must be finite and >= 0 (CLI11's own range checks print
-// the whole double range in their message, and its parser takes inf and nan).
-const CLI::Validator kNonNegative(
-    [](std::string& input) -> std::string {
-      double value = 0.0;
-      if (!CLI::detail::lexical_cast(input, value)) return fmt::format("'{}' is not a number", input);
-      if (!std::isfinite(value)) return fmt::format("must be a finite number >= 0, got {}", input);
-      if (value >= 0.0) return {};
-      return fmt::format("must be >= 0, got {}", input);
-    },
-    ">= 0");
+// The ranges of the number flags (flag_checks.h).
+constexpr int64_t kMaxNewTokens = int64_t{1} << 40;  // memory bounds it further (check_generation_length)
+constexpr double kMaxTemperature = 100.0;
+constexpr int64_t kMaxTopK = 65536;
+constexpr int64_t kMaxThreads = 4096;
 
 // Returns the exit code when the program should stop (help, or a bad flag).
 std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& config) {
@@ -60,16 +65,26 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
                                          "is used)");
   auto* safetensors_flag =
       app.add_option("--init-from", config.safetensors, "An exported model (.safetensors with tessera.gpt_config)");
-  checkpoint_flag->excludes(safetensors_flag);
-  app.add_option("--prompt", config.prompt, "Text to continue (its bytes are the tokens)")->default_str("\\n");
-  app.add_option("--max-new-tokens", config.max_new_tokens, "Tokens to sample")->check(kNonNegative);
-  app.add_option("--temperature", config.temperature, "Softmax temperature (0 = greedy)")->check(kNonNegative);
+  checkpoint_flag->excludes(safetensors_flag)->check(gpt::non_empty_path());
+  safetensors_flag->check(gpt::non_empty_path());
+  auto* prompt_flag =
+      app.add_option("--prompt", config.prompt, "Text to continue (its bytes are the tokens)")->default_str("\\n");
+  app.add_option("--prompt-file", config.prompt_file, "Continue the bytes of this file (any bytes, NUL included)")
+      ->excludes(prompt_flag)
+      ->check(gpt::non_empty_path());
+  app.add_flag("--escape", config.escape,
+               "Escape the output (\\\\ and \\xHH) even when stdout is not a terminal; on a terminal it always is");
+  app.add_option("--max-new-tokens", config.max_new_tokens, "Tokens to sample")
+      ->check(gpt::integer_in(0, kMaxNewTokens));
+  app.add_option("--temperature", config.temperature, "Softmax temperature (0 = greedy)")
+      ->check(gpt::number_in(0.0, kMaxTemperature));
   auto* top_k_flag = app.add_option("--top-k", config.top_k, "Sample among the K most likely tokens (0 = all)")
-                         ->check(kNonNegative)
+                         ->check(gpt::integer_in(0, kMaxTopK))
                          ->default_str("40, at most the vocabulary");
-  app.add_option("--seed", config.seed, "Seed of the sampling draws");
+  app.add_option("--seed", config.seed, "Seed of the sampling draws")
+      ->check(gpt::integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_option("--threads", config.threads, "CPU threads (0 = all cores; 1 is fastest for tiny models)")
-      ->check(kNonNegative);
+      ->check(gpt::integer_in(0, kMaxThreads));
   app.add_option("--device", config.device, "Where the model runs: cpu, or cuda (the SIMT simulator or the GPU, as built)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
@@ -78,16 +93,41 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
       throw CLI::RequiredError("--ckpt or --init-from (where the model comes from)");
     }
   } catch (const CLI::ParseError& error) {
-    return app.exit(error, std::cout, std::cerr);
+    return gpt::exit_after_parse_error(app, error, std::cout, std::cerr);
   }
   config.top_k_given = top_k_flag->count() > 0;
   return std::nullopt;
 }
 
+// What generate reads must not be where its output goes (`generate --init-from
+// m.safetensors >> m.safetensors`).
+void check_files(const GenerateConfig& config) {
+  tessera::checkpoint::FileRoles roles;
+  if (!config.checkpoint.empty()) roles.add_input("--ckpt", config.checkpoint);
+  if (!config.safetensors.empty()) roles.add_input("--init-from", config.safetensors);
+  if (!config.prompt_file.empty()) roles.add_input("--prompt-file", config.prompt_file);
+  roles.add_output_stream("standard output", STDOUT_FILENO);
+  roles.check();
+}
+
+// The prompt's tokens, once the files and the length are proven usable
+// (before the model is loaded: a length whose buffers cannot fit is refused
+// at once). A refusal is a usage error.
+std::vector<uint16_t> checked_prompt(const GenerateConfig& config) {
+  try {
+    check_files(config);
+    const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens(
+        config.prompt_file.empty() ? config.prompt : tessera::checkpoint::read_file_text(config.prompt_file));
+    gpt::check_generation_length(static_cast<int64_t>(prompt.size()), config.max_new_tokens,
+                                 gpt::machine_resources());
+    return prompt;
+  } catch (const tessera::Error& error) {
+    throw gpt::UsageError(error.what());
+  }
+}
+
 int run(const GenerateConfig& config) {
-  // Before the model is loaded: a length whose buffers cannot fit is refused at once.
-  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens(config.prompt);
-  gpt::check_generation_length(static_cast<int64_t>(prompt.size()), config.max_new_tokens, gpt::machine_resources());
+  const std::vector<uint16_t> prompt = checked_prompt(config);
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const tessera::Device device = tessera::Device::parse(config.device);
   const std::string device_description = tessera::describe_device(device);  // a build without cuda refuses here
@@ -110,7 +150,13 @@ int run(const GenerateConfig& config) {
       gpt::generate_tokens(*loaded.model, prompt, config.max_new_tokens, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::cout << gpt::byte_tokens_to_printable(tokens) << '\n' << std::flush;
+  if (config.escape || ::isatty(STDOUT_FILENO) == 1) {
+    std::cout << gpt::byte_tokens_to_printable(tokens) << '\n';
+  } else {
+    std::cout << gpt::byte_tokens_to_bytes(tokens);
+  }
+  std::cout << std::flush;
+  TESSERA_CHECK(std::cout.good(), "writing the text to standard output failed");
   const std::string step = loaded.step ? fmt::format("step {}", *loaded.step) : "step unknown";
   std::cerr << fmt::format("generate: {} ({}, {:.3f} M parameters) on {}: {} tokens in {:.2f} s, {:.1f} tokens/s\n",
                            loaded.source, step, static_cast<double>(gpt::num_parameters(loaded.config)) / 1e6,
@@ -126,6 +172,9 @@ int main(int argc, char** argv) {
   if (auto exit_code = parse_command_line(argc, argv, config)) return *exit_code;
   try {
     return run(config);
+  } catch (const gpt::UsageError& error) {
+    std::cerr << "generate: error: " << error.what() << "\nRun with --help for more information.\n";
+    return gpt::kUsageExitCode;
   } catch (const std::exception& error) {
     std::cerr << "generate: error: " << error.what() << '\n';
     return 1;

@@ -1,4 +1,4 @@
-// SIGINT / SIGTERM handlers: a flag on the first, an immediate exit on the second.
+// SIGINT / SIGTERM / SIGHUP handlers: a flag on the first, an immediate exit on the second.
 #include "examples/gpt/graceful_stop.h"
 
 #include <signal.h>
@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <iterator>
 
 #include "tensor/error.h"
 
@@ -16,8 +17,9 @@ namespace {
 std::atomic<int> g_requested{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler may only touch lock-free atomics");
 std::atomic<bool> g_installed{false};
-struct sigaction g_previous_int {};
-struct sigaction g_previous_term {};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+struct sigaction g_previous[std::size(kStopSignals)] {};
+struct sigaction g_previous_pipe {};
 
 // Only async-signal-safe calls here: write(2) and _exit(2).
 void write_message(const char* text) {
@@ -27,11 +29,15 @@ void write_message(const char* text) {
 void on_signal(int signal) {
   int expected = 0;
   if (g_requested.compare_exchange_strong(expected, signal)) {
-    write_message(signal == SIGINT ? "\ntrain: SIGINT: stopping after the current step (send it again to exit at once)\n"
-                                   : "\ntrain: SIGTERM: stopping after the current step (send it again to exit at once)\n");
+    write_message("\ntrain: ");
+    write_message(signal_name(signal));
+    write_message(": stopping after the current micro-batch, saving the last finished step (send it again to exit "
+                  "at once)\n");
     return;
   }
-  write_message(signal == SIGINT ? "train: second SIGINT: exiting now\n" : "train: second SIGTERM: exiting now\n");
+  write_message("train: second ");
+  write_message(signal_name(signal));
+  write_message(": exiting now\n");
   ::_exit(128 + signal);
 }
 
@@ -44,22 +50,31 @@ GracefulStop::GracefulStop() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads and writes in flight carry on
-  ::sigaction(SIGINT, &action, &g_previous_int);
-  ::sigaction(SIGTERM, &action, &g_previous_term);
+  for (size_t index = 0; index < std::size(kStopSignals); ++index) {
+    ::sigaction(kStopSignals[index], &action, &g_previous[index]);
+  }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, &g_previous_pipe);
 }
 
 GracefulStop::~GracefulStop() {
-  ::sigaction(SIGINT, &g_previous_int, nullptr);
-  ::sigaction(SIGTERM, &g_previous_term, nullptr);
+  for (size_t index = 0; index < std::size(kStopSignals); ++index) {
+    ::sigaction(kStopSignals[index], &g_previous[index], nullptr);
+  }
+  ::sigaction(SIGPIPE, &g_previous_pipe, nullptr);
   g_requested = 0;
   g_installed = false;
 }
 
 int GracefulStop::requested() { return g_requested.load(); }
 
+// Async-signal-safe: the handler calls it.
 const char* signal_name(int signal) {
   if (signal == SIGINT) return "SIGINT";
   if (signal == SIGTERM) return "SIGTERM";
+  if (signal == SIGHUP) return "SIGHUP";
   return "a signal";
 }
 

@@ -1,10 +1,14 @@
-// Graceful stop: what a cluster scheduler's SIGTERM (or a user's Ctrl-C,
-// SIGINT) means to `train`. The first signal only sets a flag: the run
-// finishes the step it is in, the ranks agree on that step (the largest flag
-// travels in the step's metrics all-reduce), a checkpoint is written when
-// --ckpt-dir is set, and the process exits with kStoppedExitCode. A second
-// signal exits at once with 128 + the signal number, the shell's convention
-// for "killed"; a checkpoint commit is atomic, so that never tears one.
+// Graceful stop: what a cluster scheduler's SIGTERM, a user's Ctrl-C (SIGINT)
+// or a closed terminal or ssh session (SIGHUP) means to `train`. The first
+// signal only sets a flag: the run finishes the micro-batch it is in, the
+// ranks agree on the stop (the largest flag travels in an all-reduce after
+// every micro-batch and in the step's metrics), a step cut short is dropped
+// whole, a checkpoint of the last finished step is written when --ckpt-dir
+// is set, and the process exits with kStoppedExitCode. A second signal exits
+// at once with 128 + the signal number, the shell's convention for "killed";
+// a checkpoint commit is atomic, so that never tears one. While installed,
+// SIGPIPE is ignored: a pipe whose reader died with the terminal (`train |
+// tee log`) makes writes fail instead of killing the run before its save.
 #pragma once
 
 namespace gpt {
@@ -14,8 +18,8 @@ namespace gpt {
 // run (1), bad flags (2) and death by a signal (128 + N).
 inline constexpr int kStoppedExitCode = 75;
 
-// Installs the handlers for SIGINT and SIGTERM for its lifetime, then puts
-// the previous ones back. One at a time per process.
+// Installs the handlers for SIGINT, SIGTERM and SIGHUP (and ignores SIGPIPE)
+// for its lifetime, then puts the previous ones back. One at a time per process.
 class GracefulStop {
  public:
   GracefulStop();
@@ -27,7 +31,7 @@ class GracefulStop {
   static int requested();
 };
 
-// "SIGINT", "SIGTERM", or "signal N".
+// "SIGINT", "SIGTERM", "SIGHUP", or "a signal".
 const char* signal_name(int signal);
 
 }  // namespace gpt

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "tensor/error.h"
@@ -56,16 +57,6 @@ int64_t process_peak_rss_bytes() {
     return kib * 1024;
   }
   return 0;
-}
-
-JsonLinesWriter::JsonLinesWriter(const std::filesystem::path& path) : path_(path), file_(path, std::ios::trunc) {
-  TESSERA_CHECK(file_.is_open(), "log: cannot open '{}' for writing (--log-json)", path.string());
-}
-
-void JsonLinesWriter::write(const nlohmann::ordered_json& object) {
-  file_ << object.dump() << '\n';
-  file_.flush();
-  TESSERA_CHECK(file_.good(), "log: error while writing '{}'", path_.string());
 }
 
 }  // namespace gpt

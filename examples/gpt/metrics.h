@@ -1,10 +1,8 @@
 // What the training loop reports after each optimizer step: a progress line
-// for people and one JSON object per line (--log-json) for programs.
+// for people and a JSON object for programs (--log-json: step_log.h).
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -25,7 +23,10 @@ struct StepMetrics {
   int64_t comm_bytes = 0;      // bytes one rank sent during the step (FSDP's collectives and the trainer's)
   std::optional<double> val_loss;  // set on evaluation steps
   std::optional<double> ckpt_blocked_ms;  // set on checkpoint steps: how long the save held training up
-  int stop_signal = 0;  // SIGINT/SIGTERM received by any rank by the end of the step (GracefulStop); 0: none
+  int stop_signal = 0;  // SIGINT/SIGTERM/SIGHUP received by any rank by the end of the step (GracefulStop); 0: none
+  // Set when the stop came between micro-batches: the step was cut short after
+  // this many and not applied (step is then the last finished one).
+  std::optional<int64_t> interrupted_after_micro_batches;
 };
 
 // "step   10 | loss 3.1234 | lr 6.00e-04 | ..." on one line.
@@ -38,18 +39,5 @@ std::string format_bytes(int64_t bytes);
 // The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0
 // where the kernel does not report it.
 int64_t process_peak_rss_bytes();
-
-// Appends one JSON object per line to a file, flushed each line so that a
-// crashed run keeps what it logged.
-class JsonLinesWriter {
- public:
-  // Truncates `path`; throws tessera::Error when it cannot be opened.
-  explicit JsonLinesWriter(const std::filesystem::path& path);
-  void write(const nlohmann::ordered_json& object);
-
- private:
-  std::filesystem::path path_;
-  std::ofstream file_;
-};
 
 }  // namespace gpt

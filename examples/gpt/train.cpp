@@ -1,13 +1,16 @@
 // `train`: trains a GPT-2 style model, or a Llama with --model llama, with
 // FSDP on --nproc ranks (threads of this process, or one process per rank
 // under mpirun with --backend mpi). `train --nproc 4` has the tiny preset
-// learn byte-level text from the Debian corpus in about a minute. Flags: train --help; the library behind it:
-// examples/gpt/training_run.h. Exit status: 0 trained, 1 failed, 2 bad flags,
-// 75 stopped by SIGINT/SIGTERM after saving (graceful_stop.h), 128 + N
-// killed by a second signal N.
+// learn byte-level text from the Debian corpus in about a minute. Flags:
+// train --help; the library behind it: examples/gpt/training_run.h. Exit
+// status: 0 trained (or --plan printed), 1 failed after it started, 2 usage
+// error (a bad flag, clashing files, resources this machine lacks: nothing
+// was written), 75 stopped by SIGINT/SIGTERM/SIGHUP after saving
+// (graceful_stop.h), 128 + N killed by a second signal N.
 #include <exception>
 #include <iostream>
 
+#include "examples/gpt/flag_checks.h"
 #include "examples/gpt/graceful_stop.h"
 #include "examples/gpt/train_config.h"
 #include "examples/gpt/training_run.h"
@@ -19,6 +22,9 @@ int main(int argc, char** argv) {
     const gpt::GracefulStop graceful_stop;
     const gpt::TrainSummary summary = gpt::train(config, std::cout);
     if (summary.stop_signal != 0) return gpt::kStoppedExitCode;
+  } catch (const gpt::UsageError& error) {
+    std::cerr << "train: error: " << error.what() << "\nRun with --help for more information.\n";
+    return gpt::kUsageExitCode;
   } catch (const std::exception& error) {
     std::cerr << "train: error: " << error.what() << '\n';
     return 1;

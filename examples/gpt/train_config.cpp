@@ -10,32 +10,28 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 
 #include "dist/launch.h"
+#include "examples/gpt/flag_checks.h"
 #include "tensor/error.h"
 
 namespace gpt {
 
 namespace {
 
-// A flag's value must be a finite number above (or at least) `bound`:
-// CLI11's own range checks print the whole double range in their message,
-// and accept inf.
-CLI::Validator bounded_below(double bound, bool inclusive) {
-  const std::string relation = inclusive ? ">=" : ">";
-  return CLI::Validator(
-      [bound, inclusive, relation](std::string& input) -> std::string {
-        double value = 0.0;
-        if (!CLI::detail::lexical_cast(input, value)) return fmt::format("'{}' is not a number", input);
-        if (!std::isfinite(value)) return fmt::format("must be a finite number, got {}", input);
-        if (inclusive ? value >= bound : value > bound) return {};
-        return fmt::format("must be {} {:g}, got {}", relation, bound, input);
-      },
-      fmt::format("{} {:g}", relation, bound));
-}
-
-const CLI::Validator kPositive = bounded_below(0.0, false);
-const CLI::Validator kNonNegative = bounded_below(0.0, true);
+// The ranges of the numeric flags: wide enough for any real run, finite so
+// that no value can make a loop endless or a product overflow.
+constexpr int64_t kMaxModelDim = 1 << 20;   // --n-embd, --ffn-hidden, --seq-len
+constexpr int64_t kMaxLayersOrHeads = 4096;  // --n-layer, --n-head, --n-kv-head
+constexpr int64_t kMaxVocab = 65536;         // tokens are stored as uint16
+constexpr int64_t kMaxCount = 1'000'000'000;  // --steps, --warmup, --eval-every, --ckpt-every
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxEvalBatches = 1 << 16;
+constexpr int64_t kMaxKeep = 1'000'000;
+constexpr double kMaxLr = 100.0;
+constexpr double kMaxWeightDecay = 100.0;
+constexpr double kMaxClip = 1e9;
 
 // The dtypes FSDP's mixed precision takes on the command line.
 tessera::DType parse_dtype(const std::string& name) {
@@ -116,8 +112,17 @@ void TrainConfig::validate() const {
   }
   TESSERA_CHECK(seq_len >= 1 && seq_len <= block_size(shape), "--seq-len must be in [1, block_size = {}], got {}",
                 block_size(shape), seq_len);
-  TESSERA_CHECK(batch >= 1, "--batch must be >= 1, got {}", batch);
-  TESSERA_CHECK(grad_accum >= 1, "--grad-accum must be >= 1, got {}", grad_accum);
+  TESSERA_CHECK(batch >= 1 && batch <= kMaxBatch, "--batch must be in [1, {}], got {}", kMaxBatch, batch);
+  TESSERA_CHECK(grad_accum >= 1 && grad_accum <= kMaxGradAccum, "--grad-accum must be in [1, {}], got {}",
+                kMaxGradAccum, grad_accum);
+  TESSERA_CHECK(nproc >= 1 && nproc <= kMaxRanks, "--nproc must be in [1, {}], got {}", kMaxRanks, nproc);
+  // In floating point: the product of four bounded ints may overflow int64.
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len) * static_cast<double>(grad_accum) *
+                        static_cast<double>(nproc);
+  TESSERA_CHECK(tokens <= static_cast<double>(kMaxTokensPerStep),
+                "a step of {:.0f} tokens (--batch {} x --seq-len {} x --grad-accum {} x {} ranks) is more than {}; "
+                "lower --grad-accum or --batch",
+                tokens, batch, seq_len, grad_accum, nproc, kMaxTokensPerStep);
   TESSERA_CHECK(steps >= 1, "--steps must be >= 1, got {}", steps);
   TESSERA_CHECK(lr > 0.0, "--lr must be > 0, got {}", lr);
   TESSERA_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must be in [0, 1], got {}", min_lr_ratio);
@@ -128,7 +133,6 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(eval_every >= 0, "--eval-every must be >= 0 (0 = never), got {}", eval_every);
   TESSERA_CHECK(eval_batches >= 1, "--eval-batches must be >= 1, got {}", eval_batches);
   TESSERA_CHECK(backend == "local" || backend == "mpi", "--backend must be local or mpi, got '{}'", backend);
-  TESSERA_CHECK(nproc >= 1, "--nproc must be >= 1, got {}", nproc);
   TESSERA_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu or cuda, got {}", device.str());
   TESSERA_CHECK(device.is_cpu() || nproc == 1,
                 "--device cuda runs on one rank (--nproc 1): collectives across ranks on cuda need the NCCL backend, "
@@ -172,44 +176,53 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                                                     default_preset(ModelFamily::llama)));
   // Shape overrides: applied on top of the preset only when given.
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0, seq_len = 0, n_kv_head = 0, ffn_hidden = 0;
-  auto* n_layer_flag = app.add_option("--n-layer", n_layer, "Transformer blocks")->check(kPositive);
-  auto* n_head_flag = app.add_option("--n-head", n_head, "Attention heads")->check(kPositive);
+  auto* n_layer_flag =
+      app.add_option("--n-layer", n_layer, "Transformer blocks")->check(integer_in(1, kMaxLayersOrHeads));
+  auto* n_head_flag =
+      app.add_option("--n-head", n_head, "Attention heads")->check(integer_in(1, kMaxLayersOrHeads));
   auto* n_embd_flag = app.add_option("--n-embd", n_embd, "Embedding width (a multiple of --n-head)")
-                          ->check(kPositive);
+                          ->check(integer_in(1, kMaxModelDim));
   auto* vocab_flag = app.add_option("--vocab", vocab, "Vocabulary size (>= the data's largest token + 1)")
-                         ->check(kPositive);
+                         ->check(integer_in(1, kMaxVocab));
   auto* seq_len_flag = app.add_option("--seq-len", seq_len,
                                       "Tokens per sequence (default: the preset's context; the context grows to fit)")
-                           ->check(kPositive);
+                           ->check(integer_in(1, kMaxModelDim));
   auto* n_kv_head_flag = app.add_option("--n-kv-head", n_kv_head,
                                         "Key/value heads, dividing --n-head (llama: grouped-query attention)")
-                             ->check(kPositive);
+                             ->check(integer_in(1, kMaxLayersOrHeads));
   auto* ffn_hidden_flag = app.add_option("--ffn-hidden", ffn_hidden, "SwiGLU hidden width F (llama)")
-                              ->check(kPositive);
+                              ->check(integer_in(1, kMaxModelDim));
   for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, seq_len_flag, n_kv_head_flag,
                      ffn_hidden_flag}) {
     flag->default_str("preset");
   }
 
-  app.add_option("--batch", config.batch, "Sequences per micro-batch")->check(kPositive);
-  app.add_option("--grad-accum", config.grad_accum, "Micro-batches per optimizer step")->check(kPositive);
-  app.add_option("--steps", config.steps, "Optimizer steps")->check(kPositive);
-  app.add_option("--lr", config.lr, "Peak learning rate (cosine decay to lr/10)")->check(kPositive);
+  app.add_option("--batch", config.batch, "Sequences per micro-batch")->check(integer_in(1, kMaxBatch));
+  app.add_option("--grad-accum", config.grad_accum, "Micro-batches per optimizer step")
+      ->check(integer_in(1, kMaxGradAccum));
+  app.add_option("--steps", config.steps, "Optimizer steps")->check(integer_in(1, kMaxCount));
+  app.add_option("--lr", config.lr, "Peak learning rate (cosine decay to lr/10)")->check(number_in(0.0, kMaxLr, true));
   auto* warmup_flag = app.add_option("--warmup", config.warmup, "Linear warmup steps (at most --steps)")
-                          ->check(kNonNegative);
+                          ->check(integer_in(0, kMaxCount));
   app.add_option("--weight-decay", config.weight_decay, "AdamW weight decay on matmul and embedding weights")
-      ->check(kNonNegative);
-  app.add_option("--clip", config.clip, "Max global gradient norm (0 = off)")->check(kNonNegative);
-  app.add_option("--seed", config.seed, "Seed of model init and data order");
-  app.add_option("--threads", config.threads, "CPU threads per rank (0 = the cores shared out among the ranks)")->check(kNonNegative);
+      ->check(number_in(0.0, kMaxWeightDecay));
+  app.add_option("--clip", config.clip, "Max global gradient norm (0 = off)")->check(number_in(0.0, kMaxClip));
+  app.add_option("--seed", config.seed, "Seed of model init and data order")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
+  app.add_option("--threads", config.threads, "CPU threads per rank (0 = the cores shared out among the ranks)")
+      ->check(integer_in(0, kMaxThreads));
   app.add_option("--data", config.data, "Token file (text, or llm.c .bin), or 'synthetic'")
+      ->check(non_empty_path())
       ->default_str("the Debian corpus");
   app.add_flag("--allow-data-change", config.allow_data_change,
                "Let --resume continue on other data than the run's (recorded in the checkpoint root's run.json)");
-  app.add_option("--log-json", config.log_json, "Write one JSON object per step to this file");
+  app.add_option("--log-json", config.log_json,
+                 "Write one JSON object per step to this file (a --resume continues it from its checkpoint's step)")
+      ->check(non_empty_path());
   app.add_option("--eval-every", config.eval_every, "Validation loss every N steps (0 = never)")
-      ->check(kNonNegative);
-  app.add_option("--eval-batches", config.eval_batches, "Micro-batches per validation")->check(kPositive);
+      ->check(integer_in(0, kMaxCount));
+  app.add_option("--eval-batches", config.eval_batches, "Micro-batches per validation")
+      ->check(integer_in(1, kMaxEvalBatches));
 
   std::string device = "cpu";
   app.add_option("--device", device,
@@ -219,7 +232,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   // Parallelism: FSDP over --nproc ranks.
   auto* nproc_flag = app.add_option("--nproc", config.nproc,
                                     "Ranks, each with its own micro-batches (threads, or the launcher's processes)")
-                         ->check(kPositive);
+                         ->check(integer_in(1, kMaxRanks));
   app.add_option("--backend", config.backend, "local (threads in this process) or mpi (under mpirun/srun)")
       ->check(CLI::IsMember({"local", "mpi"}));
   std::string reshard_text = "true";
@@ -239,24 +252,34 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
       ->check(CLI::IsMember(kDtypeNames))
       ->default_str("--param-dtype");
   app.add_option("--hsdp", config.hsdp, "HSDP replicate degree R: a R x (nproc / R) (replicate, shard) mesh")
-      ->check(kPositive);
+      ->check(integer_in(1, kMaxRanks));
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
-  app.add_option("--trace", config.trace, "Write a Chrome/Perfetto trace of every rank to this file");
+  app.add_option("--trace", config.trace,
+                 "Write a Chrome/Perfetto trace of every rank to this file (a --resume whose file exists writes a "
+                 "new one, named in the banner)")
+      ->check(non_empty_path());
   app.add_flag("--plan", config.plan, "Print the sharding plan (shards, memory, bytes per step) and exit");
 
   // Checkpoints.
-  app.add_option("--ckpt-dir", config.ckpt_dir, "Save sharded checkpoints to DIR/step-N (at the last step too)");
-  app.add_option("--ckpt-every", config.ckpt_every, "Save every K steps (0 = only at the last)")->check(kNonNegative);
-  app.add_option("--keep", config.keep, "Keep the newest K checkpoints (0 = all)")->check(kNonNegative);
+  app.add_option("--ckpt-dir", config.ckpt_dir, "Save sharded checkpoints to DIR/step-N (at the last step too)")
+      ->check(non_empty_path());
+  app.add_option("--ckpt-every", config.ckpt_every, "Save every K steps (0 = only at the last)")
+      ->check(integer_in(0, kMaxCount));
+  app.add_option("--keep", config.keep, "Keep the newest K checkpoints (0 = all)")->check(integer_in(0, kMaxKeep));
   app.add_flag("--resume", config.resume, "Resume from the latest checkpoint in --ckpt-dir (any world size)");
   app.add_flag("--async-ckpt", config.async_ckpt, "Write checkpoints in the background while training goes on");
-  app.add_option("--export", config.export_path, "Write the trained model to this .safetensors file");
-  app.add_option("--init-from", config.init_from, "Start from the weights of this .safetensors file");
+  app.add_option("--export", config.export_path, "Write the trained model to this .safetensors file")
+      ->check(non_empty_path());
+  app.add_option("--init-from", config.init_from, "Start from the weights of this .safetensors file")
+      ->check(non_empty_path());
+  app.add_flag("--overwrite", config.overwrite,
+               "Replace output files an earlier launch left (--log-json of a fresh run, --trace, --export); never an "
+               "input, never a checkpoint");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error, out, err);
+    return exit_after_parse_error(app, error, out, err);
   }
 
   auto given = [](const CLI::Option* flag, int64_t value) {
@@ -290,7 +313,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     config.validate();
   } catch (const tessera::Error& error) {
     err << "train: error: " << error.what() << "\nRun with --help for more information.\n";
-    return 2;
+    return kUsageExitCode;
   }
   return std::nullopt;
 }

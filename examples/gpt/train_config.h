@@ -20,6 +20,14 @@ namespace gpt {
 
 inline constexpr const char* kSyntheticData = "synthetic";
 
+// Bounds of a run's sizes, held by the flags and by TrainConfig::validate:
+// far beyond any real run, and finite, so that no step can be endless (a
+// stop request is honoured between micro-batches) and no product overflows.
+inline constexpr int64_t kMaxBatch = 1 << 20;
+inline constexpr int64_t kMaxGradAccum = 1 << 16;
+inline constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
+inline constexpr int64_t kMaxRanks = 1 << 20;
+
 struct TrainConfig {
   std::string preset = "tiny";
   // The model: a GPT by default; setting `llama` makes the run a Llama's and
@@ -71,6 +79,9 @@ struct TrainConfig {
   bool async_ckpt = false;   // snapshot, then write in the background while training goes on
   std::string export_path;   // "" = none; else the trained model as one .safetensors file
   std::string init_from;     // "" = none; else start from the weights of this .safetensors file
+  // Replace output files an earlier launch left (a fresh run's log, the
+  // trace, the export). Without it such a file is refused before step 1.
+  bool overwrite = false;
 
   ModelConfig model_config() const { return llama ? ModelConfig(*llama) : ModelConfig(model); }
   ModelFamily family() const { return llama ? ModelFamily::llama : ModelFamily::gpt; }

@@ -172,6 +172,10 @@ double Trainer::sum_over_ranks(double value) const {
 }
 
 StepMetrics Trainer::train_step() {
+  TESSERA_CHECK(!interrupted_,
+                "Trainer::train_step: step {} was cut short by a stop request and its micro-batches' gradients are "
+                "still accumulated; save the trainer and resume in a new one",
+                step_ + 1);
   dist::TraceSpan step_span(tracer(), rank(), "compute", fmt::format("step {}", step_ + 1), "train");
   if (fsdp_root_) fsdp_root_->reset_communication_stats();
   dist::reset_rank_peak_memory();
@@ -196,6 +200,19 @@ StepMetrics Trainer::train_step() {
                                tessera::ops::to(batch.targets, config_.device));
     tessera::autograd::backward(loss);
     losses.push_back(loss.detach());
+    // A stop request ends the step between micro-batches (the same one on
+    // every rank), so a stop takes effect within one micro-batch however
+    // long the step: the step is dropped whole and redone by a resume.
+    if (micro + 1 < micro_batches) {
+      if (const int signal = agreed_stop_request()) {
+        interrupted_ = true;
+        StepMetrics metrics;
+        metrics.step = step_;
+        metrics.stop_signal = signal;
+        metrics.interrupted_after_micro_batches = micro + 1;
+        return metrics;
+      }
+    }
   }
   // FSDP counts its own collectives, whatever the group; its last one is done
   // (the backward's final callback waited for it). From here on the groups
@@ -269,6 +286,14 @@ StepMetrics Trainer::train_step() {
   metrics.comm_bytes = comm_bytes;
   metrics.stop_signal = static_cast<int>(stop_signal);
   return metrics;
+}
+
+int Trainer::agreed_stop_request() const {
+  int64_t signal = GracefulStop::requested();
+  if (!distributed_) return static_cast<int>(signal);
+  Tensor largest = tessera::ops::from_vector(std::vector<int64_t>{signal}, {1});
+  distributed_->world->all_reduce(largest, dist::ReduceOp::max);
+  return static_cast<int>(largest.to_vector<int64_t>()[0]);
 }
 
 double Trainer::evaluate() {

@@ -87,6 +87,10 @@ class Trainer {
   // mean over all ranks' micro-batches, memory and bytes the largest rank's.
   // Stops with a tessera::Error naming the step when the loss or the
   // gradient norm is not finite (the same on every rank: both are global).
+  // A stop request (GracefulStop) seen by any rank between two micro-batches
+  // cuts the step short on every rank: nothing is updated, the metrics carry
+  // the signal and interrupted_after_micro_batches, and the trainer takes no
+  // further step (its checkpoint holds the last finished one).
   StepMetrics train_step();
   // Mean loss over config.eval_batches validation micro-batches, without the
   // graph (every rank runs the same batches; the ranks' means are averaged).
@@ -135,6 +139,8 @@ class Trainer {
   int world_size() const { return distributed_ ? distributed_->size() : 1; }
   tessera::dist::Tracer* tracer() const { return distributed_ ? distributed_->tracer.get() : nullptr; }
   double sum_over_ranks(double value) const;
+  // The largest stop signal any rank has received (0: none); collective.
+  int agreed_stop_request() const;
 
   TrainConfig config_;
   DataLoader data_;
@@ -148,6 +154,7 @@ class Trainer {
   int64_t step_ = 0;
   // Global index of the next step's first micro-batch: the data position.
   int64_t next_micro_batch_ = 0;
+  bool interrupted_ = false;  // a step was cut short: its gradients are half accumulated
 };
 
 }  // namespace gpt

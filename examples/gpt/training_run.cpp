@@ -9,15 +9,18 @@
 #include <memory>
 
 #include "checkpoint/checkpoint_manager.h"
-#include "checkpoint/file_io.h"
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/run_record.h"
+#include "dist/process_group.h"
 #include "examples/gpt/config_json.h"
+#include "examples/gpt/flag_checks.h"
 #include "examples/gpt/graceful_stop.h"
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/run_identity.h"
+#include "examples/gpt/run_files.h"
 #include "examples/gpt/run_plan.h"
+#include "examples/gpt/step_log.h"
 #include "examples/gpt/trainer.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
@@ -49,25 +52,19 @@ void agree_on_errors(const Distributed& distributed, const std::string& mine) {
   }
 }
 
-// The files rank 0 writes at the end (--export, --trace) are proven
-// creatable now; the log (--log-json) is opened now, and kept. The checkpoint
-// root is checked on every rank when it is opened.
-std::optional<JsonLinesWriter> open_outputs(const TrainConfig& config, const Distributed& distributed) {
-  std::optional<JsonLinesWriter> log;
+// The log (--log-json) is opened on rank 0 once the root is claimed: a fresh
+// run's replaces the file (settle_run_files refused an earlier launch's
+// unless --overwrite), a resumed run's continues it after the checkpoint's step.
+std::optional<StepLog> open_log(const TrainConfig& config, const Distributed& distributed,
+                                const std::optional<checkpoint::CheckpointEntry>& resume_point) {
+  std::optional<StepLog> log;
   std::string error;
-  if (distributed.rank() == 0) {
+  if (distributed.rank() == 0 && !config.log_json.empty()) {
     try {
-      for (const auto& [flag, path] : {std::pair{"--export", config.export_path}, std::pair{"--trace", config.trace}}) {
-        if (path.empty()) continue;
-        try {
-          checkpoint::check_can_create(path);
-        } catch (const tessera::Error& failure) {
-          tessera::fail("{} {}", flag, failure.what());  // the error starts with the path
-        }
-      }
-      if (!config.log_json.empty()) log.emplace(config.log_json);
+      log.emplace(config.resume ? StepLog::resume(config.log_json, resume_point ? resume_point->step : 0)
+                                : StepLog::create(config.log_json));
     } catch (const tessera::Error& failure) {
-      error = failure.what();
+      error = fmt::format("--log-json {}", failure.what());
     }
   }
   agree_on_errors(distributed, error);
@@ -131,21 +128,52 @@ void print_resume(const TrainConfig& config, const std::optional<checkpoint::Che
   }
 }
 
-void print_stop(const TrainConfig& config, int signal, int64_t step, std::ostream& out) {
-  out << fmt::format("stopped  on {} after step {} of {}: {}\n", signal_name(signal), step, config.steps,
-                     config.ckpt_dir.empty()
-                         ? std::string("no --ckpt-dir, so nothing was saved")
-                         : fmt::format("{} committed; continue with --resume",
-                                       checkpoint::checkpoint_path(config.ckpt_dir, step)));
+// How the run ended early: after a finished step, or during one (cut short
+// between micro-batches and dropped).
+void print_stop(const TrainConfig& config, const StepMetrics& last, int64_t steps_done, std::ostream& out) {
+  const std::string when =
+      last.interrupted_after_micro_batches
+          ? fmt::format("during step {} of {}, after {} of its {} micro-batches (the step was dropped; a resume "
+                        "redoes it)",
+                        steps_done + 1, config.steps, *last.interrupted_after_micro_batches, config.grad_accum)
+          : fmt::format("after step {} of {}", steps_done, config.steps);
+  const std::string saved =
+      config.ckpt_dir.empty() ? std::string("no --ckpt-dir, so nothing was saved")
+      : steps_done == 0       ? std::string("no step finished, so nothing was saved")
+                              : fmt::format("{} committed; continue with --resume",
+                                            checkpoint::checkpoint_path(config.ckpt_dir, steps_done));
+  out << fmt::format("stopped  on {} {}: {}\n", signal_name(last.stop_signal), when, saved);
   if (!config.export_path.empty()) out << fmt::format("export   skipped: the run did not reach step {}\n", config.steps);
+}
+
+// A failed save (a full disk, say) ends the run with what is left and what to do.
+[[noreturn]] void fail_save(const checkpoint::CheckpointManager& checkpoints, const std::exception& error) {
+  const std::optional<checkpoint::CheckpointEntry> newest = checkpoints.latest();
+  tessera::fail("saving a checkpoint failed: {}\nIts partial files were removed; {}. Make space (or fix the cause), "
+                "then continue with --resume.",
+                error.what(),
+                newest ? fmt::format("{} (step {}) is this run's newest checkpoint, intact", newest->path, newest->step)
+                       : std::string("this run has no checkpoint yet"));
 }
 
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, std::ostream& out) {
-  config.validate();
+  // Before anything is read at length or written: the flags, the machine's
+  // resources and every file the run touches. A refusal is a usage error.
   const MachineResources machine = machine_resources();
-  const std::vector<std::string> resource_warnings = check_train_resources(config, machine);
+  std::vector<std::string> resource_warnings;
+  RunFiles files;
+  try {
+    config.validate();
+    tessera::dist::ProcessGroupOptions::from_environment();  // TESSERA_DIST_* in range
+    resource_warnings = check_train_resources(config, machine);
+    if (!config.plan) files = settle_run_files(config);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const tessera::Error& error) {
+    throw UsageError(error.what());
+  }
   const DataLoader data = build_data(config);
   TrainSummary summary;
   summary.unigram_entropy = data.unigram_entropy();
@@ -159,11 +187,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     }
 
     // ---- before the first step: everything the run will need ----
-    // The root first: a launch it refuses has not yet truncated the log.
+    // The root first: a launch it refuses has not yet touched the log.
     const std::unique_ptr<checkpoint::CheckpointManager> checkpoints = open_checkpoints(config, data, distributed);
-    std::optional<JsonLinesWriter> log = open_outputs(config, distributed);
     std::optional<checkpoint::CheckpointEntry> resume_point;
     if (checkpoints && config.resume) resume_point = checkpoints->latest();
+    std::optional<StepLog> log = open_log(config, distributed, resume_point);
     const ResumeSettings settings =
         resume_point ? settings_from_checkpoint(config, checkpoint::read_metadata(resume_point->path).training_state,
                                                 resume_point->path)
@@ -178,6 +206,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       if (checkpoints) {
         for (const std::string& notice : checkpoints->notices()) out << "ckpt     " << notice << '\n';
       }
+      for (const std::string& notice : files.notices) out << "files    " << notice << '\n';
       if (config.resume) print_resume(config, resume_point, settings, out);
       out.flush();
     }
@@ -190,26 +219,41 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     }
     summary.first_step = trainer.steps_done() + 1;
 
+    // Saves the finished steps (a stop's save is synchronous: the process is
+    // about to exit) and returns how long training was blocked: for an async
+    // save, the wait for the previous one and the snapshot copy.
+    int64_t last_saved = resume_point ? resume_point->step : 0;
+    const auto save = [&](bool in_background) {
+      trainer.require_finite_state();
+      const auto save_start = Clock::now();
+      try {
+        if (in_background) {
+          checkpoints->async_save(trainer.steps_done(), trainer.state_dict(), trainer.training_state());
+        } else {
+          checkpoints->save(trainer.steps_done(), trainer.state_dict(), trainer.training_state());
+        }
+      } catch (const std::exception& error) {
+        fail_save(*checkpoints, error);
+      }
+      last_saved = trainer.steps_done();
+      return std::chrono::duration<double, std::milli>(Clock::now() - save_start).count();
+    };
+
     // ---- the steps ----
     const auto start = Clock::now();
+    StepMetrics metrics;
     for (int64_t step = summary.first_step; step <= run.steps; ++step) {
-      StepMetrics metrics = trainer.train_step();
+      metrics = trainer.train_step();
+      if (metrics.interrupted_after_micro_batches) {  // cut short: nothing to log, the last finished step to save
+        summary.stop_signal = metrics.stop_signal;
+        if (checkpoints && trainer.steps_done() > last_saved) save(false);
+        break;
+      }
       const bool last = step == run.steps;
       const bool stopping = metrics.stop_signal != 0 && !last;  // a stop in the last step just finishes
       if (!stopping && run.eval_every > 0 && (step % run.eval_every == 0 || last)) metrics.val_loss = trainer.evaluate();
-      const bool save_due = checkpoints && (stopping || last || (run.ckpt_every > 0 && step % run.ckpt_every == 0));
-      if (save_due) {
-        trainer.require_finite_state();
-        // Blocked: what the training thread waits for (an async save: the
-        // previous save, if still running, and the snapshot copy). A stop
-        // saves synchronously: the process is about to exit.
-        const auto save_start = Clock::now();
-        if (run.async_ckpt && !stopping) {
-          checkpoints->async_save(step, trainer.state_dict(), trainer.training_state());
-        } else {
-          checkpoints->save(step, trainer.state_dict(), trainer.training_state());
-        }
-        metrics.ckpt_blocked_ms = std::chrono::duration<double, std::milli>(Clock::now() - save_start).count();
+      if (checkpoints && (stopping || last || (run.ckpt_every > 0 && step % run.ckpt_every == 0))) {
+        metrics.ckpt_blocked_ms = save(run.async_ckpt && !stopping);
       }
       if (stopping) summary.stop_signal = metrics.stop_signal;
       if (leader) {
@@ -227,7 +271,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       }
       if (stopping) break;
     }
-    if (checkpoints) checkpoints->wait();
+    if (checkpoints) {
+      try {
+        checkpoints->wait();
+      } catch (const std::exception& error) {
+        fail_save(*checkpoints, error);
+      }
+    }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (!run.export_path.empty() && summary.stop_signal == 0) {
       trainer.require_finite_state();
@@ -235,11 +285,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       if (leader) out << fmt::format("export   {} (safetensors, step {})\n", run.export_path, trainer.steps_done());
     }
 
-    if (distributed.tracer) tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world, run.trace);
+    if (distributed.tracer) tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world, files.trace);
     if (!leader) return;
     summary.seconds = seconds;
     if (summary.stop_signal != 0) {
-      print_stop(run, summary.stop_signal, trainer.steps_done(), out);
+      print_stop(run, metrics, trainer.steps_done(), out);
     } else if (summary.losses.empty()) {
       out << fmt::format("done     nothing to train: the run is at step {} of {}\n", trainer.steps_done(), run.steps);
     } else {
@@ -248,7 +298,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
                          summary.val_loss ? fmt::format(" (val {:.4f})", *summary.val_loss) : std::string(),
                          summary.unigram_entropy);
     }
-    if (distributed.tracer) out << fmt::format("trace    {} (open in ui.perfetto.dev)\n", run.trace);
+    if (distributed.tracer) out << fmt::format("trace    {} (open in ui.perfetto.dev)\n", files.trace);
     out.flush();
   });
   return summary;

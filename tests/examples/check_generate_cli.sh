@@ -17,10 +17,13 @@ source "$(dirname "$0")/expect_failure.sh"
 expect_failure "--max-new-tokens 99999999999: the tokens and their printed text need about" \
   --max-new-tokens 99999999999 --ckpt "$missing"
 expect_failure "this machine allows at most --max-new-tokens" --max-new-tokens 99999999999 --ckpt "$missing"
-expect_failure "--temperature: must be a finite number >= 0, got inf" --temperature inf --ckpt "$missing"
-expect_failure "--temperature: must be a finite number >= 0, got nan" --temperature nan --ckpt "$missing"
-expect_failure "--top-k: must be a finite number >= 0, got inf" --top-k inf --ckpt "$missing"
-expect_failure "--temperature: must be >= 0, got -1" --temperature -1 --ckpt "$missing"
+expect_failure "--temperature: must be a finite number, got inf" --temperature inf --ckpt "$missing"
+expect_failure "--temperature: must be a finite number, got nan" --temperature nan --ckpt "$missing"
+expect_failure "--top-k: 'inf' is not an integer" --top-k inf --ckpt "$missing"
+expect_failure "--temperature: must be in [0, 100], got -1" --temperature -1 --ckpt "$missing"
+expect_failure "--top-k: must be in [0, 65536], got 99999999999" --top-k 99999999999 --ckpt "$missing"
+expect_failure "--max-new-tokens: must be in [0, 1099511627776], got 9223372036854775807" \
+  --max-new-tokens 9223372036854775807 --ckpt "$missing"
 
 # A sane length passes the check and reaches the model load, which fails on the missing checkpoint.
 output=$("$generate" --max-new-tokens 10 --ckpt "$missing" 2>&1) && { echo "generate loaded $missing?"; exit 1; }

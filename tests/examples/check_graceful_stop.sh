@@ -2,7 +2,8 @@
 # `train` as a scheduler stops it: SIGTERM mid-run finishes the step in
 # progress, commits a checkpoint, says so and exits 75; `--resume
 # --deterministic` then continues with bitwise the losses of an uninterrupted
-# run. A second SIGTERM exits at once (143) and leaves a root that resumes.
+# run. A closed terminal (SIGHUP) stops it the same way. A second SIGTERM
+# exits at once (143) and leaves a root that resumes.
 # Usage: check_graceful_stop.sh path/to/train
 set -euo pipefail
 train=$1
@@ -40,7 +41,7 @@ wait "$pid" || status=$?
 last=$(wc -l <"$work/stopped.jsonl")
 [ "$last" -lt 300 ] || fail "the run finished before the signal arrived; the test proves nothing"
 checkpoint=$(printf '%s/stopped/step-%08d' "$work" "$last")
-grep -qF "train: SIGTERM: stopping after the current step (send it again to exit at once)" "$work/stopped.out" ||
+grep -qF "train: SIGTERM: stopping after the current micro-batch, saving the last finished step (send it again to exit at once)" "$work/stopped.out" ||
   { cat "$work/stopped.out"; fail "no message on the signal"; }
 grep -qF "stopped  on SIGTERM after step $last of 300: $checkpoint committed; continue with --resume" \
   "$work/stopped.out" || { cat "$work/stopped.out"; fail "no stop line naming the checkpoint of step $last"; }
@@ -54,12 +55,22 @@ if ! diff <(losses "$work/whole.jsonl") <(cat <(losses "$work/stopped.jsonl") <(
   fail "the stopped and resumed losses differ from the uninterrupted run's"
 fi
 
+# The terminal or ssh session closes: SIGHUP saves and stops like SIGTERM.
+start_run hangup "${nano[@]}"
+kill -HUP "$pid"
+status=0
+wait "$pid" || status=$?
+[ "$status" -eq 75 ] || { cat "$work/hangup.out"; fail "exit status $status after SIGHUP, expected 75"; }
+hangup_steps=$(wc -l <"$work/hangup.jsonl")
+grep -qF "stopped  on SIGHUP after step $hangup_steps of 300: $(printf '%s/hangup/step-%08d' "$work" "$hangup_steps") committed" \
+  "$work/hangup.out" || { cat "$work/hangup.out"; fail "no stop line after SIGHUP"; }
+
 # Signals sent back to back merge into one while pending, so the second goes
 # once the first has been handled; steps of a wider model leave time for it.
 start_run killed "${wider[@]}"
 kill -TERM "$pid"
 for _ in $(seq 1 2000); do
-  grep -qF "stopping after the current step" "$work/killed.out" && break
+  grep -qF "stopping after the current micro-batch" "$work/killed.out" && break
   sleep 0.002
 done
 kill -TERM "$pid"
@@ -70,4 +81,4 @@ grep -qF "train: second SIGTERM: exiting now" "$work/killed.out" || { cat "$work
 "$train" "${common[@]}" "${wider[@]}" --ckpt-dir "$work/killed" --resume >"$work/killed-resume.out" ||
   { cat "$work/killed-resume.out"; fail "the root of the killed run does not resume"; }
 grep -qF "done     30 steps" "$work/killed-resume.out" || { cat "$work/killed-resume.out"; fail "the resume did not finish"; }
-echo "graceful stop: stopped after step $last (exit 75), resumed bitwise; two signals exit 143 and the root resumes"
+echo "graceful stop: stopped after step $last (exit 75), resumed bitwise; SIGHUP saves and stops too; two signals exit 143 and the root resumes"

@@ -32,7 +32,7 @@ expect_failure "--param-dtype: f16x not in" --param-dtype f16x
 expect_failure "--reduce-dtype: f64 not in" --reduce-dtype f64
 expect_failure "--reshard-after-forward: expected true, false or a positive rank count, got 'maybe'" \
   --reshard-after-forward maybe
-expect_failure "--nproc: must be > 0, got 0" --nproc 0
+expect_failure "--nproc: must be in [1, 1048576], got 0" --nproc 0
 expect_failure "--backend mpi needs a launcher" --backend mpi
 # Numbers must be finite; resources are bounded before anything is allocated.
 expect_failure "--lr: must be a finite number, got inf" --lr inf

@@ -125,7 +125,7 @@ TEST_CASE("run safety: every destination is proven writable before the first ste
       {"trace into a missing directory", [](TrainConfig& c) { c.trace = "/nonexistent/trace.json"; },
        "--trace /nonexistent/trace.json: the directory /nonexistent does not exist"},
       {"log into a missing directory", [](TrainConfig& c) { c.log_json = "/nonexistent/log.jsonl"; },
-       "cannot open '/nonexistent/log.jsonl' for writing (--log-json)"},
+       "--log-json /nonexistent/log.jsonl: the directory /nonexistent does not exist"},
       // /proc refuses new entries even to root, where permission bits would not.
       {"checkpoints where nothing can be created", [](TrainConfig& c) { c.ckpt_dir = "/proc/self/ckpt"; },
        "--ckpt-dir /proc/self/ckpt"},

@@ -1,32 +1,102 @@
 #!/usr/bin/env bash
-# Builds the checkpoint parser fuzzers with clang++ (libFuzzer, AddressSanitizer,
-# UndefinedBehaviorSanitizer) and runs each for a bounded time on a copy of its
-# seed corpus. Exits non-zero when a fuzzer finds an input that crashes, hits
-# UB, leaks, allocates absurdly, hangs or throws anything but tessera::Error,
-# and prints where that input was saved; exits 77 (meson's "skipped") when
-# clang++, its libFuzzer runtime or libomp is not installed (tools/setup.sh
-# installs them).
+# The checkpoint parser fuzzers, built with clang++ (libFuzzer,
+# AddressSanitizer, UndefinedBehaviorSanitizer) and run for a bounded time on
+# a copy of their seed corpus. Two steps, so that no timed test compiles:
 #
-#   tests/fuzz/run_fuzzers.sh BUILD_DIR        FUZZ_SECONDS=300 to fuzz longer (default 20 s per target)
+#   tests/fuzz/run_fuzzers.sh build BUILD_DIR   compiles and links the targets (a build target of
+#                                               meson, run by ninja); without clang++, its libFuzzer
+#                                               runtime or libomp it records why in BUILD_DIR/skipped
+#                                               and succeeds (tools/setup.sh installs them)
+#   tests/fuzz/run_fuzzers.sh run BUILD_DIR     runs each built target FUZZ_SECONDS (default 20) on a
+#                                               copy of its seeds (the meson test); exits 77, meson's
+#                                               "skipped", with the recorded reason when none was built
 #
+# `run` exits non-zero when a fuzzer finds an input that crashes, hits UB,
+# leaks, allocates absurdly, hangs or throws anything but tessera::Error, and
+# prints where that input was saved.
 # Reproduce a saved input:  BUILD_DIR/fuzz_<target> BUILD_DIR/artifacts/<target>/crash-...
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 BUILD_DIR" >&2
+if [ $# -ne 2 ] || { [ "$1" != build ] && [ "$1" != run ]; }; then
+  echo "usage: $0 build|run BUILD_DIR" >&2
   exit 2
 fi
+mode=$1
+shift
 root=$(cd "$(dirname "$0")/../.." && pwd)
 fuzz_dir="$root/tests/fuzz"
 mkdir -p "$1"
 build=$(cd "$1" && pwd)
 seconds=${FUZZ_SECONDS:-20}
 
+targets=(metadata safetensors_header)
+declare -A max_len=([metadata]=4096 [safetensors_header]=2048)
+
+run_targets() {
+  if [ -f "$build/skipped" ]; then
+    cat "$build/skipped"
+    exit 77
+  fi
+  local status=0 target
+  for target in "${targets[@]}"; do run_target "$target" || status=1; done
+  exit $status
+}
+
+run_target() {  # target
+  local target=$1 binary="$build/fuzz_$1"
+  if [ ! -x "$binary" ]; then
+    echo "fuzz: $binary was not built (ninja builds it: run_fuzzers.sh build)"
+    return 1
+  fi
+  # libFuzzer adds the inputs that reach new code to the first corpus folder:
+  # a working copy, so the seeds in the repository never change.
+  local corpus="$build/corpus/$target" artifacts="$build/artifacts/$target" log="$build/fuzz_$target.log"
+  mkdir -p "$corpus" "$artifacts"
+  cp "$fuzz_dir/corpus/$target"/* "$corpus/"
+  echo "fuzz: $target for ${seconds} s (corpus $corpus, log $log)"
+  # ASan reports absurd allocations as errors; -malloc_limit_mb makes any single
+  # allocation over 256 MiB a crash (no valid input under max_len needs one).
+  local rc
+  set +e
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$binary" -max_total_time="$seconds" -max_len="${max_len[$target]}" -timeout=10 -rss_limit_mb=2048 \
+    -malloc_limit_mb=256 -dict="$fuzz_dir/$target.dict" -print_final_stats=1 -artifact_prefix="$artifacts/" \
+    "$corpus" >"$log" 2>&1
+  rc=$?
+  set -e
+  # "#123456 DONE cov: 812 ft: 2304 corp: 301/40Kb lim: 4096 exec/s: 6172 rss: 98Mb"
+  local summary execs saved input
+  summary=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 | tr -s '[:space:]' ' ' || true)
+  execs=$(grep -E '^stat::number_of_executed_units:' "$log" | awk '{print $2}' || true)
+  if [ $rc -eq 0 ]; then
+    echo "fuzz: $target passed: ${execs:-?} inputs in ${seconds} s; ${summary:-no summary}"
+    return 0
+  fi
+  echo "fuzz: $target FAILED (exit $rc); the end of $log:"
+  tail -n 60 "$log"
+  saved=$(grep -oE 'Test unit written to [^ ]+' "$log" | sed 's/Test unit written to //' | sort -u || true)
+  if [ -n "$saved" ]; then
+    for input in $saved; do
+      echo "fuzz: the failing input was saved at: $input"
+      echo "fuzz: reproduce with: $binary $input"
+    done
+  else
+    echo "fuzz: no input was saved; see $log"
+  fi
+  return 1
+}
+
+[ "$mode" = run ] && run_targets
+
+# ---- build -------------------------------------------------------------------------------------
+rm -f "$build/skipped"
+skip() {  # reason...: recorded for `run`, which reports it as meson's "skipped"
+  echo "fuzz: skipped: $*" | tee "$build/skipped"
+  exit 0
+}
 cxx=${FUZZ_CXX:-clang++}
-if ! command -v "$cxx" >/dev/null; then
-  echo "fuzz: skipped: $cxx is not installed (tools/setup.sh installs the Debian package clang)"
-  exit 77
-fi
+command -v "$cxx" >/dev/null || skip "$cxx is not installed (tools/setup.sh installs the Debian package clang)"
 
 # Dependencies found the way meson.build finds them (pkg-config): fmt, nlohmann_json,
 # eigen3 (the CPU kernels that tensor/ops pulls in); OpenMP through clang's libomp.
@@ -47,10 +117,8 @@ cat >"$probe/probe.cpp" <<'PROBE'
 extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return omp_get_max_threads() < 0; }
 PROBE
 if ! "$cxx" "${link_sanitizers[@]}" -fopenmp "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/probe.log"; then
-  echo "fuzz: skipped: $cxx cannot build a libFuzzer target with ASan, UBSan and OpenMP" \
-    "(tools/setup.sh installs the Debian packages libclang-rt-dev and libomp-dev):"
-  cat "$probe/probe.log"
-  exit 77
+  skip "$cxx cannot build a libFuzzer target with ASan, UBSan and OpenMP (tools/setup.sh installs the Debian" \
+    "packages libclang-rt-dev and libomp-dev): $(head -c 2000 "$probe/probe.log")"
 fi
 
 # The parsers and the code they run (dtype names and sizes), instrumented.
@@ -69,8 +137,6 @@ link_only_sources=(
   tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/optimizer.cpp
   tensor/cpu/reduction.cpp
 )
-targets=(metadata safetensors_header)
-declare -A max_len=([metadata]=4096 [safetensors_header]=2048)
 target_sources=()
 for target in "${targets[@]}"; do target_sources+=("tests/fuzz/fuzz_$target.cpp"); done
 
@@ -125,48 +191,10 @@ if [ -f "$objects_dir/failed" ]; then
   exit 1
 fi
 
-status=0
 for target in "${targets[@]}"; do
   binary="$build/fuzz_$target"
+  newest=$(ls -t "$(object_for "tests/fuzz/fuzz_$target.cpp")" "${objects[@]}" | head -n 1)
+  [ -x "$binary" ] && [ "$binary" -nt "$newest" ] && continue
   "$cxx" "${link_sanitizers[@]}" -fopenmp "$(object_for "tests/fuzz/fuzz_$target.cpp")" "${objects[@]}" \
     "${dep_libs[@]}" -pthread -o "$binary"
-
-  # libFuzzer adds the inputs that reach new code to the first corpus folder:
-  # a working copy, so the seeds in the repository never change.
-  corpus="$build/corpus/$target"
-  artifacts="$build/artifacts/$target"
-  mkdir -p "$corpus" "$artifacts"
-  cp "$fuzz_dir/corpus/$target"/* "$corpus/"
-  log="$build/fuzz_$target.log"
-  echo "fuzz: $target for ${seconds} s (corpus $corpus, log $log)"
-  # ASan reports absurd allocations as errors; -malloc_limit_mb makes any single
-  # allocation over 256 MiB a crash (no valid input under max_len needs one).
-  set +e
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$binary" -max_total_time="$seconds" -max_len="${max_len[$target]}" -timeout=10 -rss_limit_mb=2048 \
-    -malloc_limit_mb=256 -dict="$fuzz_dir/$target.dict" -print_final_stats=1 -artifact_prefix="$artifacts/" \
-    "$corpus" >"$log" 2>&1
-  rc=$?
-  set -e
-  # "#123456 DONE cov: 812 ft: 2304 corp: 301/40Kb lim: 4096 exec/s: 6172 rss: 98Mb"
-  summary=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 | tr -s '[:space:]' ' ' || true)
-  execs=$(grep -E '^stat::number_of_executed_units:' "$log" | awk '{print $2}' || true)
-  if [ $rc -eq 0 ]; then
-    echo "fuzz: $target passed: ${execs:-?} inputs in ${seconds} s; ${summary:-no summary}"
-  else
-    status=1
-    echo "fuzz: $target FAILED (exit $rc); the end of $log:"
-    tail -n 60 "$log"
-    saved=$(grep -oE 'Test unit written to [^ ]+' "$log" | sed 's/Test unit written to //' | sort -u || true)
-    if [ -n "$saved" ]; then
-      for input in $saved; do
-        echo "fuzz: the failing input was saved at: $input"
-        echo "fuzz: reproduce with: $binary $input"
-      done
-    else
-      echo "fuzz: no input was saved; see $log"
-    fi
-  fi
 done
-exit $status
