@@ -212,17 +212,21 @@ int main(int argc, char** argv) {
   CLI::App app{"Checkpoint save/load throughput for a sharded GPT and its AdamW state", "checkpoint_io"};
   std::string preset = "gpt2-124m";
   std::vector<int> world_sizes = {1, 4};
-  std::string dir = (fs::temp_directory_path() / "tessera-checkpoint-bench").string();
+  std::string parent = fs::temp_directory_path().string();
   app.add_option("--preset", preset, "Model shape preset")->capture_default_str();
   app.add_option("--ranks", world_sizes, "World sizes to measure")->capture_default_str()->delimiter(',');
-  app.add_option("--dir", dir, "Where to write (the disk being measured)")->capture_default_str();
+  app.add_option("--dir", parent,
+                 "Where to write (the disk being measured): a folder of this run's own is made inside and removed")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const nn::GPTConfig config = nn::GPTConfig::preset(preset);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  // Only a folder this run made is ever removed: --dir may hold anything.
+  TESSERA_CHECK(fs::is_directory(parent), "checkpoint_io: --dir {} is not a directory", parent);
+  const fs::path dir = fs::path(parent) / fmt::format("tessera-checkpoint-bench-{}", ::getpid());
+  TESSERA_CHECK(fs::create_directory(dir), "checkpoint_io: {} already exists", dir.string());
   fmt::print("checkpoint_io: {} ({:.1f} M parameters) + AdamW state, under {}\n", preset,
-             static_cast<double>(config.num_parameters()) / 1e6, dir);
+             static_cast<double>(config.num_parameters()) / 1e6, dir.string());
   fmt::print("machine: {}, vector ISA {}, {} hardware threads, load {}\n", bench::cpu_model(), bench::vector_isa(),
              std::thread::hardware_concurrency(), bench::load_average());
 

@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", settings.iters, "timed iterations at 8 MiB and up (more for smaller messages)")
       ->check(CLI::PositiveNumber);
   app.add_option("--ops", op_names, "collectives to run")->delimiter(',');
-  app.add_option("--json", json_path, "also write one JSON line per measurement to this file");
+  app.add_option("--json", json_path, "also append one JSON line per measurement to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -348,8 +348,8 @@ int main(int argc, char** argv) {
                   launcher_name(launch.launcher));
     std::ofstream json_file;
     if (!json_path.empty() && launch.rank == 0) {
-      json_file.open(json_path);
-      TESSERA_CHECK(json_file.good(), "--json: cannot open '{}' for writing", json_path);
+      json_file.open(json_path, std::ios::app);  // JSON lines: a later run's lines follow an earlier run's
+      TESSERA_CHECK(json_file.good(), "--json: cannot open '{}' for appending", json_path);
       settings.json = &json_file;
     }
     if (launch.rank == 0) {

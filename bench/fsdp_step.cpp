@@ -22,6 +22,7 @@
 
 #include "autograd/engine.h"
 #include "bench/machine_context.h"
+#include "checkpoint/file_roles.h"
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
 #include "dist/trace.h"
@@ -386,7 +387,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   app.add_option("--threads-per-rank", settings.threads_per_rank, "intra-op threads per rank (0: max(1, cores / ranks))")
       ->check(CLI::Range(0, 4096))->capture_default_str();
-  app.add_option("--json", json_path, "also write one JSON line per world size to this file");
+  app.add_option("--json", json_path, "also append one JSON line per world size to this file");
   app.add_option("--trace", settings.trace_prefix, "write each world size's Chrome trace to PREFIX-<N>ranks.json");
   CLI11_PARSE(app, argc, argv);
 
@@ -395,15 +396,25 @@ int main(int argc, char** argv) {
     settings.param_dtype = param_dtype == "bf16" ? DType::bf16 : DType::f32;
     TESSERA_CHECK(settings.seq_len <= settings.model.block_size, "--seq-len {} is longer than {}'s context of {}",
                   settings.seq_len, settings.preset, settings.model.block_size);
+    // The files, checked now rather than after the first world size has run
+    // for minutes: no trace replaces an earlier one, no output is another.
+    checkpoint::FileRoles roles;
+    if (!json_path.empty()) roles.add_output("--json", json_path);
     if (!settings.trace_prefix.empty()) {
-      // Checked now rather than after the first world size has run for minutes.
       const std::filesystem::path folder = std::filesystem::absolute(settings.trace_prefix).parent_path();
       TESSERA_CHECK(std::filesystem::is_directory(folder), "--trace: folder '{}' does not exist", folder.string());
+      for (const int world_size : ranks) {
+        const std::string trace = fmt::format("{}-{}ranks.json", settings.trace_prefix, world_size);
+        checkpoint::refuse_existing_output("--trace", trace, "remove it or choose another prefix");
+        roles.add_output("--trace", trace);
+      }
     }
+    roles.check();
+    // JSON lines: a later run's lines follow an earlier run's.
     std::ofstream json_file;
     if (!json_path.empty()) {
-      json_file.open(json_path);
-      TESSERA_CHECK(json_file.good(), "--json: cannot open '{}' for writing", json_path);
+      json_file.open(json_path, std::ios::app);
+      TESSERA_CHECK(json_file.good(), "--json: cannot open '{}' for appending", json_path);
     }
 
     const auto& m = settings.model;

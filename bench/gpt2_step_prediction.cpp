@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "bench/machine_context.h"
+#include "checkpoint/file_roles.h"
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/trainer.h"
 #include "tensor/cuda/sim/launch.h"
@@ -270,7 +271,7 @@ double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"PREDICTED H100 time per GPT-2 124M bf16 training step, from simulator-counted bytes and FLOPs"};
   int top = 12;
   std::string save_path, load_path;
@@ -291,6 +292,11 @@ int main(int argc, char** argv) {
   // --load-counts can redo the analysis without the simulator.
   const std::vector<Shape3> fit_shapes = {{1, 1, 64}, {2, 1, 64}, {1, 2, 64}, {1, 1, 128}, {2, 2, 128}};
   const Shape3 check_shape{3, 2, 96};
+  checkpoint::FileRoles roles;
+  if (!load_path.empty()) roles.add_input("--load-counts", load_path);
+  if (!save_path.empty()) roles.add_output("--save-counts", save_path);
+  roles.check();
+  checkpoint::refuse_existing_output("--save-counts", save_path, "remove it or choose another path");
   std::vector<Run> loaded;
   if (!load_path.empty()) {
     std::ifstream in(load_path);
@@ -468,4 +474,14 @@ int main(int argc, char** argv) {
              llmc_a100);
   fmt::print("  the PREDICTED B=64 rate above against llm.c's H100 rate: {:.2f}x\n", last_tokens_per_second / llmc_h100);
   return 0;
+}
+
+// Bad input (a malformed --load-counts file, clashing paths) is a message, never an abort.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "gpt2_step_prediction: error: {}\n", error.what());
+    return 1;
+  }
 }

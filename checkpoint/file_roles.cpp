@@ -103,6 +103,13 @@ std::optional<FileIdentity> identify_descriptor(int fd) {
   return FileIdentity{error ? std::string() : link.string(), device_inode_of(info)};
 }
 
+void refuse_existing_output(const std::string& flag, const std::string& path, const std::string& how) {
+  std::error_code error;
+  if (path.empty() || fs::symlink_status(path, error).type() == fs::file_type::not_found) return;
+  if (fs::is_regular_file(fs::symlink_status(path, error)) && fs::file_size(path, error) == 0) return;  // mktemp's
+  fail("{} {} already exists (an earlier launch's?); {}", flag, path, how);
+}
+
 // ---- the roles --------------------------------------------------------------------------------
 
 void FileRoles::add_input(std::string flag, const std::string& path) {

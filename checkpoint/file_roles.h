@@ -39,6 +39,11 @@ FileIdentity identify(const std::string& path);
 // is not a regular file (a terminal, a pipe), which cannot clash.
 std::optional<FileIdentity> identify_descriptor(int fd);
 
+// Throws tessera::Error, "FLAG PATH already exists (an earlier launch's?); HOW",
+// when `path` exists (a link counts, a dangling one too) and is not an empty
+// regular file: no program replaces an earlier launch's output silently.
+void refuse_existing_output(const std::string& flag, const std::string& path, const std::string& how);
+
 class FileRoles {
  public:
   // A file or directory the launch reads.

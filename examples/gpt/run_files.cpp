@@ -51,10 +51,7 @@ checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& tra
 
 // A fresh run's outputs must not hold an earlier launch's files.
 void refuse_existing(const TrainConfig& config, const char* flag, const std::string& path, const std::string& how) {
-  if (path.empty() || config.overwrite || !exists_no_follow(path)) return;
-  std::error_code error;
-  if (fs::is_regular_file(path, error) && fs::file_size(path, error) == 0) return;  // made by mktemp, say
-  tessera::fail("{} {} already exists (an earlier launch's?); {}", flag, path, how);
+  if (!config.overwrite) checkpoint::refuse_existing_output(flag, path, how);
 }
 
 void check_export_temporary(const TrainConfig& config, std::vector<std::string>& notices) {

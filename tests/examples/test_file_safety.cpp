@@ -411,8 +411,8 @@ TEST_CASE("file safety: the size bounds hold real checkpoints and exports, and a
     const int64_t export_bytes = static_cast<int64_t>(fs::file_size(config.export_path));
     const int64_t checkpoint_bound = gpt::checkpoint_bytes_bound(config);
     const int64_t export_bound = gpt::export_bytes_bound(config);
-    INFO("checkpoint " << checkpoint_bytes << " bound " << checkpoint_bound << "; export " << export_bytes
-                       << " bound " << export_bound);
+    MESSAGE("nproc " << nproc << ": checkpoint " << checkpoint_bytes << " B, bound " << checkpoint_bound
+                     << " B; export " << export_bytes << " B, bound " << export_bound << " B");
     CHECK(checkpoint_bytes <= checkpoint_bound);
     CHECK(checkpoint_bound <= 2 * checkpoint_bytes + (64 << 10));
     CHECK(export_bytes <= export_bound);

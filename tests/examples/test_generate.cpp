@@ -505,6 +505,31 @@ TEST_CASE("byte tokens: text in, printable text out") {
                        doctest::Contains("token 300 at position 1 is not a byte"), tessera::Error);
 }
 
+TEST_CASE("byte tokens: the escaped text decodes back to every byte, and a backslash is told from an escape") {
+  // The text "\xff" and the byte 0xff print differently.
+  CHECK(gpt::byte_tokens_to_printable(gpt::text_to_byte_tokens("a\\xff")) == "a\\\\xff");
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{'a', 0xFF}) == "a\\xff");
+  // All 256 values alone, in order, and every pair (which covers the starts of UTF-8 sequences).
+  std::vector<uint16_t> all(256);
+  for (uint16_t value = 0; value < 256; ++value) all[value] = value;
+  const std::string bytes = gpt::byte_tokens_to_bytes(all);
+  REQUIRE(bytes.size() == 256);
+  for (size_t i = 0; i < 256; ++i) CHECK(static_cast<uint8_t>(bytes[i]) == i);
+  CHECK(gpt::printable_to_bytes(gpt::byte_tokens_to_printable(all)) == bytes);
+  for (uint16_t first = 0; first < 256; ++first) {
+    for (uint16_t second = 0; second < 256; ++second) {
+      const std::vector<uint16_t> pair = {first, second};
+      if (gpt::printable_to_bytes(gpt::byte_tokens_to_printable(pair)) != gpt::byte_tokens_to_bytes(pair)) {
+        FAIL("the pair " << first << ", " << second << " does not round-trip");
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(gpt::printable_to_bytes("a\\q"), doctest::Contains("the backslash at position 1"),
+                       tessera::Error);
+  CHECK_THROWS_AS(gpt::printable_to_bytes("\\x4"), tessera::Error);  // cut short
+  CHECK_THROWS_AS(gpt::printable_to_bytes("\\xg0"), tessera::Error);
+}
+
 // ---- loading a trained model ------------------------------------------------------------------
 
 namespace {
