@@ -106,6 +106,7 @@ std::optional<FileIdentity> identify_descriptor(int fd) {
 void refuse_existing_output(const std::string& flag, const std::string& path, const std::string& how) {
   std::error_code error;
   if (path.empty() || fs::symlink_status(path, error).type() == fs::file_type::not_found) return;
+  TESSERA_CHECK(!fs::is_directory(path, error), "{} {}: is a directory, not a file name", flag, path);
   if (fs::is_regular_file(fs::symlink_status(path, error)) && fs::file_size(path, error) == 0) return;  // mktemp's
   fail("{} {} already exists (an earlier launch's?); {}", flag, path, how);
 }

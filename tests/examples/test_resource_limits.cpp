@@ -286,8 +286,8 @@ TEST_CASE("memory: above the available memory is refused, above 80% warned about
   CHECK_THROWS_WITH_AS(check(large), doctest::Contains("but this machine has 1.0 GiB available (test)"),
                        tessera::Error);
 
-  // Absurd flags saturate instead of overflowing into a small figure.
-  large.batch = int64_t{1} << 40;
+  // The largest flags saturate instead of overflowing into a small figure.
+  large.batch = gpt::kMaxBatch;
   CHECK(gpt::estimate_rank_memory(large).on_machine(1 << 30) == std::numeric_limits<int64_t>::max());
   CHECK_THROWS_AS(check(large), tessera::Error);
 
