@@ -25,10 +25,14 @@
 #include "examples/gpt/training_run.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/examples/train_outcome.h"
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
 using gpt::TrainConfig;
+using gpt::testing::Outcome;
+using gpt::testing::run;
+using gpt::testing::trained_a_step;
 using tessera::checkpoint::testing::TempDir;
 
 namespace {
@@ -61,29 +65,6 @@ TrainConfig quick_config(const std::string& data) {
   return config;
 }
 
-struct Outcome {
-  std::string log;
-  std::string error;  // "" when the run finished
-  bool usage_error = false;
-  gpt::TrainSummary summary;
-};
-
-Outcome run(const TrainConfig& config) {
-  Outcome outcome;
-  std::ostringstream log;
-  try {
-    outcome.summary = gpt::train(config, log);
-  } catch (const gpt::UsageError& error) {
-    outcome.error = error.what();
-    outcome.usage_error = true;
-  } catch (const tessera::Error& error) {
-    outcome.error = error.what();
-  }
-  outcome.log = log.str();
-  return outcome;
-}
-
-bool trained_a_step(const Outcome& outcome) { return outcome.log.find("| loss") != std::string::npos; }
 
 bool contains(const std::string& text, const std::string& piece) { return text.find(piece) != std::string::npos; }
 

@@ -22,10 +22,14 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/examples/train_outcome.h"
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
 using gpt::TrainConfig;
+using gpt::testing::Outcome;
+using gpt::testing::run;
+using gpt::testing::trained_a_step;
 using tessera::checkpoint::testing::TempDir;
 
 namespace {
@@ -43,25 +47,6 @@ TrainConfig quick_config(const std::string& ckpt_dir) {
   return config;
 }
 
-struct Outcome {
-  std::string log;
-  std::string error;  // "" when the run finished
-  gpt::TrainSummary summary;
-};
-
-Outcome run(const TrainConfig& config) {
-  Outcome outcome;
-  std::ostringstream log;
-  try {
-    outcome.summary = gpt::train(config, log);
-  } catch (const tessera::Error& error) {
-    outcome.error = error.what();
-  }
-  outcome.log = log.str();
-  return outcome;
-}
-
-bool trained_a_step(const Outcome& outcome) { return outcome.log.find("| loss") != std::string::npos; }
 
 std::vector<int64_t> steps_in(const std::string& root) {
   std::vector<int64_t> steps;
