@@ -10,8 +10,17 @@
 
 namespace tessera::checkpoint {
 
+bool loads_into(DType stored, DType destination) {
+  return stored == destination || (is_floating(stored) && is_floating(destination));
+}
+
 void read_chunk_overlap(const std::string& dir, const ChunkInfo& chunk, DType dtype, const std::string& tensor_name,
                         Tensor& piece, const Shape& piece_offsets) {
+  const std::string path = (std::filesystem::path(dir) / chunk.file).string();
+  TESSERA_CHECK(loads_into(dtype, piece.dtype()),
+                "checkpoint::load: {}: '{}' is stored as {} and cannot load into {}: only a float loads into a float, "
+                "an integer or bool only into its own dtype",
+                path, tensor_name, dtype_name(dtype), dtype_name(piece.dtype()));
   const size_t ndim = chunk.sizes.size();
   Shape overlap_offset(ndim), overlap_size(ndim);
   for (size_t d = 0; d < ndim; ++d) {
@@ -50,7 +59,6 @@ void read_chunk_overlap(const std::string& dir, const ChunkInfo& chunk, DType dt
                       last - first + 1 == destination.numel() && byte_begin == first * element &&
                       byte_end == (last + 1) * element;
   Tensor span = direct ? destination : ops::empty({(byte_end - byte_begin) / element}, {.dtype = dtype});
-  const std::string path = (std::filesystem::path(dir) / chunk.file).string();
   ReadFile(path).read_at(chunk.byte_begin + byte_begin, span.raw_data(), byte_end - byte_begin);
   if (verified) {
     const auto* bytes = static_cast<const uint8_t*>(span.raw_data());

@@ -12,9 +12,16 @@
 
 namespace tessera::checkpoint {
 
+// Whether values stored as `stored` may load into a tensor of `destination`:
+// a floating dtype into any floating one (converted on the way in), an
+// integer or bool dtype only into itself. Token ids or masks turned into
+// float parameters would be a silent change of meaning, not a load.
+bool loads_into(DType stored, DType destination);
+
 // Copies the overlap of `chunk` (elements of `dtype`, in DIR/chunk.file)
 // with `piece`, which holds the box of the same tensor that starts at
-// `piece_offsets`, into `piece`, converting to its dtype. An empty
+// `piece_offsets`, into `piece`, converting to its dtype (loads_into must
+// allow it: callers check every tensor before reading any). An empty
 // chunk.crc32c reads unverified (a safetensors file has no checksums). Does
 // nothing when they do not overlap. Errors name the file and `tensor_name`
 // (short reads, checksum mismatches).

@@ -1,11 +1,19 @@
 // The .safetensors format, read and written without any other library:
-//   8 bytes   little-endian u64 N, the header's length
-//   N bytes   JSON: {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
-//                    "__metadata__": {"key": "string", ...}}  (padded with spaces to 8)
+//   8 bytes   little-endian u64 N, the header's length (at most 100,000,000)
+//   N bytes   UTF-8 JSON: {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
+//                    "__metadata__": {"key": "string", ...}}  (written padded with spaces to 8)
 //   the data  each tensor's bytes, row-major little-endian, at [b, e) of this section;
-//             the ranges tile the section exactly (no gaps, no overlap).
+//             the ranges tile the section exactly (no gaps, no overlap, nothing after).
 // Any tool that reads safetensors (Python's `safetensors`, Rust's crate) opens
-// these files; the header parser rejects anything else with the file named.
+// these files. The reader accepts what the reference implementation
+// (safetensors 0.8.0) accepts and refuses what it refuses, naming the file,
+// the bytes and the rule broken; tests/checkpoint/golden/safetensors_cases
+// holds the cases. What it accepts that a glance at the layout above would
+// not: JSON whitespace around the object, an entry's fields beyond the three
+// (ignored), a name given twice (the last holds), "__metadata__": null, an
+// entry as [dtype, shape, data_offsets], a dtype as {"F32": null}. Deliberate
+// differences, refused by name: the format's dtypes that tessera has no type
+// for (U8, F8_E4M3, ...), and extents over 2^50 (possible in empty tensors).
 #pragma once
 
 #include <cstdint>
@@ -41,10 +49,12 @@ struct SafetensorsHeader {
 std::string_view safetensors_dtype(DType dtype);
 DType dtype_from_safetensors(std::string_view name);
 
-// Parses a header's JSON text for a data section of `data_size` bytes. Every
-// violation (bad JSON, unknown dtype, shape and byte size disagreeing, ranges
-// outside the data, overlapping or leaving gaps, a non-string metadata value)
-// throws tessera::Error naming `source` and the tensor.
+// Parses a header's JSON text (the N bytes after the length) for a data
+// section of `data_size` bytes. Every violation (not UTF-8, not JSON, nested
+// over 127 deep, a field missing, twice or of the wrong type, a dtype the
+// format or tessera lacks, shape and byte size disagreeing, ranges outside the
+// data, overlapping or leaving gaps, a non-string metadata value) throws
+// tessera::Error naming `source`, the tensor and the file bytes concerned.
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, int64_t data_size, const std::string& source);
 // Reads and parses the header of the file at `path`.
 SafetensorsHeader read_safetensors_header(const std::string& path);

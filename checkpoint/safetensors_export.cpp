@@ -270,9 +270,17 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
     const auto found = stored.find(name);
     if (found == stored.end()) {
       report.missing_keys.push_back(name);
-    } else if (found->second->shape != global_shape_of(entry)) {
-      problems.push_back(
-          fmt::format("{}: shape {} in the file, {} here", name, found->second->shape, global_shape_of(entry)));
+      continue;
+    }
+    const SafetensorsEntry& file_entry = *found->second;
+    if (file_entry.shape != global_shape_of(entry)) {
+      problems.push_back(fmt::format("{}: shape {} in the file, {} here", name, file_entry.shape, global_shape_of(entry)));
+    }
+    const DType here = local_box_of(entry).local.dtype();
+    if (!loads_into(file_entry.dtype, here)) {
+      problems.push_back(fmt::format("{}: dtype {} in the file, {} here (only a float loads into a float; an integer "
+                                     "or bool only into its own dtype)",
+                                     name, safetensors_dtype(file_entry.dtype), dtype_name(here)));
     }
   }
   for (const auto& [name, entry] : stored) {

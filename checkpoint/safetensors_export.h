@@ -35,7 +35,9 @@ void export_safetensors(const std::string& path, const DistributedStateDict& sta
 
 struct ImportOptions {
   // Strict: a name of `state` missing from the file, or a tensor of the file
-  // absent from `state`, is an error. Shapes must always match; dtypes are converted.
+  // absent from `state`, is an error. Shapes must always match. A float
+  // tensor loads into any float dtype (converted); an integer or bool one only
+  // into its own dtype, and anything else is an error before any data is read.
   bool strict = true;
 };
 

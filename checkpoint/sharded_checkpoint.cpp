@@ -208,6 +208,12 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
       problems.push_back(fmt::format("{}: shape {} in the checkpoint, {} here", name, found->second.global_shape,
                                      global_shape_of(entry)));
     }
+    const Tensor local = piece_of(entry, rank).local;
+    if (local.defined() && !loads_into(found->second.dtype, local.dtype())) {
+      problems.push_back(fmt::format("{}: dtype {} in the checkpoint, {} here (only a float loads into a float; an "
+                                     "integer or bool only into its own dtype)",
+                                     name, dtype_name(found->second.dtype), dtype_name(local.dtype())));
+    }
   }
   for (const auto& [name, info] : metadata.tensors) {
     if (state.count(name) == 0) report.unexpected_keys.push_back(name);

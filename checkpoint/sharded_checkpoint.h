@@ -70,8 +70,9 @@ struct LoadReport {
 // loader checks before building or loading anything (training state, shapes).
 CheckpointMetadata read_metadata(const std::string& dir);
 
-// Fills the local tensors of `state` in place (their dtypes are converted).
-// Names and shapes are checked before anything is read; a corrupt chunk found
+// Fills the local tensors of `state` in place: a float tensor into any float
+// dtype (converted), an integer or bool one only into its own dtype. Names,
+// shapes and dtypes are checked before anything is read; a corrupt chunk found
 // while reading throws with the state partly loaded (load again, or discard it).
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options = {});
 
