@@ -1,6 +1,9 @@
 // Tensor handle accessors and geometry helpers.
 #include "tensor/tensor.h"
 
+#include <algorithm>
+#include <limits>
+
 namespace tessera {
 
 int64_t shape_numel(const Shape& shape) {
@@ -9,12 +12,17 @@ int64_t shape_numel(const Shape& shape) {
   return numel;
 }
 
+// Only an empty tensor can have extents whose product overflows (a
+// safetensors file may declare [0, 2^50, 2^50]); its strides saturate at
+// INT64_MAX, since nothing is ever addressed through them.
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride)) {
+      stride = std::numeric_limits<int64_t>::max();
+    }
   }
   return strides;
 }

@@ -413,3 +413,13 @@ TEST_CASE("to_vector reads bool tensors, converting from any dtype") {
   const Tensor values = ops::from_vector(std::vector<double>{0.0, 3.0, -0.0, 1e-30}, {4});
   CHECK(values.to_vector<bool>() == std::vector<bool>{false, true, false, true});
 }
+
+TEST_CASE("contiguous strides: row-major, and saturated where only an empty tensor's extents overflow") {
+  CHECK(contiguous_strides({2, 3, 4}) == Shape{12, 4, 1});
+  CHECK(contiguous_strides({2, 0, 4}) == Shape{4, 4, 1});
+  const int64_t big = int64_t{1} << 50;
+  CHECK(contiguous_strides({0, big, big}) == Shape{std::numeric_limits<int64_t>::max(), big, 1});
+  const Tensor empty = ops::empty({0, big, big});
+  CHECK(empty.numel() == 0);
+  CHECK(empty.strides()[1] == big);
+}
