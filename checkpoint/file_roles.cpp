@@ -24,6 +24,8 @@ std::optional<std::pair<uint64_t, uint64_t>> device_inode_of(const struct stat& 
   return std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino)};
 }
 
+bool special_mode(mode_t mode) { return S_ISCHR(mode) || S_ISBLK(mode) || S_ISFIFO(mode) || S_ISSOCK(mode); }
+
 // The spelling a user would recognise: absolute and normalised, links kept.
 std::string spelled(const std::string& path) { return fs::absolute(path).lexically_normal().string(); }
 
@@ -91,8 +93,16 @@ bool FileIdentity::inside(const FileIdentity& directory, std::string* entry) con
 FileIdentity identify(const std::string& path) {
   FileIdentity identity{resolve_path(path), std::nullopt};
   struct stat info {};
-  if (::stat(identity.resolved.c_str(), &info) == 0) identity.device_inode = device_inode_of(info);
+  if (::stat(identity.resolved.c_str(), &info) == 0) {
+    identity.device_inode = device_inode_of(info);
+    identity.special = special_mode(info.st_mode);
+  }
   return identity;
+}
+
+bool is_special_file(const std::string& path) {
+  struct stat info {};
+  return !path.empty() && ::stat(path.c_str(), &info) == 0 && special_mode(info.st_mode);
 }
 
 std::optional<FileIdentity> identify_descriptor(int fd) {
@@ -100,12 +110,13 @@ std::optional<FileIdentity> identify_descriptor(int fd) {
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) return std::nullopt;
   std::error_code error;
   const fs::path link = fs::read_symlink(fmt::format("/proc/self/fd/{}", fd), error);
-  return FileIdentity{error ? std::string() : link.string(), device_inode_of(info)};
+  return FileIdentity{error ? std::string() : link.string(), device_inode_of(info), false};
 }
 
 void refuse_existing_output(const std::string& flag, const std::string& path, const std::string& how) {
   std::error_code error;
   if (path.empty() || fs::symlink_status(path, error).type() == fs::file_type::not_found) return;
+  if (is_special_file(path)) return;  // /dev/null: written to, not replaced
   TESSERA_CHECK(!fs::is_directory(path, error), "{} {}: is a directory, not a file name", flag, path);
   if (fs::is_regular_file(fs::symlink_status(path, error)) && fs::file_size(path, error) == 0) return;  // mktemp's
   fail("{} {} already exists (an earlier launch's?); {}", flag, path, how);
@@ -168,6 +179,7 @@ void FileRoles::check_pair(const Role& a, const Role& b) const {
   }
   if (!a.identity.same_file(b.identity)) return;
   if (writes(a) && writes(b)) {
+    if (a.identity.special) return;  // `--log-json /dev/null --trace /dev/null`
     fail("{} and {} are the same file{}: one would overwrite the other; give each its own path", named(a), named(b),
          linked(a, b));
   }

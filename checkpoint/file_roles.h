@@ -27,6 +27,9 @@ std::string resolve_path(const std::string& path);
 struct FileIdentity {
   std::string resolved;
   std::optional<std::pair<uint64_t, uint64_t>> device_inode;
+  // A device, a FIFO or a socket (/dev/null, /dev/stdout): written to, never
+  // replaced, so two outputs may share one.
+  bool special = false;
 
   bool same_file(const FileIdentity& other) const;
   // Whether this path lies strictly inside the directory `directory`; the
@@ -39,9 +42,13 @@ FileIdentity identify(const std::string& path);
 // is not a regular file (a terminal, a pipe), which cannot clash.
 std::optional<FileIdentity> identify_descriptor(int fd);
 
+// Whether `path` leads to a device, a FIFO or a socket (FileIdentity::special).
+bool is_special_file(const std::string& path);
+
 // Throws tessera::Error, "FLAG PATH already exists (an earlier launch's?); HOW",
 // when `path` exists (a link counts, a dangling one too) and is not an empty
-// regular file: no program replaces an earlier launch's output silently.
+// regular file or a special file: no program replaces an earlier launch's
+// output silently.
 void refuse_existing_output(const std::string& flag, const std::string& path, const std::string& how);
 
 class FileRoles {

@@ -108,14 +108,19 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
   const int64_t resume_step = existing.empty() ? 0 : existing.back().step;
 
   files.trace = config.trace;
-  if (resuming && !config.overwrite && !config.trace.empty() && exists_no_follow(config.trace)) {
+  if (resuming && !config.overwrite && !config.trace.empty() && exists_no_follow(config.trace) &&
+      !checkpoint::is_special_file(config.trace)) {
     files.trace = resumed_trace_path(config.trace, resume_step + 1);
     files.notices.push_back(fmt::format("trace {} holds an earlier launch's; this launch writes {}", config.trace,
                                         files.trace));
   }
   roles_of(config, files.trace).check();
 
-  if (resuming && !config.log_json.empty()) {
+  TESSERA_CHECK(!checkpoint::is_special_file(config.export_path),
+                "--export {}: a device, FIFO or socket; the export is written to {} and renamed over it, which would "
+                "replace it: give the path of a regular file",
+                config.export_path, export_temporary(config.export_path));
+  if (resuming && !config.log_json.empty() && !checkpoint::is_special_file(config.log_json)) {
     check_resumed_log(config, resume_step, files.notices);
   } else {
     refuse_existing(config, "--log-json", config.log_json,
@@ -129,7 +134,7 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
   check_export_temporary(config, files.notices);
   for (const auto& [flag, path] : {std::pair{"--export", config.export_path}, std::pair{"--trace", files.trace},
                                    std::pair{"--log-json", config.log_json}}) {
-    if (path.empty()) continue;
+    if (path.empty() || checkpoint::is_special_file(path)) continue;  // /dev/null is there to be written
     try {
       checkpoint::check_can_create(path);
     } catch (const tessera::Error& failure) {

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "checkpoint/file_roles.h"
 #include "tensor/error.h"
 
 namespace gpt {
@@ -67,6 +68,7 @@ StepLog::StepLog(std::string path, std::ios::openmode mode, StepLogCut cut)
 StepLog StepLog::create(const std::string& path) { return StepLog(path, std::ios::trunc, {}); }
 
 StepLog StepLog::resume(const std::string& path, int64_t keep_through) {
+  if (tessera::checkpoint::is_special_file(path)) return StepLog(path, std::ios::app, {});  // /dev/null
   const StepLogCut cut = scan_step_log(path, keep_through);
   std::error_code error;
   if (fs::exists(path, error)) {

@@ -35,7 +35,8 @@ class StepLog {
   // A new log at `path`, replacing what is there.
   static StepLog create(const std::string& path);
   // Continues the log at `path` (created when absent) after step
-  // `keep_through` (scan_step_log's rules and cut).
+  // `keep_through` (scan_step_log's rules and cut); a device such as
+  // /dev/null is only written to.
   static StepLog resume(const std::string& path, int64_t keep_through);
 
   void write(const nlohmann::ordered_json& record);

@@ -52,6 +52,19 @@ void agree_on_errors(const Distributed& distributed, const std::string& mine) {
   }
 }
 
+// Runs a check made before the start: what it refuses is a usage error
+// (exit status 2), the command line as given cannot run.
+template <typename Check>
+auto before_start(const Check& check) -> decltype(check()) {
+  try {
+    return check();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const tessera::Error& error) {
+    throw UsageError(error.what());
+  }
+}
+
 // The log (--log-json) is opened on rank 0 once the root is claimed: a fresh
 // run's replaces the file (settle_run_files refused an earlier launch's
 // unless --overwrite), a resumed run's continues it after the checkpoint's step.
@@ -159,22 +172,16 @@ void print_stop(const TrainConfig& config, const StepMetrics& last, int64_t step
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, std::ostream& out) {
-  // Before anything is read at length or written: the flags, the machine's
-  // resources and every file the run touches. A refusal is a usage error.
+  // Before anything is written: the flags, the machine's resources, every
+  // file the run touches, and the data.
   const MachineResources machine = machine_resources();
-  std::vector<std::string> resource_warnings;
-  RunFiles files;
-  try {
+  const std::vector<std::string> resource_warnings = before_start([&] {
     config.validate();
     tessera::dist::ProcessGroupOptions::from_environment();  // TESSERA_DIST_* in range
-    resource_warnings = check_train_resources(config, machine);
-    if (!config.plan) files = settle_run_files(config);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const tessera::Error& error) {
-    throw UsageError(error.what());
-  }
-  const DataLoader data = build_data(config);
+    return check_train_resources(config, machine);
+  });
+  const RunFiles files = before_start([&] { return config.plan ? RunFiles{} : settle_run_files(config); });
+  const DataLoader data = before_start([&] { return build_data(config); });
   TrainSummary summary;
   summary.unigram_entropy = data.unigram_entropy();
 

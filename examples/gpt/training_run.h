@@ -36,8 +36,8 @@ struct TrainSummary {
 // the run after the step in progress, with a checkpoint when config.ckpt_dir
 // is set, and no export. The summary's losses are rank 0's (under MPI, empty
 // on the other ranks). What the checks before the start refuse (the flags,
-// the machine's resources, the files: run_files.h) is thrown as a UsageError
-// (flag_checks.h), anything later as a tessera::Error.
+// the machine's resources, the files: run_files.h, the data) is thrown as a
+// UsageError (flag_checks.h), anything later as a tessera::Error.
 TrainSummary train(const TrainConfig& config, std::ostream& out);
 
 }  // namespace gpt

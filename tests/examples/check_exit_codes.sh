@@ -33,6 +33,8 @@ expect_status 2 "$train" --ckpt-dir ''
 expect_status 2 "$train" --export ''
 expect_status 2 "$train" --nproc 1000
 expect_status 2 "$train" "${quick[@]}" --log-json "$work/c.txt"
+expect_status 2 "$train" --preset nano --data "$work/absent.txt"
+expect_status 2 "$train" "${quick[@]}" --export /dev/null
 TESSERA_DIST_TIMEOUT_S=inf expect_status 2 "$train" "${quick[@]}" --steps 1
 cmp -s "$work/c.txt" <(printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 100)) ||
   fail "a refused run changed its corpus"

@@ -146,6 +146,28 @@ TEST_CASE("file safety: an output inside the checkpoint root is refused; run.jso
   REQUIRE(run(resume).error.empty());  // still resumable
 }
 
+TEST_CASE("file safety: /dev/null takes the log and the trace, fresh or resumed, but never the export") {
+  TempDir tmp;
+  TrainConfig config = quick_config(gpt::kSyntheticData);
+  config.steps = 2;
+  config.ckpt_dir = tmp / "r";
+  config.log_json = config.trace = "/dev/null";  // devices are written to, never replaced
+  REQUIRE(run(config).error.empty());
+  TrainConfig resume = config;
+  resume.resume = true;
+  resume.steps = 3;
+  const Outcome resumed = run(resume);
+  REQUIRE(resumed.error.empty());
+  CHECK(contains(resumed.log, "trace    /dev/null"));
+  TrainConfig exported = quick_config(gpt::kSyntheticData);
+  exported.export_path = "/dev/null";
+  const Outcome refused = run(exported);
+  CHECK(contains(refused.error, "--export /dev/null: a device, FIFO or socket; the export is written to "
+                                "/dev/null.tmp and renamed over it"));
+  CHECK(fs::is_character_file("/dev/null"));
+  CHECK_FALSE(fs::exists("/dev/null.tmp"));
+}
+
 TEST_CASE("file safety: a fresh run refuses an earlier launch's log, trace or export unless --overwrite") {
   TempDir tmp;
   const std::string corpus = tmp / "c.txt";
