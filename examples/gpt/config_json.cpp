@@ -153,8 +153,15 @@ ModelFamily model_family_from_json(const nlohmann::json& json, const std::string
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
-  if (model_family_from_json(json, source) == ModelFamily::llama) return llama_config_from_json(json, source);
-  return gpt_config_from_json(json, source);
+  const ModelConfig config = model_family_from_json(json, source) == ModelFamily::llama
+                                 ? ModelConfig(llama_config_from_json(json, source))
+                                 : ModelConfig(gpt_config_from_json(json, source));
+  try {
+    validate(config);  // the example's bounds too
+  } catch (const tessera::Error& error) {
+    tessera::fail("{}: model config: {}", source, error.what());
+  }
+  return config;
 }
 
 nlohmann::json train_config_to_json(const TrainConfig& config) {

@@ -111,7 +111,24 @@ double flops_per_token(const ModelConfig& config, int64_t seq_len) {
 }
 
 void validate(const ModelConfig& config) {
-  std::visit([](const auto& shape) { shape.validate(); }, config);
+  std::visit(
+      [](const auto& shape) {
+        shape.validate();
+        for (const auto& [field, value] : {std::pair{"n_embd", shape.n_embd}, std::pair{"vocab_size", shape.vocab_size},
+                                           std::pair{"block_size", shape.block_size}}) {
+          TESSERA_CHECK(value <= kMaxModelWidth, "{} must be at most {}, got {}", field, kMaxModelWidth, value);
+        }
+        for (const auto& [field, value] : {std::pair{"n_layer", shape.n_layer}, std::pair{"n_head", shape.n_head}}) {
+          TESSERA_CHECK(value <= kMaxLayersOrHeads, "{} must be at most {}, got {}", field, kMaxLayersOrHeads, value);
+        }
+      },
+      config);
+  if (const auto* llama = std::get_if<tessera::nn::LlamaConfig>(&config)) {
+    TESSERA_CHECK(llama->ffn_hidden <= kMaxModelWidth, "ffn_hidden must be at most {}, got {}", kMaxModelWidth,
+                  llama->ffn_hidden);
+    TESSERA_CHECK(llama->n_kv_head <= kMaxLayersOrHeads, "n_kv_head must be at most {}, got {}", kMaxLayersOrHeads,
+                  llama->n_kv_head);
+  }
 }
 
 std::string describe_shape(const ModelConfig& config) {

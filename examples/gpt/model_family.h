@@ -44,7 +44,15 @@ int64_t n_layer(const ModelConfig& config);
 tessera::DType parameter_dtype(const ModelConfig& config);
 int64_t num_parameters(const ModelConfig& config);
 double flops_per_token(const ModelConfig& config, int64_t seq_len);  // training: forward + backward
-// Throws tessera::Error naming the first inconsistent field.
+// The example's bounds on a model's shape, for its flags and for the configs
+// it reads from files (a checkpoint's, an export's): far beyond the presets
+// (Llama 3's vocab is 128256), finite, so that neither a typo nor an edited
+// file can ask for an unbounded model.
+inline constexpr int64_t kMaxModelWidth = 1 << 20;   // n_embd, ffn_hidden, vocab, block_size
+inline constexpr int64_t kMaxLayersOrHeads = 4096;   // n_layer, n_head, n_kv_head
+
+// Throws tessera::Error naming the first inconsistent field, or one beyond
+// the bounds above.
 void validate(const ModelConfig& config);
 
 // "n_layer 2, n_head 2, n_embd 64, vocab 256, context 64" for a GPT; a Llama

@@ -55,7 +55,27 @@ std::optional<int64_t> step_from_metadata(const std::map<std::string, std::strin
   return value;
 }
 
-std::unique_ptr<tessera::nn::CausalLM> build_eval_model(const ModelConfig& config) {
+// The model the file's config describes, built only once the file is known
+// to hold every parameter of it at its shape: checked on meta (nothing
+// allocated), so that a config edited or crafted to describe a far larger
+// model than the weights is refused instead of allocated. `stored` maps the
+// file's names (with `prefix`) to shapes; `holder` names the file in messages.
+std::unique_ptr<tessera::nn::CausalLM> build_eval_model(const ModelConfig& config,
+                                                        const std::map<std::string, tessera::Shape>& stored,
+                                                        const std::string& prefix, const std::string& holder) {
+  std::vector<std::string> missing, reshaped;
+  for (const auto& [name, parameter] : build_model(config, tessera::kMeta)->named_parameters()) {
+    const auto found = stored.find(prefix + name);
+    if (found == stored.end()) {
+      missing.push_back(prefix + name);
+    } else if (found->second != parameter->tensor().sizes()) {
+      reshaped.push_back(fmt::format("{}: shape {} in the file, {} in its model config", prefix + name, found->second,
+                                     parameter->tensor().sizes()));
+    }
+  }
+  TESSERA_CHECK(missing.empty(), "{} lacks parameters of the model its config describes: {}", holder, missing);
+  TESSERA_CHECK(reshaped.empty(), "{} does not hold the model its config describes: {}", holder,
+                fmt::join(reshaped, "; "));
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config, tessera::kCPU);
   model->eval();
   return model;
@@ -81,13 +101,13 @@ LoadedModel load_model_from_checkpoint(const std::string& path) {
   const ModelConfig config = model_config_from_json(model_config_json(metadata.training_state, metadata_path),
                                                     metadata_path + " training_state.config.model");
 
-  LoadedModel loaded{build_eval_model(config), config, dir,
+  std::map<std::string, tessera::Shape> stored;
+  for (const auto& [name, info] : metadata.tensors) stored[name] = info.global_shape;
+  LoadedModel loaded{build_eval_model(config, stored, checkpoint::kModelPrefix, dir + ": the checkpoint"), config, dir,
                      step_from_training_state(metadata.training_state, metadata_path)};
   // Not strict: the checkpoint also holds the optimizer's "optim.*" state.
   const checkpoint::LoadReport report =
       checkpoint::load(dir, checkpoint::model_state(*loaded.model), {.strict = false});
-  TESSERA_CHECK(report.missing_keys.empty(),
-                "{}: the checkpoint lacks parameters of the model its config describes: {}", dir, report.missing_keys);
   std::vector<std::string> unknown_model_keys;
   for (const std::string& key : report.unexpected_keys) {
     if (key.starts_with(checkpoint::kModelPrefix)) unknown_model_keys.push_back(key);
@@ -112,7 +132,10 @@ LoadedModel load_model_from_safetensors(const std::string& path) {
   }
   const ModelConfig config = model_config_from_json(config_json, source);
 
-  LoadedModel loaded{build_eval_model(config), config, path, step_from_metadata(header.metadata, path)};
+  std::map<std::string, tessera::Shape> stored;
+  for (const checkpoint::SafetensorsEntry& entry : header.entries) stored[entry.name] = entry.shape;
+  LoadedModel loaded{build_eval_model(config, stored, "", path + ": the file"), config, path,
+                     step_from_metadata(header.metadata, path)};
   // The file names parameters plainly ("wte.weight", "tok_embeddings.weight"), without "model.".
   checkpoint::import_safetensors(path, checkpoint::model_state(*loaded.model, ""), {.strict = true});
   return loaded;

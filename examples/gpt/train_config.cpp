@@ -22,9 +22,7 @@ namespace {
 
 // The ranges of the numeric flags: wide enough for any real run, finite so
 // that no value can make a loop endless or a product overflow.
-constexpr int64_t kMaxModelDim = 1 << 20;   // --n-embd, --ffn-hidden, --seq-len
-constexpr int64_t kMaxLayersOrHeads = 4096;  // --n-layer, --n-head, --n-kv-head
-constexpr int64_t kMaxVocab = 65536;         // tokens are stored as uint16
+constexpr int64_t kMaxModelDim = kMaxModelWidth;  // --n-embd, --ffn-hidden, --seq-len, --vocab (model_family.h)
 constexpr int64_t kMaxCount = 1'000'000'000;  // --steps, --warmup, --eval-every, --ckpt-every
 constexpr int64_t kMaxThreads = 4096;
 constexpr int64_t kMaxEvalBatches = 1 << 16;
@@ -183,7 +181,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   auto* n_embd_flag = app.add_option("--n-embd", n_embd, "Embedding width (a multiple of --n-head)")
                           ->check(integer_in(1, kMaxModelDim));
   auto* vocab_flag = app.add_option("--vocab", vocab, "Vocabulary size (>= the data's largest token + 1)")
-                         ->check(integer_in(1, kMaxVocab));
+                         ->check(integer_in(1, kMaxModelDim));
   auto* seq_len_flag = app.add_option("--seq-len", seq_len,
                                       "Tokens per sequence (default: the preset's context; the context grows to fit)")
                            ->check(integer_in(1, kMaxModelDim));

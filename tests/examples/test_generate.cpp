@@ -682,7 +682,29 @@ TEST_CASE("a .safetensors file with the config in its metadata loads; without it
   tessera::checkpoint::write_safetensors(dir / "mismatch.safetensors", tensors,
                                          {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(wider).dump()}},
                                          false);
-  CHECK_THROWS_AS(gpt::load_model_from_safetensors(dir / "mismatch.safetensors"), tessera::Error);
+  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "mismatch.safetensors"),
+                       doctest::Contains("does not hold the model its config describes: wte.weight: shape [256, 16] "
+                                         "in the file, [256, 32] in its model config"),
+                       tessera::Error);
+  // An edited config asking for a model far larger than the weights is refused before anything is allocated:
+  // the same names at a width of 2^20 (the bound), and a width beyond it.
+  GPTConfig enormous = config.model;
+  enormous.n_embd = gpt::kMaxModelWidth;
+  enormous.n_head = 1;
+  tessera::checkpoint::write_safetensors(dir / "enormous.safetensors", tensors,
+                                         {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(enormous).dump()}},
+                                         false);
+  const int64_t live = tessera::memory_stats(tessera::kCPU).live_bytes;
+  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "enormous.safetensors"),
+                       doctest::Contains("in the file, [256, 1048576] in its model config"), tessera::Error);
+  CHECK(tessera::memory_stats(tessera::kCPU).live_bytes == live);
+  enormous.n_embd = 2 * gpt::kMaxModelWidth;
+  tessera::checkpoint::write_safetensors(dir / "beyond.safetensors", tensors,
+                                         {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(enormous).dump()}},
+                                         false);
+  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "beyond.safetensors"),
+                       doctest::Contains("model config: n_embd must be at most 1048576, got 2097152"),
+                       tessera::Error);
 }
 
 // ---- Llama ------------------------------------------------------------------------------------
