@@ -224,7 +224,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       trainer.init_from(run.init_from);
       if (leader) out << fmt::format("init     weights from {}\n", run.init_from);
     }
-    summary.first_step = trainer.steps_done() + 1;
+    // Each rank's own view of the run; the leader alone writes the summary
+    // (the ranks may be threads sharing it).
+    const int64_t first_step = trainer.steps_done() + 1;
+    int stopped_by = 0;  // the signal that ended the run early, the same on every rank
 
     // Saves the finished steps (a stop's save is synchronous: the process is
     // about to exit) and returns how long training was blocked: for an async
@@ -249,10 +252,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     // ---- the steps ----
     const auto start = Clock::now();
     StepMetrics metrics;
-    for (int64_t step = summary.first_step; step <= run.steps; ++step) {
+    for (int64_t step = first_step; step <= run.steps; ++step) {
       metrics = trainer.train_step();
       if (metrics.interrupted_after_micro_batches) {  // cut short: nothing to log, the last finished step to save
-        summary.stop_signal = metrics.stop_signal;
+        stopped_by = metrics.stop_signal;
         if (checkpoints && trainer.steps_done() > last_saved) save(false);
         break;
       }
@@ -262,7 +265,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       if (checkpoints && (stopping || last || (run.ckpt_every > 0 && step % run.ckpt_every == 0))) {
         metrics.ckpt_blocked_ms = save(run.async_ckpt && !stopping);
       }
-      if (stopping) summary.stop_signal = metrics.stop_signal;
+      if (stopping) stopped_by = metrics.stop_signal;
       if (leader) {
         if (metrics.val_loss) summary.val_loss = metrics.val_loss;
         summary.losses.push_back(metrics.loss);
@@ -286,16 +289,22 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (!run.export_path.empty() && summary.stop_signal == 0) {
+    if (!run.export_path.empty() && stopped_by == 0) {
       trainer.require_finite_state();
       trainer.export_to(run.export_path);
       if (leader) out << fmt::format("export   {} (safetensors, step {})\n", run.export_path, trainer.steps_done());
     }
 
     if (distributed.tracer) tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world, files.trace);
+    // Under MPI each process has its own summary (its exit status says how
+    // it stopped); the local backend's ranks share one, written by rank 0.
+    if (leader || run.backend == "mpi") {
+      summary.first_step = first_step;
+      summary.stop_signal = stopped_by;
+    }
     if (!leader) return;
     summary.seconds = seconds;
-    if (summary.stop_signal != 0) {
+    if (stopped_by != 0) {
       print_stop(run, metrics, trainer.steps_done(), out);
     } else if (summary.losses.empty()) {
       out << fmt::format("done     nothing to train: the run is at step {} of {}\n", trainer.steps_done(), run.steps);
