@@ -6,9 +6,11 @@
 //   train_mlp [ranks]     (default 2; exits 1 unless the loss falls and the runs agree)
 #include <tessera/tessera.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using namespace tessera;
@@ -73,10 +75,17 @@ std::vector<double> train(int ranks) {
 }
 
 int main(int argc, char** argv) {
-  const int ranks = argc > 1 ? std::stoi(argv[1]) : 2;
-  if (ranks < 1 || kBatch % ranks != 0) {
-    std::printf("train_mlp: ranks must divide the batch of %lld, got %d\n", static_cast<long long>(kBatch), ranks);
-    return 2;
+  // The one argument, read strictly: a whole integer dividing the batch (so at most the batch).
+  int ranks = 2;
+  if (argc > 1) {
+    const std::string_view text = argv[1];
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), ranks);
+    if (argc > 2 || text.empty() || error != std::errc() || end != text.data() + text.size() || ranks < 1 ||
+        kBatch % ranks != 0) {
+      std::printf("train_mlp: usage: train_mlp [RANKS], RANKS dividing the batch of %lld; got '%s'\n",
+                  static_cast<long long>(kBatch), argc > 2 ? "more than one argument" : argv[1]);
+      return 2;
+    }
   }
   std::vector<double> single, sharded;
   try {
