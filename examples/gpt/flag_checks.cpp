@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 
 namespace gpt {
 
@@ -21,6 +22,18 @@ CLI::Validator integer_in(int64_t min, int64_t max) {
         return fmt::format("must be in [{}, {}], got {}", min, max, input);
       },
       fmt::format("in [{}, {}]", min, max));
+}
+
+CLI::Validator any_uint64() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        uint64_t value = 0;
+        const char* end = input.data() + input.size();
+        const auto [stop, error] = std::from_chars(input.data(), end, value);
+        if (!input.empty() && stop == end && error == std::errc()) return {};
+        return fmt::format("must be an integer in [0, {}], got {}", std::numeric_limits<uint64_t>::max(), input);
+      },
+      "UINT64");
 }
 
 CLI::Validator number_in(double min, double max, bool min_exclusive) {

@@ -27,6 +27,9 @@ class UsageError : public tessera::Error {
 
 // An integer flag in [min, max]: "must be in [1, 65536], got 0".
 CLI::Validator integer_in(int64_t min, int64_t max);
+// Any 64-bit unsigned integer (a seed), written whole: CLI11 alone wraps -1
+// and saturates 2^64 without a word.
+CLI::Validator any_uint64();
 // A finite number in [min, max] (or (min, max] when `min_exclusive`).
 CLI::Validator number_in(double min, double max, bool min_exclusive = false);
 // A path that is not the empty string.

@@ -81,8 +81,7 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
   auto* top_k_flag = app.add_option("--top-k", config.top_k, "Sample among the K most likely tokens (0 = all)")
                          ->check(gpt::integer_in(0, kMaxTopK))
                          ->default_str("40, at most the vocabulary");
-  app.add_option("--seed", config.seed, "Seed of the sampling draws")
-      ->check(gpt::integer_in(0, std::numeric_limits<int64_t>::max()));
+  app.add_option("--seed", config.seed, "Seed of the sampling draws")->check(gpt::any_uint64());
   app.add_option("--threads", config.threads, "CPU threads (0 = all cores; 1 is fastest for tiny models)")
       ->check(gpt::integer_in(0, kMaxThreads));
   app.add_option("--device", config.device, "Where the model runs: cpu, or cuda (the SIMT simulator or the GPU, as built)")

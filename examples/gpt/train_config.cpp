@@ -205,8 +205,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--weight-decay", config.weight_decay, "AdamW weight decay on matmul and embedding weights")
       ->check(number_in(0.0, kMaxWeightDecay));
   app.add_option("--clip", config.clip, "Max global gradient norm (0 = off)")->check(number_in(0.0, kMaxClip));
-  app.add_option("--seed", config.seed, "Seed of model init and data order")
-      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
+  app.add_option("--seed", config.seed, "Seed of model init and data order")->check(any_uint64());
   app.add_option("--threads", config.threads, "CPU threads per rank (0 = the cores shared out among the ranks)")
       ->check(integer_in(0, kMaxThreads));
   app.add_option("--data", config.data, "Token file (text, or llm.c .bin), or 'synthetic'")

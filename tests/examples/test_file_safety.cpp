@@ -443,6 +443,11 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
   CHECK(contains(message, "--grad-accum: must be in [1, 65536], got 9223372036854775807"));
   CHECK(parse({"--steps", "1e99"}).second.find("--steps: '1e99' is not an integer") != std::string::npos);
   CHECK(parse({"--no-such-flag"}).first == gpt::kUsageExitCode);
+  for (const char* seed : {"-1", "18446744073709551616", "0x10", "1.5"}) {  // CLI11 alone wraps or saturates some
+    CHECK(contains(parse({"--seed", seed}).second, std::string("--seed: must be an integer in [0, "
+                                                               "18446744073709551615], got ") + seed));
+  }
+  CHECK(parse({"--seed", "18446744073709551615"}).first == -1);  // parsed, training would go on
   CHECK(parse({"--batch", "0"}).first == gpt::kUsageExitCode);
   CHECK(parse({"--help"}).first == 0);
 
