@@ -57,10 +57,10 @@ void refuse_existing(const TrainConfig& config, const char* flag, const std::str
 void check_export_temporary(const TrainConfig& config, std::vector<std::string>& notices) {
   if (config.export_path.empty()) return;
   const std::string temporary = export_temporary(config.export_path);
-  if (!exists_no_follow(temporary)) return;
   std::error_code error;
-  const fs::file_status status = fs::symlink_status(temporary, error);
-  TESSERA_CHECK(status.type() == fs::file_type::regular,
+  const fs::file_type type = fs::symlink_status(temporary, error).type();
+  if (type == fs::file_type::not_found) return;
+  TESSERA_CHECK(type == fs::file_type::regular,
                 "--export {}: {} exists and is not a regular file (a directory or a link); the export is written there "
                 "first and renamed into place, so move it away",
                 config.export_path, temporary);
