@@ -4,6 +4,7 @@
 #include "bench/simulator_kernels.h"
 
 #include "tensor/cuda/portability.h"
+#include "tensor/stream.h"
 
 using tessera::cuda::BufferAccess;
 using tessera::cuda::BufferUse;
@@ -42,6 +43,7 @@ LaunchConfig config(int blocks, int threads, std::vector<BufferUse> buffers) {
   launch.grid = dim3(blocks);
   launch.block = dim3(threads);
   launch.buffers = std::move(buffers);
+  launch.stream = tessera::current_stream(tessera::Device(tessera::DeviceType::cuda)).get();
   return launch;
 }
 
@@ -52,18 +54,21 @@ void scale(const float* in, float* out, int n) {
   LaunchConfig launch = config((n + 255) / 256, 256, {{"in", in, bytes, BufferAccess::read},
                                                      {"out", out, bytes, BufferAccess::write}});
   TESSERA_LAUNCH(scale_kernel, launch, in, out, n, 2.0f);
+  launch.stream->synchronize();
 }
 
 void block_tree_sum(const float* in, float* out, int blocks) {
   LaunchConfig launch = config(blocks, 256, {{"in", in, int64_t{blocks} * 256 * 4, BufferAccess::read},
                                              {"out", out, int64_t{blocks} * 4, BufferAccess::write}});
   TESSERA_LAUNCH(block_tree_sum_kernel, launch, in, out);
+  launch.stream->synchronize();
 }
 
 void warp_shuffle_sum(const float* in, float* out, int warps) {
   LaunchConfig launch = config(warps / 8, 256, {{"in", in, int64_t{warps} * 32 * 4, BufferAccess::read},
                                                 {"out", out, int64_t{warps} * 4, BufferAccess::write}});
   TESSERA_LAUNCH(warp_shuffle_sum_kernel, launch, in, out);
+  launch.stream->synchronize();
 }
 
 }  // namespace simulator_bench

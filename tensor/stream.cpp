@@ -3,7 +3,9 @@
 #include "tensor/stream.h"
 
 #include <array>
+#include <chrono>
 #include <map>
+#include <typeinfo>
 
 #include "tensor/error.h"
 #if TESSERA_HAVE_CUDA_SIM
@@ -30,21 +32,6 @@ std::shared_ptr<Stream> create_cuda_stream([[maybe_unused]] Device device, [[may
 thread_local std::map<std::pair<int, int>, std::shared_ptr<Stream>> current_streams;
 
 std::pair<int, int> key(Device device) { return {static_cast<int>(device.type), device.index}; }
-
-void wait_until_completed(EventState& state) {
-  std::unique_lock lock(state.mutex);
-  state.completed_cv.wait(lock, [&] { return state.completed; });
-}
-
-// The host has seen `state` complete: tell whoever asked to know.
-void observed_by_host(EventState& state) {
-  std::function<void()> observed;
-  {
-    std::lock_guard lock(state.mutex);
-    observed = state.on_host_observed;
-  }
-  if (observed) observed();
-}
 
 }  // namespace
 
@@ -82,7 +69,9 @@ void WorkerStream::stop_worker() {
   worker_.join();
 }
 
-void WorkerStream::enqueue(std::function<void()> task) {
+void WorkerStream::enqueue(std::function<void()> task) { push_task(std::move(task)); }
+
+void WorkerStream::push_task(std::function<void()> task) {
   if (!has_worker_) {
     task();
     return;
@@ -118,7 +107,8 @@ void WorkerStream::worker_loop() {
 }
 
 void WorkerStream::wait_event(const Event& event) {
-  enqueue([state = event.state()] { wait_until_completed(*state); });
+  std::shared_ptr<EventRecord> record = event.latest_record();
+  if (record) push_task([record] { record->wait_until_reached(); });
 }
 
 void WorkerStream::synchronize() {
@@ -137,49 +127,96 @@ bool WorkerStream::query() {
   return finished_ >= enqueued_;
 }
 
-void WorkerStream::record(const std::shared_ptr<EventState>& event) {
-  {
-    std::lock_guard lock(event->mutex);
-    event->completed = false;
-    event->recorded = true;
-  }
-  enqueue([event] {
-    {
-      std::lock_guard lock(event->mutex);
-      event->completed = true;
-      event->completed_at = std::chrono::steady_clock::now();
-    }
-    event->completed_cv.notify_all();
-  });
+std::shared_ptr<EventRecord> WorkerStream::record_event(bool timing) {
+  auto record = std::make_shared<Record>(timing);
+  complete_in_order(record);
+  return record;
 }
 
-Event::Event() : state_(std::make_shared<EventState>()) {}
+void WorkerStream::complete_in_order(const std::shared_ptr<Record>& record) {
+  push_task([this, record] { record->mark_reached(clock_ms()); });
+}
 
-void Event::record(Stream& stream) { stream.record(state_); }
+double WorkerStream::clock_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool WorkerStream::Record::reached() {
+  std::lock_guard lock(mutex_);
+  return reached_;
+}
+
+void WorkerStream::Record::wait_until_reached() {
+  std::unique_lock lock(mutex_);
+  reached_cv_.wait(lock, [&] { return reached_; });
+}
+
+void WorkerStream::Record::mark_reached(double at_ms) {
+  {
+    std::lock_guard lock(mutex_);
+    reached_ = true;
+    reached_at_ms_ = at_ms;
+  }
+  reached_cv_.notify_all();
+}
+
+double WorkerStream::Record::elapsed_ms_until(EventRecord& end) {
+  auto* other = dynamic_cast<Record*>(&end);
+  TESSERA_CHECK(other != nullptr && typeid(*other) == typeid(*this),
+                "Event::elapsed_ms: the two events were recorded on streams of different runtimes, whose clocks "
+                "differ");
+  const auto reached_at = [](Record& record, const char* which) {
+    std::lock_guard lock(record.mutex_);
+    TESSERA_CHECK(record.reached_, "Event::elapsed_ms: the {} event has not completed", which);
+    return record.reached_at_ms_;
+  };
+  return reached_at(*other, "end") - reached_at(*this, "start");
+}
+
+Event::Event() : Event(false) {}
+
+Event::Event(bool timing) : state_(std::make_shared<State>(timing)) {}
+
+Event Event::timed() { return Event(true); }
+
+bool Event::timing() const { return state_->timing; }
+
+std::shared_ptr<EventRecord> Event::latest_record() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->latest;
+}
+
+void Event::record(Stream& stream) {
+  std::shared_ptr<EventRecord> record = stream.record_event(state_->timing);
+  std::lock_guard lock(state_->mutex);
+  state_->latest = std::move(record);
+}
 
 bool Event::query() const {
-  {
-    std::lock_guard lock(state_->mutex);
-    if (!state_->completed) return false;
-  }
-  observed_by_host(*state_);
+  const std::shared_ptr<EventRecord> record = latest_record();
+  if (!record) return true;
+  if (!record->reached()) return false;
+  record->observed_by_host();
   return true;
 }
 
 void Event::synchronize() const {
-  wait_until_completed(*state_);
-  observed_by_host(*state_);
+  const std::shared_ptr<EventRecord> record = latest_record();
+  if (!record) return;
+  record->wait_until_reached();
+  record->observed_by_host();
 }
 
 double Event::elapsed_ms(const Event& end) const {
-  const auto completion = [](EventState& state, const char* which) {
-    std::lock_guard lock(state.mutex);
-    TESSERA_CHECK(state.recorded && state.completed, "Event::elapsed_ms: the {} event {}", which,
-                  state.recorded ? "has not completed" : "was never recorded");
-    return state.completed_at;
+  const auto timed_record = [](const Event& event, const char* which) {
+    TESSERA_CHECK(event.timing(), "Event::elapsed_ms: the {} event was made without timing (use Event::timed())",
+                  which);
+    std::shared_ptr<EventRecord> record = event.latest_record();
+    TESSERA_CHECK(record != nullptr, "Event::elapsed_ms: the {} event was never recorded", which);
+    return record;
   };
-  const auto start = completion(*state_, "start"), stop = completion(*end.state_, "end");
-  return std::chrono::duration<double, std::milli>(stop - start).count();
+  const std::shared_ptr<EventRecord> start = timed_record(*this, "start"), stop = timed_record(end, "end");
+  return start->elapsed_ms_until(*stop);
 }
 
 std::shared_ptr<Stream> current_stream(Device device) {

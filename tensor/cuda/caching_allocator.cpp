@@ -22,11 +22,15 @@ CachingAllocator& CachingAllocator::instance() {
 
 CachingAllocator::~CachingAllocator() { release_cached_memory(); }
 
-bool CachingAllocator::reusable_on(const Block& block, const Stream& stream) {
-  for (const Block::LastUse& use : block.last_uses) {
-    if (use.stream.get() != &stream && !use.done.query()) return false;
-  }
-  return true;
+// Polls the events of the block's other streams (cudaEventQuery on a GPU:
+// no wait, no host callback) and forgets those that have completed, as
+// PyTorch's allocator processes its outstanding events; the block's own
+// stream is covered by stream order.
+bool CachingAllocator::reusable_on(Block& block, const Stream& stream) {
+  std::erase_if(block.last_uses,
+                [&](const Block::LastUse& use) { return use.stream.get() != &stream && use.done.query(); });
+  return std::all_of(block.last_uses.begin(), block.last_uses.end(),
+                     [&](const Block::LastUse& use) { return use.stream.get() == &stream; });
 }
 
 CachingAllocator::Block* CachingAllocator::find_free(int64_t bytes, bool small,

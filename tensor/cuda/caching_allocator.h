@@ -70,8 +70,9 @@ class CachingAllocator {
     std::shared_ptr<Stream> stream;                      // allocated on
     std::vector<std::shared_ptr<Stream>> other_streams;  // record_stream
     // Recorded at the free on every stream that used the block (merged
-    // neighbours bring theirs). Reuse on a stream waits for the events of
-    // the other streams; its own are covered by stream order.
+    // neighbours bring theirs): pooled events without timing, recorded
+    // with no host callback. Reuse on a stream waits for the events of the
+    // other streams; its own are covered by stream order.
     struct LastUse {
       std::shared_ptr<Stream> stream;
       Event done;
@@ -92,7 +93,7 @@ class CachingAllocator {
   Block* split(Block* block, int64_t bytes);
   void insert_free(Block* block);
   void release_free_segments();
-  static bool reusable_on(const Block& block, const Stream& stream);
+  static bool reusable_on(Block& block, const Stream& stream);
   void merge_free_neighbours(Block* block);
   [[noreturn]] void fail_out_of_memory(int64_t bytes);
 

@@ -1,5 +1,8 @@
 #include "tensor/cuda/operands.h"
 
+#include <algorithm>
+#include <array>
+
 #include "tensor/error.h"
 #include "tensor/stream.h"
 
@@ -30,8 +33,44 @@ BufferUse buffer_use(const char* role, const Tensor& tensor, BufferAccess access
     last += (tensor.sizes()[dim] - 1) * tensor.strides()[dim];
   }
   const int64_t bytes = tensor.numel() == 0 ? 0 : (last + 1) * static_cast<int64_t>(tensor.element_size());
+  const Operand view = operand(tensor);
   return BufferUse{fmt::format("{} {}{}", role, dtype_name(tensor.dtype()), tensor.sizes()),
-                   tensor.numel() == 0 ? nullptr : tensor.cuda_data(), bytes, access};
+                   tensor.numel() == 0 ? nullptr : tensor.cuda_data(), bytes, access,
+                   StridedElements::of(static_cast<int64_t>(tensor.element_size()), view.layout.dims,
+                                       view.layout.sizes, view.layout.strides)};
+}
+
+StridedElements StridedElements::of(int64_t element_bytes, int32_t dims, const int64_t* sizes,
+                                    const int64_t* strides) {
+  StridedElements view;
+  int64_t count = 1;
+  for (int32_t dim = 0; dim < dims; ++dim) {
+    if (sizes[dim] == 0) return view;
+    if (sizes[dim] == 1 || strides[dim] == 0) continue;  // neither adds elements to the set
+    count *= sizes[dim];
+    view.sizes[view.dims] = sizes[dim];
+    view.strides[view.dims] = strides[dim];
+    ++view.dims;
+  }
+  // Decreasing stride; a stride at or below the reach of the dims after it is not nested.
+  std::array<int32_t, kMaxDims> order{};
+  for (int32_t dim = 0; dim < view.dims; ++dim) order[dim] = dim;
+  std::sort(order.begin(), order.begin() + view.dims,
+            [&](int32_t a, int32_t b) { return view.strides[a] > view.strides[b]; });
+  StridedElements sorted;
+  sorted.dims = view.dims;
+  for (int32_t dim = 0; dim < view.dims; ++dim) {
+    sorted.sizes[dim] = view.sizes[order[dim]];
+    sorted.strides[dim] = view.strides[order[dim]];
+  }
+  int64_t reach = 0;  // the largest offset the dims after this one reach
+  for (int32_t dim = sorted.dims - 1; dim >= 0; --dim) {
+    if (sorted.strides[dim] <= reach) return StridedElements{};
+    reach += (sorted.sizes[dim] - 1) * sorted.strides[dim];
+  }
+  if (reach + 1 == count) return StridedElements{};  // dense: the span is the elements
+  sorted.element_bytes = static_cast<int32_t>(element_bytes);
+  return sorted;
 }
 
 KernelLaunch launch_on_current_stream(Device device, std::vector<BufferUse> buffers) {

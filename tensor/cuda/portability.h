@@ -38,7 +38,9 @@ __device__ __forceinline__ T* dynamic_shared_memory() {
 #include "tensor/cuda/sim/launch.h"
 
 // Static shared memory is per OS thread, and a block's fibers all run on one
-// OS thread, one block at a time.
+// OS thread, one block at a time; the simulator poisons what a block touched
+// before the next one runs, and initcheck reports a read of a byte the block
+// did not write.
 #undef __shared__
 #define __shared__ thread_local
 #define __launch_bounds__(...)
@@ -108,24 +110,25 @@ inline int __all_sync(unsigned mask, int predicate, std::source_location site = 
 
 // CUDA's atomics, with the value converted to the pointee as nvcc does.
 template <typename T>
-T atomicAdd(T* address, std::type_identity_t<T> value) {
-  return ::tessera::cuda::sim::atomic_add(address, value);
+T atomicAdd(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::atomic_add(address, value, site);
 }
 template <typename T>
-T atomicMax(T* address, std::type_identity_t<T> value) {
-  return ::tessera::cuda::sim::atomic_max(address, value);
+T atomicMax(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::atomic_max(address, value, site);
 }
 template <typename T>
-T atomicMin(T* address, std::type_identity_t<T> value) {
-  return ::tessera::cuda::sim::atomic_min(address, value);
+T atomicMin(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::atomic_min(address, value, site);
 }
 template <typename T>
-T atomicExch(T* address, std::type_identity_t<T> value) {
-  return ::tessera::cuda::sim::atomic_exchange(address, value);
+T atomicExch(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::atomic_exchange(address, value, site);
 }
 template <typename T>
-T atomicCAS(T* address, std::type_identity_t<T> expected, std::type_identity_t<T> desired) {
-  return ::tessera::cuda::sim::atomic_compare_and_swap(address, expected, desired);
+T atomicCAS(T* address, std::type_identity_t<T> expected, std::type_identity_t<T> desired,
+            std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::atomic_compare_and_swap(address, expected, desired, site);
 }
 
 // A load through the read-only data cache; in the simulator a plain load.

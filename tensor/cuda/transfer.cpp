@@ -28,7 +28,8 @@ Tensor dense_on_device(const Tensor& like, Device device) {
 }
 
 // A pinned staging block, given back to the pool when the scope ends unless
-// handed to the stream (released there once the copy has run).
+// handed to the stream (back in the pool once an event recorded after the
+// copy has completed).
 class StagingBlock {
  public:
   explicit StagingBlock(int64_t bytes) : block_(acquire_pinned(bytes)) {}
@@ -43,7 +44,9 @@ class StagingBlock {
                         contiguous_strides(like.sizes()), 0, like.dtype());
   }
   void release_after(Stream& stream) {
-    stream.enqueue([block = block_] { release_pinned(block); });
+    Event copied;
+    copied.record(stream);
+    release_pinned_after(block_, copied);
     block_ = PinnedBlock{};
   }
 
@@ -101,9 +104,9 @@ Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& st
   device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
   bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
   memcpy_async(dst.raw_data(), src.cuda_data(), bytes, CopyKind::device_to_host, stream);
-  stream.enqueue([keep = dst.storage()] {});  // the host bytes outlive the copy, whatever the caller drops
   Event copied;
   copied.record(stream);
+  hold_until(copied, dst.storage());  // the host bytes outlive the copy, whatever the caller drops
   return copied;
 }
 

@@ -1,6 +1,8 @@
 // A typed device allocation for simulator tests, filled from and read back to
 // host vectors with memcpy outside kernels: the simulator's device memory is
-// host memory, so these tests need no stream or copy API.
+// host memory, so these tests need no stream or copy API. A filled buffer is
+// marked written for initcheck, as a copy to the device would be; a buffer
+// made by size alone is unwritten, as cudaMalloc's is.
 #pragma once
 
 #include <cstring>
@@ -18,6 +20,7 @@ class DeviceBuffer {
   }
   explicit DeviceBuffer(const std::vector<T>& values) : DeviceBuffer(values.size()) {
     std::memcpy(data_, values.data(), values.size() * sizeof(T));
+    tessera::cuda::sim::mark_device_written(data_, static_cast<int64_t>(values.size() * sizeof(T)));
   }
   ~DeviceBuffer() { tessera::cuda::sim::device_free(data_); }
   DeviceBuffer(const DeviceBuffer&) = delete;

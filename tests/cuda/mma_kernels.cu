@@ -15,6 +15,7 @@ using tessera::cuda::BufferAccess;
 using tessera::cuda::LaunchConfig;
 using tessera::testing::buffer;
 using tessera::testing::config;
+using tessera::testing::finish;
 
 namespace mma_kernels {
 
@@ -177,6 +178,7 @@ void mma_from_memory(const uint16_t* a, const uint16_t* b, const float* c, float
                     buffer("d", d, int64_t{tiles} * 128, BufferAccess::write)};
   TESSERA_LAUNCH(mma_from_memory_kernel, launch, reinterpret_cast<const uint32_t*>(a),
                  reinterpret_cast<const uint32_t*>(b), c, d, inputs == Inputs::f16, a_lane_flip);
+  finish(launch);
 }
 
 void mma_through_ldmatrix(const uint16_t* a, const uint16_t* b, float* d) {
@@ -184,6 +186,7 @@ void mma_through_ldmatrix(const uint16_t* a, const uint16_t* b, float* d) {
   launch.buffers = {buffer("a", a, 256, BufferAccess::read), buffer("b", b, 256, BufferAccess::read),
                     buffer("d", d, 256, BufferAccess::write)};
   TESSERA_LAUNCH(mma_through_ldmatrix_kernel, launch, a, b, d);
+  finish(launch);
 }
 
 void ldmatrix_rows(const uint16_t* matrix, int rows, const int* row_of_lane, uint32_t* out) {
@@ -192,42 +195,49 @@ void ldmatrix_rows(const uint16_t* matrix, int rows, const int* row_of_lane, uin
                     buffer("row_of_lane", row_of_lane, 32, BufferAccess::read),
                     buffer("out", out, 32 * 8, BufferAccess::write)};
   TESSERA_LAUNCH(ldmatrix_rows_kernel, launch, matrix, rows, row_of_lane, out);
+  finish(launch);
 }
 
 void mma_by_half_a_warp(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(mma_by_half_a_warp_kernel, launch, out);
+  finish(launch);
 }
 
 void mma_in_a_partial_warp(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(16));
   launch.buffers = {buffer("out", out, 16, BufferAccess::write)};
   TESSERA_LAUNCH(mma_of_zeros_kernel, launch, out);
+  finish(launch);
 }
 
 void mma_at_two_sites(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(mma_at_two_sites_kernel, launch, out);
+  finish(launch);
 }
 
 void ldmatrix_from_device_memory(const uint16_t* matrix, uint32_t* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("matrix", matrix, 256, BufferAccess::read), buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(ldmatrix_from_device_memory_kernel, launch, matrix, out);
+  finish(launch);
 }
 
 void ldmatrix_misaligned(uint32_t* out) {
   LaunchConfig launch = config(dim3(1), dim3(32), (4 + 32 * 8) * sizeof(uint16_t));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(ldmatrix_misaligned_kernel, launch, out);
+  finish(launch);
 }
 
 void ldmatrix_after_neighbour_writes(uint32_t* out, bool syncwarp) {
   LaunchConfig launch = config(dim3(1), dim3(32), 32 * 8 * sizeof(uint16_t));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(ldmatrix_after_neighbour_writes_kernel, launch, out, syncwarp);
+  finish(launch);
 }
 
 }  // namespace mma_kernels

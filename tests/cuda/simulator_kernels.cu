@@ -12,6 +12,7 @@ using tessera::cuda::BufferAccess;
 using tessera::cuda::LaunchConfig;
 using tessera::testing::buffer;
 using tessera::testing::config;
+using tessera::testing::finish;
 
 namespace simulator_kernels {
 
@@ -152,7 +153,10 @@ __global__ void shuffle_mask_mismatch_kernel(int* out) {
 
 __global__ void shuffle_exited_lane_kernel(int* out) {
   const int lane = static_cast<int>(threadIdx.x);
-  if (lane >= 16) return;
+  if (lane >= 16) {
+    __syncthreads();
+    return;
+  }
   out[lane] = __shfl_sync(0xffffffffu, lane, 0);
 }
 
@@ -177,6 +181,7 @@ void block_sums(const float* in, float* out, int blocks, int threads) {
   launch.buffers = {buffer("in", in, int64_t{blocks} * threads, BufferAccess::read),
                     buffer("out", out, blocks, BufferAccess::write)};
   TESSERA_LAUNCH(block_sums_kernel, launch, in, out);
+  finish(launch);
 }
 
 void warp_sums(const float* in, float* out, int warps) {
@@ -185,6 +190,7 @@ void warp_sums(const float* in, float* out, int warps) {
   launch.buffers = {buffer("in", in, int64_t{warps} * 32, BufferAccess::read),
                     buffer("out", out, warps, BufferAccess::write)};
   TESSERA_LAUNCH(warp_sums_kernel, launch, in, out);
+  finish(launch);
 }
 
 void warp_shuffles(const int* in, int* out, int warps) {
@@ -192,6 +198,7 @@ void warp_shuffles(const int* in, int* out, int warps) {
   launch.buffers = {buffer("in", in, int64_t{warps} * 32, BufferAccess::read),
                     buffer("out", out, int64_t{warps} * 96, BufferAccess::write)};
   TESSERA_LAUNCH(warp_shuffles_kernel, launch, in, out);
+  finish(launch);
 }
 
 void warp_votes(const int* in, unsigned* out, int warps) {
@@ -199,6 +206,7 @@ void warp_votes(const int* in, unsigned* out, int warps) {
   launch.buffers = {buffer("in", in, int64_t{warps} * 32, BufferAccess::read),
                     buffer("out", out, int64_t{warps} * 3, BufferAccess::write)};
   TESSERA_LAUNCH(warp_votes_kernel, launch, in, out);
+  finish(launch);
 }
 
 void histogram(const int* in, int n, int* counts, int bins, float* total) {
@@ -206,13 +214,15 @@ void histogram(const int* in, int n, int* counts, int bins, float* total) {
   launch.buffers = {buffer("in", in, n, BufferAccess::read), buffer("counts", counts, bins, BufferAccess::read_write),
                     buffer("total", total, 1, BufferAccess::read_write)};
   TESSERA_LAUNCH(histogram_kernel, launch, in, n, counts, total);
+  finish(launch);
 }
 
 void reverse_in_shared(const float* in, float* out, int n, tessera::Stream* stream) {
   LaunchConfig launch = config(dim3(1), dim3(n), int64_t{n} * 4);
   launch.buffers = {buffer("in", in, n, BufferAccess::read), buffer("out", out, n, BufferAccess::write)};
-  launch.stream = stream;
+  if (stream != nullptr) launch.stream = stream;
   TESSERA_LAUNCH(reverse_kernel, launch, in, out, n);
+  if (stream == nullptr) finish(launch);
 }
 
 void block_order(int* out, int* counter, int blocks) {
@@ -220,6 +230,7 @@ void block_order(int* out, int* counter, int blocks) {
   launch.buffers = {buffer("out", out, blocks, BufferAccess::write),
                     buffer("counter", counter, 1, BufferAccess::read_write)};
   TESSERA_LAUNCH(block_order_kernel, launch, out, counter);
+  finish(launch);
 }
 
 void coordinates(int* out, int grid_x, int grid_y, int grid_z, int block_x, int block_y, int block_z) {
@@ -227,79 +238,92 @@ void coordinates(int* out, int grid_x, int grid_y, int grid_z, int block_x, int 
   const int64_t count = int64_t{grid_x} * grid_y * grid_z * block_x * block_y * block_z;
   launch.buffers = {buffer("out", out, count, BufferAccess::write)};
   TESSERA_LAUNCH(coordinates_kernel, launch, out);
+  finish(launch);
 }
 
 void race_on_shared(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(64));
   launch.buffers = {buffer("out", out, 1, BufferAccess::write)};
   TESSERA_LAUNCH(race_on_shared_kernel, launch, out);
+  finish(launch);
 }
 
 void reduction_missing_barrier(const float* in, float* out, int threads) {
   LaunchConfig launch = config(dim3(1), dim3(threads), int64_t{threads} * 4);
   launch.buffers = {buffer("in", in, threads, BufferAccess::read), buffer("out", out, 1, BufferAccess::write)};
   TESSERA_LAUNCH(reduction_missing_barrier_kernel, launch, in, out);
+  finish(launch);
 }
 
 void divergent_barrier(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(divergent_barrier_kernel, launch, out);
+  finish(launch);
 }
 
 void barriers_at_two_sites(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(barriers_at_two_sites_kernel, launch, out);
+  finish(launch);
 }
 
 void write_past_end(float* out, int n, tessera::Stream* stream) {
   LaunchConfig launch = config(dim3((n + 64) / 64), dim3(64));
-  launch.stream = stream;
+  if (stream != nullptr) launch.stream = stream;
   launch.buffers = {buffer("out", out, n, BufferAccess::write)};
   TESSERA_LAUNCH(write_past_end_kernel, launch, out, n);
+  if (stream == nullptr) finish(launch);
 }
 
 void read_undeclared(const float* declared, const float* undeclared, float* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("declared", declared, 32, BufferAccess::read), buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(read_undeclared_kernel, launch, declared, undeclared, out);
+  finish(launch);
 }
 
 void write_read_only(float* in) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("in", in, 32, BufferAccess::read)};
   TESSERA_LAUNCH(write_read_only_kernel, launch, in);
+  finish(launch);
 }
 
 void shared_overflow(float* out, int dynamic_bytes) {
   LaunchConfig launch = config(dim3(1), dim3(32), dynamic_bytes);
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(shared_overflow_kernel, launch, out, dynamic_bytes / 4);
+  finish(launch);
 }
 
 void shuffle_mask_mismatch(int* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(shuffle_mask_mismatch_kernel, launch, out);
+  finish(launch);
 }
 
 void shuffle_exited_lane(int* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(shuffle_exited_lane_kernel, launch, out);
+  finish(launch);
 }
 
 void syncwarp_orders_lanes(int* out) {
   LaunchConfig launch = config(dim3(1), dim3(32));
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(syncwarp_orders_lanes_kernel, launch, out);
+  finish(launch);
 }
 
 void too_many_threads(float* out) {
   LaunchConfig launch = config(dim3(1), dim3(32, 33));
   launch.buffers = {buffer("out", out, 32 * 33, BufferAccess::write)};
   TESSERA_LAUNCH(fill_kernel, launch, out);
+  finish(launch);
 }
 
 void too_much_shared(float* out, bool opt_in) {
@@ -307,6 +331,7 @@ void too_much_shared(float* out, bool opt_in) {
   launch.shared_memory_opt_in = opt_in;
   launch.buffers = {buffer("out", out, 32, BufferAccess::write)};
   TESSERA_LAUNCH(fill_kernel, launch, out);
+  finish(launch);
 }
 
 // float4 loads, the toolkit's bf16 and f16 conversions, and their operators
@@ -332,6 +357,7 @@ void sixteen_bit_floats(const float* in, __nv_bfloat16* bf16_out, __half* half_o
                     buffer("bf16_out", bf16_out, 3 * quads, BufferAccess::write),
                     buffer("half_out", half_out, 3 * quads, BufferAccess::write)};
   TESSERA_LAUNCH(sixteen_bit_floats_kernel, launch, reinterpret_cast<const float4*>(in), bf16_out, half_out, quads);
+  finish(launch);
 }
 
 // Each block stages `floats` floats of a static __shared__ array (48 KiB
@@ -348,6 +374,7 @@ void static_shared(float* out, int floats, int dynamic_bytes, bool opt_in) {
   launch.shared_memory_opt_in = opt_in;
   launch.buffers = {buffer("out", out, 2, BufferAccess::write)};
   TESSERA_LAUNCH(static_shared_kernel, launch, out, floats);
+  finish(launch);
 }
 
 }  // namespace simulator_kernels

@@ -44,7 +44,7 @@ void read_undeclared(const float* declared, const float* undeclared, float* out)
 void write_read_only(float* in);                       // writes a buffer declared read-only
 void shared_overflow(float* out, int dynamic_bytes);   // writes past dynamic shared memory
 void shuffle_mask_mismatch(int* out);                  // lanes 0-15 shuffle with the full mask, 16-31 with 0xffff0000
-void shuffle_exited_lane(int* out);                    // lanes 16-31 return before a full-mask shuffle
+void shuffle_exited_lane(int* out);  // lanes 16-31 wait at a barrier while lanes 0-15 shuffle with a full mask
 void syncwarp_orders_lanes(int* out);                  // correct: lanes exchange through shared memory with __syncwarp
 void too_many_threads(float* out);                     // a 32 x 33 block: 1056 threads
 void too_much_shared(float* out, bool opt_in);         // 64 KiB of dynamic shared memory

@@ -10,6 +10,7 @@
 
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/sim/device_heap.h"
+#include "tensor/cuda/sim/sim_stream.h"
 #include "tensor/error.h"
 #include "tensor/stream.h"
 #include "tests/cuda/simulator_kernels.h"
@@ -105,6 +106,30 @@ TEST_CASE("a freed block is reused at once on its stream, and on another only af
   allocator.free(later);
 }
 
+TEST_CASE("a free records its events with no host function; the next allocations poll them") {
+  FreshAllocator fresh;
+  CachingAllocator& allocator = fresh.allocator;
+  auto first = Stream::create(kCuda), second = Stream::create(kCuda);
+  void* block = nullptr;
+  {
+    StreamGate gate(*first);  // a user's host function: the free's event on `first` stays pending
+    const int64_t host_functions = cuda::sim::host_functions_enqueued();
+    block = allocator.allocate(4096, first);
+    allocator.record_stream(block, second);
+    allocator.free(block);  // an event on each stream that used it
+    for (int i = 0; i < 100; ++i) allocator.free(allocator.allocate(4096, first));
+    void* elsewhere = allocator.allocate(4096, second);
+    CHECK(elsewhere != block);  // polled: first has not reached the free yet
+    allocator.free(elsewhere);
+    CHECK(cuda::sim::host_functions_enqueued() == host_functions);  // on a GPU: cudaEventRecord, no cudaLaunchHostFunc
+  }
+  first->synchronize();
+  second->synchronize();
+  void* later = allocator.allocate(4096, second);
+  CHECK(later == block);  // polled again: every event has completed
+  allocator.free(later);
+}
+
 TEST_CASE("record_stream: a block used on another stream waits for it before reuse, even on its own stream") {
   FreshAllocator fresh;
   CachingAllocator& allocator = fresh.allocator;
@@ -169,6 +194,7 @@ TEST_CASE("the ordering checker catches a block reused while another stream stil
     return static_cast<float*>(allocator.allocate(n * 4, stream));
   };
   float* source = floats(owner);
+  cuda::sim::mark_device_written(source, n * 4);  // its values do not matter here, only the order of its uses
   float* sink = floats(reader);
   float* x = floats(owner);
   simulator_kernels::reverse_in_shared(source, x, n, owner.get());  // owner writes x

@@ -407,6 +407,35 @@ TEST_CASE("gemm: the simulator refuses what cuBLASLt refuses, naming the field")
   g = good;
   g.batch_count = 2, g.d.batch_stride = 10;
   refuses(g, "D.batch_stride = 10 makes batches of the [16 x 6] D (ld 16) overlap");
+
+  // Epilogue combinations: none with f64 compute; batched outputs of an
+  // epilogue that overlap; and any pointer off its element alignment.
+  const Tensor x64 = ops::zeros({6, 8}, {.dtype = DType::f64, .device = kCuda});
+  const Tensor w64 = ops::zeros({16, 8}, {.dtype = DType::f64, .device = kCuda});
+  const Tensor out64 = ops::empty({6, 16}, {.dtype = DType::f64, .device = kCuda});
+  const Tensor bias64 = ops::zeros({16}, {.dtype = DType::f64, .device = kCuda});
+  g = linear_descriptor(out64, x64, w64);
+  g.compute = cuda::GemmCompute::f64;
+  CHECK_NOTHROW(run(g));
+  g.epilogue = GemmEpilogue::bias, g.bias = bias64.cuda_data();
+  refuses(g, "epilogue CUBLASLT_EPILOGUE_BIAS with CUBLAS_COMPUTE_64F");
+  const Tensor bias = ops::zeros({16}, {.device = kCuda});
+  g = good;
+  g.batch_count = 2, g.d.batch_stride = 96;
+  g.epilogue = GemmEpilogue::bgradb, g.bias = bias.cuda_data();
+  refuses(g, "epilogue CUBLASLT_EPILOGUE_BGRADB with batch_count = 2 writes a bias gradient of n = 6 per batch, but "
+             "bias_batch_stride = 0 makes them overlap");
+  g = good;
+  g.batch_count = 2, g.d.batch_stride = 96;
+  g.epilogue = GemmEpilogue::gelu_aux, g.aux = out.cuda_data(), g.aux_ld = 16;
+  refuses(g, "epilogue CUBLASLT_EPILOGUE_GELU_AUX with batch_count = 2 writes an aux matrix [16 x 6] (ld 16) per "
+             "batch, but aux_batch_stride = 0 makes them overlap");
+  g = good;
+  g.a.data = static_cast<const char*>(g.a.data) + 2;
+  refuses(g, "is not aligned to its 4-byte f32 elements");
+  g = good;
+  g.epilogue = GemmEpilogue::bias, g.bias = static_cast<char*>(bias.cuda_data()) + 6;
+  refuses(g, "the bias pointer");
 }
 
 TEST_CASE("gemm: the stream-ordering checker refuses a GEMM reading a buffer another stream wrote without an event") {

@@ -1,5 +1,6 @@
 #include "tensor/cuda/nvidia/nvidia_stream.h"
 
+#include "tensor/cuda/nvidia/nvidia_event.h"
 #include "tensor/error.h"
 
 namespace tessera::cuda::nvidia {
@@ -39,12 +40,15 @@ void NvidiaStream::enqueue(std::function<void()> task) {
 }
 
 void NvidiaStream::wait_event(const Event& event) {
-  std::shared_ptr<void> native;
-  {
-    std::lock_guard lock(event.state()->mutex);
-    native = event.state()->native_event;
+  const std::shared_ptr<EventRecord> record = event.latest_record();
+  if (!record) return;
+  if (const auto* native = dynamic_cast<const NvidiaEventRecord*>(record.get())) {
+    check(cudaStreamWaitEvent(stream_, native->native(), 0), "cudaStreamWaitEvent");
+    return;
   }
-  if (native) check(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(native.get()), 0), "cudaStreamWaitEvent");
+  // An event of a cpu stream: the GPU cannot wait on it, so a host function
+  // holds the stream until it is reached (it makes no CUDA call).
+  enqueue([record] { record->wait_until_reached(); });
 }
 
 void NvidiaStream::synchronize() { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
@@ -56,26 +60,8 @@ bool NvidiaStream::query() {
   return true;
 }
 
-void NvidiaStream::record(const std::shared_ptr<EventState>& event) {
-  cudaEvent_t native = nullptr;
-  check(cudaEventCreateWithFlags(&native, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  check(cudaEventRecord(native, stream_), "cudaEventRecord");
-  {
-    std::lock_guard lock(event->mutex);
-    event->completed = false;
-    event->recorded = true;
-    event->native_event = std::shared_ptr<void>(native, [](void* pointer) {
-      cudaEventDestroy(static_cast<cudaEvent_t>(pointer));
-    });
-  }
-  enqueue([event] {
-    {
-      std::lock_guard lock(event->mutex);
-      event->completed = true;
-      event->completed_at = std::chrono::steady_clock::now();
-    }
-    event->completed_cv.notify_all();
-  });
+std::shared_ptr<EventRecord> NvidiaStream::record_event(bool timing) {
+  return std::make_shared<NvidiaEventRecord>(device().index, timing, stream_);
 }
 
 }  // namespace tessera::cuda::nvidia

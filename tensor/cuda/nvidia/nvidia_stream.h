@@ -1,7 +1,8 @@
 // A cuda stream on the nvidia runtime: a cudaStream_t created non-blocking
 // (it never synchronises with the legacy default stream) at the requested
-// priority. Host tasks run through cudaLaunchHostFunc, events are
-// cudaEvents recorded beside the host-visible completion flag.
+// priority. Events are pooled cudaEvent_ts (nvidia_event.h), recorded and
+// waited on with no host callback; only a user's Stream::enqueue task runs
+// through cudaLaunchHostFunc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,7 +24,7 @@ class NvidiaStream final : public Stream {
   void wait_event(const Event& event) override;
   void synchronize() override;
   bool query() override;
-  void record(const std::shared_ptr<EventState>& event) override;
+  std::shared_ptr<EventRecord> record_event(bool timing) override;
 
  private:
   cudaStream_t stream_;

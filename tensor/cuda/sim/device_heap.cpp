@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -15,7 +16,7 @@ namespace tessera::cuda::sim {
 namespace {
 
 constexpr int64_t kAlignment = 256;
-constexpr int64_t kReservedBytes = int64_t{256} << 30;  // address space only (PROT_NONE)
+constexpr int64_t kReservedBytes = kDeviceRangeBytes;  // address space only (PROT_NONE)
 constexpr int64_t kDefaultCapacity = int64_t{16} << 30;
 
 int64_t page_size() {
@@ -35,11 +36,15 @@ struct Allocation {
 class DeviceHeap {
  public:
   DeviceHeap() {
-    void* base = mmap(nullptr, kReservedBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    TESSERA_CHECK(base != MAP_FAILED, "cuda sim: cannot reserve {} bytes of address space for device memory",
-                  kReservedBytes);
-    begin_ = reinterpret_cast<uintptr_t>(base);
+    begin_ = reserve("device memory");
+    shadow_begin_ = reserve("initcheck's shadow of device memory");
     free_[begin_] = kReservedBytes;
+    device_range_begin.store(begin_);
+  }
+
+  // The shadow byte of device `address`: the same offset in the shadow reservation.
+  unsigned char* shadow_of(uintptr_t address) const {
+    return reinterpret_cast<unsigned char*>(shadow_begin_ + (address - begin_));
   }
 
   void* allocate(int64_t bytes) {
@@ -53,7 +58,8 @@ class DeviceHeap {
       const int64_t remaining = it->second - mapped;
       free_.erase(it);
       if (remaining > 0) free_[address + mapped] = remaining;
-      TESSERA_CHECK(mprotect(reinterpret_cast<void*>(address), mapped, PROT_READ | PROT_WRITE) == 0,
+      TESSERA_CHECK(mprotect(reinterpret_cast<void*>(address), mapped, PROT_READ | PROT_WRITE) == 0 &&
+                        mprotect(shadow_of(address), mapped, PROT_READ | PROT_WRITE) == 0,
                     "cuda sim: cannot map {} bytes of device memory", mapped);
       live_[address] = Allocation{bytes, mapped};
       freed_.erase(freed_.lower_bound(address), freed_.lower_bound(address + mapped));
@@ -70,8 +76,10 @@ class DeviceHeap {
     TESSERA_CHECK(it != live_.end(), "cuda sim: device_free({}) of {}", pointer, describe_locked(address, 1));
     const int64_t mapped = it->second.mapped;
     StreamOrderChecker::instance().forget(pointer, mapped);
-    madvise(pointer, mapped, MADV_DONTNEED);
-    mprotect(pointer, mapped, PROT_NONE);
+    for (void* range : {pointer, static_cast<void*>(shadow_of(address))}) {
+      madvise(range, mapped, MADV_DONTNEED);  // the next allocation here starts zeroed and unwritten
+      mprotect(range, mapped, PROT_NONE);
+    }
     freed_[address] = it->second;
     live_.erase(it);
     in_use_ -= mapped;
@@ -149,8 +157,16 @@ class DeviceHeap {
     free_[address] = bytes;
   }
 
+  static uintptr_t reserve(const char* what) {
+    void* base = mmap(nullptr, kReservedBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    TESSERA_CHECK(base != MAP_FAILED, "cuda sim: cannot reserve {} bytes of address space for {}", kReservedBytes,
+                  what);
+    return reinterpret_cast<uintptr_t>(base);
+  }
+
   std::mutex mutex_;
   uintptr_t begin_ = 0;
+  uintptr_t shadow_begin_ = 0;
   int64_t capacity_ = kDefaultCapacity;
   int64_t in_use_ = 0;
   std::map<uintptr_t, int64_t> free_;          // start -> bytes
@@ -171,12 +187,29 @@ int64_t device_capacity() { return heap().capacity(); }
 void set_device_capacity(int64_t bytes) { heap().set_capacity(bytes); }
 int64_t device_bytes_in_use() { return heap().in_use(); }
 
-bool is_device_address(const void* address) { return heap().contains(reinterpret_cast<uintptr_t>(address)); }
 bool is_live_device_range(const void* address, int64_t bytes) {
   return heap().is_live(reinterpret_cast<uintptr_t>(address), bytes);
 }
 std::string describe_device_address(const void* address, int64_t bytes) {
   return heap().describe(reinterpret_cast<uintptr_t>(address), bytes);
+}
+
+// The shadow is only touched for live ranges (callers checked them), so its
+// pages are mapped; distinct bytes are written by distinct threads only.
+void mark_device_written(const void* address, int64_t bytes) {
+  std::memset(heap().shadow_of(reinterpret_cast<uintptr_t>(address)), 1, static_cast<size_t>(bytes));
+}
+
+int64_t first_unwritten_device_byte(const void* address, int64_t bytes) {
+  const unsigned char* shadow = heap().shadow_of(reinterpret_cast<uintptr_t>(address));
+  const void* unwritten = std::memchr(shadow, 0, static_cast<size_t>(bytes));
+  return unwritten == nullptr ? -1 : static_cast<const unsigned char*>(unwritten) - shadow;
+}
+
+void copy_device_written_state(void* destination, const void* source, int64_t bytes) {
+  DeviceHeap& device = heap();
+  std::memmove(device.shadow_of(reinterpret_cast<uintptr_t>(destination)),
+               device.shadow_of(reinterpret_cast<uintptr_t>(source)), static_cast<size_t>(bytes));
 }
 
 }  // namespace tessera::cuda::sim

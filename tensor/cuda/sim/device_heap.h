@@ -6,6 +6,7 @@
 // This is cudaMalloc/cudaFree; the caching allocator sits above it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -23,11 +24,31 @@ int64_t device_capacity();
 void set_device_capacity(int64_t bytes);
 int64_t device_bytes_in_use();
 
-bool is_device_address(const void* address);
+// Where the reserved range starts (0 until the first allocation makes it):
+// is_device_address runs on every access a kernel makes, so it is inline.
+inline std::atomic<uintptr_t> device_range_begin{0};
+inline constexpr uint64_t kDeviceRangeBytes = uint64_t{256} << 30;
+inline bool is_device_address(const void* address) {
+  const uintptr_t begin = device_range_begin.load(std::memory_order_relaxed);
+  return begin != 0 && reinterpret_cast<uintptr_t>(address) - begin < kDeviceRangeBytes;
+}
 // Whether [address, address + bytes) lies inside one live allocation.
 bool is_live_device_range(const void* address, int64_t bytes);
 // "16 bytes past the end of the 4096-byte allocation at 0x...", "inside a
 // freed allocation ..." or "outside every allocation": for memcheck messages.
 std::string describe_device_address(const void* address, int64_t bytes);
+
+// Initcheck's shadow: one byte per byte of device memory saying whether it
+// has been written since it was allocated. Fresh allocations are unwritten
+// (the memory itself reads as zero, which would hide a missing
+// initialisation); kernel stores, copies to the device and host-mapped
+// records mark it. Host code that writes device memory directly (tests
+// filling buffers, as cudaMemcpy would) says so with mark_device_written.
+void mark_device_written(const void* address, int64_t bytes);
+// The offset of the first byte of [address, address + bytes) not written
+// yet, or -1 when every byte has been.
+int64_t first_unwritten_device_byte(const void* address, int64_t bytes);
+// A device-to-device copy carries the source's written state to the destination.
+void copy_device_written_state(void* destination, const void* source, int64_t bytes);
 
 }  // namespace tessera::cuda::sim

@@ -22,17 +22,20 @@ LaunchState& launch_of_caller(const char* what) {
 // A read-modify-write, atomic against every thread of the process (blocks of
 // kernels on other streams run on other OS threads).
 template <typename T, typename Update>
-T atomic_update(T* address, Update update) {
+T atomic_update(T* address, std::source_location site, Update update) {
   LaunchState& launch = launch_of_caller("an atomic");
+  const CodeSite code_site{nullptr, site};
   if (reinterpret_cast<uintptr_t>(address) % sizeof(T) != 0) {
-    launch.block->fault(fmt::format("cuda sim: {}: misaligned atomic on {} ({}-byte operand)", launch.block->where(),
-                                    static_cast<const void*>(address), sizeof(T)));
+    launch.block->fault(fmt::format("cuda sim: {}: misaligned atomic at {} on {} ({}-byte operand)",
+                                    launch.block->where(), describe(code_site), static_cast<const void*>(address),
+                                    sizeof(T)));
   }
-  check_access(address, sizeof(T), AccessKind::atomic);
+  check_access(address, sizeof(T), AccessKind::atomic, code_site);
   std::atomic_ref<T> target(*address);
   T old = target.load();
-  while (!target.compare_exchange_weak(old, update(old))) {
-  }
+  T updated = update(old);
+  while (!target.compare_exchange_weak(old, updated)) updated = update(old);
+  memory_poll(code_site, std::memcmp(&old, &updated, sizeof(T)) != 0);
   return old;
 }
 
@@ -124,7 +127,7 @@ void warp_exchange(const WarpExchange& exchange, const void* input, void* output
   mine.exchange = &exchange;
   mine.site = site;
   std::memcpy(mine.input, input, exchange.input_bytes);
-  block.warp_operation(WarpOp::any, 0xffffffffu, 0, 0, 32, site);
+  block.warp_operation(WarpOp::exchange, 0xffffffffu, reinterpret_cast<uintptr_t>(exchange.instruction), 0, 32, site);
   if (mine.waiting) combine_warp(block, thread.warp, mine, thread.lane);
   std::memcpy(output, mine.output, exchange.output_bytes);
 }
@@ -151,51 +154,51 @@ void check_shared_operand(const char* instruction, const void* address, int64_t 
   }
 }
 
-int atomic_add(int* address, int value) {
-  return atomic_update(address, [value](int old) { return static_cast<int>(static_cast<unsigned>(old) + value); });
+int atomic_add(int* address, int value, std::source_location site) {
+  return atomic_update(address, site, [value](int old) { return static_cast<int>(static_cast<unsigned>(old) + value); });
 }
-unsigned atomic_add(unsigned* address, unsigned value) {
-  return atomic_update(address, [value](unsigned old) { return old + value; });
+unsigned atomic_add(unsigned* address, unsigned value, std::source_location site) {
+  return atomic_update(address, site, [value](unsigned old) { return old + value; });
 }
-unsigned long long atomic_add(unsigned long long* address, unsigned long long value) {
-  return atomic_update(address, [value](unsigned long long old) { return old + value; });
+unsigned long long atomic_add(unsigned long long* address, unsigned long long value, std::source_location site) {
+  return atomic_update(address, site, [value](unsigned long long old) { return old + value; });
 }
-float atomic_add(float* address, float value) {
-  return atomic_update(address, [value](float old) { return old + value; });
+float atomic_add(float* address, float value, std::source_location site) {
+  return atomic_update(address, site, [value](float old) { return old + value; });
 }
-double atomic_add(double* address, double value) {
-  return atomic_update(address, [value](double old) { return old + value; });
+double atomic_add(double* address, double value, std::source_location site) {
+  return atomic_update(address, site, [value](double old) { return old + value; });
 }
-int atomic_max(int* address, int value) {
-  return atomic_update(address, [value](int old) { return std::max(old, value); });
+int atomic_max(int* address, int value, std::source_location site) {
+  return atomic_update(address, site, [value](int old) { return std::max(old, value); });
 }
-unsigned atomic_max(unsigned* address, unsigned value) {
-  return atomic_update(address, [value](unsigned old) { return std::max(old, value); });
+unsigned atomic_max(unsigned* address, unsigned value, std::source_location site) {
+  return atomic_update(address, site, [value](unsigned old) { return std::max(old, value); });
 }
-int atomic_min(int* address, int value) {
-  return atomic_update(address, [value](int old) { return std::min(old, value); });
+int atomic_min(int* address, int value, std::source_location site) {
+  return atomic_update(address, site, [value](int old) { return std::min(old, value); });
 }
-unsigned atomic_min(unsigned* address, unsigned value) {
-  return atomic_update(address, [value](unsigned old) { return std::min(old, value); });
+unsigned atomic_min(unsigned* address, unsigned value, std::source_location site) {
+  return atomic_update(address, site, [value](unsigned old) { return std::min(old, value); });
 }
-int atomic_exchange(int* address, int value) {
-  return atomic_update(address, [value](int) { return value; });
+int atomic_exchange(int* address, int value, std::source_location site) {
+  return atomic_update(address, site, [value](int) { return value; });
 }
-unsigned atomic_exchange(unsigned* address, unsigned value) {
-  return atomic_update(address, [value](unsigned) { return value; });
+unsigned atomic_exchange(unsigned* address, unsigned value, std::source_location site) {
+  return atomic_update(address, site, [value](unsigned) { return value; });
 }
-float atomic_exchange(float* address, float value) {
-  return atomic_update(address, [value](float) { return value; });
+float atomic_exchange(float* address, float value, std::source_location site) {
+  return atomic_update(address, site, [value](float) { return value; });
 }
-int atomic_compare_and_swap(int* address, int expected, int desired) {
-  return atomic_update(address, [=](int old) { return old == expected ? desired : old; });
+int atomic_compare_and_swap(int* address, int expected, int desired, std::source_location site) {
+  return atomic_update(address, site, [=](int old) { return old == expected ? desired : old; });
 }
-unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired) {
-  return atomic_update(address, [=](unsigned old) { return old == expected ? desired : old; });
+unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired, std::source_location site) {
+  return atomic_update(address, site, [=](unsigned old) { return old == expected ? desired : old; });
 }
 unsigned long long atomic_compare_and_swap(unsigned long long* address, unsigned long long expected,
-                                           unsigned long long desired) {
-  return atomic_update(address, [=](unsigned long long old) { return old == expected ? desired : old; });
+                                           unsigned long long desired, std::source_location site) {
+  return atomic_update(address, site, [=](unsigned long long old) { return old == expected ? desired : old; });
 }
 
 }  // namespace tessera::cuda::sim

@@ -21,7 +21,8 @@ dim3 grid_dim();
 // barrier in the error when threads diverge.
 void sync_threads(std::source_location site);
 
-enum class WarpOp : uint8_t { syncwarp, shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all };
+// `exchange` is the rendezvous of a warp-wide instruction (warp_exchange).
+enum class WarpOp : uint8_t { syncwarp, shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, exchange };
 const char* warp_op_name(WarpOp op);
 
 // A warp-level operation over the lanes of `mask` (which must include the
@@ -43,11 +44,10 @@ void* dynamic_shared_memory();
 // indexed by lane), and each lane leaves with its own `output_bytes`. Lanes
 // already exited or missing (a partial last warp) when a lane arrives, or
 // lanes at another instruction or call site (.aligned), are a fault naming
-// `instruction` and `site`. The lanes meet at the votes' rendezvous, which
-// gives none of __syncwarp's memory ordering (neither instruction gives
-// any), so lanes that exit while others wait are reported by the block's
-// deadlock check as the others' wait at __any_sync(mask 0xffffffff) at
-// `site`.
+// `instruction` and `site`. The lanes meet at a rendezvous of their own
+// (WarpOp::exchange), which gives none of __syncwarp's memory ordering
+// (neither instruction gives any); lanes that exit while others wait there
+// are reported with the instruction's name.
 constexpr int32_t kWarpExchangeBytes = 64;
 struct WarpExchange {
   const char* instruction;
@@ -65,22 +65,23 @@ void check_shared_operand(const char* instruction, const void* address, int64_t 
                           std::source_location site);
 
 // Atomics: the read-modify-write is atomic against every other thread of the
-// process, and the access is checked like any other.
-int atomic_add(int* address, int value);
-unsigned atomic_add(unsigned* address, unsigned value);
-unsigned long long atomic_add(unsigned long long* address, unsigned long long value);
-float atomic_add(float* address, float value);
-double atomic_add(double* address, double value);
-int atomic_max(int* address, int value);
-unsigned atomic_max(unsigned* address, unsigned value);
-int atomic_min(int* address, int value);
-unsigned atomic_min(unsigned* address, unsigned value);
-int atomic_exchange(int* address, int value);
-unsigned atomic_exchange(unsigned* address, unsigned value);
-float atomic_exchange(float* address, float value);
-int atomic_compare_and_swap(int* address, int expected, int desired);
-unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired);
+// process, the access is checked like any other at `site`, and it is a
+// memory poll (a spin-wait on an atomic lets the other threads run).
+int atomic_add(int* address, int value, std::source_location site);
+unsigned atomic_add(unsigned* address, unsigned value, std::source_location site);
+unsigned long long atomic_add(unsigned long long* address, unsigned long long value, std::source_location site);
+float atomic_add(float* address, float value, std::source_location site);
+double atomic_add(double* address, double value, std::source_location site);
+int atomic_max(int* address, int value, std::source_location site);
+unsigned atomic_max(unsigned* address, unsigned value, std::source_location site);
+int atomic_min(int* address, int value, std::source_location site);
+unsigned atomic_min(unsigned* address, unsigned value, std::source_location site);
+int atomic_exchange(int* address, int value, std::source_location site);
+unsigned atomic_exchange(unsigned* address, unsigned value, std::source_location site);
+float atomic_exchange(float* address, float value, std::source_location site);
+int atomic_compare_and_swap(int* address, int expected, int desired, std::source_location site);
+unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired, std::source_location site);
 unsigned long long atomic_compare_and_swap(unsigned long long* address, unsigned long long expected,
-                                           unsigned long long desired);
+                                           unsigned long long desired, std::source_location site);
 
 }  // namespace tessera::cuda::sim

@@ -151,28 +151,35 @@ void run_launch(const std::string& kernel_name, const void* kernel_address, cons
     ThreadBlock block(launch, index, stacks);
     block.run();
     launch.block = nullptr;
+    launch.static_racecheck.poison_touched(reinterpret_cast<unsigned char*>(launch.static_shared.begin));
   }
-  const dim3 block = config.block;
-  std::lock_guard lock(counters_mutex);
-  KernelCounters& total = all_counters()[kernel_name];
-  total.launches += 1;
-  total.blocks += static_cast<int64_t>(blocks.size());
-  total.threads += static_cast<int64_t>(blocks.size()) * block.x * block.y * block.z;
-  total.device_bytes_read += launch.counters.device_bytes_read;
-  total.device_bytes_written += launch.counters.device_bytes_written;
-  total.shared_bytes_accessed += launch.counters.shared_bytes_accessed;
+  {
+    const dim3 block = config.block;
+    std::lock_guard lock(counters_mutex);
+    KernelCounters& total = all_counters()[kernel_name];
+    total.launches += 1;
+    total.blocks += static_cast<int64_t>(blocks.size());
+    total.threads += static_cast<int64_t>(blocks.size()) * block.x * block.y * block.z;
+    total.device_bytes_read += launch.counters.device_bytes_read;
+    total.device_bytes_written += launch.counters.device_bytes_written;
+    total.shared_bytes_accessed += launch.counters.shared_bytes_accessed;
+  }
+  if (!launch.reports.empty()) throw Error(launch.reports.text());
 }
 
 }  // namespace
 
 void launch(const char* kernel_name, const void* kernel_address, const LaunchConfig& config,
             std::function<void()> thread_body) {
+  const RuntimeCall call("cudaLaunchKernel");
+  TESSERA_CHECK(config.stream != nullptr,
+                "cuda sim: launch of `{}` on no stream, which is CUDA's legacy default stream: its implicit "
+                "synchronisation is not modelled and the stream-ordering checker could not see the launch, so the "
+                "simulator refuses it (as the nvidia runtime does); set LaunchConfig::stream "
+                "(tessera::current_stream(device) is this thread's current one)",
+                kernel_name);
   validate(kernel_name, config);
   const uint64_t launch_number = launches_so_far.fetch_add(1);
-  if (config.stream == nullptr) {
-    run_launch(kernel_name, kernel_address, config, thread_body, launch_number);
-    return;
-  }
   const auto* stream = dynamic_cast<const SimStream*>(config.stream);
   TESSERA_CHECK(stream != nullptr, "cuda sim: launch of `{}` on a {} stream (kernels run on cuda streams)",
                 kernel_name, config.stream->device().str());

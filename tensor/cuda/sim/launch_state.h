@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "tensor/cuda/launch_config.h"
+#include "tensor/cuda/sim/code_site.h"
 #include "tensor/cuda/sim/launch.h"
 #include "tensor/cuda/sim/shared_memory_racecheck.h"
 
@@ -23,6 +26,53 @@ struct Window {
   bool contains(uintptr_t address) const { return address - begin < static_cast<uint64_t>(bytes); }
 };
 
+// What a launch found that does not stop it (races, reads of unwritten
+// memory), as compute-sanitizer reports them: every distinct one, grouped by
+// the code that made the access, raised together when the launch ends so
+// that a benign first report cannot hide a real one.
+class LaunchReports {
+ public:
+  // `describe` formats the report; it runs once per distinct (tool, site).
+  template <typename Describe>
+  void add(const char* tool, const CodeSite& site, Describe&& describe) {
+    const Key key{tool, site.code, site.source.line() != 0 ? site.source.file_name() : nullptr,
+                  site.source.line()};
+    auto [it, fresh] = counts_.try_emplace(key, 0);
+    if (++it->second == 1) messages_.push_back(Message{key, describe()});
+  }
+  bool empty() const { return messages_.empty(); }
+  // Every report, with how often each site repeated it.
+  std::string text() const;
+
+ private:
+  struct Key {
+    const char* tool;
+    const void* code;
+    const char* file;
+    uint32_t line;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Message {
+    Key key;
+    std::string text;
+  };
+  std::map<Key, int64_t> counts_;
+  std::vector<Message> messages_;
+};
+
+// A store that racecheck found writing over another thread's unordered
+// store. Whether it is the benign same-value kind is only known once the
+// store has happened (the hooks run before it), so the verdict waits for the
+// thread's next access, wait or exit.
+struct PendingWrite {
+  bool pending = false;
+  const unsigned char* bytes = nullptr;  // where the store went
+  int64_t count = 0;
+  unsigned char before[16] = {};  // what the other thread had written
+  CodeSite site;
+  std::string hazard;  // the report, should the values differ
+};
+
 struct LaunchState {
   std::string kernel_name;
   const LaunchConfig* config = nullptr;
@@ -34,9 +84,11 @@ struct LaunchState {
   // this window; the rest is a red zone.
   Window dynamic_shared;
   int64_t dynamic_shared_bytes = 0;
-  SharedMemoryRacecheck static_racecheck;
-  SharedMemoryRacecheck dynamic_racecheck;
+  SharedMemoryRacecheck static_racecheck{true};
+  SharedMemoryRacecheck dynamic_racecheck{false};
   KernelCounters counters;
+  LaunchReports reports;
+  PendingWrite pending_write;
   ThreadBlock* block = nullptr;  // the block running now
 };
 

@@ -22,23 +22,36 @@ std::string describe_device(int index) {
                      index, sim::target_architecture().name,
                      static_cast<double>(sim::device_capacity()) / (1 << 30));
 }
-void* device_malloc(int64_t bytes) { return sim::device_malloc(bytes); }
-void device_free(void* pointer) { sim::device_free(pointer); }
+void* device_malloc(int64_t bytes) {
+  sim::check_not_in_host_function("cudaMalloc");
+  return sim::device_malloc(bytes);
+}
+void device_free(void* pointer) {
+  sim::check_not_in_host_function("cudaFree");
+  sim::device_free(pointer);
+}
 
 void* pinned_host_malloc(int64_t bytes) {
+  sim::check_not_in_host_function("cudaHostAlloc");
   void* pointer = std::aligned_alloc(64, static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64));
   TESSERA_CHECK(pointer != nullptr, "cuda sim: out of host memory for a {}-byte pinned buffer", bytes);
   return pointer;
 }
-void pinned_host_free(void* pointer) { std::free(pointer); }
+void pinned_host_free(void* pointer) {
+  sim::check_not_in_host_function("cudaFreeHost");
+  std::free(pointer);
+}
 
 void* mapped_host_malloc(int64_t bytes) {
+  sim::check_not_in_host_function("cudaHostAlloc");
   void* pointer = sim::device_malloc(bytes);
   TESSERA_CHECK(pointer != nullptr, "cuda sim: the device is out of memory for a {}-byte mapped record", bytes);
+  sim::mark_device_written(pointer, bytes);  // host memory: the host writes it directly, and initcheck is the device's
   return pointer;
 }
 
 void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream) {
+  const sim::RuntimeCall call("cudaMemcpyAsync");
   auto* sim_stream = dynamic_cast<sim::SimStream*>(&stream);
   TESSERA_CHECK(sim_stream != nullptr, "cuda sim: memcpy_async on a {} stream (copies run on cuda streams)",
                 stream.device().str());
@@ -54,7 +67,11 @@ void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stre
                   operation, buffer.name, sim::describe_device_address(buffer.data, bytes));
   }
   sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, device_side);
-  stream.enqueue([dst, src, bytes] { std::memcpy(dst, src, static_cast<size_t>(bytes)); });
+  stream.enqueue([dst, src, bytes, kind] {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+    if (kind == CopyKind::host_to_device) sim::mark_device_written(dst, bytes);
+    if (kind == CopyKind::device_to_device) sim::copy_device_written_state(dst, src, bytes);
+  });
 }
 
 }  // namespace tessera::cuda

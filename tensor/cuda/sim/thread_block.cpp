@@ -5,6 +5,7 @@
 #include <map>
 #include <new>
 
+#include "tensor/cuda/sim/memory_access.h"
 #include "tensor/error.h"
 
 namespace tessera::cuda::sim {
@@ -61,6 +62,7 @@ const char* warp_op_name(WarpOp op) {
     case WarpOp::ballot: return "__ballot_sync";
     case WarpOp::any: return "__any_sync";
     case WarpOp::all: return "__all_sync";
+    case WarpOp::exchange: return "a warp-wide instruction";
   }
   return "?";
 }
@@ -95,6 +97,7 @@ void ThreadBlock::start(KernelThread& thread, FiberStacks& stacks) {
         thread.scheduler = std::move(scheduler);
         try {
           (*launch_.thread_body)();
+          settle_pending_write();
           thread.state = KernelThread::State::exited;
         } catch (const boost::context::detail::forced_unwind&) {
           throw;
@@ -110,16 +113,20 @@ void ThreadBlock::start(KernelThread& thread, FiberStacks& stacks) {
 void ThreadBlock::resume(KernelThread& thread) {
   running_ = &thread;
   launch_.block = this;
+  in_fiber_ = true;
   thread.suspended = std::move(thread.suspended).resume();
+  in_fiber_ = false;
   running_ = nullptr;
 }
 
 void ThreadBlock::yield() {
+  settle_pending_write();
   KernelThread& thread = *running_;
   thread.scheduler = std::move(thread.scheduler).resume();
 }
 
 void ThreadBlock::fault(const std::string& message) {
+  if (!in_fiber_) throw Error(message);  // the scheduler completing a warp operation for its lanes
   running_->state = KernelThread::State::faulted;
   faulted_ = true;
   fault_ = message;
@@ -128,13 +135,23 @@ void ThreadBlock::fault(const std::string& message) {
 }
 
 void ThreadBlock::run() {
+  int32_t fruitless_passes = 0;
   for (;;) {
-    bool ran = false;
+    bool ran = false, only_spun = true;
+    const uint64_t progress_before = progress_;
     for (KernelThread& thread : threads_) {
       if (thread.state != KernelThread::State::runnable) continue;
+      thread.spinning = false;
       resume(thread);
       ran = true;
       if (faulted_) throw Error(fault_);
+      if (thread.state == KernelThread::State::exited) settle_warp_after_exit(thread);
+      only_spun = only_spun && thread.spinning && thread.state == KernelThread::State::runnable;
+    }
+    if (ran && only_spun && progress_ == progress_before) {
+      if (++fruitless_passes > kFruitlessSpinPasses) fail_spinning();
+    } else {
+      fruitless_passes = 0;
     }
     if (ran) continue;
     bool all_exited = true;
@@ -192,7 +209,7 @@ std::string ThreadBlock::describe_waiting() const {
                           thread.mask, site_name(thread.wait_site));
         break;
       case KernelThread::State::exited: key = "exited"; break;
-      default: key = "run"; break;
+      default: key = thread.spinning ? "spin at " + describe(thread.spin_site) : "run"; break;
     }
     if (!groups.contains(key)) keys.push_back(key);
     groups[key].push_back(thread.linear);
@@ -206,6 +223,28 @@ std::string ThreadBlock::describe_waiting() const {
                         members.size() > 1 ? " to " + describe_thread(members.back()) : "", key);
   }
   return text;
+}
+
+void ThreadBlock::spin_point(const CodeSite& site) {
+  KernelThread& thread = running();
+  thread.spinning = true;
+  thread.spin_site = site;
+  yield();
+}
+
+void ThreadBlock::fail_spinning() const {
+  std::vector<const KernelThread*> spinners;
+  for (const KernelThread& thread : threads_) {
+    if (thread.state == KernelThread::State::runnable && thread.spinning) spinners.push_back(&thread);
+  }
+  const KernelThread& first = *spinners.front();
+  throw Error(fmt::format(
+      "cuda sim: {}: a spin-wait that can never end: {} thread{} ({}{}) poll memory at {} over and over, and no "
+      "thread stores anything any more ({}). A flag set by another block is never seen either: the simulator runs "
+      "one block at a time, and CUDA does not promise that blocks run concurrently",
+      where(), spinners.size(), spinners.size() == 1 ? "" : "s", describe_thread(first.linear),
+      spinners.size() > 1 ? " to " + describe_thread(spinners.back()->linear) : "", describe(first.spin_site),
+      describe_waiting()));
 }
 
 void ThreadBlock::sync_threads(std::source_location site) {
@@ -241,8 +280,9 @@ uint64_t ThreadBlock::warp_operation(WarpOp op, unsigned mask, uint64_t value, i
   thread.width = width;
   thread.wait_site = site;
   warp.waiting |= own;
-  if ((warp.waiting & mask) == mask) {
-    complete_warp_operation(warp, thread.warp, mask);
+  ++progress_;
+  if (((warp.waiting | warp.exited) & mask) == mask) {
+    complete_warp_operation(warp, thread.warp, mask, thread);
   } else {
     thread.state = KernelThread::State::at_warp_operation;
     yield();
@@ -250,20 +290,36 @@ uint64_t ThreadBlock::warp_operation(WarpOp op, unsigned mask, uint64_t value, i
   return thread.result;
 }
 
-void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, unsigned mask) {
+void ThreadBlock::settle_warp_after_exit(const KernelThread& exited_thread) {
+  const int32_t warp_index = exited_thread.warp;
+  WarpState& warp = warps_[warp_index];
+  warp.exited |= 1u << exited_thread.lane;
+  for (int32_t lane = 0; lane < 32 && warp.waiting != 0; ++lane) {
+    if ((warp.waiting >> lane & 1u) == 0) continue;
+    const KernelThread& waiter = threads_[warp_index * 32 + lane];
+    if (((warp.waiting | warp.exited) & waiter.mask) != waiter.mask) continue;
+    running_ = &threads_[warp_index * 32 + lane];  // faults below are the waiter's
+    complete_warp_operation(warp, warp_index, waiter.mask, waiter);
+    running_ = nullptr;
+  }
+}
+
+void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, unsigned mask,
+                                          const KernelThread& reference) {
   KernelThread* lanes = &threads_[warp_index * 32];
-  const KernelThread& last = running();
+  const unsigned arrived = mask & warp.waiting;
   const auto disagree = [&](const KernelThread& other) {
     fault(fmt::format("cuda sim: {}: lanes of warp {} disagree: lane {} is at {}(mask 0x{:08x}) at {}, lane {} at "
                       "{}(mask 0x{:08x}) at {}",
-                      where(), warp_index, last.lane, warp_op_name(last.op), last.mask, site_name(last.wait_site),
-                      other.lane, warp_op_name(other.op), other.mask, site_name(other.wait_site)));
+                      where(), warp_index, reference.lane, warp_op_name(reference.op), reference.mask,
+                      site_name(reference.wait_site), other.lane, warp_op_name(other.op), other.mask,
+                      site_name(other.wait_site)));
   };
   uint64_t ballot = 0;
   for (int32_t lane = 0; lane < 32; ++lane) {
-    if ((mask >> lane & 1u) == 0) continue;
+    if ((arrived >> lane & 1u) == 0) continue;
     const KernelThread& other = lanes[lane];
-    if (other.op != last.op || other.mask != last.mask) disagree(other);
+    if (other.op != reference.op || other.mask != reference.mask) disagree(other);
     if (other.value != 0) ballot |= uint64_t{1} << lane;
   }
   // A lane still waiting with a mask that names these lanes expected them at its own operation.
@@ -271,14 +327,29 @@ void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, u
     const bool waits_elsewhere = (warp.waiting >> lane & 1u) != 0 && (mask >> lane & 1u) == 0;
     if (waits_elsewhere && (lanes[lane].mask & mask) != 0) disagree(lanes[lane]);
   }
+  // Lanes of the mask that exited: the hardware completes the operation
+  // without them, and what they would have brought is undefined.
+  const unsigned exited = mask & ~arrived;
+  if (exited != 0 && reference.op == WarpOp::exchange) {
+    fault(fmt::format("cuda sim: {}: {} at {} needs all 32 lanes of warp {}, but lanes 0x{:08x} exited while the "
+                      "others waited (.aligned: every lane of the warp executes it)",
+                      where(), reinterpret_cast<const char*>(reference.value), site_name(reference.wait_site),
+                      warp_index, exited));
+  }
+  if (exited != 0 && reference.op != WarpOp::syncwarp && !is_shuffle(reference.op)) {
+    fault(fmt::format("cuda sim: {}: {}(mask 0x{:08x}) at {}: lanes 0x{:08x} of warp {} have exited, so the vote's "
+                      "result is undefined on the GPU (a lane that returned early is still in the mask)",
+                      where(), warp_op_name(reference.op), mask, site_name(reference.wait_site), exited, warp_index));
+  }
   for (int32_t lane = 0; lane < 32; ++lane) {
-    if ((mask >> lane & 1u) == 0) continue;
+    if ((arrived >> lane & 1u) == 0) continue;
     KernelThread& member = lanes[lane];
     switch (member.op) {
       case WarpOp::syncwarp: member.result = 0; break;
       case WarpOp::ballot: member.result = ballot; break;
       case WarpOp::any: member.result = ballot != 0; break;
       case WarpOp::all: member.result = ballot == mask; break;
+      case WarpOp::exchange: member.result = 0; break;
       default: {
         const int32_t source = shuffle_source(member.op, lane, member.argument, member.width);
         if (source < 0 || source >= 32 || (mask >> source & 1u) == 0) {
@@ -286,13 +357,18 @@ void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, u
                             "is undefined on the GPU)",
                             where(), warp_op_name(member.op), site_name(member.wait_site), lane, source, mask));
         }
+        if ((exited >> source & 1u) != 0) {
+          fault(fmt::format("cuda sim: {}: {}(mask 0x{:08x}) at {}: lane {} reads lane {}, which has exited: the value "
+                            "it receives is undefined on the GPU (a lane that returned early is still in the mask)",
+                            where(), warp_op_name(member.op), mask, site_name(member.wait_site), lane, source));
+        }
         member.result = lanes[source].value;
       }
     }
     if (member.state == KernelThread::State::at_warp_operation) member.state = KernelThread::State::runnable;
   }
   warp.waiting &= ~mask;
-  if (last.op == WarpOp::syncwarp) ++warp.syncs;
+  if (reference.op == WarpOp::syncwarp) warp.order.sync(mask, warp.lanes);
 }
 
 unsigned ThreadBlock::active_mask() const {
@@ -305,10 +381,6 @@ unsigned ThreadBlock::active_mask() const {
     }
   }
   return mask;
-}
-
-Accessor ThreadBlock::accessor() const {
-  return Accessor{running_->linear, running_->warp, warps_[running_->warp].syncs};
 }
 
 std::string ThreadBlock::where() const {

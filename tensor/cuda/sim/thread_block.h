@@ -1,9 +1,11 @@
 // One block of a simulated launch. Every CUDA thread of the block is a fiber
 // on the OS thread running the launch; the scheduler resumes each runnable
-// thread until it waits (at __syncthreads or a warp-level operation) or
-// exits. So threads run concurrently up to their barriers, warps of 32 meet
-// at their shuffles and votes, and a barrier or warp operation that some
-// thread can never reach is found and named instead of hanging.
+// thread until it waits (at __syncthreads or a warp-level operation), polls
+// memory (a volatile or atomic access: the spin-waits sm_70's independent
+// thread scheduling allows) or exits. So threads run concurrently up to
+// their barriers, warps of 32 meet at their shuffles and votes, and a
+// barrier, warp operation or spin that can never finish is found and named
+// instead of hanging.
 #pragma once
 
 #include <boost/context/fiber.hpp>
@@ -32,6 +34,8 @@ struct KernelThread {
   boost::context::fiber suspended;  // resumes this thread; held by the scheduler
   boost::context::fiber scheduler;  // resumes the scheduler; held while this thread runs
   std::source_location wait_site;
+  bool spinning = false;  // yielded at a memory poll, not a wait
+  CodeSite spin_site;
   // What this thread brought to the warp operation it waits at, and its result.
   WarpOp op = WarpOp::syncwarp;
   unsigned mask = 0;
@@ -42,9 +46,10 @@ struct KernelThread {
 };
 
 struct WarpState {
-  unsigned lanes = 0;        // lanes that exist (the last warp of a block may be partial)
-  unsigned waiting = 0;      // lanes waiting at a warp operation
-  uint32_t syncs = 0;        // completed __syncwarp, for racecheck's ordering
+  unsigned lanes = 0;    // lanes that exist (the last warp of a block may be partial)
+  unsigned waiting = 0;  // lanes waiting at a warp operation
+  unsigned exited = 0;   // lanes that have exited
+  WarpOrder order;       // completed __syncwarp calls, for racecheck's ordering
 };
 
 class ThreadBlock {
@@ -60,13 +65,22 @@ class ThreadBlock {
 
   uint3 index() const { return index_; }
   KernelThread& running() { return *running_; }
-  Accessor accessor() const;
+  int32_t running_linear() const { return running_->linear; }
+  Accessor accessor(const CodeSite& site) const {
+    return Accessor{running_->linear, running_->warp, running_->lane, &warps_[running_->warp].order, site};
+  }
 
   // Called by the running thread.
   void sync_threads(std::source_location site);
   uint64_t warp_operation(WarpOp op, unsigned mask, uint64_t value, int argument, int width,
                           std::source_location site);
   unsigned active_mask() const;
+  // A memory poll (volatile or atomic): lets the other threads run, so a
+  // spin-wait sees their stores; spinning with no thread left to store is
+  // reported as a deadlock.
+  void spin_point(const CodeSite& site);
+  // A store to device or shared memory: what spinning threads wait for.
+  void note_progress() { ++progress_; }
   // Ends the launch with `message`: the running thread never resumes.
   [[noreturn]] void fault(const std::string& message);
 
@@ -79,7 +93,12 @@ class ThreadBlock {
   void resume(KernelThread& thread);
   void yield();
   void release_barrier_or_fail();
-  void complete_warp_operation(WarpState& warp, int32_t warp_index, unsigned mask);
+  // Completes the operation the lanes of `mask` wait at, `reference` among them.
+  void complete_warp_operation(WarpState& warp, int32_t warp_index, unsigned mask, const KernelThread& reference);
+  // After a lane exits: completes what its warp's other lanes wait at, when
+  // every lane of the mask has now arrived or exited.
+  void settle_warp_after_exit(const KernelThread& exited_thread);
+  [[noreturn]] void fail_spinning() const;
   std::string describe_waiting() const;
 
   LaunchState& launch_;
@@ -89,6 +108,13 @@ class ThreadBlock {
   KernelThread* running_ = nullptr;
   std::string fault_;
   bool faulted_ = false;
+  bool in_fiber_ = false;  // a kernel thread runs, not the scheduler
+  uint64_t progress_ = 0;
 };
+
+// Scheduler passes in which every thread that ran only polled memory and no
+// thread stored anything, before a spin-wait is called a deadlock: far more
+// than any bounded poll in a kernel needs to see a store that is coming.
+constexpr int32_t kFruitlessSpinPasses = 4096;
 
 }  // namespace tessera::cuda::sim
