@@ -34,6 +34,7 @@ __device__ __forceinline__ T* dynamic_shared_memory() {
 #include <source_location>
 #include <type_traits>
 
+#include "tensor/cuda/sim/device_functions.h"
 #include "tensor/cuda/sim/intrinsics.h"
 #include "tensor/cuda/sim/launch.h"
 
@@ -61,9 +62,16 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location site = 
 inline unsigned __activemask() { return ::tessera::cuda::sim::active_mask(); }
 
 namespace tessera::cuda::sim {
+// The toolkit's 16-bit float types and their pairs have user-written copy
+// operations, so they are not trivially copyable; their bits are the value.
+template <typename T>
+concept ShuffledBits = sizeof(T) <= sizeof(uint64_t) &&
+                       (std::is_trivially_copyable_v<T> || std::is_same_v<T, __half> || std::is_same_v<T, __half2> ||
+                        std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __nv_bfloat162>);
+
 template <typename T>
 T shuffle(WarpOp op, unsigned mask, T value, int argument, int width, std::source_location site) {
-  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>, "__shfl_*_sync of a wide type");
+  static_assert(ShuffledBits<T>, "__shfl_*_sync of a type wider than 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
   bits = warp_operation(op, mask, bits, argument, width, site);
@@ -108,33 +116,57 @@ inline int __all_sync(unsigned mask, int predicate, std::source_location site = 
       ::tessera::cuda::sim::warp_operation(::tessera::cuda::sim::WarpOp::all, mask, predicate != 0, 0, warpSize, site));
 }
 
-// CUDA's atomics, with the value converted to the pointee as nvcc does.
+// The lanes of `mask` whose value equals the caller's; and the mask when all
+// are equal (setting *pred), else 0.
 template <typename T>
-T atomicAdd(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
-  return ::tessera::cuda::sim::atomic_add(address, value, site);
+  requires(std::is_integral_v<T> && (sizeof(T) == 4 || sizeof(T) == 8))
+unsigned __match_any_sync(unsigned mask, T value, std::source_location site = std::source_location::current()) {
+  return static_cast<unsigned>(::tessera::cuda::sim::warp_operation(
+      ::tessera::cuda::sim::WarpOp::match_any, mask, static_cast<uint64_t>(value), 0, warpSize, site));
 }
 template <typename T>
-T atomicMax(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
-  return ::tessera::cuda::sim::atomic_max(address, value, site);
-}
-template <typename T>
-T atomicMin(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
-  return ::tessera::cuda::sim::atomic_min(address, value, site);
-}
-template <typename T>
-T atomicExch(T* address, std::type_identity_t<T> value, std::source_location site = std::source_location::current()) {
-  return ::tessera::cuda::sim::atomic_exchange(address, value, site);
-}
-template <typename T>
-T atomicCAS(T* address, std::type_identity_t<T> expected, std::type_identity_t<T> desired,
-            std::source_location site = std::source_location::current()) {
-  return ::tessera::cuda::sim::atomic_compare_and_swap(address, expected, desired, site);
+  requires(std::is_integral_v<T> && (sizeof(T) == 4 || sizeof(T) == 8))
+unsigned __match_all_sync(unsigned mask, T value, int* pred,
+                          std::source_location site = std::source_location::current()) {
+  const auto result = static_cast<unsigned>(::tessera::cuda::sim::warp_operation(
+      ::tessera::cuda::sim::WarpOp::match_all, mask, static_cast<uint64_t>(value), 0, warpSize, site));
+  *pred = result != 0;
+  return result;
 }
 
-// A load through the read-only data cache; in the simulator a plain load.
-template <typename T>
-T __ldg(const T* address) {
-  return *address;
+namespace tessera::cuda::sim {
+inline uint32_t reduce_sync(ReduceOp op, unsigned mask, uint32_t value, std::source_location site) {
+  return static_cast<uint32_t>(warp_operation(WarpOp::reduce, mask, value, static_cast<int>(op), warpSize, site));
+}
+}  // namespace tessera::cuda::sim
+
+// sm_80's warp reductions of 32-bit integers.
+#define TESSERA_REDUCE_SYNC(name, type, op)                                                                   \
+  inline type name(unsigned mask, type value, std::source_location site = std::source_location::current()) { \
+    return static_cast<type>(::tessera::cuda::sim::reduce_sync(::tessera::cuda::sim::ReduceOp::op, mask,      \
+                                                               static_cast<uint32_t>(value), site));          \
+  }
+TESSERA_REDUCE_SYNC(__reduce_add_sync, unsigned, add_unsigned)
+TESSERA_REDUCE_SYNC(__reduce_add_sync, int, add_signed)
+TESSERA_REDUCE_SYNC(__reduce_min_sync, unsigned, min_unsigned)
+TESSERA_REDUCE_SYNC(__reduce_min_sync, int, min_signed)
+TESSERA_REDUCE_SYNC(__reduce_max_sync, unsigned, max_unsigned)
+TESSERA_REDUCE_SYNC(__reduce_max_sync, int, max_signed)
+TESSERA_REDUCE_SYNC(__reduce_and_sync, unsigned, bit_and)
+TESSERA_REDUCE_SYNC(__reduce_or_sync, unsigned, bit_or)
+TESSERA_REDUCE_SYNC(__reduce_xor_sync, unsigned, bit_xor)
+#undef TESSERA_REDUCE_SYNC
+
+// __syncthreads with a block-wide vote.
+inline int __syncthreads_count(int predicate, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::sync_threads_count(predicate, site);
+}
+inline int __syncthreads_and(int predicate, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::sync_threads_count(predicate, site) ==
+         static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
+}
+inline int __syncthreads_or(int predicate, std::source_location site = std::source_location::current()) {
+  return ::tessera::cuda::sim::sync_threads_count(predicate, site) != 0;
 }
 
 template <typename T>

@@ -47,18 +47,30 @@ std::vector<Line> lines_of(const void* code) {
   return lines;
 }
 
+constexpr const char* kSourceRoots[] = {"tensor/", "tests/", "bench/", "examples/"};
+
+bool is_project_source(const std::string& relative) {
+  for (const char* root : kSourceRoots) {
+    if (relative.starts_with(root)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string relative_source_path(const std::string& file) {
-  for (const char* root : {"/tensor/", "/tests/", "/bench/", "/examples/"}) {
-    const size_t at = file.rfind(root);
+  if (is_project_source(file)) return file;
+  for (const char* root : kSourceRoots) {
+    const size_t at = file.rfind(std::string("/") + root);
     if (at != std::string::npos) return file.substr(at + 1);
   }
   return file;
 }
 
 std::string describe(const CodeSite& site) {
-  if (site.source.line() != 0) return fmt::format("{}:{}", relative_source_path(site.source.file_name()), site.source.line());
+  if (site.source.line() != 0) {
+    return fmt::format("{}:{}", relative_source_path(site.source.file_name()), site.source.line());
+  }
   if (site.code == nullptr) return "an unknown site";
   const std::vector<Line> lines = lines_of(site.code);
   if (lines.empty()) {
@@ -71,7 +83,7 @@ std::string describe(const CodeSite& site) {
   }
   // The innermost line, and the kernel's own line when that one is in a header
   // (a toolkit intrinsic, a tessera helper inlined into the kernel).
-  const auto in_project = [](const Line& line) { return relative_source_path(line.file) != line.file; };
+  const auto in_project = [](const Line& line) { return is_project_source(relative_source_path(line.file)); };
   std::string text = fmt::format("{}:{}", relative_source_path(lines.front().file), lines.front().line);
   for (size_t outer = 1; outer < lines.size(); ++outer) {
     if (!in_project(lines[outer]) || lines[outer].file == lines.front().file) continue;

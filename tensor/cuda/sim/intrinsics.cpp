@@ -19,24 +19,15 @@ LaunchState& launch_of_caller(const char* what) {
   return *launch;
 }
 
-// A read-modify-write, atomic against every thread of the process (blocks of
-// kernels on other streams run on other OS threads).
-template <typename T, typename Update>
-T atomic_update(T* address, std::source_location site, Update update) {
-  LaunchState& launch = launch_of_caller("an atomic");
-  const CodeSite code_site{nullptr, site};
-  if (reinterpret_cast<uintptr_t>(address) % sizeof(T) != 0) {
-    launch.block->fault(fmt::format("cuda sim: {}: misaligned atomic at {} on {} ({}-byte operand)",
-                                    launch.block->where(), describe(code_site), static_cast<const void*>(address),
-                                    sizeof(T)));
-  }
-  check_access(address, sizeof(T), AccessKind::atomic, code_site);
-  std::atomic_ref<T> target(*address);
-  T old = target.load();
-  T updated = update(old);
-  while (!target.compare_exchange_weak(old, updated)) updated = update(old);
-  memory_poll(code_site, std::memcmp(&old, &updated, sizeof(T)) != 0);
-  return old;
+// A compare-and-swap loop on the word as an unsigned integer of its size.
+template <typename Bits>
+void update_bits(void* address, const void* operands, AtomicUpdate update, void* old_value) {
+  std::atomic_ref<Bits> target(*static_cast<Bits*>(address));
+  Bits old = target.load(), updated;
+  do {
+    update(&old, operands, &updated);
+  } while (!target.compare_exchange_weak(old, updated));
+  std::memcpy(old_value, &old, sizeof(Bits));
 }
 
 // What one lane brought to a warp exchange and takes from it. One slot per
@@ -154,51 +145,35 @@ void check_shared_operand(const char* instruction, const void* address, int64_t 
   }
 }
 
-int atomic_add(int* address, int value, std::source_location site) {
-  return atomic_update(address, site, [value](int old) { return static_cast<int>(static_cast<unsigned>(old) + value); });
+void atomic_update(void* address, int32_t bytes, const void* operands, AtomicUpdate update, void* old_value,
+                   std::source_location site) {
+  LaunchState& launch = launch_of_caller("an atomic");
+  const CodeSite code_site{nullptr, site};
+  if (reinterpret_cast<uintptr_t>(address) % static_cast<uint64_t>(bytes) != 0) {
+    launch.block->fault(fmt::format("cuda sim: {} thread {}: misaligned atomic at {} on {} ({}-byte operand)",
+                                    launch.block->where(), launch.block->describe_thread(launch.block->running_linear()),
+                                    describe(code_site), address, bytes));
+  }
+  check_access(address, bytes, AccessKind::atomic, code_site);
+  switch (bytes) {
+    case 2: update_bits<uint16_t>(address, operands, update, old_value); break;
+    case 4: update_bits<uint32_t>(address, operands, update, old_value); break;
+    case 8: update_bits<uint64_t>(address, operands, update, old_value); break;
+    default: fail("cuda sim: a {}-byte atomic", bytes);
+  }
+  const bool stored = std::memcmp(old_value, address, static_cast<size_t>(bytes)) != 0;
+  memory_poll(code_site, stored);
 }
-unsigned atomic_add(unsigned* address, unsigned value, std::source_location site) {
-  return atomic_update(address, site, [value](unsigned old) { return old + value; });
+
+int32_t sync_threads_count(int predicate, std::source_location site) {
+  return launch_of_caller("__syncthreads_count").block->sync_threads_count(predicate, site);
 }
-unsigned long long atomic_add(unsigned long long* address, unsigned long long value, std::source_location site) {
-  return atomic_update(address, site, [value](unsigned long long old) { return old + value; });
-}
-float atomic_add(float* address, float value, std::source_location site) {
-  return atomic_update(address, site, [value](float old) { return old + value; });
-}
-double atomic_add(double* address, double value, std::source_location site) {
-  return atomic_update(address, site, [value](double old) { return old + value; });
-}
-int atomic_max(int* address, int value, std::source_location site) {
-  return atomic_update(address, site, [value](int old) { return std::max(old, value); });
-}
-unsigned atomic_max(unsigned* address, unsigned value, std::source_location site) {
-  return atomic_update(address, site, [value](unsigned old) { return std::max(old, value); });
-}
-int atomic_min(int* address, int value, std::source_location site) {
-  return atomic_update(address, site, [value](int old) { return std::min(old, value); });
-}
-unsigned atomic_min(unsigned* address, unsigned value, std::source_location site) {
-  return atomic_update(address, site, [value](unsigned old) { return std::min(old, value); });
-}
-int atomic_exchange(int* address, int value, std::source_location site) {
-  return atomic_update(address, site, [value](int) { return value; });
-}
-unsigned atomic_exchange(unsigned* address, unsigned value, std::source_location site) {
-  return atomic_update(address, site, [value](unsigned) { return value; });
-}
-float atomic_exchange(float* address, float value, std::source_location site) {
-  return atomic_update(address, site, [value](float) { return value; });
-}
-int atomic_compare_and_swap(int* address, int expected, int desired, std::source_location site) {
-  return atomic_update(address, site, [=](int old) { return old == expected ? desired : old; });
-}
-unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired, std::source_location site) {
-  return atomic_update(address, site, [=](unsigned old) { return old == expected ? desired : old; });
-}
-unsigned long long atomic_compare_and_swap(unsigned long long* address, unsigned long long expected,
-                                           unsigned long long desired, std::source_location site) {
-  return atomic_update(address, site, [=](unsigned long long old) { return old == expected ? desired : old; });
+
+int64_t clock_ticks() { return launch_of_caller("clock64").block->tick(); }
+
+void nano_sleep(std::source_location site) {
+  launch_of_caller("__nanosleep");
+  memory_poll(CodeSite{nullptr, site}, false);
 }
 
 }  // namespace tessera::cuda::sim

@@ -21,8 +21,14 @@ dim3 grid_dim();
 // barrier in the error when threads diverge.
 void sync_threads(std::source_location site);
 
-// `exchange` is the rendezvous of a warp-wide instruction (warp_exchange).
-enum class WarpOp : uint8_t { syncwarp, shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, exchange };
+// `exchange` is the rendezvous of a warp-wide instruction (warp_exchange);
+// `match_any`/`match_all` compare the lanes' 64-bit values; `reduce` combines
+// 32-bit values by the ReduceOp in `argument`.
+enum class WarpOp : uint8_t {
+  syncwarp, shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, exchange, match_any, match_all, reduce
+};
+enum class ReduceOp : uint8_t { add_unsigned, add_signed, min_unsigned, min_signed, max_unsigned, max_signed,
+                                bit_and, bit_or, bit_xor };
 const char* warp_op_name(WarpOp op);
 
 // A warp-level operation over the lanes of `mask` (which must include the
@@ -64,24 +70,25 @@ void warp_exchange(const WarpExchange& exchange, const void* input, void* output
 void check_shared_operand(const char* instruction, const void* address, int64_t bytes, int64_t alignment,
                           std::source_location site);
 
-// Atomics: the read-modify-write is atomic against every other thread of the
-// process, the access is checked like any other at `site`, and it is a
-// memory poll (a spin-wait on an atomic lets the other threads run).
-int atomic_add(int* address, int value, std::source_location site);
-unsigned atomic_add(unsigned* address, unsigned value, std::source_location site);
-unsigned long long atomic_add(unsigned long long* address, unsigned long long value, std::source_location site);
-float atomic_add(float* address, float value, std::source_location site);
-double atomic_add(double* address, double value, std::source_location site);
-int atomic_max(int* address, int value, std::source_location site);
-unsigned atomic_max(unsigned* address, unsigned value, std::source_location site);
-int atomic_min(int* address, int value, std::source_location site);
-unsigned atomic_min(unsigned* address, unsigned value, std::source_location site);
-int atomic_exchange(int* address, int value, std::source_location site);
-unsigned atomic_exchange(unsigned* address, unsigned value, std::source_location site);
-float atomic_exchange(float* address, float value, std::source_location site);
-int atomic_compare_and_swap(int* address, int expected, int desired, std::source_location site);
-unsigned atomic_compare_and_swap(unsigned* address, unsigned expected, unsigned desired, std::source_location site);
-unsigned long long atomic_compare_and_swap(unsigned long long* address, unsigned long long expected,
-                                           unsigned long long desired, std::source_location site);
+// The atomic read-modify-write behind every CUDA atomic (portability.h types
+// them): `update` maps the old value and the operands (two for a
+// compare-and-swap) to the new value, all of `bytes` bytes (2, 4 or 8); the
+// old value is written to `old_value`. The update is atomic against every
+// thread of the process, the access is checked like any other at `site`, and
+// it is a memory poll (a spin-wait on an atomic lets the other threads run).
+using AtomicUpdate = void (*)(const void* old_value, const void* operands, void* new_value);
+void atomic_update(void* address, int32_t bytes, const void* operands, AtomicUpdate update, void* old_value,
+                   std::source_location site);
+
+// Block-wide votes at a barrier (__syncthreads_count/_and/_or): every thread
+// brings `predicate`, and each leaves with the number of threads whose
+// predicate was non-zero.
+int32_t sync_threads_count(int predicate, std::source_location site);
+
+// The simulated clock (clock64): a per-block count that advances at every
+// call and every scheduling point, so a bounded poll on it ends. Not time.
+int64_t clock_ticks();
+// __nanosleep: a scheduling point, as a memory poll that stored nothing.
+void nano_sleep(std::source_location site);
 
 }  // namespace tessera::cuda::sim

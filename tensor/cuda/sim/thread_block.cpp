@@ -36,6 +36,38 @@ bool is_shuffle(WarpOp op) {
 
 // The lane whose value `lane` receives, CUDA's rules for a segment of `width`
 // lanes: out-of-segment sources give the lane its own value.
+// The lanes of `arrived` that brought `value`.
+uint64_t lanes_matching(const KernelThread* lanes, unsigned arrived, uint64_t value) {
+  uint64_t matching = 0;
+  for (unsigned rest = arrived; rest != 0; rest &= rest - 1) {
+    const int32_t lane = std::countr_zero(rest);
+    if (lanes[lane].value == value) matching |= 1u << lane;
+  }
+  return matching;
+}
+
+// __reduce_*_sync over the 32-bit values of `arrived`.
+uint64_t reduce_lanes(const KernelThread* lanes, unsigned arrived, ReduceOp op) {
+  const int32_t first = std::countr_zero(arrived);
+  uint32_t result = static_cast<uint32_t>(lanes[first].value);
+  for (unsigned rest = arrived & (arrived - 1); rest != 0; rest &= rest - 1) {
+    const uint32_t value = static_cast<uint32_t>(lanes[std::countr_zero(rest)].value);
+    const auto as_signed = [](uint32_t bits) { return static_cast<int32_t>(bits); };
+    switch (op) {
+      case ReduceOp::add_unsigned:
+      case ReduceOp::add_signed: result += value; break;
+      case ReduceOp::min_unsigned: result = std::min(result, value); break;
+      case ReduceOp::max_unsigned: result = std::max(result, value); break;
+      case ReduceOp::min_signed: result = static_cast<uint32_t>(std::min(as_signed(result), as_signed(value))); break;
+      case ReduceOp::max_signed: result = static_cast<uint32_t>(std::max(as_signed(result), as_signed(value))); break;
+      case ReduceOp::bit_and: result &= value; break;
+      case ReduceOp::bit_or: result |= value; break;
+      case ReduceOp::bit_xor: result ^= value; break;
+    }
+  }
+  return result;
+}
+
 int32_t shuffle_source(WarpOp op, int32_t lane, int32_t argument, int32_t width) {
   const int32_t segment = lane / width * width;
   switch (op) {
@@ -63,6 +95,9 @@ const char* warp_op_name(WarpOp op) {
     case WarpOp::any: return "__any_sync";
     case WarpOp::all: return "__all_sync";
     case WarpOp::exchange: return "a warp-wide instruction";
+    case WarpOp::match_any: return "__match_any_sync";
+    case WarpOp::match_all: return "__match_all_sync";
+    case WarpOp::reduce: return "__reduce_*_sync";
   }
   return "?";
 }
@@ -121,6 +156,7 @@ void ThreadBlock::resume(KernelThread& thread) {
 
 void ThreadBlock::yield() {
   settle_pending_write();
+  ++ticks_;
   KernelThread& thread = *running_;
   thread.scheduler = std::move(thread.scheduler).resume();
 }
@@ -182,7 +218,12 @@ void ThreadBlock::release_barrier_or_fail() {
     return true;
   }();
   if (waiting == count && one_site) {
-    for (KernelThread& thread : threads_) thread.state = KernelThread::State::runnable;
+    barrier_count_ = 0;
+    for (KernelThread& thread : threads_) {
+      thread.state = KernelThread::State::runnable;
+      barrier_count_ += thread.barrier_predicate != 0;
+      thread.barrier_predicate = 0;
+    }
     launch_.static_racecheck.next_epoch();
     launch_.dynamic_racecheck.next_epoch();
     return;
@@ -223,6 +264,12 @@ std::string ThreadBlock::describe_waiting() const {
                         members.size() > 1 ? " to " + describe_thread(members.back()) : "", key);
   }
   return text;
+}
+
+int32_t ThreadBlock::sync_threads_count(int predicate, std::source_location site) {
+  running().barrier_predicate = predicate != 0;
+  sync_threads(site);
+  return barrier_count_;  // no barrier opens again before every thread has left this one
 }
 
 void ThreadBlock::spin_point(const CodeSite& site) {
@@ -337,9 +384,15 @@ void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, u
                       warp_index, exited));
   }
   if (exited != 0 && reference.op != WarpOp::syncwarp && !is_shuffle(reference.op)) {
-    fault(fmt::format("cuda sim: {}: {}(mask 0x{:08x}) at {}: lanes 0x{:08x} of warp {} have exited, so the vote's "
+    fault(fmt::format("cuda sim: {}: {}(mask 0x{:08x}) at {}: lanes 0x{:08x} of warp {} have exited, so its "
                       "result is undefined on the GPU (a lane that returned early is still in the mask)",
                       where(), warp_op_name(reference.op), mask, site_name(reference.wait_site), exited, warp_index));
+  }
+  if (reference.op == WarpOp::reduce || reference.op == WarpOp::match_any || reference.op == WarpOp::match_all) {
+    for (unsigned rest = arrived; rest != 0; rest &= rest - 1) {
+      const KernelThread& other = lanes[std::countr_zero(rest)];
+      if (other.argument != reference.argument) disagree(other);  // __reduce_add_sync meets __reduce_min_sync
+    }
   }
   for (int32_t lane = 0; lane < 32; ++lane) {
     if ((arrived >> lane & 1u) == 0) continue;
@@ -350,6 +403,12 @@ void ThreadBlock::complete_warp_operation(WarpState& warp, int32_t warp_index, u
       case WarpOp::any: member.result = ballot != 0; break;
       case WarpOp::all: member.result = ballot == mask; break;
       case WarpOp::exchange: member.result = 0; break;
+      case WarpOp::match_any: member.result = lanes_matching(lanes, arrived, member.value); break;
+      case WarpOp::match_all:
+        // The mask when every lane brought the same value, else 0.
+        member.result = lanes_matching(lanes, arrived, member.value) == arrived ? arrived : 0;
+        break;
+      case WarpOp::reduce: member.result = reduce_lanes(lanes, arrived, static_cast<ReduceOp>(member.argument)); break;
       default: {
         const int32_t source = shuffle_source(member.op, lane, member.argument, member.width);
         if (source < 0 || source >= 32 || (mask >> source & 1u) == 0) {

@@ -34,6 +34,7 @@ struct KernelThread {
   boost::context::fiber suspended;  // resumes this thread; held by the scheduler
   boost::context::fiber scheduler;  // resumes the scheduler; held while this thread runs
   std::source_location wait_site;
+  int32_t barrier_predicate = 0;  // what it brought to __syncthreads_count/_and/_or
   bool spinning = false;  // yielded at a memory poll, not a wait
   CodeSite spin_site;
   // What this thread brought to the warp operation it waits at, and its result.
@@ -72,6 +73,10 @@ class ThreadBlock {
 
   // Called by the running thread.
   void sync_threads(std::source_location site);
+  // __syncthreads_count: the barrier, then how many threads brought a non-zero predicate.
+  int32_t sync_threads_count(int predicate, std::source_location site);
+  // The simulated clock: advances at every call and every scheduling point.
+  int64_t tick() { return ++ticks_; }
   uint64_t warp_operation(WarpOp op, unsigned mask, uint64_t value, int argument, int width,
                           std::source_location site);
   unsigned active_mask() const;
@@ -110,6 +115,8 @@ class ThreadBlock {
   bool faulted_ = false;
   bool in_fiber_ = false;  // a kernel thread runs, not the scheduler
   uint64_t progress_ = 0;
+  int64_t ticks_ = 0;
+  int32_t barrier_count_ = 0;  // the last barrier's count of non-zero predicates
 };
 
 // Scheduler passes in which every thread that ran only polled memory and no
