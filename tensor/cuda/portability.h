@@ -1,10 +1,12 @@
 // The one header a kernel source (.cu) includes. nvcc compiles the source for
 // the GPU; in the simulator build g++ compiles the same file as C++, and this
-// header maps CUDA's built-ins (threadIdx, __syncthreads, __shfl_*_sync,
-// __ballot_sync, atomics, __shared__) onto tessera::cuda::sim. Kernels are
-// plain CUDA C++ plus two spellings of ours: TESSERA_LAUNCH for a launch
-// (nvcc's <<<>>> is not C++) and dynamic_shared_memory<T>() for
-// `extern __shared__` storage.
+// header maps CUDA's built-ins (threadIdx, __syncthreads, the warp
+// operations, __shared__; the device function library is in
+// sim/device_functions.h) onto tessera::cuda::sim. Kernels are plain CUDA
+// C++ plus one spelling of ours, TESSERA_LAUNCH for a launch (nvcc's <<<>>>
+// is not C++). `extern __shared__` arrays work as written (the simulator's
+// kernel units respell them as dynamic_shared_memory<T>(), which kernels may
+// also call).
 #pragma once
 
 #include <cuda_bf16.h>
