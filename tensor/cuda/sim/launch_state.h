@@ -70,7 +70,9 @@ struct PendingWrite {
   int64_t count = 0;
   unsigned char before[16] = {};  // what the other thread had written
   CodeSite site;
-  std::string hazard;  // the report, should the values differ
+  // What the report needs, formatted only if it is made (symbolising is slow).
+  Hazard hazard{};
+  const char* window = nullptr;  // "static" or "dynamic"
 };
 
 struct LaunchState {

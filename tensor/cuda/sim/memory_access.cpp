@@ -122,6 +122,17 @@ void check_device_access(LaunchState& launch, uintptr_t address, int64_t bytes, 
                           describe_device_address(pointer, bytes)));
 }
 
+// The running thread's access at `site` races with `hazard`'s earlier one.
+std::string hazard_report(const ThreadBlock& block, const Hazard& hazard, const char* window, AccessKind kind,
+                          const CodeSite& site) {
+  return fmt::format(
+      "cuda sim racecheck: {}: {} hazard on {} shared memory at byte {}: thread {} at {} {} it, and thread {} "
+      "accessed it earlier at {} with no __syncthreads() between them (nor, within one warp, a __syncwarp whose "
+      "mask holds both lanes)",
+      block.where(), hazard.kind, window, hazard.offset, block.describe_thread(block.running_linear()), describe(site),
+      verb(kind), block.describe_thread(hazard.other_thread), describe(hazard.other_site));
+}
+
 void check_shared_access(LaunchState& launch, SharedMemoryRacecheck& racecheck, unsigned char* window_base,
                          const char* window, int64_t offset, int64_t bytes, AccessKind kind, const CodeSite& site) {
   ThreadBlock& block = *launch.block;
@@ -136,16 +147,10 @@ void check_shared_access(LaunchState& launch, SharedMemoryRacecheck& racecheck, 
   }
   if (!result.hazard) return;
   const Hazard& hazard = *result.hazard;
-  std::string report = fmt::format(
-      "cuda sim racecheck: {}: {} hazard on {} shared memory at byte {}: thread {} at {} {} it, and thread {} "
-      "accessed it earlier at {} with no __syncthreads() between them (nor, within one warp, a __syncwarp whose "
-      "mask holds both lanes)",
-      block.where(), hazard.kind, window, hazard.offset, block.describe_thread(block.running_linear()), describe(site),
-      verb(kind), block.describe_thread(hazard.other_thread), describe(hazard.other_site));
   const bool maybe_same_value = kind == AccessKind::write && std::strcmp(hazard.kind, "write-after-write") == 0 &&
                                 bytes <= static_cast<int64_t>(sizeof(PendingWrite::before));
   if (!maybe_same_value) {
-    launch.reports.add("racecheck", site, [&] { return std::move(report); });
+    launch.reports.add("racecheck", site, [&] { return hazard_report(block, hazard, window, kind, site); });
     return;
   }
   PendingWrite& pending = launch.pending_write;
@@ -154,7 +159,8 @@ void check_shared_access(LaunchState& launch, SharedMemoryRacecheck& racecheck, 
   pending.count = bytes;
   std::memcpy(pending.before, pending.bytes, static_cast<size_t>(bytes));
   pending.site = site;
-  pending.hazard = std::move(report);
+  pending.hazard = hazard;
+  pending.window = window;
 }
 
 // The hardware's limits on shared memory, with a kernel's static __shared__
@@ -217,12 +223,15 @@ void settle_pending_write() {
   if (launch == nullptr || !launch->pending_write.pending) return;
   PendingWrite& pending = launch->pending_write;
   pending.pending = false;
+  const auto report = [&] {
+    return hazard_report(*launch->block, pending.hazard, pending.window, AccessKind::write, pending.site);
+  };
   if (std::memcmp(pending.before, pending.bytes, static_cast<size_t>(pending.count)) != 0) {
-    launch->reports.add("racecheck", pending.site, [&] { return std::move(pending.hazard); });
+    launch->reports.add("racecheck", pending.site, report);
   } else if (strict_racecheck()) {
     launch->reports.add("racecheck (strict)", pending.site, [&] {
-      return pending.hazard + "; it stored the value already there (a same-value write: benign on the hardware, "
-                              "reported because strict racecheck is on)";
+      return report() + "; it stored the value already there (a same-value write: benign on the hardware, "
+                        "reported because strict racecheck is on)";
     });
   }
 }
