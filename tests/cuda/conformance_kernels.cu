@@ -19,7 +19,7 @@ namespace conformance_kernels {
 
 namespace {
 
-__global__ void row_sums_cooperative_kernel(const float* x, float* out, int cols) {
+__global__ void __launch_bounds__(128) row_sums_cooperative_kernel(const float* x, float* out, int cols) {
   __shared__ float warp_sums[32];
   cg::thread_block block = cg::this_thread_block();
   cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
@@ -40,7 +40,7 @@ __global__ void row_sums_cooperative_kernel(const float* x, float* out, int cols
 
 // The programming guide's shared-memory tree: a block per row, its partial
 // sums in `extern __shared__` storage sized at launch.
-__global__ void row_sums_extern_shared_kernel(const float* x, float* out, int cols) {
+__global__ void __launch_bounds__(256) row_sums_extern_shared_kernel(const float* x, float* out, int cols) {
   extern __shared__ float partial[];
   const unsigned t = threadIdx.x;
   float sum = 0.0f;
@@ -56,7 +56,7 @@ __global__ void row_sums_extern_shared_kernel(const float* x, float* out, int co
   if (t == 0) out[blockIdx.x] = partial[0];
 }
 
-__global__ void row_max_warp_kernel(const float* x, float* out, int rows, int cols) {
+__global__ void __launch_bounds__(128) row_max_warp_kernel(const float* x, float* out, int rows, int cols) {
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / warpSize);
   const int lane = static_cast<int>(threadIdx.x % warpSize);
   if (row >= rows) return;  // whole warps leave together
@@ -66,7 +66,7 @@ __global__ void row_max_warp_kernel(const float* x, float* out, int rows, int co
   if (lane == 0) out[row] = best;
 }
 
-__global__ void softmax_online_kernel(const float* x, float* y, int rows, int cols) {
+__global__ void __launch_bounds__(128) softmax_online_kernel(const float* x, float* y, int rows, int cols) {
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / warpSize);
   const int lane = static_cast<int>(threadIdx.x % warpSize);
   if (row >= rows) return;
@@ -93,7 +93,7 @@ __global__ void softmax_online_kernel(const float* x, float* y, int rows, int co
   for (int col = lane; col < cols; col += warpSize) out[col] = expf(in[col] - running_max) / running_sum;
 }
 
-__global__ void layer_norm_vectorized_kernel(const float4* x, const float4* weight, const float4* bias, float4* y,
+__global__ void __launch_bounds__(32) layer_norm_vectorized_kernel(const float4* x, const float4* weight, const float4* bias, float4* y,
                                              int quads) {
   const int row = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x);
@@ -122,7 +122,7 @@ __global__ void layer_norm_vectorized_kernel(const float4* x, const float4* weig
   }
 }
 
-__global__ void integer_builtins_kernel(const unsigned* values, int* out) {
+__global__ void __launch_bounds__(256) integer_builtins_kernel(const unsigned* values, int* out) {
   const int t = static_cast<int>(threadIdx.x);
   const unsigned value = values[t];
   out[t] = __popc(value) * 10000 + __clz(static_cast<int>(value)) * 100 + __ffs(static_cast<int>(value));
@@ -152,7 +152,7 @@ __global__ void integer_builtins_kernel(const unsigned* values, int* out) {
   }
 }
 
-__global__ void atomics_kernel(int* ints, unsigned* unsigneds, unsigned long long* wide, long long* signed_wide,
+__global__ void __launch_bounds__(256) atomics_kernel(int* ints, unsigned* unsigneds, unsigned long long* wide, long long* signed_wide,
                                float* floats, __nv_bfloat16* bf16s, __half* halves) {
   const int t = static_cast<int>(threadIdx.x);
   atomicAdd(&ints[0], t);
@@ -174,12 +174,12 @@ __global__ void atomics_kernel(int* ints, unsigned* unsigneds, unsigned long lon
   atomicAdd(&halves[0], __float2half(0.5f));
 }
 
-__global__ void shuffle_bfloat162_kernel(const __nv_bfloat162* in, __nv_bfloat162* out) {
+__global__ void __launch_bounds__(32) shuffle_bfloat162_kernel(const __nv_bfloat162* in, __nv_bfloat162* out) {
   const int lane = static_cast<int>(threadIdx.x);
   out[lane] = __shfl_sync(0xffffffffu, in[lane], (lane + 1) % 32);
 }
 
-__global__ void bounded_wait_kernel(int* out) {
+__global__ void __launch_bounds__(32) bounded_wait_kernel(int* out) {
   if (threadIdx.x != 0) return;
   const long long start = clock64();
   while (clock64() - start < 100) __nanosleep(32);
