@@ -132,7 +132,16 @@ TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise
   }
 }
 
-TEST_CASE("fsdp: deterministic mode with 2 intra-op threads per rank is bitwise one process with N micro-batches") {
+// Its OpenMP teams synchronise inside libgomp, which Debian does not build with
+// ThreadSanitizer: under TSan every kernel's team would be reported as racing.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kOpenMPInvisibleToSanitizer = true;
+#else
+constexpr bool kOpenMPInvisibleToSanitizer = false;
+#endif
+
+TEST_CASE("fsdp: deterministic mode with 2 intra-op threads per rank is bitwise one process with N micro-batches" *
+          doctest::skip(kOpenMPInvisibleToSanitizer)) {
   TrainingSetup setup = awkward();
   setup.threads = 2;
   for (int world : {1, 2, 3, 4}) {

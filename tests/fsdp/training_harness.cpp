@@ -82,9 +82,11 @@ std::vector<nn::Module*> causal_lm_blocks(nn::Module& model) {
 template <typename Model, typename Config>
 ModelRecipe causal_lm_recipe(std::string name, Config config) {
   return {.name = std::move(name),
-          .build_on_meta = [config](DType dtype) mutable {
-            config.dtype = dtype;
-            return std::make_shared<Model>(config, kMeta);
+          // Every rank thread calls this: it copies the config, never writes the captured one.
+          .build_on_meta = [config](DType dtype) {
+            Config in_dtype = config;
+            in_dtype.dtype = dtype;
+            return std::make_shared<Model>(in_dtype, kMeta);
           },
           .shard_units = causal_lm_blocks,
           .micro_batch = [vocab = config.vocab_size](std::mt19937_64& generator, int64_t batch, int64_t seq_len) {
