@@ -7,6 +7,12 @@
 
 namespace tessera::fsdp {
 
+int64_t padded_shard_rows(int64_t rows, int64_t shards) {
+  TESSERA_CHECK(rows >= 0, "padded_shard_rows: rows must be >= 0, got {}", rows);
+  TESSERA_CHECK(shards >= 1, "padded_shard_rows: shards must be >= 1, got {}", shards);
+  return rows / shards + (rows % shards != 0 ? 1 : 0);  // ceil, without overflow
+}
+
 FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh)
     : fqn_(std::move(fqn)), param_(std::move(param)), dtype_(param_->tensor().dtype()) {
   const Tensor full = param_->tensor();
@@ -25,7 +31,7 @@ FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, cons
                                       : dist::Placements{dist::Replicate{}, dist::Shard{0}};
   spec->global_shape = global_shape;
   spec->row_offset = extent.offset;
-  spec->padded_rows = (rows + shards - 1) / shards;
+  spec->padded_rows = padded_shard_rows(rows, shards);
   spec_ = spec;
 
   Shape padded_shape = global_shape;

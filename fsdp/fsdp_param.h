@@ -21,6 +21,14 @@
 
 namespace tessera::fsdp {
 
+// FSDP's dim-0 split, one formula for fully_shard (FSDPParam, below) and for
+// the sharding plan (fsdp/plan.h), which sizes shards for any world without
+// a process group: over `shards` ranks every rank's shard is a chunk of
+// ceil(rows / shards) rows, the real rows first and zero rows padding the
+// tail (shard i holds rows dist::shard_extent(rows, shards, i)). Throws
+// tessera::Error unless rows >= 0 and shards >= 1.
+int64_t padded_shard_rows(int64_t rows, int64_t shards);
+
 class FSDPParam {
  public:
   // Shards `param` over `mesh` (1-D: Shard(0); 2-D: Replicate, Shard(0)):
@@ -37,7 +45,7 @@ class FSDPParam {
   const Shape& global_shape() const { return spec_->global_shape; }
   int64_t rows() const { return spec_->global_shape[0]; }
   int64_t row_numel() const { return row_numel_; }  // elements per dim-0 row
-  int64_t padded_rows() const { return spec_->padded_rows; }  // rows of every rank's chunk
+  int64_t padded_rows() const { return spec_->padded_rows; }  // rows of every rank's chunk: padded_shard_rows
   int64_t local_rows() const;
   DType dtype() const { return dtype_; }  // the original (sharded) dtype
 

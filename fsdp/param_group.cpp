@@ -17,7 +17,7 @@ FlatLayout make_layout(const std::vector<std::unique_ptr<FSDPParam>>& params, in
   FlatLayout layout;
   layout.world = world;
   for (const auto& param : params) {
-    const int64_t chunk_rows = (param->rows() + world - 1) / world;
+    const int64_t chunk_rows = padded_shard_rows(param->rows(), world);
     layout.chunk_rows.push_back(chunk_rows);
     layout.offsets.push_back(layout.slot_numel);
     layout.slot_numel += chunk_rows * param->row_numel();

@@ -1,19 +1,354 @@
-// fsdp::sharding_plan and expected_comm_per_step: read the FSDPStates of a
-// model (after the root's lazy init) and add up shards and collectives with the
-// same layout arithmetic FSDPParamGroup uses.
+// fsdp::ShardingPlan: the groups of a live FSDP tree or of a list of
+// fully_shard calls, their flat layouts over a mesh's sizes, a training
+// step's unsharded memory replayed group by group, the step's collectives,
+// and the plan as text.
 #include "fsdp/plan.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
 
 #include "dist/comm_stats.h"
+#include "fsdp/fsdp_param.h"
 #include "fsdp/state.h"
 
 namespace tessera::fsdp {
 
 namespace {
+
+int64_t bytes_of(DType dtype, int64_t numel) { return numel * static_cast<int64_t>(element_size(dtype)); }
+
+// Whether the module named `module_fqn` is `ancestor_fqn` or lies inside it.
+bool is_inside(const std::string& module_fqn, const std::string& ancestor_fqn) {
+  return ancestor_fqn.empty() || module_fqn == ancestor_fqn ||
+         (module_fqn.size() > ancestor_fqn.size() && module_fqn.compare(0, ancestor_fqn.size(), ancestor_fqn) == 0 &&
+          module_fqn[ancestor_fqn.size()] == '.');
+}
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+std::string quoted_module(const std::string& fqn) { return fqn.empty() ? std::string("the root") : "'" + fqn + "'"; }
+
+// ---- layouts -------------------------------------------------------------------------------------
+
+// The flat layout of `unit`'s parameters over `mesh` (FlatLayout in
+// param_group.h), from FSDP's dim-0 split: every parameter's padded chunk,
+// over the shard group and over reshard_after_forward's N ranks.
+void lay_out(PlannedUnit& unit, const PlanMesh& mesh) {
+  const std::optional<int64_t> post_forward_ranks = unit.reshard_after_forward.group_size();
+  for (PlannedParam& param : unit.params) {
+    param.padded_rows = padded_shard_rows(param.rows(), mesh.shard);
+    param.padding_rows = param.padded_rows * mesh.shard - param.rows();
+    unit.slot_numel += param.padded_rows * param.row_numel();
+    if (post_forward_ranks) {
+      unit.post_forward_slot_numel += padded_shard_rows(param.rows(), *post_forward_ranks) * param.row_numel();
+    }
+    unit.unsharded_bytes += bytes_of(unit.param_dtype, param.numel());
+  }
+  unit.all_gather_buffer_bytes = bytes_of(unit.param_dtype, mesh.shard * unit.slot_numel);
+  if (post_forward_ranks) {
+    unit.post_forward_buffer_bytes = bytes_of(unit.param_dtype, *post_forward_ranks * unit.post_forward_slot_numel);
+  }
+}
+
+// Each unit's enclosing unit: the nearest one before it (pre-order) whose
+// module contains it.
+void link_parents(std::vector<PlannedUnit>& units) {
+  for (size_t index = 1; index < units.size(); ++index) {
+    for (size_t outer = index; outer-- > 0;) {
+      if (is_inside(units[index].fqn, units[outer].fqn)) {
+        units[index].parent = static_cast<int>(outer);
+        break;
+      }
+    }
+  }
+}
+
+// ---- the step's unsharded memory -------------------------------------------------------------------
+
+// One training step (forward, backward, gradients synced) replayed as the
+// FSDPStates drive their groups (state.cpp) and as each group allocates and
+// frees its unsharded memory (param_group.cpp), keeping the highest total.
+class StepReplay {
+ public:
+  explicit StepReplay(const std::vector<PlannedUnit>& units) : units_(units), groups_(units.size()) {
+    children_.resize(units.size());
+    for (size_t index = 0; index < units.size(); ++index) {
+      groups_[index].holding.unit = units[index].label();
+      if (units[index].parent >= 0) children_[static_cast<size_t>(units[index].parent)].push_back(index);
+      if (units[index].has_group()) pre_forward_order_.push_back(index);
+    }
+    if (!units.empty()) record_post_forward_order(0);
+  }
+
+  UnshardedPeak run() {
+    if (units_.empty()) return {};
+    phase_ = "forward";
+    forward(0);
+    phase_ = "backward";
+    backward(0);
+    for (size_t index : untrainable_) reshard(index, State::sharded);  // the root's final callback
+    return peak_;
+  }
+
+ private:
+  enum class State { sharded, sharded_post_forward, unsharded };
+  struct Group {
+    State state = State::sharded;
+    bool all_gather_pending = false;
+    UnshardedHolding holding;
+  };
+
+  // Post-forward order: a module's forward ends after those inside it.
+  void record_post_forward_order(size_t index) {
+    for (size_t child : children_[index]) record_post_forward_order(child);
+    if (units_[index].has_group()) post_forward_order_.push_back(index);
+  }
+
+  // Sets one of a holding's amounts and notes a new peak.
+  void charge(int64_t& amount, int64_t bytes, const std::string& moment) {
+    live_ += bytes - amount;
+    amount = bytes;
+    if (live_ <= peak_.bytes) return;
+    peak_.bytes = live_;
+    peak_.moment = moment;
+    peak_.holdings.clear();
+    for (const Group& group : groups_) {
+      if (group.holding.total() > 0) peak_.holdings.push_back(group.holding);
+    }
+  }
+
+  // FSDPParamGroup::unshard: allocate the all-gather output (a post-forward
+  // group's slot is copied into it and freed).
+  void unshard(size_t index, const std::string& moment) {
+    const PlannedUnit& unit = units_[index];
+    Group& group = groups_[index];
+    if (!unit.has_group() || group.state == State::unsharded || group.all_gather_pending) return;
+    const bool from_post_forward = group.state == State::sharded_post_forward;
+    charge(group.holding.all_gather_buffer,
+           from_post_forward ? unit.post_forward_buffer_bytes : unit.all_gather_buffer_bytes, moment);
+    if (from_post_forward) charge(group.holding.post_forward_shard, 0, moment);
+    group.all_gather_pending = true;
+  }
+
+  // FSDPParamGroup::wait_for_unshard: the copy-out allocates the unsharded
+  // parameters while the all-gather output is still live, then frees it.
+  void wait_for_unshard(size_t index) {
+    const PlannedUnit& unit = units_[index];
+    Group& group = groups_[index];
+    if (group.state == State::unsharded && !group.all_gather_pending) return;
+    if (!group.all_gather_pending) unshard(index, fmt::format("the all-gather of {} in {}", unit.label(), phase_));
+    charge(group.holding.parameters, unit.unsharded_bytes,
+           fmt::format("the copy-out of {} in {}", unit.label(), phase_));
+    charge(group.holding.all_gather_buffer, 0, "");
+    group.all_gather_pending = false;
+    group.state = State::unsharded;
+  }
+
+  // FSDPParamGroup::reshard: to the post-forward shard (allocated while the
+  // unsharded parameters are live) or fully.
+  void reshard(size_t index, State target) {
+    const PlannedUnit& unit = units_[index];
+    Group& group = groups_[index];
+    if (group.all_gather_pending) {
+      charge(group.holding.all_gather_buffer, 0, "");
+      group.all_gather_pending = false;
+    }
+    const bool to_post_forward = target == State::sharded_post_forward && unit.post_forward_slot_numel > 0;
+    if (group.state == State::unsharded) {
+      if (to_post_forward) {
+        charge(group.holding.post_forward_shard, bytes_of(unit.param_dtype, unit.post_forward_slot_numel),
+               fmt::format("the post-forward reshard of {} (its rows of a {}-way sharding)", unit.label(),
+                           unit.reshard_after_forward.to_string()));
+      }
+      charge(group.holding.parameters, 0, "");
+    } else if (group.state == State::sharded_post_forward && !to_post_forward) {
+      charge(group.holding.post_forward_shard, 0, "");
+    } else if (group.state == State::sharded) {
+      return;
+    }
+    group.state = to_post_forward ? State::sharded_post_forward : State::sharded;
+  }
+
+  // FSDPState's default prefetch: the neighbour in a recorded order.
+  std::optional<size_t> neighbour(const std::vector<size_t>& order, size_t index, int step) const {
+    const auto here = std::find(order.begin(), order.end(), index);
+    if (here == order.end()) return std::nullopt;
+    const auto at = (here - order.begin()) + step;
+    if (at < 0 || at >= static_cast<std::ptrdiff_t>(order.size())) return std::nullopt;
+    return order[static_cast<size_t>(at)];
+  }
+
+  void prefetch(size_t index, const std::vector<size_t>& order, int step) {
+    if (const std::optional<size_t> target = neighbour(order, index, step)) {
+      const std::string moment =
+          fmt::format("{}'s prefetch of {} in {}", units_[index].label(), units_[*target].label(), phase_);
+      unshard(*target, moment);
+    }
+  }
+
+  void forward(size_t index) {
+    const PlannedUnit& unit = units_[index];
+    if (unit.has_group()) {
+      wait_for_unshard(index);
+      prefetch(index, pre_forward_order_, +1);
+    }
+    for (size_t child : children_[index]) forward(child);
+    if (!unit.has_group()) return;
+    if (unit.reshard_after_forward.is_always()) {
+      reshard(index, State::sharded);
+    } else if (unit.reshard_after_forward.group_size()) {
+      reshard(index, State::sharded_post_forward);
+    }
+  }
+
+  // Backward reaches a module's output after everything that ran after it;
+  // its group reshards once its gradients are done: after the modules inside
+  // it (their inputs' gradients come first). A group without trainable
+  // parameters waits for the end of the pass.
+  void backward(size_t index) {
+    const PlannedUnit& unit = units_[index];
+    if (unit.has_group()) {
+      wait_for_unshard(index);
+      prefetch(index, post_forward_order_, -1);
+    }
+    for (auto child = children_[index].rbegin(); child != children_[index].rend(); ++child) backward(*child);
+    if (!unit.has_group()) return;
+    if (unit.has_trainable_parameters()) {
+      reshard(index, State::sharded);
+    } else {
+      untrainable_.push_back(index);
+    }
+  }
+
+  const std::vector<PlannedUnit>& units_;
+  std::vector<Group> groups_;
+  std::vector<std::vector<size_t>> children_;
+  std::vector<size_t> pre_forward_order_;
+  std::vector<size_t> post_forward_order_;
+  std::vector<size_t> untrainable_;
+  const char* phase_ = "forward";
+  int64_t live_ = 0;
+  UnshardedPeak peak_;
+};
+
+// The per-rank totals and the peak of `units` laid out over `mesh`.
+ShardingPlan assemble(std::string model_type, const PlanMesh& mesh, std::vector<PlannedUnit> units) {
+  ShardingPlan plan;
+  plan.model_type = std::move(model_type);
+  plan.mesh = mesh;
+  link_parents(units);
+  for (const PlannedUnit& unit : units) {
+    for (const PlannedParam& param : unit.params) {
+      plan.parameters += param.numel();
+      plan.tensors += 1;
+      plan.shard_bytes += param.shard_bytes();
+      plan.padding_bytes += bytes_of(param.dtype, param.padding_rows * param.row_numel());
+      if (param.requires_grad) plan.gradient_bytes += bytes_of(param.dtype, param.rank0_rows() * param.row_numel());
+    }
+    plan.all_groups_unsharded_bytes += unit.unsharded_bytes;
+  }
+  plan.units = std::move(units);
+  plan.peak = StepReplay(plan.units).run();
+  return plan;
+}
+
+// ---- units from fully_shard calls -----------------------------------------------------------------
+
+// Where the modules and parameters of the root's tree are.
+struct ModuleTree {
+  std::map<const nn::Module*, std::pair<size_t, std::string>> modules;  // pre-order index and name
+  // Every slot of every parameter: (module name, parameter name); tied ones have several.
+  std::map<const nn::Parameter*, std::vector<std::pair<std::string, std::string>>> slots;
+};
+
+ModuleTree read_tree(nn::Module& root) {
+  ModuleTree tree;
+  for (const auto& [fqn, module] : root.named_modules()) {
+    tree.modules.emplace(module, std::make_pair(tree.modules.size(), fqn));
+    for (const auto& [name, parameter] : module->named_parameters(/*recurse=*/false)) {
+      tree.slots[parameter.get()].emplace_back(fqn, join_name(fqn, name));
+    }
+  }
+  return tree;
+}
+
+// The group fully_shard(call.module, call.options) would make, given the
+// parameters earlier calls claimed (parameter -> the claiming module's name).
+PlannedUnit unit_of_call(const PlannedCall& call, const std::string& fqn, bool is_root, const PlanMesh& mesh,
+                         const ModuleTree& tree, std::map<const nn::Parameter*, std::string>& claimed) {
+  const std::string where = fmt::format("plan_fully_shard({} {})", call.module->type_name(), quoted_module(fqn));
+  PlannedUnit unit;
+  unit.fqn = fqn;
+  unit.module_type = call.module->type_name();
+  std::set<const nn::Parameter*> ignored;
+  for (const auto& parameter : call.options.ignored_params) ignored.insert(parameter.get());
+
+  for (const auto& [name, parameter] : call.module->named_parameters()) {
+    const std::string parameter_fqn = join_name(fqn, name);
+    if (const auto found = claimed.find(parameter.get()); found != claimed.end()) {
+      TESSERA_CHECK(is_inside(found->second, fqn),
+                    "{}: parameter '{}' is already in the group of {}, which is not inside this module; apply "
+                    "fully_shard bottom-up (blocks first, then the root), and keep tied parameters in one module's "
+                    "call",
+                    where, parameter_fqn, quoted_module(found->second));
+      continue;  // managed by a call below this one
+    }
+    if (ignored.count(parameter.get()) > 0) continue;
+    const Tensor& tensor = parameter->tensor();
+    TESSERA_CHECK(tensor.dim() >= 1, "{}: parameter '{}' is 0-d; dim-0 sharding needs dim >= 1 (pass it in "
+                  "ignored_params to keep it whole)", where, parameter_fqn);
+    TESSERA_CHECK(is_floating(tensor.dtype()), "{}: parameter '{}' is {}; only floating parameters can be sharded",
+                  where, parameter_fqn, dtype_name(tensor.dtype()));
+    // The root's lazy init refuses a parameter tied to a module outside its group's.
+    for (const auto& [use_module, use_name] : tree.slots.at(parameter.get())) {
+      TESSERA_CHECK(is_inside(use_module, fqn),
+                    "{}: parameter '{}' is tied to '{}', which is outside {}; tied parameters must live in one group: "
+                    "call fully_shard on a module that contains both",
+                    where, parameter_fqn, use_name, quoted_module(fqn));
+    }
+    claimed.emplace(parameter.get(), fqn);
+    unit.params.push_back(PlannedParam{.fqn = parameter_fqn,
+                                       .global_shape = tensor.sizes(),
+                                       .dtype = tensor.dtype(),
+                                       .requires_grad = parameter->requires_grad(),
+                                       .padded_rows = 0,
+                                       .padding_rows = 0});
+  }
+
+  const MixedPrecisionPolicy& policy = call.options.mp_policy;
+  if (!unit.params.empty() && !policy.param_dtype) {
+    for (const PlannedParam& param : unit.params) {
+      TESSERA_CHECK(param.dtype == unit.params.front().dtype,
+                    "{}: parameters '{}' ({}) and '{}' ({}) differ in dtype; one group moves one dtype: set "
+                    "MixedPrecisionPolicy::param_dtype or shard them in separate calls",
+                    where, unit.params.front().fqn, dtype_name(unit.params.front().dtype), param.fqn,
+                    dtype_name(param.dtype));
+    }
+  }
+  unit.param_dtype = policy.param_dtype.value_or(unit.params.empty() ? DType::f32 : unit.params.front().dtype);
+  unit.reduce_dtype = policy.reduce_dtype.value_or(unit.param_dtype);
+  TESSERA_CHECK(is_floating(unit.param_dtype) && is_floating(unit.reduce_dtype),
+                "{}: param_dtype and reduce_dtype must be floating, got {} and {}", where,
+                dtype_name(unit.param_dtype), dtype_name(unit.reduce_dtype));
+  // FSDP's defaults: the root keeps its parameters for backward, which needs them first.
+  const ReshardAfterForward reshard = call.options.reshard_after_forward.value_or(
+      is_root ? ReshardAfterForward::never() : ReshardAfterForward::always());
+  try {
+    unit.reshard_after_forward = reshard.resolved(mesh.shard);
+  } catch (const Error& error) {
+    fail("{}: {}", where, error.what());
+  }
+  lay_out(unit, mesh);
+  return unit;
+}
+
+// ---- units from a live FSDP tree ------------------------------------------------------------------
 
 // The root's state, lazily initialised so fqns and reshard settings are final.
 FSDPState& initialized_root(nn::Module& root, std::string_view caller) {
@@ -28,7 +363,8 @@ FSDPState& initialized_root(nn::Module& root, std::string_view caller) {
       if (below == nullptr || below->group() == nullptr) continue;
       for (const auto& param : below->group()->params()) {
         TESSERA_CHECK(!param->sharded().is_meta(),
-                      "{}: parameter '{}' is still on meta; call to_empty(device) and reset_parameters() first",
+                      "{}: parameter '{}' is still on meta; call to_empty(device) and reset_parameters() first, or "
+                      "plan the model's fully_shard calls with plan_fully_shard",
                       caller, param->fqn());
       }
     }
@@ -39,26 +375,43 @@ FSDPState& initialized_root(nn::Module& root, std::string_view caller) {
   return *state;
 }
 
-int64_t bytes_of(DType dtype, int64_t numel) { return numel * static_cast<int64_t>(element_size(dtype)); }
-
-// Elements of one rank's slot when the group's parameters are chunked over
-// `world` ranks (FlatLayout::slot_numel).
-int64_t slot_numel_for(const FSDPParamGroup& group, int64_t world) {
-  int64_t numel = 0;
-  for (const auto& param : group.params()) numel += (param->rows() + world - 1) / world * param->row_numel();
-  return numel;
+PlanMesh mesh_sizes(const dist::DeviceMesh& mesh) {
+  return mesh.ndim() == 1 ? PlanMesh{.replicate = 1, .shard = mesh.size(0)}
+                          : PlanMesh{.replicate = mesh.size(0), .shard = mesh.size(1)};
 }
 
-bool has_trainable_parameters(const FSDPParamGroup& group) {
-  const auto& params = group.params();
-  return std::any_of(params.begin(), params.end(), [](const auto& param) { return param->param().requires_grad(); });
+PlannedUnit unit_of_state(const FSDPState& state, const PlanMesh& mesh) {
+  PlannedUnit unit;
+  unit.fqn = state.fqn();
+  unit.module_type = state.module().type_name();
+  const FSDPParamGroup* group = state.group();
+  if (group == nullptr) return unit;
+  for (const auto& param : group->params()) {
+    unit.params.push_back(PlannedParam{.fqn = param->fqn(),
+                                       .global_shape = param->global_shape(),
+                                       .dtype = param->dtype(),
+                                       .requires_grad = param->param().requires_grad(),
+                                       .padded_rows = 0,
+                                       .padding_rows = 0});
+  }
+  unit.reshard_after_forward = group->reshard_after_forward();
+  unit.param_dtype = group->param_dtype();
+  unit.reduce_dtype = group->reduce_dtype();
+  lay_out(unit, mesh);
+  // One formula for both: the plan's layout is the group's.
+  TESSERA_CHECK(unit.slot_numel == group->layout().slot_numel,
+                "sharding plan: the layout of {} has {} elements a slot, its FSDP group {}", unit.label(),
+                unit.slot_numel, group->layout().slot_numel);
+  return unit;
 }
 
-// `calls` collectives of `kind` moving `bytes` each (the per-rank chunk for
-// all-gather and reduce-scatter, the whole tensor for all-reduce).
-void add_collective(StepCommVolume& volume, dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group,
-                    int64_t calls) {
-  const dist::CommVolume one = dist::collective_volume(kind, bytes, group.size(), /*is_root=*/false);
+// ---- communication ---------------------------------------------------------------------------------
+
+// `calls` collectives of `kind` over `ranks` ranks moving `bytes` each (the
+// per-rank chunk for all-gather and reduce-scatter, the whole tensor for
+// all-reduce).
+void add_collective(StepCommVolume& volume, dist::CollectiveKind kind, int64_t bytes, int64_t ranks, int64_t calls) {
+  const dist::CommVolume one = dist::collective_volume(kind, bytes, static_cast<int>(ranks), /*is_root=*/false);
   switch (kind) {
     case dist::CollectiveKind::all_gather:
       volume.all_gather_calls += calls;
@@ -75,56 +428,30 @@ void add_collective(StepCommVolume& volume, dist::CollectiveKind kind, int64_t b
       volume.all_reduce_bytes_sent += calls * one.sent;
       volume.all_reduce_bytes_received += calls * one.received;
       return;
-    default: fail("expected_comm_per_step: FSDP issues no {}", dist::collective_name(kind));
+    default: fail("comm_per_step: FSDP issues no {}", dist::collective_name(kind));
   }
 }
 
 // One group's collectives for a step of `micro_batches` passes, synced once.
-StepCommVolume group_comm(const FSDPParamGroup& group, int64_t micro_batches) {
-  StepCommVolume volume;
-  const GroupComm& comm = group.comm();
-  const int64_t slot_bytes = bytes_of(group.param_dtype(), group.layout().slot_numel);
-  add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, *comm.shard, micro_batches);
-
+void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMesh& mesh, int64_t micro_batches) {
+  const int64_t slot_bytes = bytes_of(unit.param_dtype, unit.slot_numel);
+  add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, mesh.shard, micro_batches);
   // Backward's all-gather: none when kept unsharded, over the shard group
   // again, or over the post-forward group of N.
-  const ReshardAfterForward& reshard = group.reshard_after_forward();
-  if (reshard.is_always()) {
-    add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, *comm.shard, micro_batches);
-  } else if (const std::optional<int64_t> ranks = reshard.group_size()) {
-    const int64_t post_forward_bytes = bytes_of(group.param_dtype(), slot_numel_for(group, *ranks));
-    add_collective(volume, dist::CollectiveKind::all_gather, post_forward_bytes, *comm.post_forward, micro_batches);
+  if (unit.reshard_after_forward.is_always()) {
+    add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, mesh.shard, micro_batches);
+  } else if (const std::optional<int64_t> ranks = unit.reshard_after_forward.group_size()) {
+    add_collective(volume, dist::CollectiveKind::all_gather, bytes_of(unit.param_dtype, unit.post_forward_slot_numel),
+                   *ranks, micro_batches);
   }
-
-  if (has_trainable_parameters(group)) {
-    const int64_t flags = static_cast<int64_t>(group.params().size());
-    const int64_t gradient_bytes = bytes_of(group.reduce_dtype(), group.layout().slot_numel + flags);
-    add_collective(volume, dist::CollectiveKind::reduce_scatter, gradient_bytes, *comm.shard, 1);
-    if (comm.replicate) add_collective(volume, dist::CollectiveKind::all_reduce, gradient_bytes, *comm.replicate, 1);
-  }
-  return volume;
+  if (!unit.has_trainable_parameters()) return;
+  const int64_t flags = static_cast<int64_t>(unit.params.size());
+  const int64_t gradient_bytes = bytes_of(unit.reduce_dtype, unit.slot_numel + flags);
+  add_collective(volume, dist::CollectiveKind::reduce_scatter, gradient_bytes, mesh.shard, 1);
+  if (mesh.replicate > 1) add_collective(volume, dist::CollectiveKind::all_reduce, gradient_bytes, mesh.replicate, 1);
 }
 
-void accumulate(StepCommVolume& total, const StepCommVolume& part) {
-  total.all_gather_calls += part.all_gather_calls;
-  total.all_gather_bytes_sent += part.all_gather_bytes_sent;
-  total.all_gather_bytes_received += part.all_gather_bytes_received;
-  total.reduce_scatter_calls += part.reduce_scatter_calls;
-  total.reduce_scatter_bytes_sent += part.reduce_scatter_bytes_sent;
-  total.reduce_scatter_bytes_received += part.reduce_scatter_bytes_received;
-  total.all_reduce_calls += part.all_reduce_calls;
-  total.all_reduce_bytes_sent += part.all_reduce_bytes_sent;
-  total.all_reduce_bytes_received += part.all_reduce_bytes_received;
-}
-
-StepCommVolume comm_of(const FSDPState& root, int64_t micro_batches) {
-  TESSERA_CHECK(micro_batches >= 1, "expected_comm_per_step: micro_batches must be >= 1, got {}", micro_batches);
-  StepCommVolume total;
-  for (const FSDPState* state : root.tree()) {
-    if (state->group() != nullptr) accumulate(total, group_comm(*state->group(), micro_batches));
-  }
-  return total;
-}
+// ---- text ------------------------------------------------------------------------------------------
 
 // "16384 B (16.0 KiB)": exact, so figures can be compared with stats(), and readable.
 std::string bytes_text(int64_t bytes) {
@@ -132,69 +459,179 @@ std::string bytes_text(int64_t bytes) {
 }
 
 // As fully_shard's option reads, resolved: "true", "false" or N.
-std::string reshard_text(const FSDPParamGroup& group) {
-  const ReshardAfterForward& reshard = group.reshard_after_forward();
-  if (const std::optional<int64_t> ranks = reshard.group_size()) {
+std::string reshard_text(const PlannedUnit& unit) {
+  if (const std::optional<int64_t> ranks = unit.reshard_after_forward.group_size()) {
     return fmt::format("{} (backward all-gathers over {} ranks)", *ranks, *ranks);
   }
-  return reshard.to_string();
+  return unit.reshard_after_forward.to_string();
 }
 
 std::string shape_text(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-}  // namespace
-
-StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches) {
-  return comm_of(initialized_root(root, "expected_comm_per_step"), micro_batches);
+std::string holding_text(const UnshardedHolding& holding) {
+  std::vector<std::string> parts;
+  if (holding.all_gather_buffer > 0) {
+    parts.push_back(fmt::format("all-gather buffer {}", dist::human_bytes(holding.all_gather_buffer)));
+  }
+  if (holding.parameters > 0) parts.push_back(fmt::format("parameters {}", dist::human_bytes(holding.parameters)));
+  if (holding.post_forward_shard > 0) {
+    parts.push_back(fmt::format("post-forward shard {}", dist::human_bytes(holding.post_forward_shard)));
+  }
+  return fmt::format("{}: {}", holding.unit, fmt::join(parts, ", "));
 }
 
-std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_state) {
-  const FSDPState& root_state = initialized_root(root, "sharding_plan");
-  const dist::DeviceMesh& mesh = root_state.mesh();
-  const int rank = mesh.rank();
-  std::string text = fmt::format("FSDP sharding plan of {}, seen from mesh rank {}\nmesh {}\n", root.type_name(), rank,
-                                 mesh.to_string());
+void append_unit(std::string& text, const PlannedUnit& unit, const PlanMesh& mesh) {
+  if (!unit.has_group()) {
+    text += fmt::format("\nmodule {}: {}, no parameters of its own\n", unit.label(), unit.module_type);
+    return;
+  }
+  text += fmt::format("\nmodule {}: {}, {} parameters; reshard_after_forward {}; param {}, reduce {}\n",
+                      unit.label(), unit.module_type, unit.params.size(), reshard_text(unit),
+                      dtype_name(unit.param_dtype), dtype_name(unit.reduce_dtype));
+  text += fmt::format("  all-gather buffer {} x {} = {}; unsharded parameters {}\n", mesh.shard,
+                      dist::human_bytes(bytes_of(unit.param_dtype, unit.slot_numel)),
+                      dist::human_bytes(unit.all_gather_buffer_bytes), dist::human_bytes(unit.unsharded_bytes));
+  size_t name_width = std::string_view("parameter").size();
+  for (const PlannedParam& param : unit.params) name_width = std::max(name_width, param.fqn.size());
+  text += fmt::format("  {:<{}}  {:>16}  {:>13}  {:>12}  {:>24}\n", "parameter", name_width, "global shape",
+                      "rows per rank", "padding rows", "shard bytes per rank");
+  for (const PlannedParam& param : unit.params) {
+    text += fmt::format("  {:<{}}  {:>16}  {:>13}  {:>12}  {:>24}\n", param.fqn, name_width,
+                        shape_text(param.global_shape), param.padded_rows, param.padding_rows,
+                        bytes_text(param.shard_bytes()));
+  }
+}
 
-  int64_t shard_bytes = 0;
-  int64_t unsharded_bytes = 0;
-  int64_t largest_unsharded = 0;
+}  // namespace
+
+// ---- PlanMesh, PlannedParam, PlannedUnit -----------------------------------------------------------
+
+std::string PlanMesh::to_string() const {
+  return replicate == 1 ? fmt::format("(shard={})", shard) : fmt::format("(replicate={}, shard={})", replicate, shard);
+}
+
+PlanMesh plan_mesh(int64_t world, int64_t replicate) {
+  TESSERA_CHECK(world >= 1 && world <= kMaxPlanRanks, "sharding plan: the world size must be in [1, {}], got {}",
+                kMaxPlanRanks, world);
+  TESSERA_CHECK(replicate >= 1 && world % replicate == 0,
+                "sharding plan: the replicate degree {} must divide the world size {} (the HSDP mesh is replicate x "
+                "world / replicate ranks)",
+                replicate, world);
+  return PlanMesh{.replicate = replicate, .shard = world / replicate};
+}
+
+void check_mesh(const PlanMesh& mesh) {
+  TESSERA_CHECK(mesh.replicate >= 1 && mesh.shard >= 1 && mesh.shard <= kMaxPlanRanks / mesh.replicate,
+                "sharding plan: mesh {} must have sizes >= 1 and at most {} ranks in all", mesh.to_string(),
+                kMaxPlanRanks);
+}
+
+int64_t PlannedParam::row_numel() const {
+  int64_t numel = 1;
+  for (size_t dim = 1; dim < global_shape.size(); ++dim) numel *= global_shape[dim];
+  return numel;
+}
+
+int64_t PlannedParam::shard_bytes() const { return bytes_of(dtype, padded_rows * row_numel()); }
+
+bool PlannedUnit::has_trainable_parameters() const {
+  return std::any_of(params.begin(), params.end(), [](const PlannedParam& param) { return param.requires_grad; });
+}
+
+// ---- plans ---------------------------------------------------------------------------------------------
+
+ShardingPlan plan_fully_shard(const std::vector<PlannedCall>& calls, const PlanMesh& mesh) {
+  TESSERA_CHECK(!calls.empty(), "plan_fully_shard: no fully_shard calls to plan");
+  check_mesh(mesh);
+  for (size_t index = 0; index < calls.size(); ++index) {
+    TESSERA_CHECK(calls[index].module != nullptr, "plan_fully_shard: call {} has no module", index);
+    TESSERA_CHECK(!calls[index].options.mesh, "plan_fully_shard: call {} ({}) sets FullyShardOptions::mesh; a plan "
+                  "is made for the sizes of its PlanMesh, so leave it unset", index,
+                  calls[index].module->type_name());
+  }
+  nn::Module& root = *calls.back().module;
+  const ModuleTree tree = read_tree(root);
+
+  std::map<const nn::Parameter*, std::string> claimed;
+  std::map<size_t, PlannedUnit> units_in_order;  // by the module's pre-order index
+  for (size_t index = 0; index < calls.size(); ++index) {
+    const nn::Module* module = calls[index].module;
+    const auto found = tree.modules.find(module);
+    TESSERA_CHECK(found != tree.modules.end(), "plan_fully_shard: call {} is on a {} outside the root {} (the last "
+                  "call's module, which must contain every other)", index, module->type_name(), root.type_name());
+    const auto& [order, fqn] = found->second;
+    TESSERA_CHECK(units_in_order.count(order) == 0, "plan_fully_shard: call {} is on {} {} again; fully_shard refuses "
+                  "a module that is already an FSDP module", index, module->type_name(), quoted_module(fqn));
+    const bool is_root = index + 1 == calls.size();
+    units_in_order.emplace(order, unit_of_call(calls[index], fqn, is_root, mesh, tree, claimed));
+  }
+  std::vector<PlannedUnit> units;
+  for (auto& [order, unit] : units_in_order) units.push_back(std::move(unit));
+  return assemble(root.type_name(), mesh, std::move(units));
+}
+
+ShardingPlan plan_of(nn::Module& root) {
+  const FSDPState& root_state = initialized_root(root, "sharding plan");
+  const PlanMesh mesh = mesh_sizes(root_state.mesh());
+  std::vector<PlannedUnit> units;
   for (const FSDPState* state : root_state.tree()) {
-    const std::string name = state->fqn().empty() ? "(root)" : state->fqn();
-    const FSDPParamGroup* group = state->group();
-    if (group == nullptr) {
-      text += fmt::format("\nmodule {}: no parameters of its own\n", name);
-      continue;
-    }
-    const GroupComm& comm = group->comm();
-    text += fmt::format(
-        "\nmodule {}: {} parameters over {} shard ranks{}; reshard_after_forward {}; param {}, reduce {}\n", name,
-        group->params().size(), comm.shard->size(),
-        comm.replicate ? fmt::format(" x {} replicas", comm.replicate->size()) : std::string(), reshard_text(*group),
-        dtype_name(group->param_dtype()), dtype_name(group->reduce_dtype()));
-    text += fmt::format("  {:<32} {:>14} {:>14} {:>12} {:>13} {:>24}\n", "parameter", "global shape", "local shape",
-                        "padded rows", "padding rows", "shard bytes");
-    for (const auto& param : group->params()) {
-      const Tensor& shard = param->sharded();
-      const int64_t bytes = bytes_of(param->dtype(), shard.numel());
-      shard_bytes += bytes;
-      text += fmt::format("  {:<32} {:>14} {:>14} {:>12} {:>13} {:>24}\n", param->fqn(),
-                          shape_text(param->global_shape()), shape_text(shard.sizes()), param->padded_rows(),
-                          param->padded_rows() - param->local_rows(), bytes_text(bytes));
-    }
-    unsharded_bytes += group->unsharded_bytes();
-    largest_unsharded = std::max(largest_unsharded, group->unsharded_bytes());
+    TESSERA_CHECK(mesh_sizes(state->mesh()) == mesh,
+                  "sharding plan: {} is sharded on mesh {}, the root on {}; a plan covers one mesh",
+                  quoted_module(state->fqn()), state->mesh().to_string(), root_state.mesh().to_string());
+    units.push_back(unit_of_state(*state, mesh));
+  }
+  return assemble(root.type_name(), mesh, std::move(units));
+}
+
+StepCommVolume comm_per_step(const ShardingPlan& plan, int64_t micro_batches) {
+  TESSERA_CHECK(micro_batches >= 1, "comm_per_step: micro_batches must be >= 1, got {}", micro_batches);
+  StepCommVolume volume;
+  for (const PlannedUnit& unit : plan.units) {
+    if (unit.has_group()) add_unit_comm(volume, unit, plan.mesh, micro_batches);
+  }
+  return volume;
+}
+
+std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& optimizer_state) {
+  const PlanMesh& mesh = plan.mesh;
+  std::string text = fmt::format("FSDP sharding plan of {} over {} rank{}, mesh {}\n", plan.model_type, mesh.world(),
+                                 mesh.world() == 1 ? "" : "s", mesh.to_string());
+  text += fmt::format("every parameter is split along dim 0: each rank's shard holds ceil(rows / {}) rows{}; the "
+                      "last ranks' shards end in zero rows (padding)\n",
+                      mesh.shard,
+                      mesh.replicate > 1 ? fmt::format(" of its shard group, and the {} replicas hold the same shards",
+                                                       mesh.replicate)
+                                         : std::string());
+  int64_t fsdp_modules = 0;
+  for (const PlannedUnit& unit : plan.units) {
+    append_unit(text, unit, mesh);
+    fsdp_modules += 1;
   }
 
-  text += fmt::format("\nper rank (rank {})\n", rank);
-  text += fmt::format("  parameter shards      {}\n", bytes_text(shard_bytes));
-  text += fmt::format("  gradient shards       {}\n", bytes_text(shard_bytes));
+  const int64_t optimizer_bytes = optimizer_state.copies * plan.gradient_bytes;
+  text += "\nper rank (every rank's padded shards are the same size; rank 0 holds the most real rows, and so the "
+          "largest gradients)\n";
+  text += fmt::format("  parameters            {} ({:.3f} M) in {} tensors, {} FSDP modules\n", plan.parameters,
+                      static_cast<double>(plan.parameters) / 1e6, plan.tensors, fsdp_modules);
+  text += fmt::format("  parameter shards      {}; padding {} across the {} shard ranks\n",
+                      bytes_text(plan.shard_bytes), dist::human_bytes(plan.padding_bytes), mesh.shard);
+  text += fmt::format("  gradient shards       {}\n", bytes_text(plan.gradient_bytes));
   if (optimizer_state.copies > 0) {
-    text += fmt::format("  {:<21} {}\n", optimizer_state.description, bytes_text(optimizer_state.copies * shard_bytes));
+    text += fmt::format("  {:<21} {}\n", optimizer_state.description, bytes_text(optimizer_bytes));
   }
-  text += fmt::format("  unsharded, all groups {} (largest group {}; all-gather buffers in param dtype)\n",
-                      bytes_text(unsharded_bytes), bytes_text(largest_unsharded));
+  text += fmt::format("  unsharded peak        {} at {}{}\n", bytes_text(plan.peak.bytes),
+                      plan.peak.moment.empty() ? std::string("no moment (nothing is gathered)") : plan.peak.moment,
+                      plan.peak.holdings.empty() ? "" : ", holding");
+  for (const UnshardedHolding& holding : plan.peak.holdings) {
+    text += fmt::format("                          {}\n", holding_text(holding));
+  }
+  text += fmt::format("  all groups unsharded  {} (every group's parameters at once, for comparison)\n",
+                      bytes_text(plan.all_groups_unsharded_bytes));
+  text += fmt::format("  total                 {} (shards, gradients{}, unsharded peak; activations not included)\n",
+                      bytes_text(plan.shard_bytes + plan.gradient_bytes + optimizer_bytes + plan.peak.bytes),
+                      optimizer_state.copies > 0 ? ", optimizer state" : "");
 
-  const StepCommVolume comm = comm_of(root_state, 1);
+  const StepCommVolume comm = comm_per_step(plan, 1);
   text += "\ncommunication per training step per rank (forward + backward, gradients synced)\n";
   text += fmt::format("  all-gather      {:3} calls, sent {}, received {}\n", comm.all_gather_calls,
                       bytes_text(comm.all_gather_bytes_sent), bytes_text(comm.all_gather_bytes_received));
@@ -207,6 +644,14 @@ std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_
   }
   text += fmt::format("  total sent      {}\n", bytes_text(comm.total_sent()));
   return text;
+}
+
+StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches) {
+  return comm_per_step(plan_of(root), micro_batches);
+}
+
+std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_state) {
+  return format_plan(plan_of(root), optimizer_state);
 }
 
 }  // namespace tessera::fsdp

@@ -285,8 +285,11 @@ std::string to_svg(const StackedBarChart& chart) {
 std::string to_svg(const Timeline& chart) {
   if (chart.lanes.empty()) fail("svg chart '{}': a timeline needs at least one lane", chart.title);
   double begin = INFINITY, end = -INFINITY;
-  std::map<std::string, size_t> kinds;  // colour of each kind, by first appearance
-  std::vector<std::string> kind_order;
+  std::map<std::string, size_t> kinds;  // colour of each kind: listed ones first, then by first appearance
+  for (const std::string& kind : chart.kinds) {
+    if (!kinds.emplace(kind, kinds.size()).second) fail("svg chart '{}': kind '{}' is listed twice", chart.title, kind);
+  }
+  std::map<size_t, std::string> present;  // the kinds that have spans, by colour
   for (const Lane& lane : chart.lanes) {
     for (const Span& span : lane.spans) {
       check_finite(span.start, fmt::format("a span's start in lane '{}'", lane.label));
@@ -297,16 +300,17 @@ std::string to_svg(const Timeline& chart) {
       }
       begin = std::min(begin, span.start);
       end = std::max(end, span.end);
-      if (kinds.emplace(span.kind, kinds.size()).second) kind_order.push_back(span.kind);
+      const size_t colour_index = kinds.emplace(span.kind, kinds.size()).first->second;
+      present.emplace(colour_index, span.kind);
     }
   }
-  if (kind_order.empty()) fail("svg chart '{}': a timeline needs at least one span", chart.title);
+  if (present.empty()) fail("svg chart '{}': a timeline needs at least one span", chart.title);
 
   Frame frame;
   frame.left = 150;
   const double lane_height = 26;
   frame.height = frame.top + frame.bottom + lane_height * static_cast<double>(chart.lanes.size());
-  frame.height = std::max(frame.height, frame.top + frame.bottom + 20.0 * static_cast<double>(kind_order.size()));
+  frame.height = std::max(frame.height, frame.top + frame.bottom + 20.0 * static_cast<double>(present.size()));
   const Axis time_scale(begin, end, false, frame.left, frame.left + frame.plot_width());
   std::string svg = header(frame, chart.title);
   svg += x_axis(frame, time_scale, chart.unit);
@@ -325,9 +329,8 @@ std::string to_svg(const Timeline& chart) {
           escape(span.label.empty() ? span.kind : span.label));
     }
   }
-  for (size_t index = 0; index < kind_order.size(); ++index) {
-    svg += legend_entry(frame, index, kind_order[index], colour(index), false);
-  }
+  size_t row = 0;
+  for (const auto& [colour_index, kind] : present) svg += legend_entry(frame, row++, kind, colour(colour_index), false);
   return svg + plot_border(frame) + "</svg>\n";
 }
 

@@ -53,11 +53,15 @@ struct Lane {
 struct Timeline {
   std::string title{}, unit{};  // unit names the axis, e.g. "ms"
   std::vector<Lane> lanes{};
+  // Colours by position in this list, so that timelines listing the same
+  // kinds colour them alike; unlisted kinds follow in order of appearance.
+  // The legend names only the kinds that have spans, in colour order.
+  std::vector<std::string> kinds{};
 };
 
 // Each throws tessera::Error naming what is wrong with the chart's data (no
 // series, lengths that differ, a non-positive value on a log axis, a span that
-// ends before it starts, a non-finite value).
+// ends before it starts, a timeline kind listed twice, a non-finite value).
 std::string to_svg(const LineChart& chart);
 std::string to_svg(const StackedBarChart& chart);
 std::string to_svg(const Timeline& chart);

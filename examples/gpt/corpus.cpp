@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -59,13 +60,59 @@ TokenData parse_llmc(const std::vector<char>& bytes, const fs::path& path) {
   return data;
 }
 
-TokenData bytes_to_tokens(const std::vector<char>& bytes, std::string description) {
+TokenData bytes_to_tokens(std::string_view bytes, std::string description) {
   TokenData data;
   data.tokens.reserve(bytes.size());
   for (char byte : bytes) data.tokens.push_back(static_cast<unsigned char>(byte));
   data.token_range = range_of(data.tokens);
   data.description = std::move(description);
   return data;
+}
+
+constexpr char kBackspace = '\b';
+constexpr char kBell = '\a';
+
+bool is_letter_or_digit(const std::string& character) {
+  const unsigned char first = static_cast<unsigned char>(character.front());
+  return first >= 0x80 || std::isalnum(first);  // a UTF-8 character counts as a letter
+}
+
+// What a column shows once `typed` is struck over `shown`.
+std::string overstrike(const std::string& shown, const std::string& typed) {
+  if (typed == "_") return shown;  // underline: _ over X
+  if (shown == "_") return typed;  // underline: X over _
+  if (is_letter_or_digit(shown) && !is_letter_or_digit(typed)) return shown;  // an accent over a letter
+  return typed;  // bold (X over X), a letter over an accent
+}
+
+// One line (no newline) with backspaces in it, replayed column by column;
+// a column holds one character (a UTF-8 sequence whole).
+void render_line(std::string_view line, std::string& out) {
+  std::vector<std::string> columns;
+  size_t column = 0;
+  bool in_sequence = false;  // the previous byte began or continued a UTF-8 sequence
+  for (const char byte : line) {
+    const unsigned char value = static_cast<unsigned char>(byte);
+    if (byte == kBell) continue;
+    if (byte == kBackspace) {
+      if (column > 0) --column;
+      in_sequence = false;
+      continue;
+    }
+    if (in_sequence && (value & 0xC0) == 0x80) {  // a continuation byte: part of the character before
+      columns[column - 1].push_back(byte);
+      continue;
+    }
+    const std::string typed(1, byte);
+    if (column < columns.size()) {
+      columns[column] = overstrike(columns[column], typed);
+    } else {
+      columns.push_back(typed);
+    }
+    ++column;
+    in_sequence = value >= 0xC0;
+  }
+  for (const std::string& shown : columns) out += shown;
 }
 
 std::vector<fs::path> plain_files_in(const fs::path& directory, bool skip_dat) {
@@ -83,6 +130,26 @@ std::vector<fs::path> plain_files_in(const fs::path& directory, bool skip_dat) {
 
 }  // namespace
 
+std::string render_overstrikes(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    const size_t newline = text.find('\n');
+    const std::string_view line = text.substr(0, newline);
+    if (line.find(kBackspace) == std::string_view::npos) {
+      for (const char byte : line) {
+        if (byte != kBell) out.push_back(byte);
+      }
+    } else {
+      render_line(line, out);
+    }
+    if (newline == std::string_view::npos) break;
+    out.push_back('\n');
+    text.remove_prefix(newline + 1);
+  }
+  return out;
+}
+
 TokenData load_token_file(const fs::path& path) {
   std::error_code error;
   TESSERA_CHECK(fs::is_regular_file(path, error),
@@ -90,7 +157,8 @@ TokenData load_token_file(const fs::path& path) {
   std::vector<char> bytes = read_bytes(path);
   TESSERA_CHECK(!bytes.empty(), "data: '{}' is empty", path.string());
   if (starts_with_llmc_magic(bytes)) return parse_llmc(bytes, path);
-  return bytes_to_tokens(bytes, fmt::format("{} (text, {} bytes)", path.string(), bytes.size()));
+  return bytes_to_tokens(std::string_view(bytes.data(), bytes.size()),
+                         fmt::format("{} (text, {} bytes)", path.string(), bytes.size()));
 }
 
 int64_t token_count_of_file(const fs::path& path) {
@@ -113,7 +181,8 @@ TokenData load_text_files(const std::vector<fs::path>& files, const std::string&
     bytes.insert(bytes.end(), part.begin(), part.end());
   }
   TESSERA_CHECK(!bytes.empty(), "data: {} holds no text", description);
-  return bytes_to_tokens(bytes, fmt::format("{} (text, {} files, {} bytes)", description, files.size(), bytes.size()));
+  return bytes_to_tokens(std::string_view(bytes.data(), bytes.size()),
+                         fmt::format("{} (text, {} files, {} bytes)", description, files.size(), bytes.size()));
 }
 
 std::vector<fs::path> default_corpus_files(const CorpusLocations& locations) {
@@ -128,7 +197,30 @@ TokenData load_default_corpus(const CorpusLocations& locations) {
                 "data: no default corpus: neither '{}' (Debian package fortunes) nor '{}' holds a file; "
                 "run tools/setup.sh or pass --data PATH",
                 locations.fortunes.string(), locations.licenses.string());
-  return load_text_files(files, files.front().parent_path().string());
+  std::string text;
+  int64_t file_bytes = 0;
+  for (const auto& file : files) {
+    const std::vector<char> bytes = read_bytes(file);
+    file_bytes += static_cast<int64_t>(bytes.size());
+    text += render_overstrikes(std::string_view(bytes.data(), bytes.size()));
+  }
+  const std::string directory = files.front().parent_path().string();
+  TESSERA_CHECK(!text.empty(), "data: {} holds no text", directory);
+  const int64_t rendered_away = file_bytes - static_cast<int64_t>(text.size());
+  const std::string rendering =
+      rendered_away == 0 ? std::string()
+                         : fmt::format("; {} bytes of backspace overstrikes and bells rendered away", rendered_away);
+  return bytes_to_tokens(text, fmt::format("{} (text, {} files, {} bytes{})", directory, files.size(), text.size(),
+                                           rendering));
+}
+
+int64_t default_corpus_token_count(const CorpusLocations& locations) {
+  int64_t tokens = 0;
+  for (const auto& file : default_corpus_files(locations)) {
+    const std::vector<char> bytes = read_bytes(file);
+    tokens += static_cast<int64_t>(render_overstrikes(std::string_view(bytes.data(), bytes.size())).size());
+  }
+  return tokens;
 }
 
 double unigram_entropy(std::span<const uint16_t> tokens) {

@@ -220,7 +220,7 @@ double token_data_bytes(const TrainConfig& config) {
   if (config.data == kSyntheticData) return 0.0;
   double tokens = 0.0;
   if (config.data.empty()) {
-    for (const auto& file : default_corpus_files()) tokens += static_cast<double>(token_count_of_file(file));
+    tokens = static_cast<double>(default_corpus_token_count());  // the files as rendered (corpus.h)
   } else {
     tokens = static_cast<double>(token_count_of_file(config.data));
   }
@@ -394,7 +394,7 @@ std::vector<std::string> check_train_resources(const TrainConfig& config, const 
     }
   }
 
-  if (!config.plan) check_memory(config, machine, ranks, warnings);
+  check_memory(config, machine, ranks, warnings);
 
   if (ranks > cores) {
     warnings.push_back(fmt::format("{}: {} share {}: they take turns, so a step takes about {}x as long as with a "
@@ -403,16 +403,6 @@ std::vector<std::string> check_train_resources(const TrainConfig& config, const 
                                    (ranks + cores - 1) / cores));
   }
   return warnings;
-}
-
-bool plan_materializes(const TrainConfig& config, const MachineResources& machine,
-                       const tessera::dist::LaunchInfo& launch) {
-  if (!machine.available_memory_bytes) return false;
-  // sharded_state is four copies of the parameter shards.
-  const double shards = static_cast<double>(ranks_on_machine(config, launch)) *
-                        static_cast<double>(estimate_rank_memory(config).sharded_state / 4);
-  return shards <= static_cast<double>(kPlanMaxBytes) &&
-         shards <= kMemoryWarningFraction * static_cast<double>(*machine.available_memory_bytes);
 }
 
 std::string describe_memory(const RankMemoryEstimate& estimate, int ranks_on_machine,

@@ -77,8 +77,7 @@ inline constexpr int kMaxThreadOversubscription = 4;
 
 // Throws tessera::Error naming the flag, the figure, the limit and what to
 // do, for: --nproc above kMaxLocalRanks (local backend); an estimate above
-// the available memory (except with --plan, which trains nothing and holds
-// at most the parameter shards: plan_materializes); --threads T with T x ranks above
+// the available memory; --threads T with T x ranks above
 // kMaxThreadOversubscription x max(cores, ranks). Otherwise returns the
 // warnings to print: more ranks than cores (they take turns: fine for tests
 // and teaching, slow), --threads oversubscribing the cores, memory above
@@ -87,19 +86,6 @@ inline constexpr int kMaxThreadOversubscription = 4;
 std::vector<std::string> check_train_resources(
     const TrainConfig& config, const MachineResources& machine,
     const tessera::dist::LaunchInfo& launch = tessera::dist::detect_launch());
-
-// The most `train --plan` allocates: its ranks' parameter shards,
-// uninitialised, so that fsdp::sharding_plan (which needs real shards) can
-// print its per-parameter plan. A plan is a question about a run, cheap to
-// ask on any machine, so the bound does not grow with the machine.
-inline constexpr int64_t kPlanMaxBytes = int64_t{1} << 30;
-
-// Whether `train --plan` allocates the parameter shards of this machine's
-// ranks: their bytes at most kPlanMaxBytes and within kMemoryWarningFraction
-// of the available memory, which must be known. Otherwise the plan reads the
-// model sharded on meta and allocates nothing.
-bool plan_materializes(const TrainConfig& config, const MachineResources& machine,
-                       const tessera::dist::LaunchInfo& launch = tessera::dist::detect_launch());
 
 // One line for the start-up banner (without its label): the estimate by
 // part, times the ranks, against the available memory.

@@ -130,6 +130,7 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", threads);
   TESSERA_CHECK(eval_every >= 0, "--eval-every must be >= 0 (0 = never), got {}", eval_every);
   TESSERA_CHECK(eval_batches >= 1, "--eval-batches must be >= 1, got {}", eval_batches);
+  TESSERA_CHECK(!plan || loss_plot.empty(), "--loss-plot draws a training run's loss; --plan trains nothing");
   TESSERA_CHECK(backend == "local" || backend == "mpi", "--backend must be local or mpi, got '{}'", backend);
   TESSERA_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu or cuda, got {}", device.str());
   TESSERA_CHECK(device.is_cpu() || nproc == 1,
@@ -155,6 +156,11 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(!checkpoints_asked || !ckpt_dir.empty(),
                 "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR");
   TESSERA_CHECK(!allow_data_change || resume, "--allow-data-change is for --resume (a fresh run takes any --data)");
+  TESSERA_CHECK(!sweep || plan, "--sweep is part of the plan: pass --plan --sweep");
+  TESSERA_CHECK(sweep || (sweep_out.empty() && sweep_svg.empty()),
+                "--sweep-out and --sweep-svg write the sweep: pass --plan --sweep");
+  TESSERA_CHECK(sweep_out.empty() || sweep_out.ends_with(".json") || sweep_out.ends_with(".csv"),
+                "--sweep-out {}: its extension picks the format, .json or .csv", sweep_out);
   TESSERA_CHECK(!(resume && !init_from.empty()),
                 "--resume and --init-from both set the weights; pass one of them");
 }
@@ -220,6 +226,10 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
       ->check(integer_in(0, kMaxCount));
   app.add_option("--eval-batches", config.eval_batches, "Micro-batches per validation")
       ->check(integer_in(1, kMaxEvalBatches));
+  app.add_option("--loss-plot", config.loss_plot,
+                 "Draw the loss curve (train loss per step, validation loss at each evaluation) to this SVG file at "
+                 "the end of the run")
+      ->check(non_empty_path());
 
   std::string device = "cpu";
   app.add_option("--device", device,
@@ -255,7 +265,18 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                  "Write a Chrome/Perfetto trace of every rank to this file (a --resume whose file exists writes a "
                  "new one, named in the banner)")
       ->check(non_empty_path());
-  app.add_flag("--plan", config.plan, "Print the sharding plan (shards, memory, bytes per step) and exit");
+  app.add_flag("--plan", config.plan,
+               "Print the sharding plan (shards, memory, bytes per step) and exit; starts no rank, so any --nproc "
+               "and --hsdp plan in a moment");
+  app.add_flag("--sweep", config.sweep,
+               "With --plan: also plan 1, 2, 4, ..., 1024 ranks (FSDP, and HSDP with 2 and 8 replicas) and print "
+               "per-rank memory and bytes per step");
+  app.add_option("--sweep-out", config.sweep_out, "Write the sweep's figures to this file, as .json or .csv (by its "
+                 "extension)")
+      ->check(non_empty_path());
+  app.add_option("--sweep-svg", config.sweep_svg,
+                 "Draw the sweep to this SVG file: per-rank memory and bytes sent per step against ranks, log axes")
+      ->check(non_empty_path());
 
   // Checkpoints.
   app.add_option("--ckpt-dir", config.ckpt_dir, "Save sharded checkpoints to DIR/step-N (at the last step too)")
@@ -270,8 +291,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--init-from", config.init_from, "Start from the weights of this .safetensors file")
       ->check(non_empty_path());
   app.add_flag("--overwrite", config.overwrite,
-               "Replace output files an earlier launch left (--log-json of a fresh run, --trace, --export); never an "
-               "input, never a checkpoint");
+               "Replace output files an earlier launch left (--log-json of a fresh run, --trace, --export, "
+               "--loss-plot, --sweep-out, --sweep-svg); never an input, never a checkpoint");
 
   try {
     app.parse(argc, argv);

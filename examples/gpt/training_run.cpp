@@ -15,6 +15,7 @@
 #include "examples/gpt/config_json.h"
 #include "examples/gpt/flag_checks.h"
 #include "examples/gpt/graceful_stop.h"
+#include "examples/gpt/loss_plot.h"
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/run_identity.h"
@@ -159,6 +160,13 @@ void print_stop(const TrainConfig& config, const StepMetrics& last, int64_t step
   if (!config.export_path.empty()) out << fmt::format("export   skipped: the run did not reach step {}\n", config.steps);
 }
 
+// "tiny GPT on 4 ranks: 8192 tokens per step, lr 0.003 (warmup 20), seed 1337"
+std::string loss_plot_title(const TrainConfig& run) {
+  return fmt::format("{} {} on {} rank{}: {} tokens per step, lr {:g} (warmup {}), seed {}", run.preset,
+                     run.family() == ModelFamily::gpt ? "GPT" : "Llama", run.nproc, run.nproc == 1 ? "" : "s",
+                     run.tokens_per_step(), run.lr, run.warmup, run.seed);
+}
+
 // A failed save (a full disk, say) ends the run with what is left and what to do.
 [[noreturn]] void fail_save(const checkpoint::CheckpointManager& checkpoints, const std::exception& error) {
   const std::optional<checkpoint::CheckpointEntry> newest = checkpoints.latest();
@@ -172,6 +180,16 @@ void print_stop(const TrainConfig& config, const StepMetrics& last, int64_t step
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, std::ostream& out) {
+  // A plan starts no rank and reads no data: any world size, any model (run_plan.h).
+  if (config.plan) {
+    before_start([&] {
+      config.validate();
+      check_plan_outputs(config);
+    });
+    print_plan(config, out);
+    return TrainSummary{};
+  }
+
   // Before anything is written: the flags, the machine's resources, every
   // file the run touches, and the data.
   const MachineResources machine = machine_resources();
@@ -180,18 +198,14 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     tessera::dist::ProcessGroupOptions::from_environment();  // TESSERA_DIST_* in range
     return check_train_resources(config, machine);
   });
-  const RunFiles files = before_start([&] { return config.plan ? RunFiles{} : settle_run_files(config); });
+  const RunFiles files = before_start([&] { return settle_run_files(config); });
+  const std::string loss_plot = before_start([&] { return settle_loss_plot(config); });
   const DataLoader data = before_start([&] { return build_data(config); });
   TrainSummary summary;
   summary.unigram_entropy = data.unigram_entropy();
 
   init_distributed(config, [&](const Distributed& distributed) {
     const bool leader = distributed.rank() == 0;
-    if (config.plan) {
-      if (leader) print_setup(config, data, out);
-      print_plan(config, machine, distributed, out);
-      return;
-    }
 
     // ---- before the first step: everything the run will need ----
     // The root first: a launch it refuses has not yet touched the log.
@@ -267,7 +281,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       }
       if (stopping) stopped_by = metrics.stop_signal;
       if (leader) {
-        if (metrics.val_loss) summary.val_loss = metrics.val_loss;
+        if (metrics.val_loss) {
+          summary.val_loss = metrics.val_loss;
+          summary.val_losses.emplace_back(step, *metrics.val_loss);
+        }
         summary.losses.push_back(metrics.loss);
         out << format_progress(metrics) << '\n';
         if (metrics.ckpt_blocked_ms) {
@@ -315,6 +332,12 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
                          summary.unigram_entropy);
     }
     if (distributed.tracer) out << fmt::format("trace    {} (open in ui.perfetto.dev)\n", files.trace);
+    if (!loss_plot.empty() && !summary.losses.empty()) {
+      write_loss_plot(loss_plot, {first_step, summary.losses, summary.val_losses, summary.unigram_entropy},
+                      loss_plot_title(run));
+      out << fmt::format("plot     {} (loss of steps {} to {}; open it in a web browser)\n", loss_plot, first_step,
+                         first_step + static_cast<int64_t>(summary.losses.size()) - 1);
+    }
     out.flush();
   });
   return summary;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <ostream>
+#include <utility>
 #include <vector>
 
 #include "examples/gpt/train_config.h"
@@ -20,6 +21,7 @@ struct TrainSummary {
   int64_t first_step = 1;       // 1, or the step after the checkpoint a --resume started from
   std::vector<double> losses;   // per optimizer step from first_step
   std::optional<double> val_loss;  // the last evaluation
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, validation loss) of every evaluation
   double seconds = 0.0;
   int stop_signal = 0;  // the signal that ended the run early (GracefulStop), on every rank; 0: it ran to the end
 };
@@ -34,7 +36,9 @@ struct TrainSummary {
 // which flags that overrides. Every save first proves the state finite
 // (Trainer::require_finite_state). A SIGINT or SIGTERM (GracefulStop) ends
 // the run after the step in progress, with a checkpoint when config.ckpt_dir
-// is set, and no export. The summary's losses are rank 0's (under MPI, empty
+// is set, and no export. With config.loss_plot, rank 0 draws the loss curve
+// at the end (loss_plot.h; a stopped run's too) and names the file in the
+// log's last line. The summary's losses are rank 0's (under MPI, empty
 // on the other ranks). What the checks before the start refuse (the flags,
 // the machine's resources, the files: run_files.h, the data) is thrown as a
 // UsageError (flag_checks.h), anything later as a tessera::Error.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The exit status of `train` and `generate`, as the README lists them: 0 done,
+# The exit status of `train` and `generate`, as docs/training.md lists them: 0 done,
 # 1 failed after starting, 2 a usage error of any kind (CLI11's own codes,
 # 105 or 109, never leak), 75 stopped by a signal after saving (and 128 + N,
 # tested in check_graceful_stop.sh); and generate's output: the model's bytes

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # The `train` command line around FSDP: --plan prints the sharding plan and
-# exits 0 without training (a GPT's, and a Llama 3 8B's from the model on
-# meta); bad parallel settings, non-finite numbers, unbounded resources and
-# another family's presets and flags exit non-zero with a message naming the
-# flag.
+# exits 0 without training or starting a rank (a GPT's, a Llama 3 8B's and
+# GPT-2 XL's over 1024 ranks, planned on meta); bad parallel settings,
+# non-finite numbers, unbounded resources and another family's presets and
+# flags exit non-zero with a message naming the flag.
 # Usage: check_train_cli.sh path/to/train
 set -euo pipefail
 train=$1
 
 plan=$("$train" --nproc 4 --plan)
-for expected in "FSDP sharding plan" "mesh DeviceMesh(cpu, (shard=4)" "module (root)" "module blocks.0" \
+for expected in "FSDP sharding plan of GPT over 4 ranks, mesh (shard=4)" "module (root)" "module blocks.0" \
   "blocks.1.mlp.fc.weight" "AdamW state" "communication per training step per rank" "total sent"; do
   grep -qF "$expected" <<<"$plan" || { echo "--plan output lacks '$expected':"; echo "$plan"; exit 1; }
 done
 if grep -q '^step ' <<<"$plan"; then echo "--plan trained:"; echo "$plan"; exit 1; fi
 
-# A Llama too; Llama 3 8B on 8 ranks is planned from the model sharded on meta, allocating nothing.
+# A Llama too; Llama 3 8B on 8 ranks is planned from the model on meta, allocating nothing.
 plan=$("$train" --model llama --preset llama3-8b --plan --nproc 8)
 for expected in "model    llama3-8b (llama): n_layer 32, n_head 32, n_kv_head 8, n_embd 4096, F 14336" \
-  "FSDP sharding of Llama on meta (nothing allocated)" "parameters            8030261248" \
-  "parameter shards      4015130624 B (3.7 GiB)" "memory estimate       about"; do
+  "FSDP sharding plan of Llama over 8 ranks, mesh (shard=8)" "parameters            8030261248" \
+  "parameter shards      4015130624 B (3.7 GiB)" "not in the plan (estimate_rank_memory"; do
   grep -qF "$expected" <<<"$plan" || { echo "--model llama --plan output lacks '$expected':"; echo "$plan"; exit 1; }
+done
+
+# Any cluster: GPT-2 XL over 1024 ranks (more than a local run may start), and HSDP.
+plan=$("$train" --preset gpt2-1558m --plan --nproc 1024 --hsdp 8)
+for expected in "FSDP sharding plan of GPT over 1024 ranks, mesh (replicate=8, shard=128)" \
+  "blocks.47.mlp.proj.weight" "unsharded peak" "all-reduce"; do
+  grep -qF "$expected" <<<"$plan" || { echo "--plan --nproc 1024 output lacks '$expected':"; echo "$plan"; exit 1; }
 done
 
 # Each case: a piece of the message, then the flags.
@@ -41,6 +48,8 @@ expect_failure "--clip: must be a finite number, got -inf" --clip -inf
 expect_failure "--nproc 1000: more than 256 local ranks" --nproc 1000
 expect_failure "--threads 999: 1 rank x 999 = 999 threads on" --threads 999
 expect_failure "--allow-data-change is for --resume" --allow-data-change
+expect_failure "--sweep is part of the plan: pass --plan --sweep" --sweep
+expect_failure "--sweep-out plan.txt: its extension picks the format, .json or .csv" --plan --sweep --sweep-out plan.txt
 # The model family's presets and flags.
 expect_failure "--preset: llama-tiny not in" --preset llama-tiny
 expect_failure "--preset: tiny not in" --model llama --preset tiny

@@ -5,7 +5,7 @@
 // every rule of check_train_resources on a synthetic machine (2 cores, 1
 // GiB), and the longest generation a machine allows. For a Llama, the
 // estimate's parameter count, shards and buffers are what the model built on
-// meta and sharded holds, and --plan prints them without allocating.
+// meta and sharded holds (test_plan.cpp holds --plan to them).
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -14,14 +14,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "examples/gpt/corpus.h"
 #include "examples/gpt/data_loader.h"
 #include "examples/gpt/resource_limits.h"
-#include "examples/gpt/run_plan.h"
 #include "examples/gpt/trainer.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
@@ -437,71 +435,6 @@ TEST_CASE("llama: the estimate's parameters, shards and buffers are what the mod
     }
   }
   CHECK(LlamaConfig::preset("llama3-8b").num_parameters() == 8030261248);
-}
-
-TEST_CASE("llama: --plan of Llama 3 8B on 8 ranks prints its meta shards' figures; a small model's is FSDP's plan") {
-  const MachineResources laptop{.cores = 2, .available_memory_bytes = 16 * kGiB, .memory_source = "test"};
-  const MachineResources server{.cores = 2, .available_memory_bytes = 1024 * kGiB, .memory_source = "test"};
-  TrainConfig big = llama_run();
-  big.preset = "llama3-8b";
-  big.llama = LlamaConfig::preset("llama3-8b");
-  big.nproc = 8;
-  big.batch = 1;
-  big.seq_len = 2048;
-  big.plan = true;
-  CHECK_FALSE(gpt::plan_materializes(big, laptop, tessera::dist::LaunchInfo{}));
-  CHECK_FALSE(gpt::plan_materializes(big, server, tessera::dist::LaunchInfo{}));  // at most kPlanMaxBytes
-  CHECK_NOTHROW(check(big, laptop));  // a plan is refused for no model's size
-  std::ostringstream out;
-  gpt::init_distributed(big, [&](const gpt::Distributed& distributed) {
-    std::ostringstream mine;
-    gpt::print_plan(big, laptop, distributed, mine);
-    if (distributed.rank() == 0) out << mine.str();
-    else CHECK(mine.str().empty());
-  });
-  const std::string plan = out.str();
-  INFO(plan);
-  CHECK(plan.find("FSDP sharding of Llama on meta (nothing allocated), seen from mesh rank 0") != std::string::npos);
-  CHECK(plan.find("8 x 3.7 GiB of parameter shards, more than --plan allocates (1.0 GiB, and 80% of the 16.0 GiB "
-                  "available)") != std::string::npos);
-  CHECK(plan.find("  parameters            8030261248 (8030.261 M) in 291 tensors, 33 FSDP modules\n") !=
-        std::string::npos);
-  // 8030261248 elements of 4 bytes over 8 ranks: every row count divides.
-  CHECK(plan.find("  parameter shards      4015130624 B (3.7 GiB)\n") != std::string::npos);
-  CHECK(plan.find("  AdamW state (m, v)    8030261248 B (7.5 GiB)\n") != std::string::npos);
-  const std::string memory =
-      gpt::describe_memory(gpt::estimate_rank_memory(big), 8, laptop);
-  CHECK(plan.find("  memory estimate       " + memory + "\n") != std::string::npos);
-
-  // A model that fits: the shards are allocated and fsdp::sharding_plan
-  // prints; its per-rank figure is the meta plan's for the same model.
-  TrainConfig small = llama_run();
-  small.nproc = 3;
-  small.llama->vocab_size = 97;
-  small.plan = true;
-  const MachineResources tiny_memory{.cores = 2, .available_memory_bytes = 1024, .memory_source = "test"};
-  REQUIRE(gpt::plan_materializes(small, laptop, tessera::dist::LaunchInfo{}));
-  REQUIRE_FALSE(gpt::plan_materializes(small, tiny_memory, tessera::dist::LaunchInfo{}));
-  std::string fsdp_plan, meta_plan;
-  gpt::init_distributed(small, [&](const gpt::Distributed& distributed) {
-    std::ostringstream fitted, unfitted;
-    gpt::print_plan(small, laptop, distributed, fitted);
-    gpt::print_plan(small, tiny_memory, distributed, unfitted);
-    if (distributed.rank() == 0) {
-      fsdp_plan = fitted.str();
-      meta_plan = unfitted.str();
-    }
-  });
-  INFO(fsdp_plan);
-  INFO(meta_plan);
-  CHECK(fsdp_plan.find("FSDP sharding plan of Llama") != std::string::npos);
-  CHECK(fsdp_plan.find("layers.1.feed_forward.w3.weight") != std::string::npos);
-  const auto shard_line = [](const std::string& text) {
-    const size_t at = text.find("  parameter shards ");
-    return at == std::string::npos ? std::string("(none)") : text.substr(at, text.find('\n', at) - at);
-  };
-  CHECK(shard_line(fsdp_plan) != "(none)");
-  CHECK(shard_line(meta_plan) == shard_line(fsdp_plan));
 }
 
 TEST_CASE("llama: the per-rank estimate holds to the measured peak of real steps") {

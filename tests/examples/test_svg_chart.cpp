@@ -126,6 +126,37 @@ TEST_CASE("svg chart: a timeline has a span per event, in its lane, coloured by 
   CHECK(svg.find("<title>all_gather</title>") != std::string::npos);  // unlabelled spans show their kind
 }
 
+TEST_CASE("svg chart: timelines that list their kinds colour them alike and name only those they draw") {
+  const std::vector<std::string> kinds{"forward", "backward", "all_gather", "wait"};
+  charts::Timeline first{.title = "a", .unit = "us", .kinds = kinds};
+  first.lanes.push_back({.label = "rank 0", .spans = {{0, 1, "all_gather", ""}, {1, 2, "forward", ""}}});
+  charts::Timeline second{.title = "b", .unit = "us", .kinds = kinds};
+  second.lanes.push_back(
+      {.label = "rank 0", .spans = {{0, 1, "forward", ""}, {1, 2, "extra", ""}, {2, 3, "all_gather", ""}}});
+  const std::string a = charts::to_svg(first), b = charts::to_svg(second);
+  const auto a_spans = elements(a, "span"), b_spans = elements(b, "span");
+  REQUIRE(a_spans.size() == 2);
+  REQUIRE(b_spans.size() == 3);
+  CHECK(attributes(a_spans[0], "fill") == attributes(b_spans[2], "fill"));  // all_gather, whatever came first
+  CHECK(attributes(a_spans[1], "fill") == attributes(b_spans[0], "fill"));  // forward
+  CHECK(attributes(b_spans[1], "fill") != attributes(b_spans[0], "fill"));  // an unlisted kind gets its own colour
+  CHECK(attributes(b_spans[1], "fill") != attributes(b_spans[2], "fill"));
+  // The legend: the drawn kinds, in the listed order, the unlisted one last; "backward" and "wait" are absent.
+  const auto legend = [](const std::string& svg) {
+    std::vector<std::string> names;
+    const std::regex entry("dominant-baseline=\"middle\">([^<]*)</text>");
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), entry); it != std::sregex_iterator(); ++it) {
+      names.push_back((*it)[1]);
+    }
+    return names;
+  };
+  CHECK(legend(a) == std::vector<std::string>{"rank 0", "forward", "all_gather"});
+  CHECK(legend(b) == std::vector<std::string>{"rank 0", "forward", "all_gather", "extra"});
+  charts::Timeline twice{.title = "t", .kinds = {"forward", "forward"}};
+  twice.lanes.push_back({.label = "rank 0", .spans = {{0, 1, "forward", ""}}});
+  CHECK_THROWS_WITH_AS(charts::to_svg(twice), doctest::Contains("kind 'forward' is listed twice"), tessera::Error);
+}
+
 TEST_CASE("svg chart: bad data is a tessera::Error naming what is wrong") {
   charts::LineChart empty{.title = "t"};
   CHECK_THROWS_WITH_AS(charts::to_svg(empty), doctest::Contains("at least one series"), tessera::Error);
