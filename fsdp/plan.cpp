@@ -13,6 +13,7 @@
 
 #include "dist/comm_stats.h"
 #include "fsdp/fsdp_param.h"
+#include "fsdp/module_names.h"
 #include "fsdp/state.h"
 
 namespace tessera::fsdp {
@@ -20,17 +21,6 @@ namespace tessera::fsdp {
 namespace {
 
 int64_t bytes_of(DType dtype, int64_t numel) { return numel * static_cast<int64_t>(element_size(dtype)); }
-
-// Whether the module named `module_fqn` is `ancestor_fqn` or lies inside it.
-bool is_inside(const std::string& module_fqn, const std::string& ancestor_fqn) {
-  return ancestor_fqn.empty() || module_fqn == ancestor_fqn ||
-         (module_fqn.size() > ancestor_fqn.size() && module_fqn.compare(0, ancestor_fqn.size(), ancestor_fqn) == 0 &&
-          module_fqn[ancestor_fqn.size()] == '.');
-}
-
-std::string join_name(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
 
 std::string quoted_module(const std::string& fqn) { return fqn.empty() ? std::string("the root") : "'" + fqn + "'"; }
 

@@ -9,6 +9,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
+#include "fsdp/module_names.h"
 
 namespace tessera::fsdp {
 
@@ -26,16 +27,6 @@ struct FSDPStateContext {
 };
 
 namespace {
-
-bool is_inside(const std::string& module_fqn, const std::string& ancestor_fqn) {
-  return ancestor_fqn.empty() || module_fqn == ancestor_fqn ||
-         (module_fqn.size() > ancestor_fqn.size() && module_fqn.compare(0, ancestor_fqn.size(), ancestor_fqn) == 0 &&
-          module_fqn[ancestor_fqn.size()] == '.');
-}
-
-std::string join_name(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
 
 // The deepest module that contains both (by name).
 std::string common_ancestor(const std::string& a, const std::string& b) {

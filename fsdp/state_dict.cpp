@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "fsdp/module_names.h"
 #include "fsdp/state.h"
 #include "tensor/ops.h"
 
@@ -22,10 +23,6 @@ struct Entry {
   const FSDPParam* managed = nullptr;        // the FSDPParam of a parameter FSDP shards
   Tensor buffer;                             // a buffer's tensor (shares its storage)
 };
-
-std::string join_name(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
 
 FSDPState& root_state(nn::Module& root, std::string_view caller) {
   FSDPState* state = root.extension<FSDPState>();

@@ -16,6 +16,7 @@
 #include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
+#include "tests/fsdp/layer_stack.h"
 #include "tests/fsdp/sharded_gpt.h"
 
 using namespace tessera;
@@ -23,27 +24,6 @@ using namespace tessera::fsdp;
 using namespace tessera::fsdp::testing;
 
 namespace {
-
-// Linear layers of different widths, each its own FSDP group; the root owns
-// no parameters, so the only unsharded memory is the layers'.
-class LayerStack : public nn::Module {
- public:
-  explicit LayerStack(const std::vector<int64_t>& widths) : Module("LayerStack") {
-    layers_ = register_module("layers", std::make_shared<nn::ModuleList>());
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers_->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1], nn::LinearOptions{.device = kMeta}));
-    }
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor y = x;
-    for (const auto& layer : *layers_) y = tessera::tanh((*layer)(y));
-    return tessera::mean(tessera::mul(y, y));
-  }
-  nn::ModuleList& layers() { return *layers_; }
-
- private:
-  std::shared_ptr<nn::ModuleList> layers_;
-};
 
 // The FSDP2 flow on a meta-built GPT: blocks, then the root; allocate; init.
 void shard_and_init(nn::GPT& model, const dist::DeviceMesh& mesh, uint64_t seed) {

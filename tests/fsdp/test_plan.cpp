@@ -19,6 +19,7 @@
 #include "nn/models/gpt.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tests/fsdp/layer_stack.h"
 #include "tests/fsdp/sharded_gpt.h"
 
 using namespace tessera;
@@ -75,28 +76,7 @@ std::vector<PlannedCall> gpt_calls(nn::GPT& model, const FullyShardOptions& bloc
   return calls;
 }
 
-// Linear layers of different widths, each its own FSDP group, under a root
-// with no parameters: the unsharded peak is the layers' alone.
-class Chain : public nn::Module {
- public:
-  explicit Chain(const std::vector<int64_t>& widths) : Module("Chain") {
-    layers_ = register_module("layers", std::make_shared<nn::ModuleList>());
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers_->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1], nn::LinearOptions{.device = kMeta}));
-    }
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor y = x;
-    for (const auto& layer : *layers_) y = tessera::tanh((*layer)(y));
-    return tessera::mean(tessera::mul(y, y));
-  }
-  nn::ModuleList& layers() { return *layers_; }
-
- private:
-  std::shared_ptr<nn::ModuleList> layers_;
-};
-
-std::vector<PlannedCall> chain_calls(Chain& chain) {
+std::vector<PlannedCall> chain_calls(LayerStack& chain) {
   std::vector<PlannedCall> calls;
   for (const auto& layer : chain.layers()) calls.push_back({.module = layer.get(), .options = {}});
   calls.push_back({.module = &chain, .options = {}});
@@ -232,7 +212,7 @@ TEST_CASE("plan: the unsharded peak is two consecutive groups (current + prefetc
   // copy-out, then P_k + B_{k+1} once it prefetches; backward the same with
   // B_{k-1}. The peak is the largest of those.
   const std::vector<int64_t> widths{24, 96, 40, 120, 32, 64};
-  Chain chain(widths);
+  LayerStack chain(widths);
   for (const PlanMesh& mesh : {plan_mesh(2), plan_mesh(3), plan_mesh(7), plan_mesh(1024), plan_mesh(8, 2)}) {
     CAPTURE(mesh.to_string());
     const ShardingPlan plan = plan_fully_shard(chain_calls(chain), mesh);
