@@ -24,10 +24,12 @@
 #include "fsdp/fully_shard.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/fsdp/plan_text.h"
 
 using gpt::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
 namespace fsdp = tessera::fsdp;
+using tessera::fsdp::testing::table_row;
 
 namespace {
 
@@ -76,16 +78,6 @@ std::string read_file(const std::string& path) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The table row of `parameter`, its columns one space apart.
-std::string table_row(const std::string& text, const std::string& parameter) {
-  const size_t at = text.find("\n  " + parameter + " ");
-  if (at == std::string::npos) return "(no row)";
-  std::istringstream columns(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
-  std::string row, column;
-  while (columns >> column) row += (row.empty() ? "" : " ") + column;
-  return row;
-}
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/fsdp/layer_stack.h"
+#include "tests/fsdp/plan_text.h"
 #include "tests/fsdp/sharded_gpt.h"
 
 using namespace tessera;
@@ -81,16 +82,6 @@ std::vector<PlannedCall> chain_calls(LayerStack& chain) {
   for (const auto& layer : chain.layers()) calls.push_back({.module = layer.get(), .options = {}});
   calls.push_back({.module = &chain, .options = {}});
   return calls;
-}
-
-// The table row of `parameter` in a plan's text, its columns one space apart.
-std::string table_row(const std::string& text, const std::string& parameter) {
-  const size_t at = text.find("\n  " + parameter + " ");
-  if (at == std::string::npos) return "(no row)";
-  std::istringstream columns(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
-  std::string row, column;
-  while (columns >> column) row += (row.empty() ? "" : " ") + column;
-  return row;
 }
 
 const std::vector<PlanMesh> kMeshes = {plan_mesh(1),    plan_mesh(2),    plan_mesh(3),      plan_mesh(5),
