@@ -5,6 +5,7 @@
 // counts of the memory-bound kernels (simulator only), and the errors a user
 // can hit.
 #include <doctest/doctest.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cmath>
@@ -68,8 +69,25 @@ std::vector<uint8_t> bytes_of(const Tensor& tensor) {
   return bytes;
 }
 
+// Equal bytes; when not, the first few differing elements are reported with
+// both bit patterns (what a run on a GPU needs to tell, e.g., a NaN's payload
+// from a wrong value).
 bool bitwise_equal(const Tensor& cpu, const Tensor& cuda) {
-  return bytes_of(cpu) == bytes_of(ops::to(cuda, kCPU));
+  const std::vector<uint8_t> want = bytes_of(cpu), got = bytes_of(ops::to(cuda, kCPU));
+  if (want == got) return true;
+  const size_t size = cpu.element_size();
+  const auto hex = [size](const std::vector<uint8_t>& bytes, size_t element) {
+    std::string text = "0x";
+    for (size_t b = size; b-- > 0;) text += fmt::format("{:02x}", bytes[element * size + b]);
+    return text;
+  };
+  int reported = 0;
+  for (size_t element = 0; element * size < std::min(want.size(), got.size()) && reported < 4; ++element) {
+    if (std::memcmp(&want[element * size], &got[element * size], size) == 0) continue;
+    MESSAGE("element ", element, ": cpu ", hex(want, element), ", cuda ", hex(got, element));
+    ++reported;
+  }
+  return false;
 }
 
 

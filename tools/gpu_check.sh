@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# The whole check of tessera on a real GPU, in one command, for a machine lent
+# for minutes that has nvcc, PyTorch and compute-sanitizer but no package
+# registry (carry .gpu-bundle/ from tools/gpu_bundle.sh along):
+#
+#   1. the machine: GPU, driver, nvcc, compilers, where cuBLASLt is;
+#   2. the bundle's Debian packages unpacked into a private prefix;
+#   3. the nvidia runtime built for this GPU's architecture only;
+#   4. the cuda suite (every kernel against the cpu, on the GPU);
+#   5. the tiny GPT trained on cuda and on cpu in f32: losses within 1e-5;
+#   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
+#      the PREDICTED step of bench/gpt2_step_prediction;
+#   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
+#      and the GEMM and copy rates the prediction is calibrated with;
+#   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
+#   9. ncu's time of every kernel of a reduced GPT-2 step.
+#
+# 6-9 run in the order a short lease needs them most (B = 16, kernel times,
+# PyTorch, memcheck, B = 32, the other sanitizers).
+# Each stage has a time limit, cut to what is left of the run's budget
+# (--budget, 520 s; limits ten times longer in the dry run); once it is spent the remaining stages are skipped and
+# said so, so the report always comes back.
+# Everything goes to one report file (and the raw logs beside it).
+#
+#   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
+#
+# --archive packs the report and every log into one file at the end (a lease
+# may bring back only a few files).
+# --sim is the dry run for a machine without a GPU: the same stages with the
+# default simulator build (reduced GPT-2 shapes: the simulator runs on the
+# CPU; compute-sanitizer's checks are the simulator's own, inside the suite).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+out_dir=build-gpucheck/report
+budget=520
+sim=0
+bundle=.gpu-bundle
+archive=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out-dir) out_dir=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --sim) sim=1; shift ;;
+    --bundle) bundle=$2; shift 2 ;;
+    --archive) archive=$2; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1 (see the comment at the top of tools/gpu_check.sh)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out_dir"
+out_dir=$(cd "$out_dir" && pwd)
+report=$out_dir/gpu_check_report.txt
+: >"$report"
+start_time=$SECONDS
+failures=0
+pack_logs() {
+  [ -z "$archive" ] || tar czf "$archive" -C "$out_dir" .
+}
+trap pack_logs EXIT
+
+say() {  # text: to the report and, as progress, to stdout
+  printf '%s\n' "$*" | tee -a "$report"
+}
+
+# stage NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in
+# $out_dir/NAME.log, for at most LIMIT seconds and never past the budget.
+# A shell function runs its long commands through `limited`, which applies
+# the stage's limit to each.
+stage_limit=0
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local elapsed=$((SECONDS - start_time))
+  local left=$((budget - elapsed))
+  if [ $left -lt 10 ]; then
+    say "== $name: SKIPPED (the $budget s budget is spent)"
+    return 3
+  fi
+  limit=$((limit * limit_scale))
+  stage_limit=$((limit < left ? limit : left))
+  say "== $name (at $elapsed s, limit $stage_limit s)"
+  local begin=$SECONDS rc
+  if [ "$(type -t "$1")" = function ]; then
+    "$@" >"$out_dir/$name.log" 2>&1
+  else
+    limited "$@" >"$out_dir/$name.log" 2>&1
+  fi
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    say "   ok in $((SECONDS - begin)) s"
+  else
+    failures=$((failures + 1))
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+      say "   TIMED OUT after $((SECONDS - begin)) s"
+    else
+      say "   FAILED (exit $rc) in $((SECONDS - begin)) s"
+    fi
+    tail -n 25 "$out_dir/$name.log" | sed 's/^/   | /' | tee -a "$report"
+  fi
+  return $rc
+}
+limited() {
+  timeout --kill-after=5 "$stage_limit" "$@"
+}
+
+# ---- 1. the machine ----------------------------------------------------------------------------------
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+machine() {
+  date -u
+  uname -a
+  nproc
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,clocks.max.sm --format=csv
+  command -v nvcc >/dev/null && nvcc --version | tail -2
+  g++ --version | head -1
+  python3 -c 'import sys; print("python", sys.version.split()[0])'
+  python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -1
+  meson --version 2>&1 | sed 's/^/meson /'
+  ninja --version 2>&1 | sed 's/^/ninja /'
+  command -v compute-sanitizer ncu pkg-config 2>&1
+  ldconfig -p | grep -E 'libcublasLt\.so|libcudart\.so|libnccl\.so' || true
+}
+machine >"$out_dir/machine.log" 2>&1
+sed 's/^/   /' "$out_dir/machine.log" | tee -a "$report"
+
+if [ $sim -eq 0 ] && ! command -v nvcc >/dev/null; then
+  say "gpu_check: no nvcc on PATH (nor /usr/local/cuda/bin): this is not a CUDA machine; --sim runs the dry run"
+  exit 1
+fi
+# The simulator runs kernels on the CPU, a few thousand times slower.
+limit_scale=1
+[ $sim -eq 1 ] && limit_scale=10
+arch=
+if [ $sim -eq 0 ]; then
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [ -n "$arch" ] || arch=$(python3 -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())' 2>/dev/null)
+  [ -n "$arch" ] || { say "gpu_check: cannot tell the GPU's compute capability (nvidia-smi, torch)"; exit 1; }
+  # The toolkit root for meson: where nvcc lives, unless CUDA_PATH says.
+  export CUDA_PATH=${CUDA_PATH:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
+fi
+
+# ---- 2. the bundle -------------------------------------------------------------------------------------
+prefix=$root/build-gpucheck/prefix
+unpack_bundle() {
+  [ -f "$bundle/MANIFEST" ] || { echo "no $bundle/MANIFEST: run tools/gpu_bundle.sh here first"; return 1; }
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  local deb
+  while read -r deb; do
+    dpkg-deb -x "$bundle/$deb" "$prefix" || return 1
+  done <"$bundle/MANIFEST"
+  # The .pc files say prefix=/usr; point them at the private prefix.
+  find "$prefix" -name '*.pc' -exec sed -i "s|=/usr|=$prefix/usr|g" {} +
+  mkdir -p "$prefix/bin"
+  printf '#!/bin/sh\nexport LD_LIBRARY_PATH=%s\nexec %s "$@"\n' "$prefix/usr/lib/x86_64-linux-gnu" \
+    "$prefix/usr/bin/pkgconf" >"$prefix/bin/pkg-config"
+  chmod +x "$prefix/bin/pkg-config"
+  # The machine's own meson and ninja when it has them (new enough), the bundle's otherwise.
+  if ! meson --version 2>/dev/null | grep -qE '^(1\.|[2-9])'; then
+    printf '#!/bin/sh\nexport PYTHONPATH=%s\nexec python3 -m mesonbuild.mesonmain "$@"\n' \
+      "$prefix/usr/lib/python3/dist-packages" >"$prefix/bin/meson"
+    chmod +x "$prefix/bin/meson"
+  fi
+  command -v ninja >/dev/null || ln -sf "$prefix/usr/bin/ninja" "$prefix/bin/ninja"
+  cat "$bundle/MANIFEST"
+}
+stage bundle 60 unpack_bundle || exit 1
+export PATH="$prefix/bin:$PATH"
+export PKG_CONFIG="$prefix/bin/pkg-config"
+# Only the bundle's .pc files: the check proves the bundle suffices.
+export PKG_CONFIG_LIBDIR="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig"
+export CPLUS_INCLUDE_PATH="$prefix/usr/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+export LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# ---- 3. the build --------------------------------------------------------------------------------------
+build=build-gpucheck/build
+if [ $sim -eq 1 ]; then
+  setup_args=(-Dmpi=disabled)
+else
+  setup_args=(-Dgpu_runtime=nvidia "-Dgpu_architectures=$arch" -Dmpi=disabled)
+fi
+build_tessera() {
+  if [ -f "$build/meson-private/coredata.dat" ]; then
+    limited meson setup --reconfigure "$build" "${setup_args[@]}" || return 1
+  else
+    limited meson setup "$build" --buildtype=release "${setup_args[@]}" || return 1
+  fi
+  limited ninja -C "$build" examples/gpt/train tests/cuda/test_cuda
+}
+stage build 300 build_tessera || { say "gpu_check: the build failed; nothing else can run"; exit 1; }
+train=$build/examples/gpt/train
+
+# ---- 4. the cuda suite ---------------------------------------------------------------------------------
+stage cuda_suite 60 "$build/tests/cuda/test_cuda"
+grep -E '^\[doctest\] (test cases|assertions)' "$out_dir/cuda_suite.log" | sed 's/^/   /' | tee -a "$report"
+
+# ---- 5. tiny GPT, cuda against cpu ---------------------------------------------------------------------
+tiny_steps=30
+[ $sim -eq 1 ] && tiny_steps=5
+tiny_run() {  # device
+  limited "$train" --device "$1" --data synthetic --steps $tiny_steps --eval-every 0 --threads 4 \
+    --log-json "$out_dir/tiny_$1.jsonl" --overwrite
+}
+stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu &&
+  python3 - "$out_dir/tiny_cuda.jsonl" "$out_dir/tiny_cpu.jsonl" <<'EOF' | tee -a "$report"
+import json, sys
+cuda, cpu = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
+worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(cuda, cpu))
+verdict = "within" if worst <= 1e-5 else "NOT within"
+print(f"   tiny GPT f32, {len(cuda)} steps: largest |loss(cuda) - loss(cpu)| = {worst:.3g}, {verdict} 1e-5;"
+      f" cuda {sorted(r['step_ms'] for r in cuda[2:])[len(cuda[2:]) // 2]:.2f} ms/step (median after 2)")
+EOF
+
+# ---- 6. GPT-2 124M bf16 --------------------------------------------------------------------------------
+if [ $sim -eq 1 ]; then
+  gpt2_shape=(--n-layer 1 --seq-len 64) gpt2_steps=2 gpt2_small_batch=1 gpt2_large_batch=2
+else
+  gpt2_shape=(--seq-len 1024) gpt2_steps=12 gpt2_small_batch=16 gpt2_large_batch=32
+fi
+gpt2_run() {  # batch
+  limited "$train" --device cuda --preset gpt2-124m --param-dtype bf16 --data synthetic --steps $gpt2_steps \
+    --lr 6e-4 --warmup 0 --eval-every 0 "${gpt2_shape[@]}" --batch "$1" --log-json "$out_dir/gpt2_b$1.jsonl" --overwrite
+}
+gpt2_timing() {  # batch
+  stage "gpt2_b$1" 60 gpt2_run "$1" &&
+    python3 - "$out_dir/gpt2_b$1.jsonl" "$1" "$root/bench/data/gpt2_h100_prediction.json" <<'EOF' | tee -a "$report"
+import json, os, statistics, sys
+steps = [json.loads(line) for line in open(sys.argv[1])]
+steady = [s["step_ms"] for s in steps[2:]] or [s["step_ms"] for s in steps]
+median = statistics.median(steady)
+line = (f"   tessera GPT-2 124M bf16 B={sys.argv[2]}: MEASURED {median:.1f} ms/step (median of {len(steady)}, "
+        f"min {min(steady):.1f}), {steps[-1]['tokens_per_s'] / 1e3:.1f} k tokens/s, peak {steps[-1]['peak_mem_bytes'] / 2**30:.2f} GiB")
+if os.path.exists(sys.argv[3]):
+    predicted = json.load(open(sys.argv[3])).get("step_ms", {}).get(sys.argv[2])
+    if predicted:
+        line += f"; PREDICTED {predicted:.1f} ms (measured / predicted {median / predicted:.2f})"
+print(line)
+EOF
+}
+
+# ---- 7. PyTorch on the same GPU ------------------------------------------------------------------------
+torch_timing() {
+  if ! python3 -c 'import torch' 2>/dev/null; then
+    say "== torch: SKIPPED (python3 has no torch)"
+    return
+  fi
+  local torch_args=(--device cuda --batch 16 --seq-len 1024)
+  [ $sim -eq 1 ] && torch_args=(--device cpu --n-layer 1 --batch 1 --seq-len 64 --steps 2 --warmup-steps 1 \
+    --repeats 2 --no-compile)
+  stage torch 150 env PYTHONUNBUFFERED=1 python3 bench/torch_gpu_step.py "${torch_args[@]}" \
+    --out "$out_dir/torch_steps.json" --calibration "$out_dir/calibration.json"
+  grep -E '^torch |^calibration: copy' "$out_dir/torch.log" | sed 's/^/   /' | tee -a "$report"
+}
+
+# ---- 8. compute-sanitizer -------------------------------------------------------------------------------
+sanitizer() {  # tool [test cases]
+  if [ $sim -eq 1 ]; then
+    say "== compute-sanitizer $1: the simulator's own check of this kind ran inside cuda_suite"
+    return
+  fi
+  command -v compute-sanitizer >/dev/null || { say "== compute-sanitizer: SKIPPED (not on PATH)"; return; }
+  local tool=$1 limit=60
+  shift
+  [ "$tool" = memcheck ] && limit=90
+  stage "sanitizer_$tool" $limit compute-sanitizer --tool "$tool" --print-limit 20 "$build/tests/cuda/test_cuda" "$@"
+  grep -E 'ERROR SUMMARY|^\[doctest\] test cases' "$out_dir/sanitizer_$tool.log" | sed 's/^/   /' | tee -a "$report"
+}
+
+# ---- 9. ncu: every kernel's time in a reduced GPT-2 step -----------------------------------------------
+kernel_times() {
+  if [ $sim -eq 1 ]; then
+    say "== ncu: SKIPPED (the dry run has no GPU)"
+    return
+  fi
+  command -v ncu >/dev/null || { say "== ncu: SKIPPED (not on PATH)"; return; }
+  stage ncu 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    --log-file "$out_dir/ncu_gpt2_l2_b4_t256.csv" "$train" --device cuda --preset gpt2-124m --param-dtype bf16 \
+    --data synthetic --steps 2 --warmup 0 --eval-every 0 --n-layer 2 --batch 4 --seq-len 256
+}
+
+gpt2_timing $gpt2_small_batch
+kernel_times
+torch_timing
+sanitizer memcheck
+gpt2_timing $gpt2_large_batch
+sanitizer synccheck
+sanitizer initcheck
+# racecheck tracks every shared access and is slow: the kernels that use shared memory most.
+sanitizer racecheck -tc='*attention*,*softmax*,*norm*'
+
+say "gpu_check: done in $((SECONDS - start_time)) s, $failures stage(s) failed; report $report"
+[ $failures -eq 0 ]
