@@ -178,7 +178,7 @@ build=build-gpucheck/build
 if [ $sim -eq 1 ]; then
   setup_args=(-Dmpi=disabled)
 else
-  setup_args=(-Dgpu_runtime=nvidia "-Dgpu_architectures=$arch" -Dmpi=disabled)
+  setup_args=(-Dgpu_runtime=nvidia "-Dgpu_architectures=$arch" -Dmpi=disabled -Dblas=disabled)
 fi
 build_tessera() {
   if [ -f "$build/meson-private/coredata.dat" ]; then

@@ -196,26 +196,48 @@ TEST_CASE("gemm: linear on cuda (bias epilogue) equals the cpu's; bf16 goes to t
     const Tensor x = random({2, 9, 19}, 1, dtype), w = random({24, 19}, 2, dtype), b = random({24}, 3, dtype);
     const Tensor got = ops::linear(ops::to(x, kCuda), ops::to(w, kCuda), ops::to(b, kCuda));
     const Tensor want = ops::linear(x, w, b);  // the cpu: f32 product + bias, one rounding
+    const Tensor product = ops::matmul(f64(x), ops::transpose(f64(w), 0, 1));
     const Tensor sum = ops::add(magnitude(x, ops::transpose(w, 0, 1)), ops::abs(f64(b)));
     const Tensor accumulation = ops::mul(sum, scalar(1.01 * 20 * kEps32));
-    // bf16: both round the same f32-accurate value once, so they differ by
-    // at most one bf16 ulp (2^-7 relative) plus the accumulation difference.
+    // bf16: the cpu rounds product + bias once; cuBLASLt rounds the product
+    // to bf16 first (half an ulp of |product|, 2^-8 relative), then the sum
+    // (each result within half an ulp of its value: 2^-7 of |want| between them).
     const double rounding = dtype == DType::bf16 ? std::ldexp(1.0, -7) : 0.0;
-    const Tensor bound = ops::add(ops::add(ops::mul(ops::abs(f64(want)), scalar(rounding)), accumulation),
+    const double product_rounding = dtype == DType::bf16 ? std::ldexp(1.0, -8) : 0.0;
+    const Tensor bound = ops::add(ops::add(ops::add(ops::mul(ops::abs(f64(want)), scalar(rounding)),
+                                                    ops::mul(ops::abs(product), scalar(product_rounding))),
+                                           accumulation),
                                   scalar(1e-300));
     const double worst = worst_ratio(got, want, bound);
     if (worst > 1.0) {  // what the epilogue did there: tells its roundings apart on a GPU
-      const std::vector<double> product = values_of(ops::matmul(f64(x), ops::transpose(f64(w), 0, 1)));
-      const std::vector<double> on_cuda = values_of(got), on_cpu = values_of(want), bias = values_of(b);
+      const std::vector<double> on_cuda = values_of(got), on_cpu = values_of(want), bias = values_of(b),
+                                exact = values_of(product);
       size_t at = 0;
       for (size_t i = 0; i < on_cuda.size(); ++i) {
         if (std::abs(on_cuda[i] - on_cpu[i]) > std::abs(on_cuda[at] - on_cpu[at])) at = i;
       }
       MESSAGE("largest difference at ", at, ": cuda ", on_cuda[at], ", cpu ", on_cpu[at], ", x w^T in f64 ",
-              product[at], ", bias ", bias[at % bias.size()]);
+              exact[at], ", bias ", bias[at % bias.size()]);
     }
     CHECK(worst <= 1.0);
   }
+}
+
+TEST_CASE("gemm: a bf16 bias epilogue rounds the product to bf16 before adding the bias, as an H100 does") {
+  // x w^T = 1 + 2^-8 + 2^-10 (exact in f32), bias 2^-8. One rounding of the
+  // sum (1 + 2^-7 + 2^-10) gives 1 + 2^-7; rounding the product first gives
+  // 1 + 2^-7, plus the bias 1 + 2^-7 + 2^-8: a tie, to even, 1 + 2^-6.
+  // Measured with cuBLASLt 13.0 on an H100 (tools/gpu_check.sh, 2026-11-26);
+  // the simulator's twin does the same (tensor/cuda/sim/blas_lt.cpp).
+  const Tensor x = ops::from_vector(std::vector<double>{1.0, std::ldexp(1.25, -8)}, {1, 2}, {.dtype = DType::bf16});
+  const Tensor w = ops::from_vector(std::vector<double>{1.0, 1.0}, {1, 2}, {.dtype = DType::bf16});
+  const Tensor b = ops::full({1}, std::ldexp(1.0, -8), {.dtype = DType::bf16});
+  CHECK(ops::linear(x, w, b).item() == 1.0 + std::ldexp(1.0, -7));
+  CHECK(ops::linear(ops::to(x, kCuda), ops::to(w, kCuda), ops::to(b, kCuda)).item() == 1.0 + std::ldexp(1.0, -6));
+  // f32 D: one rounding on both.
+  const Tensor x32 = ops::to(x, DType::f32), w32 = ops::to(w, DType::f32), b32 = ops::to(b, DType::f32);
+  CHECK(ops::linear(ops::to(x32, kCuda), ops::to(w32, kCuda), ops::to(b32, kCuda)).item() ==
+        ops::linear(x32, w32, b32).item());
 }
 
 TEST_CASE("gemm: every epilogue against a plain reference; alpha and beta, in place too") {
@@ -312,16 +334,27 @@ TEST_CASE("gemm: TF32 is off unless asked for; on, inputs round to nearest, ties
   REQUIRE_FALSE(cuda::allow_tf32());
   // 1 + 2^-11 lies halfway between two TF32 values: ties away gives 1 + 2^-10
   // (ties to even would give 1, truncation 1).
+  // Allowing TF32 lets cuBLASLt use it, not forces it: an H100 ran a 1x1x1
+  // product in f32 (1 + 2^-11 came back), and 17x300x9 on TF32 tensor cores
+  // (tools/gpu_check.sh, 2026-11-26). So the tie is placed inside the larger
+  // product: row 0 of `left` is (x, 0, ...), column 0 of `right` (1, 0, ...).
   const double x = 1.0 + std::ldexp(1.0, -11);
   const Tensor a = ops::full({1, 1}, x, {.device = kCuda}), b = ops::ones({1, 1}, {.device = kCuda});
   CHECK(ops::matmul(a, b).item() == x);
+  Tensor left = random({17, 300}, 31), right = random({300, 9}, 32);
+  Tensor left_row = ops::select(left, 0, 0), right_column = ops::select(right, 1, 0);
+  ops::fill_(left_row, 0.0);
+  ops::fill_(right_column, 0.0);
+  Tensor left_first = ops::slice(left_row, 0, 0, 1), right_first = ops::slice(right_column, 0, 0, 1);
+  ops::fill_(left_first, x);
+  ops::fill_(right_first, 1.0);
   cuda::set_allow_tf32(true);
-  const double tf32_result = ops::matmul(a, b).item();
+  const double tiny_result = ops::matmul(a, b).item();
   // A larger product against the f32 product of the inputs rounded the same way on the host.
-  const Tensor left = random({17, 300}, 31), right = random({300, 9}, 32);
   const Tensor tf32_got = ops::matmul(ops::to(left, kCuda), ops::to(right, kCuda));
   cuda::set_allow_tf32(false);
-  CHECK(tf32_result == 1.0 + std::ldexp(1.0, -10));
+  CHECK((tiny_result == x || tiny_result == 1.0 + std::ldexp(1.0, -10)));
+  CHECK(ops::select(ops::select(tf32_got, 0, 0), 0, 0).item() == 1.0 + std::ldexp(1.0, -10));
   const auto round_tf32 = [](const Tensor& t) {  // keep 10 mantissa bits: to nearest, ties away from zero
     Tensor rounded = ops::clone(t);
     for (float& v : std::span<float>(rounded.data_ptr<float>(), static_cast<size_t>(rounded.numel()))) {

@@ -3,7 +3,13 @@
 // memcheck and the stream-ordering checker like any launch, and the product
 // computed on the CPU on the stream's worker thread with cuBLASLt's
 // arithmetic contract: bf16/f16/f32 inputs accumulate in f32 (f64 in f64),
-// the epilogue runs on the accumulator, and D rounds once to its dtype.
+// the epilogue runs on the accumulator, and D rounds once to its dtype,
+// except that a bias epilogue with a 16-bit D adds the bias to the product
+// already rounded to D's dtype and rounds again. An H100 (cuBLASLt 13.0,
+// 2026-11-26, tools/gpu_check.sh) gave bf16(bf16(-11.705) - 0.96875) =
+// -12.625 where one rounding gives -12.6875; only BIAS was measured (the
+// only epilogue tessera uses), the GELU+bias ones are assumed to add the
+// bias the same way.
 // The multiply-adds go to the host GEMM backend (tensor/gemm_backend.h),
 // which sums in f32 in its own order, as cuBLASLt's kernels sum in theirs.
 //
@@ -334,6 +340,19 @@ cpu::GemmMatrix<Acc> gemm_operand(const GemmMatrix& x, GemmOp op, int64_t batch,
   return {scratch.data(), op == GemmOp::transpose, std::max<int64_t>(1, x.rows)};
 }
 
+// `value` rounded to a 16-bit D's dtype (bf16, f16) and back; f32 and f64
+// pass unchanged.
+template <typename Acc>
+Acc rounded_to_16_bit(DType dtype, Acc value) {
+  switch (dtype) {
+    case DType::bf16:
+      return static_cast<Acc>(float16_bits::float_from_bfloat16(float16_bits::bfloat16_from_float(static_cast<float>(value))));
+    case DType::f16:
+      return static_cast<Acc>(float16_bits::float_from_half(float16_bits::half_from_float(static_cast<float>(value))));
+    default: return value;
+  }
+}
+
 template <typename Acc>
 void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
   const bool tf32 = g.compute == GemmCompute::f32_fast_tf32;
@@ -356,7 +375,10 @@ void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
       for (int64_t i = 0; i < g.m; ++i) {
         Acc value = alpha * product[static_cast<size_t>(j * g.m + i)];
         if (g.beta != 0.0) value += beta * load<Acc>(g.c.data, g.c.dtype, c_first + i + j * g.c.ld);
-        if (adds_bias(g.epilogue)) value += load<Acc>(g.bias, g.d.dtype, bias_first + i);
+        if (adds_bias(g.epilogue)) {
+          value = rounded_to_16_bit(g.d.dtype, value);  // before the bias, as measured (top of this file)
+          value += load<Acc>(g.bias, g.d.dtype, bias_first + i);
+        }
         if (writes_aux(g.epilogue)) store<Acc>(g.aux, g.d.dtype, aux_first + i + j * g.aux_ld, value);
         if (applies_gelu(g.epilogue)) value = gelu_tanh(value);
         if (g.epilogue == GemmEpilogue::dgelu) {
