@@ -13,7 +13,7 @@
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
 #      and the GEMM and copy rates the prediction is calibrated with;
 #   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
-#   9. ncu's time of every kernel of a reduced GPT-2 step.
+#   9. ncu's time of every kernel of GPT-2 124M steps (B = 16, T = 1024).
 #
 # 6-9 run in the order a short lease needs them most (B = 16, kernel times,
 # PyTorch, memcheck, B = 32, the other sanitizers).
@@ -23,7 +23,10 @@
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
+#                           [--stages suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck]
 #
+# --stages runs only those (the build always): a second lease need not
+# repeat what the first measured.
 # --archive packs the report and every log into one file at the end (a lease
 # may bring back only a few files).
 # --sim is the dry run for a machine without a GPU: the same stages with the
@@ -38,6 +41,7 @@ budget=520
 sim=0
 bundle=.gpu-bundle
 archive=
+stages=,suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
 while [ $# -gt 0 ]; do
   case $1 in
     --out-dir) out_dir=$2; shift 2 ;;
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
     --sim) sim=1; shift ;;
     --bundle) bundle=$2; shift 2 ;;
     --archive) archive=$2; shift 2 ;;
+    --stages) stages=",$2,"; shift 2 ;;
     *) echo "gpu_check: unknown argument $1 (see the comment at the top of tools/gpu_check.sh)" >&2; exit 2 ;;
   esac
 done
@@ -192,8 +197,14 @@ stage build 300 build_tessera || { say "gpu_check: the build failed; nothing els
 train=$build/examples/gpt/train
 
 # ---- 4. the cuda suite ---------------------------------------------------------------------------------
-stage cuda_suite 60 "$build/tests/cuda/test_cuda"
-grep -E '^\[doctest\] (test cases|assertions)' "$out_dir/cuda_suite.log" | sed 's/^/   /' | tee -a "$report"
+wanted() {  # stage: whether --stages names it
+  [[ $stages == *",$1,"* ]]
+}
+
+if wanted suite; then
+  stage cuda_suite 60 "$build/tests/cuda/test_cuda"
+  grep -E '^\[doctest\] (test cases|assertions)' "$out_dir/cuda_suite.log" | sed 's/^/   /' | tee -a "$report"
+fi
 
 # ---- 5. tiny GPT, cuda against cpu ---------------------------------------------------------------------
 tiny_steps=30
@@ -202,7 +213,7 @@ tiny_run() {  # device
   limited "$train" --device "$1" --data synthetic --steps $tiny_steps --eval-every 0 --threads 4 \
     --log-json "$out_dir/tiny_$1.jsonl" --overwrite
 }
-stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu &&
+wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu &&
   python3 - "$out_dir/tiny_cuda.jsonl" "$out_dir/tiny_cpu.jsonl" <<'EOF' | tee -a "$report"
 import json, sys
 cuda, cpu = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
@@ -267,27 +278,27 @@ sanitizer() {  # tool [test cases]
   grep -E 'ERROR SUMMARY|^\[doctest\] test cases' "$out_dir/sanitizer_$tool.log" | sed 's/^/   /' | tee -a "$report"
 }
 
-# ---- 9. ncu: every kernel's time in a reduced GPT-2 step -----------------------------------------------
+# ---- 9. ncu: every kernel's time in two GPT-2 124M steps at B = 16, T = 1024 -----------------------------------------------
 kernel_times() {
   if [ $sim -eq 1 ]; then
     say "== ncu: SKIPPED (the dry run has no GPU)"
     return
   fi
   command -v ncu >/dev/null || { say "== ncu: SKIPPED (not on PATH)"; return; }
-  stage ncu 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    --log-file "$out_dir/ncu_gpt2_l2_b4_t256.csv" "$train" --device cuda --preset gpt2-124m --param-dtype bf16 \
-    --data synthetic --steps 2 --warmup 0 --eval-every 0 --n-layer 2 --batch 4 --seq-len 256
+  stage ncu 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    --log-file "$out_dir/ncu_gpt2_b16_t1024.csv" "$train" --device cuda --preset gpt2-124m --param-dtype bf16 \
+    --data synthetic --steps 2 --warmup 0 --eval-every 0 --batch 16 --seq-len 1024
 }
 
-gpt2_timing $gpt2_small_batch
-kernel_times
-torch_timing
-sanitizer memcheck
-gpt2_timing $gpt2_large_batch
-sanitizer synccheck
-sanitizer initcheck
+! wanted gpt2 || gpt2_timing $gpt2_small_batch
+! wanted ncu || kernel_times
+! wanted torch || torch_timing
+! wanted memcheck || sanitizer memcheck
+! wanted gpt2 || gpt2_timing $gpt2_large_batch
+! wanted synccheck || sanitizer synccheck
+! wanted initcheck || sanitizer initcheck
 # racecheck tracks every shared access and is slow: the kernels that use shared memory most.
-sanitizer racecheck -tc='*attention*,*softmax*,*norm*'
+! wanted racecheck || sanitizer racecheck -tc='*attention*,*softmax*,*norm*' -tce='*gradcheck*'
 
 say "gpu_check: done in $((SECONDS - start_time)) s, $failures stage(s) failed; report $report"
 [ $failures -eq 0 ]
