@@ -6,19 +6,21 @@
 // Key tiles above the diagonal are never loaded. Accumulation is f32 (f64 for
 // f64 inputs); bf16 operands are widened as they are staged.
 //
-// CUDA cores only: tensor cores (wmma/mma) would need the simulator to
-// emulate their fragment layouts faithfully, which it does not, so no line
-// here could be proven. The backward is deterministic without atomics: dK
-// and dV are owned by key-tile blocks, dQ by query-tile blocks, and every
-// sum runs in a fixed order. The formulas are the cpu kernel's
-// (tensor/cpu/attention.cpp): scores are (scale * q) . k with q scaled as it
-// is staged, as the cpu rounds it.
+// These kernels run on CUDA cores and are the reference: bf16 operands with
+// head dim 64 or 128 (and 16-byte aligned rows) go to the tensor-core kernels
+// of attention_mma.cu instead, routed by the entry points at the end of this
+// file; f32, f64 and other head dims stay here. The backward is
+// deterministic without atomics: dK and dV are owned by key-tile blocks, dQ
+// by query-tile blocks, and every sum runs in a fixed order. The formulas
+// are the cpu kernel's (tensor/cpu/attention.cpp): scores are (scale * q) . k
+// with q scaled as it is staged, as the cpu rounds it.
 #include "tensor/cuda/attention.h"
 
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
+#include "tensor/cuda/attention_mma.h"
 #include "tensor/cuda/portability.h"
 #include "tensor/element_conversion.h"
 
@@ -426,6 +428,7 @@ Heads<T> heads_of(const Operand& operand) {
 }  // namespace
 
 AttentionTiling attention_tiling(DType dtype, int64_t head_dim) {
+  if (dtype == DType::bf16 && (head_dim == 64 || head_dim == 128)) return {kAttentionMmaTile, kAttentionMmaTile};
   AttentionTiling tiling;
   visit_attention(dtype, static_cast<int>(head_dim), "causal_attention", [&](auto, auto accumulation, auto max_dim) {
     using Tile = Tiling<decltype(accumulation), decltype(max_dim)::value>;
@@ -437,6 +440,9 @@ AttentionTiling attention_tiling(DType dtype, int64_t head_dim) {
 void causal_attention(const Operand& out, const Operand& logsumexp, const Operand& q, const Operand& k,
                       const Operand& v, const AttentionShape& shape, const KernelLaunch& launch) {
   if (no_elements(shape)) return;
+  if (attention_on_tensor_cores(shape, q.dtype, {&out, &q, &k, &v})) {
+    return causal_attention_mma(out, logsumexp, q, k, v, shape, launch);
+  }
   visit_attention(q.dtype, shape.dim, "causal_attention", [&](auto storage, auto accumulation, auto max_dim) {
     using S = decltype(storage);
     using Acc = decltype(accumulation);
@@ -472,6 +478,9 @@ void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Ope
                          const Operand& k, const Operand& v, const Operand& logsumexp, const Operand& delta,
                          const AttentionShape& shape, const KernelLaunch& launch) {
   if (no_elements(shape)) return;
+  if (attention_on_tensor_cores(shape, q.dtype, {&grad_k, &grad_v, &grad_out, &q, &k, &v})) {
+    return attention_key_grads_mma(grad_k, grad_v, grad_out, q, k, v, logsumexp, delta, shape, launch);
+  }
   visit_attention(q.dtype, shape.dim, "causal_attention_backward", [&](auto storage, auto accumulation, auto max_dim) {
     using S = decltype(storage);
     using Acc = decltype(accumulation);
@@ -489,6 +498,9 @@ void attention_query_grads(const Operand& grad_q, const Operand& grad_out, const
                            const Operand& v, const Operand& logsumexp, const Operand& delta,
                            const AttentionShape& shape, const KernelLaunch& launch) {
   if (no_elements(shape)) return;
+  if (attention_on_tensor_cores(shape, q.dtype, {&grad_q, &grad_out, &q, &k, &v})) {
+    return attention_query_grads_mma(grad_q, grad_out, q, k, v, logsumexp, delta, shape, launch);
+  }
   visit_attention(q.dtype, shape.dim, "causal_attention_backward", [&](auto storage, auto accumulation, auto max_dim) {
     using S = decltype(storage);
     using Acc = decltype(accumulation);

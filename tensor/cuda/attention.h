@@ -4,7 +4,8 @@
 // q, k, v, out and the gradients [B, H, T, D] in one dtype (f32, f64 or
 // bf16) with contiguous rows of D (any batch, head and row strides: views of
 // a packed projection, or the [B, T, H, D] order); logsumexp and delta
-// [B, H, T] contiguous in the accumulation dtype.
+// [B, H, T] contiguous in the accumulation dtype. bf16 operands of head dim
+// 64 or 128 run on tensor cores (attention_mma.h), the rest on CUDA cores.
 #pragma once
 
 #include "tensor/cuda/elementwise.h"
@@ -26,8 +27,9 @@ struct AttentionShape {
 // How the kernels tile a head: a block owns `owned_rows` rows (query rows in
 // the forward and for dQ, key rows for dK and dV) and streams the other side
 // through shared memory `streamed_rows` rows at a time. Depends on the
-// accumulation dtype and the head dim; tests derive the bytes a launch
-// should move from it.
+// accumulation dtype and the head dim (bf16 at head dim 64 or 128: the
+// tensor-core kernels', which take aligned operands; attention_mma.h); tests
+// derive the bytes a launch should move from it.
 struct AttentionTiling {
   int64_t owned_rows = 0;
   int64_t streamed_rows = 0;

@@ -151,7 +151,10 @@ TEST_CASE("causal attention on cuda matches the cpu in f64 (every tiling: 32, 64
 }
 
 TEST_CASE("causal attention on cuda in bf16 matches the cpu in f32 on the rounded inputs") {
-  for (const int64_t dim : {16, 64, 80}) {
+  // bf16 at head dims 64 and 128 runs on tensor cores, whose P and dS round to
+  // bf16 before their products: test_attention_mma.cpp holds it to a bound
+  // with that rounding. Here, the CUDA-core kernel's f32-accurate bf16 path.
+  for (const int64_t dim : {16, 80}) {
     for (const int64_t seq : {1, 5, 65}) check_against_cpu(shape_for(seq, dim), DType::bf16, 60 + seq + dim);
   }
 }
