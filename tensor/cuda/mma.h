@@ -27,7 +27,8 @@
 // ldmatrix's reads happen in this header, one 16-byte row by each lane that
 // gives a row address, so memcheck, racecheck and the byte counts see them,
 // attributed to that lane. Neither instruction orders memory between lanes
-// (a __syncwarp does). The simulator counts no FLOPs for mma.
+// (a __syncwarp does). Each warp-wide mma counts its 4096 FLOPs in the
+// launch's KernelCounters::flops (tensor-core work, for the roofline).
 #pragma once
 
 #include <cstdint>
@@ -148,11 +149,12 @@ __attribute__((no_sanitize("thread"))) void combine_ldmatrix(const void* const* 
   }
 }
 
+inline constexpr int64_t kMmaFlops = 2 * 16 * 8 * 16;  // m16n8k16: a multiply and an add per product
 inline constexpr sim::WarpExchange kMmaBf16{"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
                                             sizeof(MmaOperands), sizeof(float[4]),
-                                            &combine_mma<float16_bits::float_from_bfloat16>};
+                                            &combine_mma<float16_bits::float_from_bfloat16>, kMmaFlops};
 inline constexpr sim::WarpExchange kMmaF16{"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", sizeof(MmaOperands),
-                                           sizeof(float[4]), &combine_mma<float16_bits::float_from_half>};
+                                           sizeof(float[4]), &combine_mma<float16_bits::float_from_half>, kMmaFlops};
 inline constexpr sim::WarpExchange kLdmatrix{"ldmatrix.sync.aligned.m8n8.x4.shared.b16", 16, sizeof(uint32_t[4]),
                                              &combine_ldmatrix<false>};
 inline constexpr sim::WarpExchange kLdmatrixTrans{"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", 16,

@@ -514,6 +514,18 @@ TEST_CASE("attention on tensor cores reads at least 5x fewer shared bytes per (q
           cores_forward, " on CUDA cores; backward ", mma_backward, " and ", cores_backward);
   CHECK(cores_forward >= 5 * mma_forward);
   CHECK(cores_backward >= 5 * mma_backward);
+  // Tensor-core FLOPs (every warp-wide mma counts 4096): the useful work is
+  // 4 D per visible pair forward (Q K^T and P V) and 14 D backward (S and dP
+  // twice, dV, dK, dQ); masked halves of the diagonal steps add some (1.06x
+  // forward, 1.25x backward at T = 256: its warps skip less of the diagonal).
+  const double useful_forward = 4.0 * 64 * pairs, useful_backward = 14.0 * 64 * pairs;
+  MESSAGE("mma FLOPs over the useful work: forward ", static_cast<double>(mma.forward.flops) / useful_forward,
+          ", backward ", static_cast<double>(mma.backward.flops) / useful_backward);
+  CHECK(static_cast<double>(mma.forward.flops) >= useful_forward);
+  CHECK(static_cast<double>(mma.forward.flops) <= 1.1 * useful_forward);
+  CHECK(static_cast<double>(mma.backward.flops) >= useful_backward);
+  CHECK(static_cast<double>(mma.backward.flops) <= 1.3 * useful_backward);
+  CHECK(cores.forward.flops == 0);  // CUDA-core arithmetic is not counted
 }
 #endif
 

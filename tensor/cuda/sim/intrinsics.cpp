@@ -73,6 +73,7 @@ void combine_warp(ThreadBlock& block, int32_t warp, const ExchangeSlot& first, i
     outputs[lane] = slot.output;
   }
   first.exchange->combine(inputs, outputs);
+  current_launch()->counters.flops += first.exchange->flops;
   for (int32_t lane = 0; lane < 32; ++lane) lanes[lane].waiting = false;
 }
 

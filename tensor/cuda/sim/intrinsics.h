@@ -60,6 +60,7 @@ struct WarpExchange {
   int32_t input_bytes;   // at most kWarpExchangeBytes
   int32_t output_bytes;  // at most kWarpExchangeBytes
   void (*combine)(const void* const* inputs, void* const* outputs);
+  int64_t flops = 0;  // what one execution by the warp computes (KernelCounters::flops)
 };
 void warp_exchange(const WarpExchange& exchange, const void* input, void* output, std::source_location site);
 

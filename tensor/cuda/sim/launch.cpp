@@ -163,6 +163,7 @@ void run_launch(const std::string& kernel_name, const void* kernel_address, cons
     total.device_bytes_read += launch.counters.device_bytes_read;
     total.device_bytes_written += launch.counters.device_bytes_written;
     total.shared_bytes_accessed += launch.counters.shared_bytes_accessed;
+    total.flops += launch.counters.flops;
   }
   if (!launch.reports.empty()) throw Error(launch.reports.text());
 }

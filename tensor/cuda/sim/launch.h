@@ -28,7 +28,9 @@ void set_block_order_seed(uint64_t seed);
 // last reset: device bytes each launch's threads read and wrote (atomics count
 // as both), and shared-memory bytes. Library calls the simulator runs as a
 // whole (cublasLtMatmul) count the bytes of each operand once and their
-// FLOPs (2 per multiply-add), for roofline predictions.
+// FLOPs (2 per multiply-add), for roofline predictions. `flops` is
+// tensor-core work only: cuBLASLt calls and every warp-wide mma.sync a kernel
+// executes (4096 per m16n8k16); CUDA-core arithmetic is not counted.
 struct KernelCounters {
   int64_t launches = 0;
   int64_t blocks = 0;
