@@ -15,6 +15,8 @@
 #include <functional>
 #include <limits>
 #include <span>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "autograd/functions.h"
@@ -410,6 +412,74 @@ TEST_CASE("gemm: ops::linear with a bias is one cublasLtMatmul (simulator counte
   }
 }
 
+#endif
+
+// Launches of each kernel name while `run` runs (simulator counters; empty on a GPU).
+std::map<std::string, int64_t> launches_during(const std::function<void()>& run) {
+  current_stream(kCuda)->synchronize();
+#if TESSERA_HAVE_CUDA_SIM
+  cuda::sim::reset_kernel_counters();
+#endif
+  run();
+  current_stream(kCuda)->synchronize();
+  std::map<std::string, int64_t> launches;
+#if TESSERA_HAVE_CUDA_SIM
+  for (const auto& [name, counters] : cuda::sim::kernel_counters()) launches[name] = counters.launches;
+#endif
+  return launches;
+}
+
+int64_t copy_launches(const std::map<std::string, int64_t>& launches) {
+  int64_t copies = 0;
+  for (const auto& [name, count] : launches) copies += name.find("copy") != std::string::npos ? count : 0;
+  return copies;
+}
+
+TEST_CASE("gemm: large GEMMs with rows off 16-byte boundaries go through padded copies, values within the bound") {
+  // The head's case scaled down: 16 channels (rows on 16-byte boundaries) and
+  // a vocabulary of 37 (GPT-2's 50257: rows of the logits and their gradient off).
+  const int64_t threshold = cuda::gemm_padding_min_flops();
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = random({3, 5, 16}, 61, dtype), w = random({37, 16}, 62, dtype), b = random({37}, 63, dtype);
+    const Tensor grad = random({3, 5, 37}, 64, dtype);
+    const auto products = [&](const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& grad) {
+      // the head's three GEMMs: forward, input gradient, weight gradient
+      const Tensor x_rows = ops::reshape(x, {15, 16}), grad_rows = ops::reshape(grad, {15, 37});
+      return std::vector<Tensor>{ops::linear(x, w, b), ops::matmul(grad, w),
+                                 ops::matmul(ops::transpose(grad_rows, 0, 1), x_rows)};
+    };
+    const auto on_cuda = [&] { return products(ops::to(x, kCuda), ops::to(w, kCuda), ops::to(b, kCuda), ops::to(grad, kCuda)); };
+    cuda::set_gemm_padding_min_flops(std::numeric_limits<int64_t>::max());
+    const auto plain_launches = launches_during([&] { on_cuda(); });
+    cuda::set_gemm_padding_min_flops(0);
+    std::vector<Tensor> padded;
+    const auto padded_launches = launches_during([&] { padded = on_cuda(); });
+    cuda::set_gemm_padding_min_flops(threshold);
+#if TESSERA_HAVE_CUDA_SIM
+    CHECK(copy_launches(plain_launches) == 0);
+    // One copy each: the logits out of padded rows; their gradient into
+    // padded rows for the input gradient, and again, transposed, for the weight's.
+    CHECK(copy_launches(padded_launches) == 3);
+    CHECK(padded_launches.at("cublasLtMatmul") == 3);
+#endif
+    // On any runtime: the cpu's products within an accumulation bound (k <= 37
+    // terms in f32; the padded and plain layouts may sum in other orders) and, in bf16, the output's rounding and the bias epilogue's.
+    const std::vector<Tensor> want = products(x, w, b, grad);
+    const std::vector<Tensor> magnitudes{ops::add(magnitude(x, ops::transpose(w, 0, 1)), ops::abs(f64(b))),
+                                         magnitude(grad, w),
+                                         magnitude(ops::transpose(ops::reshape(grad, {15, 37}), 0, 1),
+                                                   ops::reshape(x, {15, 16}))};
+    const double rounding = dtype == DType::bf16 ? std::ldexp(1.0, -6) : 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      const Tensor bound = ops::add(ops::mul(magnitudes[i], scalar(1.01 * 40 * kEps32 + rounding)), scalar(1e-300));
+      CHECK(worst_ratio(padded[i], want[i], bound) <= 1.0);
+    }
+  }
+}
+
+#if TESSERA_HAVE_CUDA_SIM
 TEST_CASE("gemm: the simulator refuses what cuBLASLt refuses, naming the field") {
   const Tensor x = ops::zeros({6, 8}, {.device = kCuda}), w = ops::zeros({16, 8}, {.device = kCuda});
   const Tensor out = ops::empty({6, 16}, {.device = kCuda});
