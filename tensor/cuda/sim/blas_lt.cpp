@@ -7,8 +7,10 @@
 // except that a bias epilogue with a 16-bit D adds the bias to the product
 // already rounded to D's dtype and rounds again. An H100 (cuBLASLt 13.0,
 // 2026-11-26, tools/gpu_check.sh) gave bf16(bf16(-11.705) - 0.96875) =
-// -12.625 where one rounding gives -12.6875; only BIAS was measured (the
-// only epilogue tessera uses), the GELU+bias ones are assumed to add the
+// -12.625 where one rounding gives -12.6875, in an 18x24x19 product; a
+// 1x1x2 one rounded once (cuBLASLt picks kernels by shape, and they differ).
+// The twin rounds twice, the larger shapes' way. Only BIAS was measured (the
+// only epilogue tessera uses); the GELU+bias ones are assumed to add the
 // bias the same way.
 // The multiply-adds go to the host GEMM backend (tensor/gemm_backend.h),
 // which sums in f32 in its own order, as cuBLASLt's kernels sum in theirs.
@@ -26,10 +28,13 @@
 // family with op(A) = T, DGELU likewise, BGRADB with op(B) = T); other
 // combinations are accepted here unproven.
 //
-// TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input is rounded to 10
-// mantissa bits to nearest, ties away from zero, which is PTX's
-// cvt.rna.tf32.f32, the conversion the tensor cores' TF32 path is fed by;
-// products and sums stay f32.
+// TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input keeps its top 10
+// mantissa bits (the rest dropped, toward zero), as the tensor cores read f32
+// registers fed to a .tf32 mma; products and sums stay f32. An H100 rounded
+// 1 + 2^-11 (a tie) down to 1, where cvt.rna.tf32.f32 gives 1 + 2^-10
+// (tools/gpu_check.sh, 2026-11-26); tests/cuda/test_gemm.cpp also probes a
+// value above the tie, which tells truncation from ties-to-even. Allowing TF32
+// lets cuBLASLt use it, not forces it: a 1x1x1 product came back in f32.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -269,11 +274,10 @@ std::vector<BufferUse> buffers_of(const GemmDescriptor& g) {
 
 // --- the arithmetic ---
 
-// PTX cvt.rna.tf32.f32: keep 10 mantissa bits, to nearest, ties away from zero.
+// f32 read as TF32: keep 10 mantissa bits, dropping the rest (toward zero).
 float round_to_tf32(float value) {
   if (!std::isfinite(value)) return value;
-  const uint32_t word = (float16_bits::bits_of(value) + 0x1000u) & 0xffffe000u;
-  return float16_bits::float_of(word);
+  return float16_bits::float_of(float16_bits::bits_of(value) & 0xffffe000u);
 }
 
 template <typename Acc>
