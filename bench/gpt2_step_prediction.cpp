@@ -6,8 +6,9 @@
 // on the simulated cuda device, at GPT-2 124M's exact widths (C 768, 12 heads
 // of 64, vocab 50257, wpe 1024 rows) but with fewer layers and shorter, smaller
 // batches: the CPU cannot simulate B = 16, T = 1024, 12 layers. Each kernel's
-// launches, device bytes and FLOPs are then scaled with an explicit model,
-// fitted per kernel name over five reduced runs and checked on a sixth:
+// launches, device bytes, shared-memory bytes and FLOPs are then scaled with
+// an explicit model, fitted per kernel name over five reduced runs and checked
+// on a sixth:
 //
 //   count(L, B, T) = c1 + cL L + cBT B T + cLBT L B T + cT T          (every kernel but attention's)
 //   count(L, B, T) = aL L + aLBT L B T + aLBT2 L B T^2                (attention's tiled kernels)
@@ -19,24 +20,30 @@
 //   and casting gradients, FSDP's bf16 parameter copies): per layer, and for
 //   wte, wpe and ln_f;
 // - T: the position embedding's rows (its gradient touches T of wpe's rows);
-// - L B T^2: the causal attention's tiling. An owned tile of 32 queries
-//   streams every 32-key tile up to the diagonal, so per head k and v are read
-//   (T / 32 + 1) / 2 times (bytes: L B T and L B T^2 terms, exact for T a
-//   multiple of 32), and the visible (query, key) pairs are T (T + 1) / 2.
+// - L B T^2: the causal attention's tiling. An owned tile of 32 queries (64
+//   on tensor cores) streams every key tile of that size up to the diagonal,
+//   so per head k and v are read (T / 32 + 1) / 2 times (bytes: L B T and
+//   L B T^2 terms, exact for T a multiple of the tile), and the visible
+//   (query, key) pairs are T (T + 1) / 2; shared-memory bytes follow the same
+//   two terms (staged tiles, and the inner loops' loads per tile pair).
 //
 // Launches do not grow with B or T (grid-stride loops cover any size), only
 // with L: launches(L) = c1 + cL L per kernel, a least-squares fit over the
 // five runs. (Fitting them like bytes let a small run's choice of a packed
 // or an element-wise kernel variant extrapolate to thousands of launches.)
 //
-// Prediction per kernel: max(bytes / 3.35 TB/s, FLOPs / peak), plus a stated
-// launch overhead. GEMMs (cublasLtMatmul, bf16 in, f32 accumulate) at the
-// dense bf16 tensor-core peak (989 TFLOP/s); every other kernel runs on CUDA
-// cores (attention included: it uses no tensor cores, attention.cu says why)
-// and is held to the f32 peak (67 TFLOP/s). A paper estimate: caches, clocks,
-// overlap between kernels and GEMM efficiency are not in it.
+// Prediction per kernel: bench/gpu_roofline.h's model of an H100 SXM, every
+// figure with its source and an efficiency below 100%: the largest of HBM
+// bytes, shared-memory bytes and FLOPs (tensor cores for cublasLtMatmul at
+// the efficiency of GPT-2's GEMM shapes, and for attention_mma.cu's kernels
+// at an assumed flash-attention efficiency; CUDA cores without FMA for every
+// other kernel, attention.cu's included), plus a launch overhead; kernels run
+// one after another on one stream.
+// --calibration FILE replaces assumed figures with measured ones. A paper
+// estimate: caches, clocks, overlap between kernels are not in it.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -50,6 +57,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/gpu_roofline.h"
 #include "bench/machine_context.h"
 #include "checkpoint/file_roles.h"
 #include "examples/gpt/resource_limits.h"
@@ -62,12 +70,15 @@ namespace sim = tessera::cuda::sim;
 
 namespace {
 
-constexpr double kHbmBytesPerSecond = 3.35e12;        // H100 SXM, HBM3
-constexpr double kF32FlopsPerSecond = 67e12;          // H100 SXM, f32 on CUDA cores
-constexpr double kBf16TensorFlopsPerSecond = 989e12;  // H100 SXM, dense bf16 on tensor cores
-constexpr double kLaunchSeconds = 3e-6;               // per launch, cudaLaunchKernel's usual 2-4 us; printed apart
-constexpr int64_t kHeadDim = 64, kHeads = 12, kChannels = 768;
+constexpr int64_t kHeadDim = 64, kHeads = 12;
 const Device kCuda(DeviceType::cuda);
+
+// llm.c's GPT-2 124M training on 8 x H100 SXM: about 140 ms per step of
+// 524,288 tokens (B = 64, T = 1024 per GPU; the figure issue 28 compares
+// against). The modded-nanogpt README's llm.c baseline, 10B tokens in 45
+// minutes on 8 x H100, gives 463 k tokens/s per GPU: within 1% of it.
+constexpr double kLlmcStepSeconds = 0.140, kLlmcStepTokens = 524288, kLlmcGpus = 8;
+constexpr double kLlmcTokensPerSecond = kLlmcStepTokens / kLlmcStepSeconds / kLlmcGpus;
 
 struct Shape3 {
   int64_t layers, batch, seq;
@@ -75,7 +86,7 @@ struct Shape3 {
 
 // What one kernel name did in one counted step.
 struct Count {
-  double launches = 0, bytes = 0, flops = 0;
+  double launches = 0, bytes = 0, shared_bytes = 0, flops = 0;
 };
 using StepCounts = std::map<std::string, Count>;
 
@@ -121,7 +132,7 @@ Run count_step(const Shape3& shape) {
     for (const auto& [name, counters] : sim::kernel_counters()) {
       run.counts[name] = {static_cast<double>(counters.launches),
                           static_cast<double>(counters.device_bytes_read + counters.device_bytes_written),
-                          static_cast<double>(counters.flops)};
+                          static_cast<double>(counters.shared_bytes_accessed), static_cast<double>(counters.flops)};
     }
     run.peak_bytes = metrics.peak_mem_bytes;
   });
@@ -129,9 +140,82 @@ Run count_step(const Shape3& shape) {
   return run;
 }
 
-bool is_tiled_attention(const std::string& name) {
-  return name.find("attention_forward") != std::string::npos || name.find("key_grads") != std::string::npos ||
-         name.find("query_grads") != std::string::npos;
+// The counts file: a header naming the columns, then one line per run and
+// kernel name, tab-separated.
+constexpr std::array<const char*, 9> kCountColumns = {"layers",   "batch",        "seq",   "peak_bytes", "kernel",
+                                                      "launches", "device_bytes", "shared_bytes", "flops"};
+
+void save_counts(std::ostream& out, const Run& run) {
+  for (const auto& [name, c] : run.counts) {
+    out << fmt::format("{}\t{}\t{}\t{}\t{}\t{:.0f}\t{:.0f}\t{:.0f}\t{:.0f}\n", run.shape.layers, run.shape.batch,
+                       run.shape.seq, run.peak_bytes, name, c.launches, c.bytes, c.shared_bytes, c.flops);
+  }
+}
+
+std::vector<std::string> split_tabs(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream split(line);
+  for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
+  return fields;
+}
+
+// Runs in the order they were saved. A file without a column (one written
+// before shared-memory bytes were counted) is refused, naming it: reading it
+// as 0 would predict attention without its binding bound.
+std::vector<Run> load_counts(const std::string& path) {
+  std::ifstream in(path);
+  TESSERA_CHECK(in.good(), "gpt2_step_prediction: cannot read {}", path);
+  std::string line;
+  TESSERA_CHECK(std::getline(in, line), "gpt2_step_prediction: {} is empty", path);
+  TESSERA_CHECK(line.starts_with("# "),
+                "gpt2_step_prediction: {}: no header line naming the columns, so no 'shared_bytes' column: a file "
+                "from before shared-memory bytes were counted; count again with --save-counts",
+                path);
+  const std::vector<std::string> header = split_tabs(line.substr(2));
+  std::array<size_t, kCountColumns.size()> column{};
+  for (size_t i = 0; i < kCountColumns.size(); ++i) {
+    const auto found = std::find(header.begin(), header.end(), kCountColumns[i]);
+    TESSERA_CHECK(found != header.end(), "gpt2_step_prediction: {}: the header has no '{}' column (it has: {}); count "
+                  "again with --save-counts", path, kCountColumns[i], line.substr(2));
+    column[i] = static_cast<size_t>(found - header.begin());
+  }
+  std::vector<Run> runs;
+  for (int number = 2; std::getline(in, line); ++number) {
+    const std::vector<std::string> f = split_tabs(line);
+    TESSERA_CHECK(f.size() == header.size(), "gpt2_step_prediction: {} line {}: {} fields, the header names {}: '{}'",
+                  path, number, f.size(), header.size(), line);
+    try {
+      const Shape3 shape{std::stoll(f[column[0]]), std::stoll(f[column[1]]), std::stoll(f[column[2]])};
+      if (runs.empty() || runs.back().shape.layers != shape.layers || runs.back().shape.batch != shape.batch ||
+          runs.back().shape.seq != shape.seq) {
+        runs.push_back({shape, {}, std::stoll(f[column[3]]), 0});
+      }
+      runs.back().counts[f[column[4]]] = {std::stod(f[column[5]]), std::stod(f[column[6]]), std::stod(f[column[7]]),
+                                          std::stod(f[column[8]])};
+    } catch (const std::logic_error&) {
+      tessera::fail("gpt2_step_prediction: {} line {}: a number does not parse: '{}'", path, number, line);
+    }
+  }
+  return runs;
+}
+
+// The tiled attention kernels: attention.cu's on CUDA cores
+// (attention_forward_kernel, ...) and attention_mma.cu's on tensor cores
+// (attention_mma_forward_kernel, ...), which bf16 at head dim 64 takes.
+enum class AttentionPart { none, forward, key_grads, query_grads };
+
+AttentionPart attention_part(const std::string& name) {
+  if (name.find("attention") == std::string::npos) return AttentionPart::none;
+  if (name.find("forward") != std::string::npos) return AttentionPart::forward;
+  if (name.find("key_grads") != std::string::npos) return AttentionPart::key_grads;
+  if (name.find("query_grads") != std::string::npos) return AttentionPart::query_grads;
+  return AttentionPart::none;
+}
+
+bool is_tiled_attention(const std::string& name) { return attention_part(name) != AttentionPart::none; }
+
+bool is_attention_on_tensor_cores(const std::string& name) {
+  return is_tiled_attention(name) && name.find("mma") != std::string::npos;
 }
 
 // The scaling model's basis functions at a shape (see the file comment).
@@ -176,18 +260,28 @@ std::vector<double> fit(const std::vector<std::vector<double>>& rows, const std:
   return coefficients;
 }
 
+// The four fitted quantities of a Count, in one order.
+constexpr int kQuantities = 4;  // launches, bytes, shared bytes, flops
+double& quantity(Count& c, int q) {
+  double* fields[kQuantities] = {&c.launches, &c.bytes, &c.shared_bytes, &c.flops};
+  return *fields[q];
+}
+double quantity(const Count& c, int q) {
+  const std::array<double, kQuantities> values = {c.launches, c.bytes, c.shared_bytes, c.flops};
+  return values[static_cast<size_t>(q)];
+}
+
 struct Model {
-  std::map<std::string, std::array<std::vector<double>, 3>> coefficients;  // launches, bytes, flops
+  std::map<std::string, std::array<std::vector<double>, kQuantities>> coefficients;
 
   Count predict(const std::string& name, const Shape3& shape) const {
     const auto& c = coefficients.at(name);
     Count out;
-    double* fields[3] = {&out.launches, &out.bytes, &out.flops};
-    for (int q = 0; q < 3; ++q) {
+    for (int q = 0; q < kQuantities; ++q) {
       const std::vector<double> x = q == 0 ? launch_basis(shape) : basis(name, shape);
       double value = 0;
       for (size_t i = 0; i < x.size(); ++i) value += c[q][i] * x[i];
-      *fields[q] = std::max(0.0, value);
+      quantity(out, q) = std::max(0.0, value);
     }
     return out;
   }
@@ -200,34 +294,43 @@ Model fit_model(const std::vector<Run>& runs) {
   Model model;
   for (const std::string& name : names) {
     std::vector<std::vector<double>> rows, launch_rows;
-    std::array<std::vector<double>, 3> values;
+    std::array<std::vector<double>, kQuantities> values;
     for (const Run& run : runs) {
       rows.push_back(basis(name, run.shape));
       launch_rows.push_back(launch_basis(run.shape));
       const auto found = run.counts.find(name);
-      const Count count = found == run.counts.end() ? Count{} : found->second;
-      values[0].push_back(count.launches);
-      values[1].push_back(count.bytes);
-      values[2].push_back(count.flops);
+      Count count = found == run.counts.end() ? Count{} : found->second;
+      for (int q = 0; q < kQuantities; ++q) values[q].push_back(quantity(count, q));
     }
-    for (int q = 0; q < 3; ++q) model.coefficients[name][q] = fit(q == 0 ? launch_rows : rows, values[q]);
+    for (int q = 0; q < kQuantities; ++q) model.coefficients[name][q] = fit(q == 0 ? launch_rows : rows, values[q]);
   }
   return model;
 }
 
-// FLOPs of kernels the simulator does not count (it counts cublasLtMatmul's):
-// the attention kernels from their shapes, as they compute on CUDA cores, per
-// visible (query, key) pair: forward 4 D (q.k and p v), key grads 8 D (s, dp,
-// dv, dk), query grads 6 D (s, dp, dq); row dots 2 D per row. Every other
-// kernel is elementwise or a row pass: a generous 4 FLOPs per 4 bytes moved
-// (GELU's tanh and Philox dropout do more per element, still far below the
-// 20 FLOP/byte where a kernel would stop being memory-bound).
+// Visible (query, key) pairs of the causal attention over a step's layers, batch and heads.
+double visible_pairs(const Shape3& s) {
+  return static_cast<double>(s.layers * s.batch * kHeads) * static_cast<double>(s.seq) *
+         static_cast<double>(s.seq + 1) / 2;
+}
+
+// FLOPs of kernels the simulator does not count (it counts cublasLtMatmul's
+// and, where it counts mma.sync, the tensor-core attention's):
+// the attention kernels from their shapes, per visible (query, key) pair:
+// forward 4 D (q.k and p v), key grads 8 D (s, dp, dv, dk), query grads 6 D
+// (s, dp, dq); row dots 2 D per row. On CUDA cores a multiply and an add are
+// 2 FLOPs and, built with -fmad=false, 2 instructions; on tensor cores the
+// diagonal tiles' masked half is work too, left out here (3% at T = 1024 in
+// tiles of 64). Every other kernel is elementwise or a row pass: a generous
+// 1 FLOP per byte moved (GELU's tanh and Philox dropout do more per element,
+// still far below the ~8 FLOP/byte where a kernel would leave the HBM bound
+// in this model).
 double shape_flops(const std::string& name, const Shape3& s) {
-  const double pairs = static_cast<double>(s.layers * s.batch * kHeads) * static_cast<double>(s.seq) *
-                       static_cast<double>(s.seq + 1) / 2;
-  if (name.find("attention_forward") != std::string::npos) return 4.0 * kHeadDim * pairs;
-  if (name.find("key_grads") != std::string::npos) return 8.0 * kHeadDim * pairs;
-  if (name.find("query_grads") != std::string::npos) return 6.0 * kHeadDim * pairs;
+  switch (attention_part(name)) {
+    case AttentionPart::forward: return 4.0 * kHeadDim * visible_pairs(s);
+    case AttentionPart::key_grads: return 8.0 * kHeadDim * visible_pairs(s);
+    case AttentionPart::query_grads: return 6.0 * kHeadDim * visible_pairs(s);
+    case AttentionPart::none: break;
+  }
   if (name.find("row_dots") != std::string::npos)
     return 2.0 * kHeadDim * static_cast<double>(s.layers * s.batch * kHeads * s.seq);
   return -1;  // no shape formula: bytes-based estimate
@@ -235,50 +338,249 @@ double shape_flops(const std::string& name, const Shape3& s) {
 
 bool is_gemm(const std::string& name) { return name == "cublasLtMatmul"; }
 
-struct KernelPrediction {
-  std::string name;
-  Count count;
-  double ideal_bytes = 0;  // the bytes the kernel's operands need, where known; else 0 (the ratio is not known here)
-  double seconds = 0;      // roofline, without launch overhead
-  double bound_seconds = 0;
-  bool compute_bound = false;
-};
+// GPT-2's GEMMs in one training step, C[m, n] = A[m, k] B[k, n] with M = B T
+// rows: per layer the qkv, attention projection, MLP up and down
+// projections, and the tied head once; each forward (M, out, in), its input
+// gradient (M, in, out) and its weight gradient (out, in, M).
+std::vector<bench::GemmCalls> gpt2_gemms(const nn::GPTConfig& config, const Shape3& s) {
+  const int64_t rows = s.batch * s.seq, c = config.n_embd;
+  const double layers = static_cast<double>(s.layers);
+  std::vector<bench::GemmCalls> gemms;
+  const auto linear = [&](int64_t in, int64_t out, double count) {
+    gemms.push_back({{rows, out, in}, count});
+    gemms.push_back({{rows, in, out}, count});
+    gemms.push_back({{out, in, rows}, count});
+  };
+  linear(c, 3 * c, layers);
+  linear(c, c, layers);
+  linear(c, 4 * c, layers);
+  linear(4 * c, c, layers);
+  linear(c, config.vocab_size, 1);
+  return gemms;
+}
 
-KernelPrediction predict_kernel(const std::string& name, Count count, const Shape3& s) {
-  const double shaped = shape_flops(name, s);
-  if (!is_gemm(name)) count.flops = shaped >= 0 ? shaped : count.bytes;
-  KernelPrediction p{name, count, 0, 0, 0, false};
-  // Ideal bytes of the tiled attention kernels: each operand read once, each
-  // output written once (bf16 [B, H, T, D] tensors, f32 logsumexp and row
-  // dots): forward q, k, v in, out and lse out; key grads q, k, v, dout,
-  // lse, delta in, dk, dv out; query grads q, k, v, dout, lse, delta in, dq out.
+double gemm_flops(const std::vector<bench::GemmCalls>& gemms) {
+  double flops = 0;
+  for (const auto& g : gemms)
+    flops += 2.0 * static_cast<double>(g.shape.m) * static_cast<double>(g.shape.n) * static_cast<double>(g.shape.k) *
+             g.calls;
+  return flops;
+}
+
+// The bytes the tiled attention kernels' operands need, each read once and
+// each output written once (bf16 [B, H, T, D] tensors, f32 logsumexp and row
+// dots): forward q, k, v in, out and lse out; key grads q, k, v, dout, lse,
+// delta in, dk, dv out; query grads q, k, v, dout, lse, delta in, dq out.
+// 0 where not known.
+double ideal_bytes(const std::string& name, const Shape3& s) {
   const double elements = static_cast<double>(s.layers * s.batch * kHeads * s.seq * kHeadDim);
   const double rows = static_cast<double>(s.layers * s.batch * kHeads * s.seq);
-  if (name.find("attention_forward") != std::string::npos) p.ideal_bytes = 2 * 4 * elements + 4 * rows;
-  if (name.find("key_grads") != std::string::npos) p.ideal_bytes = 2 * 6 * elements + 8 * rows;
-  if (name.find("query_grads") != std::string::npos) p.ideal_bytes = 2 * 5 * elements + 8 * rows;
-  const double peak = is_gemm(name) ? kBf16TensorFlopsPerSecond : kF32FlopsPerSecond;
-  const auto roofline = [&](double bytes) { return std::max(bytes / kHbmBytesPerSecond, count.flops / peak); };
-  p.seconds = roofline(count.bytes);
-  p.bound_seconds = roofline(p.ideal_bytes > 0 ? p.ideal_bytes : count.bytes);
-  p.compute_bound = count.flops / peak > count.bytes / kHbmBytesPerSecond;
-  return p;
+  switch (attention_part(name)) {
+    case AttentionPart::forward: return 2 * 4 * elements + 4 * rows;
+    case AttentionPart::key_grads: return 2 * 6 * elements + 8 * rows;
+    case AttentionPart::query_grads: return 2 * 5 * elements + 8 * rows;
+    case AttentionPart::none: break;
+  }
+  return 0;
+}
+
+bench::KernelWork kernel_work(const std::string& name, const Count& count, const nn::GPTConfig& config,
+                              const Shape3& s) {
+  bench::KernelWork work;
+  work.name = name;
+  work.launches = count.launches;
+  work.hbm_bytes = count.bytes;
+  work.shared_bytes = count.shared_bytes;
+  if (is_gemm(name)) {
+    work.unit = bench::ComputeUnit::tensor_core_gemm;
+    work.flops = count.flops;
+    work.gemms = gpt2_gemms(config, s);
+  } else if (is_attention_on_tensor_cores(name) && count.flops > 0) {
+    // The simulator counts every mma.sync (4096 FLOPs per m16n8k16): the
+    // work the tensor cores do, diagonal tiles' masked entries included.
+    work.unit = bench::ComputeUnit::tensor_core_attention;
+    work.flops = count.flops;
+  } else {
+    if (is_attention_on_tensor_cores(name)) work.unit = bench::ComputeUnit::tensor_core_attention;
+    const double shaped = shape_flops(name, s);
+    work.flops = shaped >= 0 ? shaped : count.bytes;
+  }
+  return work;
 }
 
 std::string shape_text(const Shape3& s) { return fmt::format("L={} B={} T={}", s.layers, s.batch, s.seq); }
 
 double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+double relative_error(double predicted, double counted) { return counted > 0 ? predicted / counted - 1 : 0; }
+
+// llm.c's MFU count (train_gpt2.cu, gpt2_estimate_mfu): 6 N + 6 L C T FLOPs
+// per token, N every parameter (wpe included; llm.c's N is over its vocab
+// padded to 50304, 0.03% more).
+double llmc_flops_per_token(const nn::GPTConfig& c, int64_t seq) {
+  return 6.0 * static_cast<double>(c.num_parameters()) +
+         6.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq);
+}
+
+// The scaling model against the held-out run, per kernel and in total.
+void print_check(const Model& model, const Run& check, const nn::GPTConfig& gpt2) {
+  fmt::print("\nscaling model check: {} counted, predicted from the five runs above\n", shape_text(check.shape));
+  fmt::print("  {:<58} {:>14} {:>9} {:>14} {:>9}\n", "kernel", "counted bytes", "error", "shared bytes", "error");
+  Count counted_total, predicted_total;
+  double worst = 0, worst_shared = 0;
+  for (const auto& [name, count] : check.counts) {
+    const Count predicted = model.coefficients.count(name) ? model.predict(name, check.shape) : Count{};
+    const double error = relative_error(predicted.bytes, count.bytes);
+    const double shared_error = relative_error(predicted.shared_bytes, count.shared_bytes);
+    fmt::print("  {:<58} {:>14.0f} {:>+8.3f}% {:>14.0f} {:>+8.3f}%\n", name.substr(0, 58), count.bytes, 100 * error,
+               count.shared_bytes, 100 * shared_error);
+    for (int q = 0; q < kQuantities; ++q) {
+      quantity(counted_total, q) += quantity(count, q);
+      quantity(predicted_total, q) += quantity(predicted, q);
+    }
+    worst = std::max(worst, std::abs(error));
+    worst_shared = std::max(worst_shared, std::abs(shared_error));
+  }
+  fmt::print("  total bytes {:+.3f}%, shared bytes {:+.3f}%, counted (tensor-core) FLOPs {:+.3f}%; launches {:.0f} / {:.0f}; worst "
+             "kernel bytes {:.3f}%, shared bytes {:.3f}%\n",
+             100 * relative_error(predicted_total.bytes, counted_total.bytes),
+             100 * relative_error(predicted_total.shared_bytes, counted_total.shared_bytes),
+             100 * relative_error(predicted_total.flops, counted_total.flops), counted_total.launches,
+             predicted_total.launches, 100 * worst, 100 * worst_shared);
+  const auto gemm = check.counts.find("cublasLtMatmul");
+  if (gemm != check.counts.end()) {
+    const double shapes = gemm_flops(gpt2_gemms(gpt2, check.shape));
+    fmt::print("  GEMM shapes (per layer qkv, proj, fc, fc proj; the head; each forward, dX, dW): {:.0f} FLOPs, "
+               "counted {:.0f} ({:+.3f}%)\n",
+               shapes, gemm->second.flops, 100 * relative_error(shapes, gemm->second.flops));
+  }
+  for (const auto& [name, count] : check.counts) {
+    if (is_tiled_attention(name)) {
+      fmt::print("  {:<58} {:.1f} shared bytes per visible (query, key) pair; counted FLOPs {:.3f}x its shape's\n",
+                 name.substr(0, 58), count.shared_bytes / visible_pairs(check.shape),
+                 count.flops / shape_flops(name, check.shape));
+    }
+  }
+}
+
+// One batch size's PREDICTED step: the summary, then the top kernels.
+// Returns its tokens/s.
+double print_prediction(const bench::GpuModel& gpu, const Model& model, const nn::GPTConfig& gpt2, int64_t batch,
+                        int top) {
+  const Shape3 full{gpt2.n_layer, batch, 1024};
+  std::vector<bench::KernelPrediction> kernels;
+  std::map<bench::Bound, double> by_bound;
+  std::set<std::string> attention_units;
+  double step = 0, launches = 0, launch_seconds = 0, bytes = 0, shared = 0;
+  double gemm_flops_counted = 0, gemm_seconds = 0, attention_flops = 0, attention_seconds = 0, attention_pairs_bytes = 0;
+  for (const auto& [name, coefficients] : model.coefficients) {
+    const Count count = model.predict(name, full);
+    if (count.launches < 0.5) continue;
+    const bench::KernelPrediction p = bench::predict_kernel(gpu, kernel_work(name, count, gpt2, full));
+    kernels.push_back(p);
+    step += p.seconds;
+    by_bound[p.bound] += p.seconds;
+    launches += p.work.launches;
+    launch_seconds += p.launch_seconds;
+    bytes += p.work.hbm_bytes;
+    shared += p.work.shared_bytes;
+    if (is_gemm(name)) {
+      gemm_flops_counted += p.work.flops;
+      gemm_seconds += p.seconds;
+    }
+    if (is_tiled_attention(name)) {
+      attention_units.insert(is_attention_on_tensor_cores(name) ? "tensor cores (mma.sync)" : "CUDA cores");
+      attention_flops += p.work.flops;
+      attention_seconds += p.seconds;
+      attention_pairs_bytes += p.work.shared_bytes;
+    }
+  }
+  const double tokens = static_cast<double>(batch * full.seq);
+  const double tokens_per_second = tokens / step;
+  const double model_flops = llmc_flops_per_token(gpt2, full.seq) * tokens;
+  const double peak = gpu.tensor_flops_per_second.value;
+  gpt::TrainConfig plan_config = gpt2_config(full);
+  const gpt::RankMemoryEstimate plan = gpt::estimate_rank_memory(plan_config);
+  const std::vector<bench::GemmCalls> gemms = gpt2_gemms(gpt2, full);
+  const bench::KernelPrediction gemm_mix = bench::predict_kernel(
+      gpu, {"gemms", bench::ComputeUnit::tensor_core_gemm, 0, 0, 0, gemm_flops(gemms), gemms});
+
+  fmt::print("\n-- PREDICTED {} B={} T={} ({:.0f} tokens/step), GPT-2 124M bf16 --\n", gpu.name, batch, full.seq,
+             tokens);
+  fmt::print("  PREDICTED step time  {:8.2f} ms  (kernels one after another on one stream; of it {:.0f} launches x "
+             "{:.0f} us = {:.2f} ms)\n",
+             step * 1e3, launches, gpu.launch_seconds.value * 1e6, launch_seconds * 1e3);
+  fmt::print("  PREDICTED tokens/s   {:8.0f}\n", tokens_per_second);
+  fmt::print("  PREDICTED MFU        {:7.1f} %  (llm.c's count: (6 N + 6 L C T) x tokens = {:.1f} TFLOP per step, N = "
+             "{:.1f} M every parameter; of {:.0f} TFLOP/s bf16 dense)\n",
+             100 * model_flops / step / peak, model_flops / 1e12,
+             static_cast<double>(gpt2.num_parameters()) / 1e6, peak / 1e12);
+  fmt::print("  PREDICTED vs llm.c   {:8.2f} x  its {:.0f} tokens/s per H100 (8 x H100, {:.0f} ms per {:.0f}-token "
+             "step, B=64 per GPU; measured, published)\n",
+             tokens_per_second / kLlmcTokensPerSecond, kLlmcTokensPerSecond, kLlmcStepSeconds * 1e3,
+             kLlmcStepTokens);
+  std::string bounds;
+  for (const auto& [bound, seconds] : by_bound)
+    bounds += fmt::format("{}{} {:.2f} ms ({:.0f}%)", bounds.empty() ? "" : ", ", bench::bound_name(bound),
+                          seconds * 1e3, 100 * seconds / step);
+  fmt::print("  time by binding bound  {}\n", bounds);
+  fmt::print("  GEMMs                {:.1f} TFLOP in {:.2f} ms: {:.0f} TFLOP/s effective ({:.0f}% of peak: the shape "
+             "mix's efficiency {:.0f}%, plus launches)\n",
+             gemm_flops_counted / 1e12, gemm_seconds * 1e3, gemm_flops_counted / gemm_seconds / 1e12,
+             100 * gemm_flops_counted / gemm_seconds / peak, 100 * gemm_mix.compute_efficiency);
+  fmt::print("  causal attention     {:.2f} TFLOP on {} in {:.2f} ms: {:.1f} TFLOP/s effective; {:.0f} shared bytes "
+             "per visible pair over its three kernels\n",
+             attention_flops / 1e12, fmt::join(attention_units, " and "), attention_seconds * 1e3,
+             attention_flops / attention_seconds / 1e12, attention_pairs_bytes / visible_pairs(full));
+  fmt::print("  moved                {:.1f} GB device memory, {:.1f} GB shared memory\n", bytes / 1e9, shared / 1e9);
+  fmt::print("  peak memory          {:.2f} GiB per the plan (gpt::estimate_rank_memory: sharded state {:.2f}, "
+             "gathered params {:.2f}, gathered grads {:.2f}, activations {:.2f}); an H100 has 80 GB\n",
+             gib(static_cast<double>(plan.per_rank())), gib(static_cast<double>(plan.sharded_state)),
+             gib(static_cast<double>(plan.gathered_parameters)), gib(static_cast<double>(plan.gathered_gradients)),
+             gib(static_cast<double>(plan.activations)));
+
+  std::sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  fmt::print("  {:<50} {:>6} {:>8} {:>8} {:>8} {:>9} {:>6} {:>9} {:>8} {:>8}\n", "top kernels by PREDICTED time",
+             "launch", "HBM GB", "shr GB", "GFLOP", "PRED ms", "%step", "bound", "2nd/1st", "bytes/id");
+  for (int i = 0; i < std::min<int>(top, static_cast<int>(kernels.size())); ++i) {
+    const bench::KernelPrediction& p = kernels[static_cast<size_t>(i)];
+    // How close the next bound is: the second largest of the three work terms over the largest.
+    std::array<double, 3> terms = {p.hbm_seconds, p.shared_seconds, p.compute_seconds};
+    std::sort(terms.begin(), terms.end());
+    const double ideal = ideal_bytes(p.work.name, full);
+    fmt::print("  {:<50} {:>6.0f} {:>8.3f} {:>8.3f} {:>8.1f} {:>9.3f} {:>5.1f}% {:>9} {:>8.2f} {:>8}\n",
+               p.work.name.substr(0, 50), p.work.launches, p.work.hbm_bytes / 1e9, p.work.shared_bytes / 1e9,
+               p.work.flops / 1e9, p.seconds * 1e3, 100 * p.seconds / step, bench::bound_name(p.bound),
+               terms[2] > 0 ? terms[1] / terms[2] : 0.0,
+               ideal > 0 ? fmt::format("{:.3f}", p.work.hbm_bytes / ideal) : std::string("-"));
+  }
+  fmt::print("  (2nd/1st: the second largest of a kernel's HBM, shared and compute times over the largest, near 1 when "
+             "another bound is close; bytes/id: HBM bytes over its operands read once, attention's k and v are "
+             "re-read by each query tile)\n");
+  return tokens_per_second;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   CLI::App app{"PREDICTED H100 time per GPT-2 124M bf16 training step, from simulator-counted bytes and FLOPs"};
   int top = 12;
-  std::string save_path, load_path;
+  std::string save_path, load_path, calibration_path;
   app.add_option("--top", top, "kernels listed per batch size")->check(CLI::PositiveNumber);
   app.add_option("--save-counts", save_path, "write the six runs' per-kernel counts here (tab-separated)");
   app.add_option("--load-counts", load_path, "analyse counts saved by --save-counts instead of simulating");
+  app.add_option("--calibration", calibration_path,
+                 "JSON of figures measured on a GPU (HBM bytes/s, GEMM TFLOP/s per shape), replacing assumed ones");
   CLI11_PARSE(app, argc, argv);
+
+  checkpoint::FileRoles roles;
+  if (!load_path.empty()) roles.add_input("--load-counts", load_path);
+  if (!calibration_path.empty()) roles.add_input("--calibration", calibration_path);
+  if (!save_path.empty()) roles.add_output("--save-counts", save_path);
+  roles.check();
+  checkpoint::refuse_existing_output("--save-counts", save_path, "remove it or choose another path");
+  bench::GpuModel gpu = bench::h100_sxm();
+  if (!calibration_path.empty()) bench::apply_calibration_file(gpu, calibration_path);
 
   fmt::print("# gpt2_step_prediction: cpu={} ({} cores, load {}); simulated cuda device, FSDP one rank, "
              "param_dtype bf16\n",
@@ -286,46 +588,30 @@ int run(int argc, char** argv) {
   fmt::print("# GPT-2 124M widths (C 768, 12 heads x 64, vocab 50257, wpe 1024); reduced L, B, T counted, then "
              "scaled (see the source's scaling model)\n\n");
 
-  // Five runs fit the model (five unknowns for most kernels, two for the
-  // tiled attention ones); the sixth, larger in L, B and T at once, checks it.
-  // --save-counts keeps the six runs' counts (tab-separated) so that
-  // --load-counts can redo the analysis without the simulator.
-  const std::vector<Shape3> fit_shapes = {{1, 1, 64}, {2, 1, 64}, {1, 2, 64}, {1, 1, 128}, {2, 2, 128}};
-  const Shape3 check_shape{3, 2, 96};
-  checkpoint::FileRoles roles;
-  if (!load_path.empty()) roles.add_input("--load-counts", load_path);
-  if (!save_path.empty()) roles.add_output("--save-counts", save_path);
-  roles.check();
-  checkpoint::refuse_existing_output("--save-counts", save_path, "remove it or choose another path");
+  // Five runs fit the model (five unknowns for most kernels, three for the
+  // tiled attention ones); the sixth, larger in L and T at once, checks it.
+  // Every T is a multiple of both attention kernels' tiles (32 on CUDA
+  // cores, 64 on tensor cores), where the tiling's terms are exact, and
+  // every B T is at least a block (256): a reduction over the rows (the bias
+  // gradients) gives each output min(B T, 256) threads, so below that its
+  // shared-memory bytes are not linear in B T.
+  const std::vector<Shape3> fit_shapes = {{1, 4, 64}, {2, 4, 64}, {1, 8, 64}, {1, 2, 128}, {2, 4, 128}};
+  const Shape3 check_shape{3, 4, 192};
   std::vector<Run> loaded;
   if (!load_path.empty()) {
-    std::ifstream in(load_path);
-    TESSERA_CHECK(in.good(), "gpt2_step_prediction: cannot read {}", load_path);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::vector<std::string> fields;
-      std::stringstream split(line);
-      for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
-      TESSERA_CHECK(fields.size() == 8, "gpt2_step_prediction: {}: malformed line '{}'", load_path, line);
-      const Shape3 shape{std::stoll(fields[0]), std::stoll(fields[1]), std::stoll(fields[2])};
-      if (loaded.empty() || loaded.back().shape.layers != shape.layers || loaded.back().shape.batch != shape.batch ||
-          loaded.back().shape.seq != shape.seq) {
-        loaded.push_back({shape, {}, std::stoll(fields[3]), 0});
-      }
-      loaded.back().counts[fields[4]] = {std::stod(fields[5]), std::stod(fields[6]), std::stod(fields[7])};
-    }
+    loaded = load_counts(load_path);
     TESSERA_CHECK(loaded.size() == fit_shapes.size() + 1, "gpt2_step_prediction: {} holds {} runs, not {}", load_path,
                   loaded.size(), fit_shapes.size() + 1);
   }
   std::ofstream save;
-  if (!save_path.empty()) save.open(save_path);
+  if (!save_path.empty()) {
+    save.open(save_path);
+    save << "# " << fmt::format("{}", fmt::join(kCountColumns, "\t")) << '\n';
+  }
   const auto counted = [&](const Shape3& shape, size_t index) {
     Run run = loaded.empty() ? count_step(shape) : loaded[index];
     if (save.is_open()) {
-      for (const auto& [name, c] : run.counts) {
-        save << shape.layers << '\t' << shape.batch << '\t' << shape.seq << '\t' << run.peak_bytes << '\t' << name
-             << '\t' << fmt::format("{:.0f}\t{:.0f}\t{:.0f}", c.launches, c.bytes, c.flops) << '\n';
-      }
+      save_counts(save, run);
       save.flush();
     }
     return run;
@@ -333,150 +619,44 @@ int run(int argc, char** argv) {
   std::vector<Run> runs;
   for (const Shape3& shape : fit_shapes) {
     runs.push_back(counted(shape, runs.size()));
-    fmt::print("counted {:<16} {:4} kernel names, {:6} launches, {:8.3f} GB moved, peak {:7.1f} MiB ({:.0f} s on the "
-               "simulator)\n",
-               shape_text(shape), runs.back().counts.size(), [&] {
-                 double n = 0;
-                 for (const auto& [name, c] : runs.back().counts) n += c.launches;
-                 return n;
-               }(),
-               [&] {
-                 double n = 0;
-                 for (const auto& [name, c] : runs.back().counts) n += c.bytes;
-                 return n / 1e9;
-               }(),
-               static_cast<double>(runs.back().peak_bytes) / (1 << 20), runs.back().seconds);
+    Count total;
+    for (const auto& [name, c] : runs.back().counts)
+      for (int q = 0; q < kQuantities; ++q) quantity(total, q) += quantity(c, q);
+    fmt::print("counted {:<16} {:4} kernel names, {:6.0f} launches, {:8.3f} GB moved, {:8.3f} GB shared, peak "
+               "{:7.1f} MiB ({:.0f} s on the simulator)\n",
+               shape_text(shape), runs.back().counts.size(), total.launches, total.bytes / 1e9,
+               total.shared_bytes / 1e9, static_cast<double>(runs.back().peak_bytes) / (1 << 20),
+               runs.back().seconds);
     std::fflush(stdout);
   }
   const Model model = fit_model(runs);
-
-  // The check: predict the held-out run from the five, per kernel and in total.
-  const Run check = counted(check_shape, fit_shapes.size());
-  fmt::print("\nscaling model check: {} counted, predicted from the five runs above\n", shape_text(check_shape));
-  fmt::print("  {:<58} {:>14} {:>14} {:>8}\n", "kernel", "counted bytes", "predicted", "error");
-  double counted_total = 0, predicted_total = 0, counted_flops = 0, predicted_flops = 0, worst = 0;
-  double counted_launches = 0, predicted_launches = 0;
-  for (const auto& [name, count] : check.counts) {
-    const Count predicted = model.coefficients.count(name) ? model.predict(name, check_shape) : Count{};
-    const double error = count.bytes > 0 ? predicted.bytes / count.bytes - 1 : 0;
-    fmt::print("  {:<58} {:>14.0f} {:>14.0f} {:>+7.3f}%\n", name.substr(0, 58), count.bytes, predicted.bytes,
-               100 * error);
-    counted_total += count.bytes;
-    predicted_total += predicted.bytes;
-    counted_flops += count.flops;
-    predicted_flops += predicted.flops;
-    counted_launches += count.launches;
-    predicted_launches += predicted.launches;
-    worst = std::max(worst, std::abs(error));
-  }
-  fmt::print("  total bytes {:.0f} counted, {:.0f} predicted ({:+.3f}%); GEMM FLOPs {:+.3f}%; launches {:.0f} / {:.0f}; "
-             "worst kernel {:.3f}%\n",
-             counted_total, predicted_total, 100 * (predicted_total / counted_total - 1),
-             100 * (predicted_flops / counted_flops - 1), counted_launches, predicted_launches, 100 * worst);
-
-  // The prediction at GPT-2 124M's full shape.
-  fmt::print("\n==== PREDICTED (not measured) H100 SXM, GPT-2 124M, 12 layers, bf16 params (f32 master weights and "
-             "AdamW state), T=1024 ====\n");
-  fmt::print("roofline per kernel: max(bytes / 3.35 TB/s, FLOPs / peak); GEMMs at 989 TFLOP/s (bf16 tensor cores), "
-             "every other kernel at 67 TFLOP/s (CUDA cores; attention uses no tensor cores); launch overhead "
-             "{:.0f} us per launch shown separately\n",
-             kLaunchSeconds * 1e6);
   const nn::GPTConfig gpt2 = nn::GPTConfig::preset("gpt2-124m");
-  double last_tokens_per_second = 0;  // B=64's, for the llm.c comparison
+  print_check(model, counted(check_shape, fit_shapes.size()), gpt2);
+
+  fmt::print("\n==== PREDICTED (not measured) {}, GPT-2 124M, 12 layers, bf16 params (f32 master weights and "
+             "AdamW state), T=1024 ====\n",
+             gpu.name);
+  fmt::print("per kernel: max(HBM bytes / HBM rate, shared bytes / shared rate, FLOPs / tensor-core or CUDA-core "
+             "rate) + launches x overhead (bench/gpu_roofline.h); the figures and where each comes from:\n");
+  for (const std::string& line : bench::describe(gpu)) fmt::print("  {}\n", line);
+  double tokens_per_second_b64 = 0;
   for (const int64_t batch : {16, 32, 64}) {
-    const Shape3 full{12, batch, 1024};
-    std::vector<KernelPrediction> kernels;
-    double seconds = 0, launches = 0, bound = 0, bytes = 0, gemm_flops = 0, attention_flops = 0;
-    for (const auto& [name, c] : model.coefficients) {
-      const KernelPrediction p = predict_kernel(name, model.predict(name, full), full);
-      if (p.count.launches < 0.5) continue;
-      kernels.push_back(p);
-      seconds += p.seconds;
-      bound += p.bound_seconds;
-      launches += p.count.launches;
-      bytes += p.count.bytes;
-      if (is_gemm(name)) gemm_flops += p.count.flops;
-      if (is_tiled_attention(name)) attention_flops += p.count.flops;
-    }
-    const double tokens = static_cast<double>(batch * 1024);
-    const double step = seconds + launches * kLaunchSeconds;
-    // MFU the way llm.c and nanoGPT count it: 6 N + 12 L T C per token (N
-    // without wpe; the attention term counts the full T x T, as they do).
-    const double model_flops = gpt2.flops_per_token(1024) * tokens;
-    gpt::TrainConfig plan_config = gpt2_config(full);
-    const gpt::RankMemoryEstimate plan = gpt::estimate_rank_memory(plan_config);
-    fmt::print("\n-- PREDICTED B={} T=1024 ({:.0f} tokens/step) --\n", batch, tokens);
-    fmt::print("  step time     {:8.2f} ms  (kernels {:.2f} ms + {:.0f} launches x {:.0f} us = {:.2f} ms); "
-               "without launch overhead {:.2f} ms\n",
-               step * 1e3, seconds * 1e3, launches, kLaunchSeconds * 1e6, launches * kLaunchSeconds * 1e3,
-               seconds * 1e3);
-    fmt::print("  tokens/s      {:8.0f}  (without launch overhead {:.0f})\n", tokens / step, tokens / seconds);
-    last_tokens_per_second = tokens / step;
-    fmt::print("  MFU           {:7.1f} %  ((6 N + 12 L T C) x tokens = {:.1f} TFLOP per step, against 989 TFLOP/s; "
-               "without launch overhead {:.1f} %)\n",
-               100 * model_flops / step / kBf16TensorFlopsPerSecond, model_flops / 1e12,
-               100 * model_flops / seconds / kBf16TensorFlopsPerSecond);
-    fmt::print("  counted work  GEMMs {:.1f} TFLOP ({:.2f} ms at peak), causal attention {:.2f} TFLOP on CUDA cores "
-               "({:.2f} ms at 67 TFLOP/s), {:.1f} GB moved by all kernels\n",
-               gemm_flops / 1e12, gemm_flops / kBf16TensorFlopsPerSecond * 1e3, attention_flops / 1e12,
-               attention_flops / kF32FlopsPerSecond * 1e3, bytes / 1e9);
-    fmt::print("  bound         {:8.2f} ms if every kernel moved its ideal bytes\n", bound * 1e3);
-    fmt::print("  peak memory   {:8.2f} GiB per the plan (gpt::estimate_rank_memory: sharded state {:.2f}, gathered "
-               "params {:.2f}, gathered grads {:.2f}, activations {:.2f}); an H100 has 80 GB\n",
-               gib(static_cast<double>(plan.per_rank())), gib(static_cast<double>(plan.sharded_state)),
-               gib(static_cast<double>(plan.gathered_parameters)), gib(static_cast<double>(plan.gathered_gradients)),
-               gib(static_cast<double>(plan.activations)));
-    std::sort(kernels.begin(), kernels.end(),
-              [](const auto& a, const auto& b) { return a.seconds + a.count.launches * kLaunchSeconds >
-                                                        b.seconds + b.count.launches * kLaunchSeconds; });
-    fmt::print("  {:<52} {:>7} {:>10} {:>10} {:>9} {:>7} {:>6} {:>9} {:>4}\n", "top kernels by predicted time",
-               "launch", "GB", "GFLOP", "ms", "% step", "bound", "bytes/id", "flag");
-    const auto row = [&](const KernelPrediction& p) {
-      const double ratio = p.ideal_bytes > 0 ? p.count.bytes / p.ideal_bytes : 0;
-      fmt::print("  {:<52} {:>7.0f} {:>10.3f} {:>10.1f} {:>9.3f} {:>6.1f}% {:>6} {:>9} {:>4}\n",
-                 p.name.substr(0, 52), p.count.launches, p.count.bytes / 1e9, p.count.flops / 1e9,
-                 (p.seconds + p.count.launches * kLaunchSeconds) * 1e3,
-                 100 * (p.seconds + p.count.launches * kLaunchSeconds) / step, p.compute_bound ? "FLOP" : "bytes",
-                 ratio > 0 ? fmt::format("{:.3f}", ratio) : std::string("-"), !p.compute_bound && ratio > 1.1 ? ">1.1" : "");
-    };
-    for (int i = 0; i < std::min<int>(top, static_cast<int>(kernels.size())); ++i) row(kernels[static_cast<size_t>(i)]);
-    std::sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) {
-      return a.seconds / a.bound_seconds > b.seconds / b.bound_seconds;
-    });
-    fmt::print("  furthest from their bound (predicted / bound time; bound = ideal bytes at the same FLOPs):\n");
-    for (int i = 0; i < std::min<int>(5, static_cast<int>(kernels.size())); ++i) {
-      const KernelPrediction& p = kernels[static_cast<size_t>(i)];
-      fmt::print("    {:<52} {:.3f}x its bound ({:.3f} ms against {:.3f} ms; {:.3f}x its ideal bytes)\n",
-                 p.name.substr(0, 52), p.seconds / p.bound_seconds, p.seconds * 1e3, p.bound_seconds * 1e3,
-                 p.ideal_bytes > 0 ? p.count.bytes / p.ideal_bytes : 1.0);
-    }
-    int flagged = 0;
-    for (const auto& p : kernels) flagged += !p.compute_bound && p.ideal_bytes > 0 && p.count.bytes > 1.1 * p.ideal_bytes;
-    fmt::print("  memory-bound kernels above 1.1x their ideal bytes: {}\n", flagged);
+    const double tokens_per_second = print_prediction(gpu, model, gpt2, batch, top);
+    if (batch == 64) tokens_per_second_b64 = tokens_per_second;
   }
-  // llm.c's published GPT-2 124M runs (measured on real GPUs; per-GPU rates
-  // derived here from the published totals: 10B tokens in the wall time):
-  // Discussion #481 (github.com/karpathy/llm.c/discussions/481, May 2024):
-  // 10B FineWeb tokens on 8x A100 80GB SXM in ~90 minutes, "up to ~60% model
-  // flops utilization"; the modded-nanogpt README
-  // (github.com/KellerJordan/modded-nanogpt) states that replication's
-  // baseline on 8x H100 as 45 minutes. B=64, T=1024 per GPU, bf16, cuDNN
-  // flash attention.
-  const double llmc_h100 = 10e9 / (45 * 60) / 8, llmc_a100 = 10e9 / (90 * 60) / 8;
-  const double llmc_h100_mfu = gpt2.flops_per_token(1024) * llmc_h100 / kBf16TensorFlopsPerSecond;
-  fmt::print("\nllm.c, for comparison (PUBLISHED and measured, not predicted; per GPU, derived from 10B tokens in the "
-             "published wall time):\n");
-  fmt::print("  8x H100, 45 min (modded-nanogpt README, the llm.c GPT-2 124M baseline): {:.0f} tokens/s per H100, "
-             "MFU {:.1f} % by the same formula\n",
-             llmc_h100, 100 * llmc_h100_mfu);
-  fmt::print("  8x A100 80GB, ~90 min (llm.c discussion #481): {:.0f} tokens/s per A100 (~60 % MFU of the A100's 312 "
-             "TFLOP/s, as published)\n",
-             llmc_a100);
-  fmt::print("  the PREDICTED B=64 rate above against llm.c's H100 rate: {:.2f}x\n", last_tokens_per_second / llmc_h100);
+  fmt::print("\nllm.c, for comparison (PUBLISHED and measured, not predicted): 8 x H100, {:.0f} ms per {:.0f}-token "
+             "step = {:.0f} tokens/s per H100, MFU {:.1f} % by the same count; the modded-nanogpt README's llm.c "
+             "baseline (10B tokens in 45 min on 8 x H100) gives {:.0f}\n",
+             kLlmcStepSeconds * 1e3, kLlmcStepTokens, kLlmcTokensPerSecond,
+             100 * llmc_flops_per_token(gpt2, 1024) * kLlmcTokensPerSecond / gpu.tensor_flops_per_second.value,
+             10e9 / (45 * 60) / 8);
+  fmt::print("PREDICTED B=64 (llm.c's per-GPU batch) against llm.c: {:.2f}x (one GPU here, no gradient all-reduce; "
+             "llm.c's 8 pay for theirs)\n",
+             tokens_per_second_b64 / kLlmcTokensPerSecond);
   return 0;
 }
 
-// Bad input (a malformed --load-counts file, clashing paths) is a message, never an abort.
+// Bad input (a malformed --load-counts or --calibration file, clashing paths) is a message, never an abort.
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
