@@ -44,6 +44,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -51,6 +52,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -463,10 +465,88 @@ void print_check(const Model& model, const Run& check, const nn::GPTConfig& gpt2
   }
 }
 
+// A step MEASURED on a GPU, kernel by kernel (bench/ncu_kernel_times.py
+// writes it from an ncu profile): milliseconds and launches per kernel name
+// as the simulator counts them.
+struct MeasuredStep {
+  std::string source;
+  int64_t batch = 0, seq_len = 0;
+  double total_ms = 0;
+  std::map<std::string, std::pair<double, double>> kernels;  // name -> (ms, launches)
+};
+
+MeasuredStep load_measured(const std::string& path) {
+  std::ifstream in(path);
+  TESSERA_CHECK(in.good(), "gpt2_step_prediction: --measured {}: cannot open it", path);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("gpt2_step_prediction: --measured {}: not JSON ({})", path, e.what()));
+  }
+  MeasuredStep step;
+  for (const char* field : {"source", "batch", "seq_len", "total_ms", "kernels"}) {
+    TESSERA_CHECK(json.contains(field), "gpt2_step_prediction: --measured {}: no \"{}\" field", path, field);
+  }
+  try {
+    step.source = json.at("source").get<std::string>();
+    step.batch = json.at("batch").get<int64_t>();
+    step.seq_len = json.at("seq_len").get<int64_t>();
+    step.total_ms = json.at("total_ms").get<double>();
+    for (const auto& [name, kernel] : json.at("kernels").items()) {
+      step.kernels[name] = {kernel.at("ms").get<double>(), kernel.at("launches").get<double>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("gpt2_step_prediction: --measured {}: {}", path, e.what()));
+  }
+  TESSERA_CHECK(step.seq_len == 1024 && (step.batch == 16 || step.batch == 32 || step.batch == 64),
+                "gpt2_step_prediction: --measured {}: B={} T={}; the prediction is for T=1024 and B=16, 32 or 64",
+                path, step.batch, step.seq_len);
+  return step;
+}
+
+// A kernel's function name, as ncu_kernel_times.py groups them:
+// "(reduce_kernel<SumOp<T>, T, Out>)" -> "reduce_kernel".
+std::string base_name(const std::string& name) {
+  const size_t first = name.find_first_not_of('(');
+  const size_t end = name.find_first_of("<(", first);
+  return name.substr(first, end == std::string::npos ? std::string::npos : end - first);
+}
+
+// The prediction beside the measurement, kernel by kernel (by measured time),
+// and the ratio of the totals: how far off the model is, and where.
+void print_measured(const std::vector<bench::KernelPrediction>& kernels, double predicted_step,
+                    const MeasuredStep& measured, int top) {
+  std::map<std::string, std::pair<double, bench::Bound>> predicted;  // name -> (ms, bound of its largest part)
+  std::map<std::string, double> largest;
+  for (const bench::KernelPrediction& p : kernels) {
+    const std::string name = base_name(p.work.name);
+    predicted[name].first += p.seconds * 1e3;
+    if (p.seconds > largest[name]) largest[name] = p.seconds, predicted[name].second = p.bound;
+  }
+  std::vector<std::pair<std::string, double>> by_time;
+  for (const auto& [name, kernel] : measured.kernels) by_time.emplace_back(name, kernel.first);
+  std::sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  fmt::print("\n  MEASURED against PREDICTED, B={}: {}\n", measured.batch, measured.source);
+  fmt::print("  {:<40} {:>8} {:>10} {:>10} {:>9} {:>9}\n", "kernel (by measured time)", "launches", "MEAS ms",
+             "PRED ms", "meas/pred", "bound");
+  for (int i = 0; i < std::min<int>(top, static_cast<int>(by_time.size())); ++i) {
+    const auto& [name, ms] = by_time[static_cast<size_t>(i)];
+    const auto found = predicted.find(name);
+    const double predicted_ms = found == predicted.end() ? 0.0 : found->second.first;
+    fmt::print("  {:<40} {:>8.0f} {:>10.3f} {:>10.3f} {:>9} {:>9}\n", name.substr(0, 40),
+               measured.kernels.at(name).second, ms, predicted_ms,
+               predicted_ms > 0 ? fmt::format("{:.2f}", ms / predicted_ms) : std::string("-"),
+               found == predicted.end() ? "-" : bench::bound_name(found->second.second));
+  }
+  fmt::print("  kernels' total: MEASURED {:.2f} ms, PREDICTED {:.2f} ms: measured / predicted {:.2f}\n",
+             measured.total_ms, predicted_step * 1e3, measured.total_ms / (predicted_step * 1e3));
+}
+
 // One batch size's PREDICTED step: the summary, then the top kernels.
 // Returns its tokens/s.
 double print_prediction(const bench::GpuModel& gpu, const Model& model, const nn::GPTConfig& gpt2, int64_t batch,
-                        int top) {
+                        int top, const MeasuredStep* measured, double& step_seconds) {
   const Shape3 full{gpt2.n_layer, batch, 1024};
   std::vector<bench::KernelPrediction> kernels;
   std::map<bench::Bound, double> by_bound;
@@ -557,6 +637,8 @@ double print_prediction(const bench::GpuModel& gpu, const Model& model, const nn
   fmt::print("  (2nd/1st: the second largest of a kernel's HBM, shared and compute times over the largest, near 1 when "
              "another bound is close; bytes/id: HBM bytes over its operands read once, attention's k and v are "
              "re-read by each query tile)\n");
+  if (measured != nullptr && measured->batch == batch) print_measured(kernels, step, *measured, top);
+  step_seconds = step;
   return tokens_per_second;
 }
 
@@ -565,22 +647,31 @@ double print_prediction(const bench::GpuModel& gpu, const Model& model, const nn
 int run(int argc, char** argv) {
   CLI::App app{"PREDICTED H100 time per GPT-2 124M bf16 training step, from simulator-counted bytes and FLOPs"};
   int top = 12;
-  std::string save_path, load_path, calibration_path;
+  std::string save_path, load_path, calibration_path, measured_path, prediction_path;
   app.add_option("--top", top, "kernels listed per batch size")->check(CLI::PositiveNumber);
   app.add_option("--save-counts", save_path, "write the six runs' per-kernel counts here (tab-separated)");
   app.add_option("--load-counts", load_path, "analyse counts saved by --save-counts instead of simulating");
   app.add_option("--calibration", calibration_path,
                  "JSON of figures measured on a GPU (HBM bytes/s, GEMM TFLOP/s per shape), replacing assumed ones");
+  app.add_option("--measured", measured_path,
+                 "JSON of a step's kernel times measured on a GPU (bench/ncu_kernel_times.py): printed beside the "
+                 "prediction");
+  app.add_option("--prediction-out", prediction_path,
+                 "write the PREDICTED step times (ms per B) as JSON (tools/gpu_check.sh prints them beside its runs)");
   CLI11_PARSE(app, argc, argv);
 
   checkpoint::FileRoles roles;
   if (!load_path.empty()) roles.add_input("--load-counts", load_path);
   if (!calibration_path.empty()) roles.add_input("--calibration", calibration_path);
+  if (!measured_path.empty()) roles.add_input("--measured", measured_path);
+  if (!prediction_path.empty()) roles.add_output("--prediction-out", prediction_path);
   if (!save_path.empty()) roles.add_output("--save-counts", save_path);
   roles.check();
   checkpoint::refuse_existing_output("--save-counts", save_path, "remove it or choose another path");
   bench::GpuModel gpu = bench::h100_sxm();
   if (!calibration_path.empty()) bench::apply_calibration_file(gpu, calibration_path);
+  std::optional<MeasuredStep> measured;
+  if (!measured_path.empty()) measured = load_measured(measured_path);
 
   fmt::print("# gpt2_step_prediction: cpu={} ({} cores, load {}); simulated cuda device, FSDP one rank, "
              "param_dtype bf16\n",
@@ -640,10 +731,16 @@ int run(int argc, char** argv) {
              "rate) + launches x overhead (bench/gpu_roofline.h); the figures and where each comes from:\n");
   for (const std::string& line : bench::describe(gpu)) fmt::print("  {}\n", line);
   double tokens_per_second_b64 = 0;
+  nlohmann::json prediction{{"source", fmt::format("PREDICTED by bench/gpt2_step_prediction for {}", gpu.name)},
+                            {"step_ms", nlohmann::json::object()}};
   for (const int64_t batch : {16, 32, 64}) {
-    const double tokens_per_second = print_prediction(gpu, model, gpt2, batch, top);
+    double step_seconds = 0;
+    const double tokens_per_second =
+        print_prediction(gpu, model, gpt2, batch, top, measured ? &*measured : nullptr, step_seconds);
     if (batch == 64) tokens_per_second_b64 = tokens_per_second;
+    prediction["step_ms"][std::to_string(batch)] = step_seconds * 1e3;
   }
+  if (!prediction_path.empty()) std::ofstream(prediction_path) << prediction.dump(1) << '\n';
   fmt::print("\nllm.c, for comparison (PUBLISHED and measured, not predicted): 8 x H100, {:.0f} ms per {:.0f}-token "
              "step = {:.0f} tokens/s per H100, MFU {:.1f} % by the same count; the modded-nanogpt README's llm.c "
              "baseline (10B tokens in 45 min on 8 x H100) gives {:.0f}\n",

@@ -287,7 +287,11 @@ kernel_times() {
   command -v ncu >/dev/null || { say "== ncu: SKIPPED (not on PATH)"; return; }
   stage ncu 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     --log-file "$out_dir/ncu_gpt2_b16_t1024.csv" "$train" --device cuda --preset gpt2-124m --param-dtype bf16 \
-    --data synthetic --steps 2 --warmup 0 --eval-every 0 --batch 16 --seq-len 1024
+    --data synthetic --steps 2 --warmup 0 --eval-every 0 --batch 16 --seq-len 1024 &&
+    python3 bench/ncu_kernel_times.py "$out_dir/ncu_gpt2_b16_t1024.csv" --steps 2 --batch 16 --seq-len 1024 \
+      --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+      --commit "$(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+      --out "$out_dir/kernel_times_b16.json" 2>&1 | sed 's/^/   /' | tee -a "$report"
 }
 
 ! wanted gpt2 || gpt2_timing $gpt2_small_batch

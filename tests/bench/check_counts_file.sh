@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpt2_step_prediction refuses input it would misread, naming what is
 # wrong: a --load-counts file from before shared-memory bytes were counted
-# (no header, or a header without the column) and a bad --calibration file.
+# (no header, or a header without the column), a bad --calibration file and
+# a bad --measured one.
 #   check_counts_file.sh PATH_TO_gpt2_step_prediction
 set -uo pipefail
 bench=$1
@@ -45,5 +46,12 @@ expect_error "a negative GEMM rate" "gemm[0]: field 'tflops' must be positive" -
 
 echo '{"gpu": "H100",' >"$dir/bad.json"
 expect_error "a calibration that is not JSON" "not valid JSON" --calibration "$dir/bad.json"
+
+echo '{"source": "x", "batch": 16, "seq_len": 1024, "total_ms": 1}' >"$dir/no_kernels.json"
+expect_error "a measured step without kernels" 'no "kernels" field' --measured "$dir/no_kernels.json"
+
+echo '{"source": "x", "batch": 8, "seq_len": 1024, "total_ms": 1, "kernels": {}}' >"$dir/batch_8.json"
+expect_error "a measured step at a batch not predicted" "B=8 T=1024; the prediction is for T=1024 and B=16, 32 or 64" \
+  --measured "$dir/batch_8.json"
 
 exit $((failures > 0))
