@@ -2,9 +2,10 @@
 // broadcast views), arange, unary and its backward, binary, where. One
 // source for nvcc and the simulator. Each kernel walks its elements with a
 // grid-stride loop; dense operands take a path without index arithmetic,
-// and same-width dense operands move 16 bytes per load and store. Binary ops
-// with a broadcast operand (a bias row, a per-row value, a scalar) take a
-// tiled path that reads it about once instead of once per element.
+// and same-width dense operands (unary, its backward, binary) move 16 bytes
+// per load and store. Binary ops with a broadcast operand (a bias row, a
+// per-row value, a scalar) take a tiled path that reads it about once
+// instead of once per element.
 // bf16 operands are read and written as bf16 and computed in f32, each
 // result rounded once: the bits of widening to f32, computing and narrowing,
 // without the two extra passes over memory that costs.
@@ -246,6 +247,24 @@ __global__ void __launch_bounds__(kThreads) unary_backward_kernel(UnaryOp op, S*
   }
 }
 
+// The dense path of unary_backward: 16 bytes of each operand per load or
+// store, as unary_packed_kernel (2-byte bf16 loads leave too few bytes in
+// flight to keep the memory system busy).
+template <typename S>
+__global__ void __launch_bounds__(kThreads) unary_backward_packed_kernel(UnaryOp op, Pack<S>* grad_in,
+                                                                         const Pack<S>* grad_out,
+                                                                         const Pack<S>* saved, int64_t packs) {
+  using C = ComputeOf<S>;
+  for (int64_t i = first_index(); i < packs; i += index_stride()) {
+    const Pack<S> dy = grad_out[i], s = saved[i];
+    Pack<S> result;
+    for (int lane = 0; lane < Pack<S>::kCount; ++lane) {
+      result.values[lane] = convert<S>(apply_unary_backward(op, convert<C>(dy.values[lane]), convert<C>(s.values[lane])));
+    }
+    grad_in[i] = result;
+  }
+}
+
 // out = a op b, or the comparison a op b into bool when Out is bool.
 template <typename Out, typename C>
 __device__ Out binary_result(BinaryOp op, bool comparison, C x, C y) {
@@ -437,6 +456,14 @@ void unary_backward(UnaryOp op, const Operand& grad_in, const Operand& grad_out,
   const bool dense = grad_in.contiguous && grad_out.contiguous && saved.contiguous;
   visit_stored(grad_in.dtype, "unary_backward", [&]<typename S>(S) {
     if constexpr (std::is_floating_point_v<ComputeOf<S>>) {
+      if (packable<S>(grad_in) && packable<S>(grad_out) && packable<S>(saved) &&
+          grad_in.count % Pack<S>::kCount == 0) {
+        const int64_t packs = grad_in.count / Pack<S>::kCount;
+        TESSERA_LAUNCH(unary_backward_packed_kernel<S>, config_for(packs, launch), op,
+                       static_cast<Pack<S>*>(grad_in.data), static_cast<const Pack<S>*>(grad_out.data),
+                       static_cast<const Pack<S>*>(saved.data), packs);
+        return;
+      }
       TESSERA_LAUNCH(unary_backward_kernel<S>, config_for(grad_in.count, launch), op, static_cast<S*>(grad_in.data),
                      grad_in.layout, static_cast<const S*>(grad_out.data), grad_out.layout,
                      static_cast<const S*>(saved.data), saved.layout, dense, grad_in.count);

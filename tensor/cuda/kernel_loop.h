@@ -12,7 +12,10 @@
 namespace tessera::cuda {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 256;
+// Enough blocks to fill a GPU: an H100 holds 132 SMs x 2048 threads = 1056
+// blocks of 256 at once. The cap was 256 (a quarter of that), and memory-bound
+// kernels moved 1.1 TB/s, not 3 (ncu, tools/gpu_check.sh, 2026-11-26).
+constexpr int64_t kMaxBlocks = 1024;
 
 // At most kMaxBlocks blocks of kThreads: grid-stride loops cover the rest.
 inline LaunchConfig config_for(int64_t work_items, const KernelLaunch& launch) {

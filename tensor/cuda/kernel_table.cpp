@@ -30,6 +30,13 @@ namespace {
 constexpr BufferAccess kRead = BufferAccess::read;
 constexpr BufferAccess kWrite = BufferAccess::write;
 
+Operand optional_operand(const Tensor& tensor) { return tensor.defined() ? operand(tensor) : Operand{}; }
+
+// Declares `tensor` among `buffers` when the op has it.
+void declare(std::vector<BufferUse>& buffers, const char* role, const Tensor& tensor, BufferAccess access) {
+  if (tensor.defined()) buffers.push_back(buffer_use(role, tensor, access));
+}
+
 void fill_kernel(const Tensor& out, double value) {
   fill(operand(out), value, launch_on_current_stream(out.device(), {buffer_use("out", out, kWrite)}));
 }
@@ -96,8 +103,16 @@ void reduce_kernel(ReduceOp op, const Tensor& out, const Tensor& x, const std::v
   geometry.outputs = out.numel();
   geometry.reduced_count = 1;
   for (int32_t dim = 0; dim < geometry.reduced.dims; ++dim) geometry.reduced_count *= geometry.reduced.sizes[dim];
-  reduce(op, operand(out), operand(x), geometry,
-         launch_on_current_stream(out.device(), {buffer_use("x", x, kRead), buffer_use("out", out, kWrite)}));
+  // The chunk partials of a column sum (the caching allocator makes this
+  // free in steady state; stream order keeps it alive).
+  Tensor workspace;
+  if (const int64_t slots = reduce_workspace_elements(geometry); slots > 0) {
+    workspace = ops::empty({slots}, {.dtype = DType::f64, .device = x.device()});
+  }
+  std::vector<BufferUse> buffers{buffer_use("x", x, kRead), buffer_use("out", out, kWrite)};
+  declare(buffers, "workspace", workspace, BufferAccess::read_write);
+  reduce(op, operand(out), optional_operand(workspace), operand(x), geometry,
+         launch_on_current_stream(out.device(), std::move(buffers)));
 }
 
 void max_along_kernel(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t dim) {
@@ -565,13 +580,6 @@ DType accumulator_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 :
 
 int64_t row_length(const Tensor& x) { return x.dim() == 0 ? 1 : x.size(-1); }
 int64_t row_total(const Tensor& x) { return row_length(x) == 0 ? 0 : x.numel() / row_length(x); }
-
-Operand optional_operand(const Tensor& tensor) { return tensor.defined() ? operand(tensor) : Operand{}; }
-
-// Declares `tensor` among `buffers` when the op has it.
-void declare(std::vector<BufferUse>& buffers, const char* role, const Tensor& tensor, BufferAccess access) {
-  if (tensor.defined()) buffers.push_back(buffer_use(role, tensor, access));
-}
 
 // `tensor` is contiguous, of `dtype`, with `count` elements (a row-wise operand or statistic).
 void check_row_operand(const char* op, const char* role, const Tensor& tensor, DType dtype, int64_t count) {

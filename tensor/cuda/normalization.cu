@@ -10,8 +10,8 @@
 // it loads the weight and bias once for many rows; in the backward it also
 // sums its rows' weight and bias gradients in registers, the block's groups
 // add theirs in group order into a per-block partial, and a last kernel adds
-// the blocks' partials in block order: no float atomics, the same bits on
-// every run.
+// the blocks' partials, 32 threads a column, each in block order, then a
+// fixed tree: no float atomics, the same bits on every run.
 #include "tensor/cuda/normalization.h"
 
 #include "tensor/cuda/portability.h"
@@ -128,23 +128,50 @@ __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
   }
 }
 
-// grad_weight[c], grad_bias[c] = the blocks' partials added in block order.
+// The partials' sum: a block takes kGradColumns adjacent partial columns
+// (8 f32 are one 32-byte sector) with kGradParts threads on each; thread p
+// adds blocks p, p + 32, ... in block order, then a fixed tree adds the 32
+// parts. Partial column j is grad_weight[j] for j < cols, else
+// grad_bias[j - cols]; the launch covers columns [first_column, end_column).
+constexpr int kGradColumns = 8;
+constexpr int kGradParts = kThreads / kGradColumns;
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) norm_parameter_grads_kernel(T* grad_weight, T* grad_bias,
                                                                          const Accumulator<T>* partials,
-                                                                         int64_t blocks, int64_t cols) {
+                                                                         int64_t blocks, int64_t cols,
+                                                                         int64_t first_column, int64_t end_column) {
   using A = Accumulator<T>;
-  for (int64_t col = first_index(); col < cols; col += index_stride()) {
-    if (grad_weight != nullptr) {
-      A sum = 0;
-      for (int64_t block = 0; block < blocks; ++block) sum += partials[block * 2 * cols + col];
-      grad_weight[col] = convert<T>(sum);
+  __shared__ A part_sums[kGradParts][kGradColumns];
+  const int lane = static_cast<int>(threadIdx.x) % kGradColumns;
+  const int part = static_cast<int>(threadIdx.x) / kGradColumns;
+  const int64_t column = first_column + static_cast<int64_t>(blockIdx.x) * kGradColumns + lane;
+  A sum = 0;
+  if (column < end_column) {
+    const A* partial = partials + column;
+    const int64_t row_stride = 2 * cols;
+    int64_t block = part;
+    // Four blocks' loads in flight before they are added, in block order.
+    for (; block + 3 * kGradParts < blocks; block += 4 * kGradParts) {
+      A values[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) values[k] = partial[(block + k * kGradParts) * row_stride];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sum += values[k];
     }
-    if (grad_bias != nullptr) {
-      A sum = 0;
-      for (int64_t block = 0; block < blocks; ++block) sum += partials[block * 2 * cols + cols + col];
-      grad_bias[col] = convert<T>(sum);
-    }
+    for (; block < blocks; block += kGradParts) sum += partial[block * row_stride];
+  }
+  part_sums[part][lane] = sum;
+  __syncthreads();
+  for (int stride = kGradParts / 2; stride > 0; stride /= 2) {
+    if (part < stride) part_sums[part][lane] += part_sums[part + stride][lane];
+    __syncthreads();
+  }
+  if (part != 0 || column >= end_column) return;
+  if (column < cols) {
+    grad_weight[column] = convert<T>(part_sums[0][lane]);
+  } else {
+    grad_bias[column - cols] = convert<T>(part_sums[0][lane]);
   }
 }
 
@@ -203,8 +230,12 @@ void norm_backward(const Operand& grad_x, const Operand& grad_weight, const Oper
       }
     });
     if (grad_weight.data == nullptr && grad_bias.data == nullptr) return;
-    TESSERA_LAUNCH(norm_parameter_grads_kernel<T>, config_for(cols, launch), typed<T>(grad_weight),
-                   typed<T>(grad_bias), typed<const A>(workspace), rows > 0 ? norm_blocks(rows, cols) : 0, cols);
+    const int64_t first_column = grad_weight.data != nullptr ? 0 : cols;
+    const int64_t end_column = grad_bias.data != nullptr ? 2 * cols : cols;
+    LaunchConfig config = config_for(1, launch);
+    config.grid = dim3(static_cast<unsigned>((end_column - first_column + kGradColumns - 1) / kGradColumns));
+    TESSERA_LAUNCH(norm_parameter_grads_kernel<T>, config, typed<T>(grad_weight), typed<T>(grad_bias),
+                   typed<const A>(workspace), rows > 0 ? norm_blocks(rows, cols) : 0, cols, first_column, end_column);
   });
 }
 
