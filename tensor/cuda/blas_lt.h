@@ -89,10 +89,4 @@ void gemm(const GemmDescriptor& descriptor, const std::shared_ptr<Stream>& strea
 bool allow_tf32();
 void set_allow_tf32(bool allow);
 
-// matmul copies a GEMM's operands and output into rows padded to 16 bytes
-// when they are misaligned and the GEMM has at least this many FLOPs
-// (2^30 by default; kernel_table.cpp says why). Tests lower it.
-int64_t gemm_padding_min_flops();
-void set_gemm_padding_min_flops(int64_t flops);
-
 }  // namespace tessera::cuda

@@ -2,7 +2,6 @@
 // writes (for the simulator's memcheck and stream-ordering checker) and runs
 // on the current stream of the tensors' device.
 #include <atomic>
-#include <cstdint>
 #include <optional>
 
 #include "tensor/cuda/attention.h"
@@ -459,13 +458,22 @@ GemmOperand gemm_operand(const Tensor& t, int64_t batch_dims) {
   return result;
 }
 
-// out [..., M, N] = a [..., M, K] @ b [..., K, N] (+ bias [N]) as one
-// cublasLtMatmul: a strided batch, or one taller GEMM when b is shared by
-// every batch and a's batch rows follow each other (x [B, T, C] @ W^T). out is
-// contiguous but for its row stride, which may exceed N (a padded buffer).
-void gemm_rows(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+// out [..., M, N] (contiguous) = a [..., M, K] @ b [..., K, N] (+ bias [N])
+// as one cublasLtMatmul: a strided batch, or one taller GEMM when b is shared
+// by every batch and a's batch rows follow each other (x [B, T, C] @ W^T).
+void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  TESSERA_CHECK(out.is_contiguous() && a.dtype() == out.dtype() && b.dtype() == out.dtype() &&
+                    (!bias.defined() || (bias.dtype() == out.dtype() && bias.is_contiguous())),
+                "cuda::matmul: out {} {} (contiguous), a {} and b {} of its dtype, bias (contiguous) {}",
+                dtype_name(out.dtype()), out.sizes(), dtype_name(a.dtype()), dtype_name(b.dtype()),
+                bias.defined() ? dtype_name(bias.dtype()) : "none");
+  if (out.numel() == 0) return;
   const int64_t batch_dims = out.dim() - 2, m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  const int64_t out_ld = out.stride(-2);
+  if (k == 0) {  // the sum over nothing, which cuBLASLt's layouts cannot describe
+    fill_kernel(out, 0.0);
+    if (bias.defined()) binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
+    return;
+  }
   const int64_t batches = out.numel() / (m * n);
   GemmOperand left = gemm_operand(b, batch_dims);  // cuBLASLt's A: op(A) = b^T [N x K]
   std::optional<GemmOperand> right;                // cuBLASLt's B: op(B) = a^T [K x M * rows]
@@ -484,8 +492,8 @@ void gemm_rows(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   descriptor.op_a = left.op, descriptor.op_b = right->op;
   descriptor.m = n, descriptor.n = gemm_columns, descriptor.k = k, descriptor.batch_count = batch_count;
   descriptor.a = left.matrix, descriptor.b = right->matrix;
-  descriptor.d = GemmMatrix{out.cuda_data(), out.dtype(), n, gemm_columns, out_ld, out_ld * gemm_columns};
-  descriptor.c = GemmMatrix{nullptr, out.dtype(), n, gemm_columns, out_ld, out_ld * gemm_columns};
+  descriptor.d = GemmMatrix{out.cuda_data(), out.dtype(), n, gemm_columns, n, n * gemm_columns};
+  descriptor.c = GemmMatrix{nullptr, out.dtype(), n, gemm_columns, n, n * gemm_columns};
   descriptor.compute = out.dtype() == DType::f64                   ? GemmCompute::f64
                        : out.dtype() == DType::f32 && allow_tf32() ? GemmCompute::f32_fast_tf32
                                                                    : GemmCompute::f32;
@@ -500,79 +508,6 @@ void gemm_rows(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   cuda::gemm(descriptor, current_stream(out.device()));
 }
 
-
-// ---- GEMM operands on 16-byte row boundaries ----
-// cuBLASLt's fast kernels need each matrix's leading dimension (and pointer)
-// on a 16-byte boundary; otherwise it falls back to kernels that load one
-// element at a time. GPT-2's vocabulary, 50257, is odd: on an H100 its tied
-// head's three GEMMs ran on sm_75 "align1" kernels, 30 ms of a 107 ms step
-// (ncu, tools/gpu_check.sh, 2026-11-26). So a large GEMM whose operand or
-// output rows are misaligned goes through copies with padded rows: each copy
-// moves the matrix once (about 1 ms for the head's 1.6 GB logits), far less
-// than the slow kernel costs. Small GEMMs keep their layouts (a copy's launch
-// would cost more than it saves).
-std::atomic<int64_t> padding_min_flops{int64_t{1} << 30};
-
-constexpr int64_t kRowAlignmentBytes = 16;
-
-// The stride, in elements, between the rows of t's matrix: of its last two
-// dims, the one whose neighbour has unit stride; 0 when neither has.
-int64_t row_stride_of(const Tensor& t) {
-  if (t.stride(-1) == 1 || t.size(-1) == 1) return t.stride(-2);
-  if (t.stride(-2) == 1 || t.size(-2) == 1) return t.stride(-1);
-  return 0;
-}
-
-bool rows_aligned(const Tensor& t) {
-  const int64_t bytes = static_cast<int64_t>(t.element_size());
-  const int64_t ld = row_stride_of(t);
-  return ld != 0 && (ld * bytes) % kRowAlignmentBytes == 0 &&
-         reinterpret_cast<uintptr_t>(t.cuda_data()) % kRowAlignmentBytes == 0;
-}
-
-// A buffer shaped like `shape` whose rows (last dim) start every multiple of
-// 16 bytes: a view of its first shape[-1] columns.
-Tensor padded_rows(const Shape& shape, DType dtype, Device device) {
-  const int64_t per_row = kRowAlignmentBytes / static_cast<int64_t>(element_size(dtype));
-  Shape padded = shape;
-  padded.back() = (shape.back() + per_row - 1) / per_row * per_row;
-  return ops::narrow(ops::empty(padded, {.dtype = dtype, .device = device}), -1, 0, shape.back());
-}
-
-// `t` copied into padded rows, in its orientation: a transposed view (unit
-// stride on dim -2) stays a transposed view of padded rows.
-Tensor with_aligned_rows(const Tensor& t) {
-  if (t.stride(-1) != 1 && t.stride(-2) == 1) return ops::transpose(with_aligned_rows(ops::transpose(t, -1, -2)), -1, -2);
-  Tensor copy = padded_rows(t.sizes(), t.dtype(), t.device());
-  copy_kernel(copy, t);
-  return copy;
-}
-
-void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
-  TESSERA_CHECK(out.is_contiguous() && a.dtype() == out.dtype() && b.dtype() == out.dtype() &&
-                    (!bias.defined() || (bias.dtype() == out.dtype() && bias.is_contiguous())),
-                "cuda::matmul: out {} {} (contiguous), a {} and b {} of its dtype, bias (contiguous) {}",
-                dtype_name(out.dtype()), out.sizes(), dtype_name(a.dtype()), dtype_name(b.dtype()),
-                bias.defined() ? dtype_name(bias.dtype()) : "none");
-  if (out.numel() == 0) return;
-  const int64_t k = a.size(-1);
-  if (k == 0) {  // the sum over nothing, which cuBLASLt's layouts cannot describe
-    fill_kernel(out, 0.0);
-    if (bias.defined()) binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
-    return;
-  }
-  const double flops = 2.0 * static_cast<double>(out.numel()) * static_cast<double>(k);
-  const bool worth_aligning = out.dtype() != DType::f64 && flops >= static_cast<double>(padding_min_flops.load());
-  if (!worth_aligning || (rows_aligned(out) && rows_aligned(a) && rows_aligned(b))) {
-    return gemm_rows(out, a, b, bias);
-  }
-  const Tensor a_rows = rows_aligned(a) ? a : with_aligned_rows(a);
-  const Tensor b_rows = rows_aligned(b) ? b : with_aligned_rows(b);
-  if (rows_aligned(out)) return gemm_rows(out, a_rows, b_rows, bias);
-  const Tensor padded_out = padded_rows(out.sizes(), out.dtype(), out.device());
-  gemm_rows(padded_out, a_rows, b_rows, bias);
-  copy_kernel(out, padded_out);
-}
 
 // ---- row-wise kernels: softmax, norms, cross-entropy (contiguous rows) ----
 
@@ -709,8 +644,6 @@ void cross_entropy_backward_kernel(const Tensor& grad_logits, const Tensor& grad
 }  // namespace
 
 bool allow_tf32() { return tf32_allowed.load(); }
-int64_t gemm_padding_min_flops() { return padding_min_flops.load(); }
-void set_gemm_padding_min_flops(int64_t flops) { padding_min_flops.store(flops); }
 void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
 
 void refuse_operands(const char* kernel, const char* what, DType dtype) {

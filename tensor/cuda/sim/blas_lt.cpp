@@ -28,13 +28,12 @@
 // family with op(A) = T, DGELU likewise, BGRADB with op(B) = T); other
 // combinations are accepted here unproven.
 //
-// TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input keeps its top 10
-// mantissa bits (the rest dropped, toward zero), as the tensor cores read f32
-// registers fed to a .tf32 mma; products and sums stay f32. An H100 rounded
-// 1 + 2^-11 (a tie) down to 1, where cvt.rna.tf32.f32 gives 1 + 2^-10
-// (tools/gpu_check.sh, 2026-11-26); tests/cuda/test_gemm.cpp also probes a
-// value above the tie, which tells truncation from ties-to-even. Allowing TF32
-// lets cuBLASLt use it, not forces it: a 1x1x1 product came back in f32.
+// TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input is rounded to 10
+// mantissa bits to nearest, ties to even (PTX's cvt.rn.tf32.f32); products
+// and sums stay f32. An H100 (cuBLASLt 13.0, tools/gpu_check.sh, 2026-11-26)
+// rounded the tie 1 + 2^-11 down to 1 and 1 + 3 * 2^-12 up to 1 + 2^-10:
+// neither truncation nor cvt.rna's ties away. Allowing TF32 lets cuBLASLt use
+// it, not forces it: a 1x1x1 product came back in f32.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -274,10 +273,12 @@ std::vector<BufferUse> buffers_of(const GemmDescriptor& g) {
 
 // --- the arithmetic ---
 
-// f32 read as TF32: keep 10 mantissa bits, dropping the rest (toward zero).
+// f32 to TF32: 10 mantissa bits, to nearest, ties to even (cvt.rn.tf32.f32).
 float round_to_tf32(float value) {
   if (!std::isfinite(value)) return value;
-  return float16_bits::float_of(float16_bits::bits_of(value) & 0xffffe000u);
+  const uint32_t bits = float16_bits::bits_of(value);
+  const uint32_t kept_lsb = (bits >> 13) & 1u;
+  return float16_bits::float_of((bits + 0xfffu + kept_lsb) & 0xffffe000u);
 }
 
 template <typename Acc>
