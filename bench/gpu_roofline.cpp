@@ -145,13 +145,16 @@ GpuModel h100_sxm() {
 void apply_calibration(GpuModel& model, const nlohmann::json& calibration, const std::string& where) {
   TESSERA_CHECK(calibration.is_object(), "{}: a calibration is a JSON object, got {}", where, json_kind(calibration));
   check_known_fields(calibration,
-                     std::array<std::string_view, 5>{"gpu", "date", "source", "hbm_bytes_per_second", "gemm"}, where);
+                     std::array<std::string_view, 6>{"gpu", "date", "source", "hbm_bytes_per_second", "gemm",
+                                                     "attention_mma"},
+                     where);
   const std::string gpu = required_string(calibration, "gpu", where);
   const std::string date = required_string(calibration, "date", where);
   const std::string source = required_string(calibration, "source", where);
   const std::string measured = fmt::format("measured on {} {} ({}): ", gpu, date, where);
-  TESSERA_CHECK(calibration.contains("hbm_bytes_per_second") || calibration.contains("gemm"),
-                "{}: no figures: expected 'hbm_bytes_per_second', 'gemm' or both", where);
+  TESSERA_CHECK(calibration.contains("hbm_bytes_per_second") || calibration.contains("gemm") ||
+                    calibration.contains("attention_mma"),
+                "{}: no figures: expected 'hbm_bytes_per_second', 'gemm' or 'attention_mma'", where);
   // Checked in full before anything changes, so a bad file leaves the model as it was.
   GpuModel calibrated = model;
   if (calibration.contains("hbm_bytes_per_second")) {
@@ -186,6 +189,16 @@ void apply_calibration(GpuModel& model, const nlohmann::json& calibration, const
         table.push_back({shape, efficiency});
       }
     }
+  }
+  if (calibration.contains("attention_mma")) {  // {"tflops": counted mma FLOPs per measured second, "source": ...}
+    const std::string entry_where = where + ": attention_mma";
+    const nlohmann::json& entry = calibration["attention_mma"];
+    TESSERA_CHECK(entry.is_object(), "{}: expected an object, got {}", entry_where, json_kind(entry));
+    check_known_fields(entry, std::array<std::string_view, 2>{"tflops", "source"}, entry_where);
+    const double tflops = positive_number(entry, "tflops", model.tensor_flops_per_second.value / 1e12, entry_where);
+    const std::string entry_source = entry.contains("source") ? required_string(entry, "source", entry_where) : source;
+    calibrated.attention_tensor_efficiency = {tflops * 1e12 / model.tensor_flops_per_second.value,
+                                              fmt::format("{}{} TFLOP/s: {}", measured, tflops, entry_source)};
   }
   calibrated.calibration = fmt::format("{} ({}, {})", where, gpu, date);
   model = calibrated;

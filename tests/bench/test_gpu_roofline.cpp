@@ -222,6 +222,24 @@ TEST_CASE("a calibration replaces HBM and GEMM figures, with its sources") {
   CHECK(predict_kernel(model, cuda_core_kernel(3e9, 0, 0)).seconds == doctest::Approx(1e-3));
 }
 
+TEST_CASE("a calibration's attention_mma rate replaces the assumed attention efficiency") {
+  bench::GpuModel model = bench::h100_sxm();
+  nlohmann::json calibration = valid_calibration();
+  calibration["attention_mma"] = {{"tflops", 112.5}, {"source", "ncu, counted mma FLOPs per second"}};
+  bench::apply_calibration(model, calibration, "calibration test.json");
+  CHECK(model.attention_tensor_efficiency.value == doctest::Approx(112.5 / 989.0));
+  CHECK(model.attention_tensor_efficiency.source.find("ncu, counted mma FLOPs") != std::string::npos);
+  // 1.125 TFLOP of mma work at 112.5 TFLOP/s: 10 ms.
+  const bench::KernelWork attention{"attention", bench::ComputeUnit::tensor_core_attention, 0, 0, 0, 1.125e12, {}};
+  CHECK(predict_kernel(model, attention).compute_seconds == doctest::Approx(10e-3));
+  // Refused like the others: the field is named.
+  bench::GpuModel untouched = bench::h100_sxm();
+  calibration["attention_mma"]["tflops"] = -1;
+  check_error([&] { bench::apply_calibration(untouched, calibration, "calibration bad.json"); },
+              {"attention_mma", "'tflops'", "positive"});
+  CHECK(untouched.attention_tensor_efficiency.value == doctest::Approx(0.15));
+}
+
 TEST_CASE("a bad calibration is a tessera::Error naming the field, and leaves the model as it was") {
   const auto rejects = [](const std::function<void(nlohmann::json&)>& edit,
                           std::initializer_list<std::string> fragments) {
