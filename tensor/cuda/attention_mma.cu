@@ -197,6 +197,32 @@ __device__ void zero(float (&acc)[kBlocks][4]) {
   }
 }
 
+// The backward's two products of a warp's 16 rows against kColumns staged
+// rows from `first_column`, over the head dim: xy = X Y^T and zw = Z W^T,
+// where X and Z hold the warp's rows and Y and W the staged ones (S and dP,
+// or their transposes when the warp owns keys).
+template <int kDim, int kColumns>
+__device__ void two_products(float (&xy)[kColumns / 8][4], float (&zw)[kColumns / 8][4], const uint16_t* x_tile,
+                             const uint16_t* z_tile, const uint16_t* y_tile, const uint16_t* w_tile, int warp,
+                             int first_column, int lane) {
+  zero(xy);
+  zero(zw);
+#pragma unroll
+  for (int d = 0; d < kDim / 16; ++d) {
+    uint32_t x_a[4], z_a[4];
+    ldmatrix_x4(x_a, block_row<kDim>(x_tile, warp * kWarpRows, d * 16, lane));
+    ldmatrix_x4(z_a, block_row<kDim>(z_tile, warp * kWarpRows, d * 16, lane));
+#pragma unroll
+    for (int pair = 0; pair < kColumns / 16; ++pair) {
+      uint32_t b[4];
+      ldmatrix_x4(b, column_block_row<kDim>(y_tile, first_column + pair * 16, d * 16, lane));
+      mma_pair(xy[2 * pair], xy[2 * pair + 1], x_a, b);
+      ldmatrix_x4(b, column_block_row<kDim>(w_tile, first_column + pair * 16, d * 16, lane));
+      mma_pair(zw[2 * pair], zw[2 * pair + 1], z_a, b);
+    }
+  }
+}
+
 // Grid: (heads, query tiles), the longest (last) query tiles first. Shared:
 // q, k, v [kTile][kPitch]. Each warp owns 16 query rows; lane (g, t) holds
 // rows g and g + 8 of them.
@@ -324,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    Heads<const uint16_t> q, Heads<const uint16_t> k, Heads<const uint16_t> v,
                                    const float* logsumexp, const float* delta, int heads_per_batch, int seq,
                                    float scale) {
-  constexpr int kSteps = kDim / 16, kColumns = kChunk<kDim>;
+  constexpr int kColumns = kChunk<kDim>;
   uint16_t* k_tile = dynamic_shared_memory<uint16_t>();
   uint16_t* v_tile = k_tile + kTile * kPitch<kDim>;
   uint16_t* q_tile = v_tile + kTile * kPitch<kDim>;
@@ -359,22 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Queries all before this warp's keys, or all past the sequence: nothing to add.
       if (chunk_query + kColumns - 1 < warp_key || chunk_query >= seq) continue;
       float st[kColumns / 8][4], dpt[kColumns / 8][4];  // S^T, dP^T: [16 keys][kColumns queries]
-      zero(st);
-      zero(dpt);
-#pragma unroll
-      for (int d = 0; d < kSteps; ++d) {
-        uint32_t k_a[4], v_a[4];
-        ldmatrix_x4(k_a, block_row<kDim>(k_tile, warp * kWarpRows, d * 16, lane));
-        ldmatrix_x4(v_a, block_row<kDim>(v_tile, warp * kWarpRows, d * 16, lane));
-#pragma unroll
-        for (int pair = 0; pair < kColumns / 16; ++pair) {
-          uint32_t b[4];
-          ldmatrix_x4(b, column_block_row<kDim>(q_tile, first_column + pair * 16, d * 16, lane));
-          mma_pair(st[2 * pair], st[2 * pair + 1], k_a, b);
-          ldmatrix_x4(b, column_block_row<kDim>(go_tile, first_column + pair * 16, d * 16, lane));
-          mma_pair(dpt[2 * pair], dpt[2 * pair + 1], v_a, b);
-        }
-      }
+      two_products<kDim, kColumns>(st, dpt, k_tile, v_tile, q_tile, go_tile, warp, first_column, lane);
       // P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta), zero where masked.
 #pragma unroll
       for (int block = 0; block < kColumns / 8; ++block) {
@@ -411,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_mma_query_grads_kernel(Heads<uint16_t> grad_q, Heads<const uint16_t> grad_out, Heads<const uint16_t> q,
                                      Heads<const uint16_t> k, Heads<const uint16_t> v, const float* logsumexp,
                                      const float* delta, int heads_per_batch, int seq, float scale) {
-  constexpr int kSteps = kDim / 16, kColumns = kChunk<kDim>;
+  constexpr int kColumns = kChunk<kDim>;
   uint16_t* q_tile = dynamic_shared_memory<uint16_t>();
   uint16_t* go_tile = q_tile + kTile * kPitch<kDim>;
   uint16_t* k_tile = go_tile + kTile * kPitch<kDim>;
@@ -450,22 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Keys all after this warp's queries, or all past the sequence: nothing to add.
       if (chunk_key > warp_query + kWarpRows - 1 || chunk_key >= seq) continue;
       float s[kColumns / 8][4], dp[kColumns / 8][4];  // [16 queries][kColumns keys]
-      zero(s);
-      zero(dp);
-#pragma unroll
-      for (int d = 0; d < kSteps; ++d) {
-        uint32_t q_a[4], go_a[4];
-        ldmatrix_x4(q_a, block_row<kDim>(q_tile, warp * kWarpRows, d * 16, lane));
-        ldmatrix_x4(go_a, block_row<kDim>(go_tile, warp * kWarpRows, d * 16, lane));
-#pragma unroll
-        for (int pair = 0; pair < kColumns / 16; ++pair) {
-          uint32_t b[4];
-          ldmatrix_x4(b, column_block_row<kDim>(k_tile, first_column + pair * 16, d * 16, lane));
-          mma_pair(s[2 * pair], s[2 * pair + 1], q_a, b);
-          ldmatrix_x4(b, column_block_row<kDim>(v_tile, first_column + pair * 16, d * 16, lane));
-          mma_pair(dp[2 * pair], dp[2 * pair + 1], go_a, b);
-        }
-      }
+      two_products<kDim, kColumns>(s, dp, q_tile, go_tile, k_tile, v_tile, warp, first_column, lane);
       // dS = exp(scale S - lse) (dP - delta), zero where masked; kept in s.
 #pragma unroll
       for (int block = 0; block < kColumns / 8; ++block) {
