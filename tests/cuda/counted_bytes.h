@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
-#if TESSERA_SIM_CHECKS
+#if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/launch.h"
 #endif
 #include "tensor/device.h"
@@ -40,6 +43,23 @@ std::optional<CountedBytes> counted_bytes(Run run) {
   run();
   return std::nullopt;
 #endif
+}
+
+// The names of the kernels `run` launches on cuda, as the simulator counts
+// them (sorted); empty on a GPU, where nothing counts.
+inline std::vector<std::string> launched_kernels(const std::function<void()>& run) {
+  std::vector<std::string> names;
+#if TESSERA_HAVE_CUDA_SIM
+  const Device cuda(DeviceType::cuda);
+  current_stream(cuda)->synchronize();
+  cuda::sim::reset_kernel_counters();
+  run();
+  current_stream(cuda)->synchronize();
+  for (const auto& [name, counter] : cuda::sim::kernel_counters()) names.push_back(name);
+#else
+  run();
+#endif
+  return names;
 }
 
 }  // namespace tessera::testing

@@ -28,8 +28,10 @@
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tests/cuda/counted_bytes.h"
 
 using namespace tessera;
+using tessera::testing::launched_kernels;
 
 namespace {
 
@@ -49,21 +51,6 @@ std::vector<double> values_of(const Tensor& t) {  // any device, dtype or layout
   const Tensor host = ops::contiguous(ops::to(ops::to(t, kCPU), DType::f64));
   const auto* data = static_cast<const double*>(host.raw_data());
   return std::vector<double>(data, data + host.numel());
-}
-
-// Names of the kernels `run` launches (empty off the simulator).
-std::vector<std::string> launched_kernels(const std::function<void()>& run) {
-  std::vector<std::string> names;
-#if TESSERA_HAVE_CUDA_SIM
-  current_stream(kCuda)->synchronize();
-  cuda::sim::reset_kernel_counters();
-  run();
-  current_stream(kCuda)->synchronize();
-  for (const auto& [name, counter] : cuda::sim::kernel_counters()) names.push_back(name);
-#else
-  run();
-#endif
-  return names;
 }
 
 [[maybe_unused]] bool launches(const std::vector<std::string>& names, const std::string& part) {

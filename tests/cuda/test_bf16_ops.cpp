@@ -21,6 +21,7 @@
 #include "tests/cuda/counted_bytes.h"
 
 using namespace tessera;
+using tessera::testing::launched_kernels;
 using tessera::testing::counted_bytes;
 
 namespace {
@@ -48,21 +49,6 @@ void check_same_bits(const std::string& what, const Tensor& got, const Tensor& w
   REQUIRE(got.dtype() == want.dtype());
   REQUIRE(got.sizes() == want.sizes());
   CHECK(bits_of(got) == bits_of(want));
-}
-
-// Names of the kernels `run` launches on cuda (empty where nothing counts).
-std::vector<std::string> launched_kernels(const std::function<void()>& run) {
-  std::vector<std::string> names;
-#if TESSERA_SIM_CHECKS
-  current_stream(kCuda)->synchronize();
-  cuda::sim::reset_kernel_counters();
-  run();
-  current_stream(kCuda)->synchronize();
-  for (const auto& [name, counter] : cuda::sim::kernel_counters()) names.push_back(name);
-#else
-  run();
-#endif
-  return names;
 }
 
 bool launches_a_copy(const std::vector<std::string>& names) {
