@@ -18,8 +18,9 @@
 # 6-9 run in the order a short lease needs them most (B = 16, kernel times,
 # PyTorch, memcheck, B = 32, the other sanitizers).
 # Each stage has a time limit, cut to what is left of the run's budget
-# (--budget, 520 s; limits ten times longer in the dry run); once it is spent the remaining stages are skipped and
-# said so, so the report always comes back.
+# (--budget, 520 s; limits ten times longer in the dry run); once it is
+# spent the remaining stages are skipped and said so, so the report always
+# comes back.
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
@@ -41,7 +42,8 @@ budget=520
 sim=0
 bundle=.gpu-bundle
 archive=
-stages=,suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+all_stages=,suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+stages=$all_stages
 while [ $# -gt 0 ]; do
   case $1 in
     --out-dir) out_dir=$2; shift 2 ;;
@@ -52,6 +54,9 @@ while [ $# -gt 0 ]; do
     --stages) stages=",$2,"; shift 2 ;;
     *) echo "gpu_check: unknown argument $1 (see the comment at the top of tools/gpu_check.sh)" >&2; exit 2 ;;
   esac
+done
+for name in ${stages//,/ }; do
+  [[ $all_stages == *",$name,"* ]] || { echo "gpu_check: --stages: no stage '$name' (${all_stages:1:-1})" >&2; exit 2; }
 done
 mkdir -p "$out_dir"
 out_dir=$(cd "$out_dir" && pwd)
