@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/attention_mma.h"
+#include "tensor/cuda/attention_heads.h"
 #include "tensor/cuda/portability.h"
 #include "tensor/element_conversion.h"
 
@@ -55,22 +56,6 @@ struct Tiling {
 // Staged rows are dim + 1 apart: the lanes of a warp reading one column of
 // different rows hit different banks.
 __device__ inline int pitch_of(int dim) { return dim + 1; }
-
-// An operand's heads: row t of head (b, h) starts at data + b * batch_stride
-// + h * head_stride + t * row_stride, its D values contiguous. So q, k and v
-// may be views into one packed [B, T, 3C] projection and out may be written
-// in the [B, T, H, D] order the heads merge back in, with no copies.
-template <typename T>
-struct Heads {
-  T* data;
-  int64_t batch_stride, head_stride, row_stride;
-
-  // The first row of head `index` (b * heads_per_batch + h).
-  __device__ T* head(int64_t index, int heads_per_batch) const {
-    const int64_t batch = index / heads_per_batch;
-    return data + batch * batch_stride + (index - batch * heads_per_batch) * head_stride;
-  }
-};
 
 // tile[r][d] = scale * rows[first + r][d] for r < count, zero past the
 // sequence; rows are row_stride apart; every thread of the block takes part.
@@ -417,13 +402,6 @@ LaunchConfig tiled_config(AttentionKernel kernel, const AttentionShape& shape, c
 }
 
 bool no_elements(const AttentionShape& shape) { return shape.heads == 0 || shape.seq == 0 || shape.dim == 0; }
-
-// The heads of a [B, H, T, D] operand (the kernel table checked its D stride is 1).
-template <typename T>
-Heads<T> heads_of(const Operand& operand) {
-  const int64_t* strides = operand.layout.strides;
-  return {static_cast<T*>(operand.data), strides[0], strides[1], strides[2]};
-}
 
 }  // namespace
 

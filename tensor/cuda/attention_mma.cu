@@ -44,6 +44,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/mma.h"
+#include "tensor/cuda/attention_heads.h"
 #include "tensor/cuda/portability.h"
 #include "tensor/float16_bits.h"
 
@@ -62,20 +63,6 @@ constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 // The row pitch of a staged tile, in bf16 elements.
 template <int kDim>
 constexpr int kPitch = kDim + kPad;
-
-// An operand's heads (bf16 bits): row t of head (b, h) starts at data +
-// b * batch_stride + h * head_stride + t * row_stride, D values contiguous,
-// so q, k and v may be views of a packed projection (as in attention.cu).
-template <typename T>
-struct Heads {
-  T* data;
-  int64_t batch_stride, head_stride, row_stride;
-
-  __device__ T* head(int64_t index, int heads_per_batch) const {
-    const int64_t batch = index / heads_per_batch;
-    return data + batch * batch_stride + (index - batch * heads_per_batch) * head_stride;
-  }
-};
 
 // tile[r][0, kDim) = rows[first + r] for r < kTile, zero past the sequence
 // (a V row past it meets probability 0, and 0 * NaN would not be 0); 16 bytes
@@ -515,12 +502,6 @@ LaunchConfig mma_config(Kernel kernel, const AttentionShape& shape, const Kernel
   config.buffers = launch.buffers;
   config.stream = launch.stream;
   return config;
-}
-
-template <typename T>
-Heads<T> heads_of(const Operand& operand) {
-  const int64_t* strides = operand.layout.strides;
-  return {static_cast<T*>(operand.data), strides[0], strides[1], strides[2]};
 }
 
 float scale_of(const AttentionShape& shape) { return 1.0f / std::sqrt(static_cast<float>(shape.dim)); }
