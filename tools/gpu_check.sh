@@ -218,7 +218,7 @@ tiny_run() {  # device
   limited "$train" --device "$1" --data synthetic --steps $tiny_steps --eval-every 0 --threads 4 \
     --log-json "$out_dir/tiny_$1.jsonl" --overwrite
 }
-wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu &&
+if wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu; then
   python3 - "$out_dir/tiny_cuda.jsonl" "$out_dir/tiny_cpu.jsonl" <<'EOF' | tee -a "$report"
 import json, sys
 cuda, cpu = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
@@ -226,7 +226,10 @@ worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(cuda, cpu))
 verdict = "within" if worst <= 1e-5 else "NOT within"
 print(f"   tiny GPT f32, {len(cuda)} steps: largest |loss(cuda) - loss(cpu)| = {worst:.3g}, {verdict} 1e-5;"
       f" cuda {sorted(r['step_ms'] for r in cuda[2:])[len(cuda[2:]) // 2]:.2f} ms/step (median after 2)")
+sys.exit(0 if worst <= 1e-5 else 1)
 EOF
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failures=$((failures + 1))  # the losses disagree: a failure too
+fi
 
 # ---- 6. GPT-2 124M bf16 --------------------------------------------------------------------------------
 if [ $sim -eq 1 ]; then
