@@ -19,6 +19,7 @@ import collections
 import csv
 import datetime
 import json
+import os
 import re
 import sys
 
@@ -63,6 +64,8 @@ def main():
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if os.path.exists(args.out) and os.path.samefile(args.out, args.profile):
+        sys.exit(f"ncu_kernel_times: --out {args.out} is the profile it reads: writing it would destroy the input")
 
     launches = read_profile(args.profile)
     if not launches or len(launches) % args.steps:

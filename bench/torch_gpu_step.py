@@ -153,6 +153,8 @@ def main():
     parser.add_argument("--out", help="write the step figures to this JSON file")
     parser.add_argument("--calibration", help="write the GEMM and copy figures to this JSON file")
     args = parser.parse_args()
+    if args.out and args.calibration and os.path.abspath(args.out) == os.path.abspath(args.calibration):
+        sys.exit("torch_gpu_step: --out and --calibration name the same file")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("torch_gpu_step: torch sees no GPU (use --device cpu for a dry run)")
