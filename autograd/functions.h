@@ -99,7 +99,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// Columns of logits from `classes` on are padding: outside the softmax, zero gradient (ops::cross_entropy).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     int64_t classes = kAllColumns);
 // Causal attention, q/k/v: [B, H, T, D].
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Identity when !training or p == 0; otherwise inverted dropout with `key`.

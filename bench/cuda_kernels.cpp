@@ -204,10 +204,10 @@ int main(int argc, char** argv) {
   const Tensor ce_loss = device_empty({}), ce_logsumexp = device_empty({vocab_rows});
   const Tensor ce_grad = device_empty({vocab_rows, vocab}), ce_grad_loss = ops::ones({}, {.device = kCuda});
   cases.push_back({"cross_entropy [8, 50257]", 4 * vocab_rows * vocab + 12 * vocab_rows + 4, 4 * vocab_rows * vocab,
-                   [&] { cuda.cross_entropy(ce_loss, ce_logsumexp, logits, vocab_targets, -100); }});
+                   [&] { cuda.cross_entropy(ce_loss, ce_logsumexp, logits, vocab_targets, -100, vocab); }});
   cases.push_back({"cross_entropy backward [8, 50257]", 8 * vocab_rows * vocab + 12 * vocab_rows + 4,
                    3 * vocab_rows * vocab, [&] {
-                     cuda.cross_entropy_backward(ce_grad, ce_grad_loss, logits, ce_logsumexp, vocab_targets, -100);
+                     cuda.cross_entropy_backward(ce_grad, ce_grad_loss, logits, ce_logsumexp, vocab_targets, -100, vocab);
                    }});
   for (const Case& c : cases) measure(c);
   return 0;

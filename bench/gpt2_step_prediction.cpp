@@ -357,7 +357,7 @@ std::vector<bench::GemmCalls> gpt2_gemms(const nn::GPTConfig& config, const Shap
   linear(c, c, layers);
   linear(c, 4 * c, layers);
   linear(4 * c, c, layers);
-  linear(c, config.vocab_size, 1);
+  linear(c, config.padded_vocab_size(), 1);
   return gemms;
 }
 
@@ -417,8 +417,8 @@ double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 double relative_error(double predicted, double counted) { return counted > 0 ? predicted / counted - 1 : 0; }
 
 // llm.c's MFU count (train_gpt2.cu, gpt2_estimate_mfu): 6 N + 6 L C T FLOPs
-// per token, N every parameter (wpe included; llm.c's N is over its vocab
-// padded to 50304, 0.03% more).
+// per token, N every parameter (wpe included, and the vocabulary padded to
+// 50304 as llm.c pads it: num_parameters() counts the padding rows too).
 double llmc_flops_per_token(const nn::GPTConfig& c, int64_t seq) {
   return 6.0 * static_cast<double>(c.num_parameters()) +
          6.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq);

@@ -66,6 +66,7 @@ PRESETS = {  # vocab, block_size, n_layer, n_head, n_embd (nn/gpt_config.cpp)
     "tiny": (256, 64, 2, 2, 64),
     "gpt2-124m": (50257, 1024, 12, 12, 768),
 }
+GPT2_PADDED_VOCAB = 50304  # 50257 rounded up to a multiple of 128 (GPTConfig::vocab_padding_multiple)
 
 
 def adamw(model, lr, **options):

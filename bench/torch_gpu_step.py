@@ -27,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import GPT, PRESETS, adamw  # noqa: E402
+from torch_gpt import GPT, GPT2_PADDED_VOCAB, PRESETS, adamw  # noqa: E402
 
 
 def synchronize(device):
@@ -58,7 +58,8 @@ def gpt2_steps(args, device, compiled):
     vocab, block_size, n_layer, n_head, n_embd = PRESETS["gpt2-124m"]
     n_layer = args.n_layer or n_layer
     torch.manual_seed(1337)
-    model = GPT(vocab, max(block_size, args.seq_len), n_layer, n_head, n_embd)
+    # The table padded to 50304 rows, as tessera's gpt2 presets and nanoGPT pad it; the tokens stay below 50257.
+    model = GPT(GPT2_PADDED_VOCAB, max(block_size, args.seq_len), n_layer, n_head, n_embd)
     for name, parameter in model.named_parameters():  # GPT-2's initialisation, as tessera's
         if parameter.dim() >= 2:
             torch.nn.init.normal_(parameter, 0.0, 0.02)
@@ -109,7 +110,7 @@ def gpt2_gemm_shapes(rows):
     """(m, n, k) of every GPT-2 124M linear at `rows` = B T tokens: forward Y = X W^T, and backward's
     dX = dY W and dW = dY^T X (the latter with k = rows)."""
     shapes = set()
-    for inputs, outputs in ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257)):
+    for inputs, outputs in ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, GPT2_PADDED_VOCAB)):
         shapes.add((rows, outputs, inputs))    # forward
         shapes.add((rows, inputs, outputs))    # input gradient
         shapes.add((outputs, inputs, rows))    # weight gradient

@@ -8,6 +8,9 @@ namespace tessera::nn {
 
 struct EmbeddingOptions {
   double init_std = 1.0;  // W ~ N(0, init_std); torch's default is 1, GPT-2 uses 0.02
+  // Rows from here on are padding (a padded vocabulary): initialised to
+  // zero, and no index may reach them. -1: every row is an embedding.
+  int64_t padding_rows_from = -1;
   Device device = kCPU;
   DType dtype = DType::f32;
 };
@@ -19,7 +22,10 @@ class Embedding : public Module {
   // indices: [...] -> [..., dim]
   Tensor forward(const Tensor& indices) override;
 
+  // All rows, padding included (the weight's dim 0).
   int64_t num_embeddings() const { return num_embeddings_; }
+  // The rows indices may name: num_embeddings() less the padding.
+  int64_t num_indexable() const { return num_indexable_; }
   int64_t embedding_dim() const { return embedding_dim_; }
   Parameter& weight() const { return *parameter("weight"); }
 
@@ -28,6 +34,7 @@ class Embedding : public Module {
 
  private:
   int64_t num_embeddings_;
+  int64_t num_indexable_;
   int64_t embedding_dim_;
   double init_std_;
 };

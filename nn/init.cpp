@@ -121,6 +121,18 @@ void uniform_(Parameter& parameter, PhiloxKey key, double low, double high) {
 void zeros_(Parameter& parameter) { zeros_(parameter.tensor()); }
 void ones_(Parameter& parameter) { ones_(parameter.tensor()); }
 
+void zero_rows_(Parameter& parameter, int64_t begin, int64_t end) {
+  Tensor& local = parameter.tensor();
+  TESSERA_CHECK(local.dim() >= 1 && 0 <= begin && begin <= end && end <= parameter.global_shape()[0],
+                "init::zero_rows_: rows [{}, {}) of a parameter of shape {}", begin, end, parameter.global_shape());
+  const int64_t offset = parameter.sharding() ? parameter.sharding()->row_offset : 0;
+  const int64_t first = std::max(begin - offset, int64_t{0});
+  const int64_t last = std::min(end - offset, local.size(0));
+  if (first >= last || local.is_meta()) return;
+  Tensor rows = ops::narrow(local, 0, first, last - first);
+  zeros_(rows);
+}
+
 void kaiming_uniform_(Parameter& parameter, PhiloxKey key, double a, FanMode mode) {
   kaiming_uniform_(parameter.tensor(), key, a, mode, slice_of(parameter));
 }

@@ -54,6 +54,8 @@ void normal_(Parameter& parameter, PhiloxKey key, double mean, double std);
 void uniform_(Parameter& parameter, PhiloxKey key, double low, double high);
 void zeros_(Parameter& parameter);
 void ones_(Parameter& parameter);
+// Zeros the global rows [begin, end) of dim 0, those of them the parameter holds.
+void zero_rows_(Parameter& parameter, int64_t begin, int64_t end);
 void kaiming_uniform_(Parameter& parameter, PhiloxKey key, double a = 0.0, FanMode mode = FanMode::fan_in);
 
 // A fresh 64-bit init seed drawn from this thread's default generator (one

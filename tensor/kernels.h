@@ -96,13 +96,17 @@ struct KernelTable {
                         const Tensor& rstd);
   // loss (0-d) = mean over kept rows of logsumexp[n] - logits[n, target[n]],
   // also writing logsumexp [N] of every row (ignored ones too) for the
-  // backward; loss and logsumexp in f32, or f64 for f64 logits.
+  // backward; loss and logsumexp in f32, or f64 for f64 logits. Only the
+  // first `classes` columns of logits [N, C] are classes; the rest are
+  // padding (a padded vocabulary), left out of the softmax.
   void (*cross_entropy)(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
-                        int64_t ignore_index);
+                        int64_t ignore_index, int64_t classes);
   // grad_logits = grad_loss * (exp(logits - logsumexp) - onehot(target)) / kept,
-  // zero on ignored rows: with the forward's logsumexp the logits are read once.
+  // zero on ignored rows and padding columns: with the forward's logsumexp
+  // the logits are read once.
   void (*cross_entropy_backward)(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                                 const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index);
+                                 const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index,
+                                 int64_t classes);
   // q, k, v, out (and the gradients): [B, H, T, D] with rows of D
   // contiguous and any other strides (views of a packed projection, or the
   // [B, T, H, D] order); logsumexp [B, H, T] contiguous.

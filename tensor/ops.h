@@ -32,6 +32,8 @@ namespace tessera {
 // finds only the differentiable tessera::gelu by argument-dependent lookup.
 enum class GeluApproximation { none, tanh };  // none = exact erf form
 }  // namespace tessera
+// cross_entropy's `classes` when every column of the logits is a class.
+inline constexpr int64_t kAllColumns = -1;
 
 namespace tessera::ops {
 
@@ -211,11 +213,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings);
 
 // Mean cross-entropy over rows whose target != ignore_index.
-// logits: [N, C] float, targets: [N] i32/i64 in [0, C) or ignore_index.
+// logits: [N, C] float, targets: [N] i32/i64 in [0, classes) or ignore_index.
 // Returns the 0-d loss; the backward is (softmax - onehot) / count on kept rows.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// `classes` (1 <= classes <= C) makes only the first columns classes: the
+// rest are padding (a vocabulary padded for aligned GEMMs, as llm.c's Vp),
+// outside the softmax and with a zero gradient; kAllColumns: all C.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     int64_t classes = kAllColumns);
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
-                              int64_t ignore_index = -100);
+                              int64_t ignore_index = -100, int64_t classes = kAllColumns);
 // The loss and each row's log-sum-exp [N] (f32, or f64 for f64 logits); the
 // backward given it reads the logits once (the one above computes it again).
 struct CrossEntropyOutput {
@@ -223,9 +229,9 @@ struct CrossEntropyOutput {
   Tensor logsumexp;
 };
 CrossEntropyOutput cross_entropy_with_logsumexp(const Tensor& logits, const Tensor& targets,
-                                                int64_t ignore_index = -100);
+                                                int64_t ignore_index = -100, int64_t classes = kAllColumns);
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
-                              int64_t ignore_index, const Tensor& logsumexp);
+                              int64_t ignore_index, const Tensor& logsumexp, int64_t classes = kAllColumns);
 
 // Causal scaled-dot-product attention. q, k, v: [B, H, T, D] -> [B, H, T, D],
 // scale 1/sqrt(D). Also returns the per-row log-sum-exp [B, H, T] of the

@@ -76,17 +76,22 @@ class EmbeddingBackward final : public Node {
 
 class CrossEntropyBackward final : public Node {
  public:
-  CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor logsumexp)
-      : logits_(logits), targets_(targets), logsumexp_(std::move(logsumexp)), ignore_index_(ignore_index) {}
+  CrossEntropyBackward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, int64_t classes,
+                       Tensor logsumexp)
+      : logits_(logits),
+        targets_(targets),
+        logsumexp_(std::move(logsumexp)),
+        ignore_index_(ignore_index),
+        classes_(classes) {}
   std::string name() const override { return "CrossEntropyBackward"; }
   TensorList apply(TensorList&& grads) override {
-    return {ops::cross_entropy_backward(grads[0], logits_, targets_, ignore_index_, logsumexp_)};
+    return {ops::cross_entropy_backward(grads[0], logits_, targets_, ignore_index_, logsumexp_, classes_)};
   }
   void release_saved_tensors() override { logits_ = targets_ = logsumexp_ = Tensor(); }
 
  private:
   Tensor logits_, targets_, logsumexp_;
-  int64_t ignore_index_;
+  int64_t ignore_index_, classes_;
 };
 
 class AttentionBackward final : public Node {
@@ -165,12 +170,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return y;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, int64_t classes) {
   const GradInputsAllowed recorded_here;
-  ops::CrossEntropyOutput out = ops::cross_entropy_with_logsumexp(logits, targets, ignore_index);
+  ops::CrossEntropyOutput out = ops::cross_entropy_with_logsumexp(logits, targets, ignore_index, classes);
   if (autograd::any_requires_grad({&logits})) {
     autograd::record(out.loss,
-                     std::make_shared<CrossEntropyBackward>(logits, targets, ignore_index, std::move(out.logsumexp)),
+                     std::make_shared<CrossEntropyBackward>(logits, targets, ignore_index, classes,
+                                                            std::move(out.logsumexp)),
                      {&logits});
   }
   return out.loss;

@@ -14,8 +14,12 @@ namespace gpt {
 namespace {
 
 // A GPT's JSON may say "family": "gpt"; model_config_to_json leaves it out.
-constexpr std::array<std::string_view, 9> kGptFields = {"family", "vocab_size", "block_size", "n_layer", "n_head",
-                                                        "n_embd", "dropout",    "bias",       "norm_eps"};
+// "vocab_padding_multiple" is written only when it pads (absent: 1), so
+// configs from before the padding read as they were.
+constexpr std::array<std::string_view, 10> kGptFields = {"family",  "vocab_size", "block_size", "n_layer",
+                                                         "n_head",  "n_embd",     "dropout",    "bias",
+                                                         "norm_eps", "vocab_padding_multiple"};
+constexpr const char* kVocabPaddingField = "vocab_padding_multiple";
 constexpr std::array<std::string_view, 10> kLlamaFields = {"family",     "vocab_size", "block_size", "n_layer",
                                                            "n_head",     "n_kv_head",  "n_embd",     "ffn_hidden",
                                                            "rope_theta", "norm_eps"};
@@ -91,6 +95,7 @@ tessera::nn::GPTConfig gpt_config_from_json(const nlohmann::json& json, const st
   config.dropout = number_field(json, "dropout", source);
   config.bias = boolean_field(json, "bias", source);
   config.norm_eps = number_field(json, "norm_eps", source);
+  if (json.contains(kVocabPaddingField)) config.vocab_padding_multiple = integer_field(json, kVocabPaddingField, source);
   return validated(config, source);
 }
 
@@ -112,14 +117,16 @@ tessera::nn::LlamaConfig llama_config_from_json(const nlohmann::json& json, cons
 }  // namespace
 
 nlohmann::json model_config_to_json(const tessera::nn::GPTConfig& config) {
-  return {{"vocab_size", config.vocab_size},
-          {"block_size", config.block_size},
-          {"n_layer", config.n_layer},
-          {"n_head", config.n_head},
-          {"n_embd", config.n_embd},
-          {"dropout", config.dropout},
-          {"bias", config.bias},
-          {"norm_eps", config.norm_eps}};
+  nlohmann::json json = {{"vocab_size", config.vocab_size},
+                         {"block_size", config.block_size},
+                         {"n_layer", config.n_layer},
+                         {"n_head", config.n_head},
+                         {"n_embd", config.n_embd},
+                         {"dropout", config.dropout},
+                         {"bias", config.bias},
+                         {"norm_eps", config.norm_eps}};
+  if (config.vocab_padding_multiple != 1) json[kVocabPaddingField] = config.vocab_padding_multiple;
+  return json;
 }
 
 nlohmann::json model_config_to_json(const tessera::nn::LlamaConfig& config) {

@@ -90,6 +90,11 @@ int64_t vocab_size(const ModelConfig& config) {
   return std::visit([](const auto& shape) { return shape.vocab_size; }, config);
 }
 
+int64_t padded_vocab_size(const ModelConfig& config) {
+  if (const auto* gpt = std::get_if<GPTConfig>(&config)) return gpt->padded_vocab_size();
+  return vocab_size(config);  // Llama's vocabularies (32000, 128256) are aligned already
+}
+
 int64_t block_size(const ModelConfig& config) {
   return std::visit([](const auto& shape) { return shape.block_size; }, config);
 }

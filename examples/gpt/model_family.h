@@ -39,6 +39,8 @@ std::vector<std::string> preset_names(ModelFamily family);
 ModelConfig preset_config(ModelFamily family, std::string_view preset);
 
 int64_t vocab_size(const ModelConfig& config);
+// The rows of the embedding and head: vocab_size plus a GPT's padding.
+int64_t padded_vocab_size(const ModelConfig& config);
 int64_t block_size(const ModelConfig& config);  // the longest sequence the model takes
 int64_t n_layer(const ModelConfig& config);
 tessera::DType parameter_dtype(const ModelConfig& config);

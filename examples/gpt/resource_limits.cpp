@@ -62,7 +62,7 @@ std::vector<ParamRows> block_parameters(const tessera::nn::GPTConfig& model) {
 // the tied head), wpe, ln_f.
 std::vector<ParamRows> root_parameters(const tessera::nn::GPTConfig& model) {
   const int64_t C = model.n_embd;
-  std::vector<ParamRows> params = {{model.vocab_size, C}, {model.block_size, C}, {C, 1}};
+  std::vector<ParamRows> params = {{model.padded_vocab_size(), C}, {model.block_size, C}, {C, 1}};
   if (model.bias) params.push_back({C, 1});
   return params;
 }
@@ -164,10 +164,10 @@ struct TokenActivations {
 //              [C] and its head merge [C] (proj), the residual h (ln2), ln2's
 //              output (fc), fc's [4C] (GELU) and GELU's [4C] (proj);
 //              2 norms' mean and rstd, attention's log-sum-exp per head
-//   top        ln_f's input and output [2C], its mean and rstd, the logits [V]
+//   top        ln_f's input and output [2C], its mean and rstd, the logits [Vp]
 TokenActivations token_activations(const tessera::nn::GPTConfig& model) {
   const double C = static_cast<double>(model.n_embd), H = static_cast<double>(model.n_head);
-  return {17 * C, 4 + H, 2 * C + static_cast<double>(model.vocab_size), 2};
+  return {17 * C, 4 + H, 2 * C + static_cast<double>(model.padded_vocab_size()), 2};
 }
 
 // nn/models/llama.cpp's forward, with kv = n_kv_head * head_dim:
@@ -199,7 +199,7 @@ double activation_bytes(const TrainConfig& config) {
   const TokenActivations token = std::visit([](const auto& shape) { return token_activations(shape); }, model);
   const double p = size_of(config.param_dtype);
   const double c = size_of(tessera::compute_dtype(config.param_dtype));
-  const double V = static_cast<double>(vocab_size(model)), L = static_cast<double>(n_layer(model));
+  const double V = static_cast<double>(padded_vocab_size(model)), L = static_cast<double>(n_layer(model));
   const double tokens = static_cast<double>(config.batch) * static_cast<double>(config.seq_len);
   const double per_block = token.block_values * p + token.block_statistics * c;
   const double top = token.top_values * p + token.top_statistics * c + 2 * size_of(DType::i64);

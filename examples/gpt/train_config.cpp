@@ -72,7 +72,7 @@ void read_world_size(TrainConfig& config, bool nproc_given) {
 
 // The shape flags given explicitly, applied over the preset.
 struct ShapeFlags {
-  std::optional<int64_t> n_layer, n_head, n_embd, vocab, seq_len, n_kv_head, ffn_hidden;
+  std::optional<int64_t> n_layer, n_head, n_embd, vocab, seq_len, n_kv_head, ffn_hidden, vocab_padding;
 };
 
 // The preset of `family` with the shape flags over it; the context grows to
@@ -91,10 +91,13 @@ ModelConfig model_from_flags(ModelFamily family, const std::string& preset, cons
   if (auto* llama = std::get_if<tessera::nn::LlamaConfig>(&config)) {
     if (flags.n_kv_head) llama->n_kv_head = *flags.n_kv_head;
     if (flags.ffn_hidden) llama->ffn_hidden = *flags.ffn_hidden;
+    TESSERA_CHECK(!flags.vocab_padding, "--vocab-padding pads a GPT's tied head; a Llama's vocabulary is not padded");
   } else {
     TESSERA_CHECK(!flags.n_kv_head && !flags.ffn_hidden,
                   "--n-kv-head and --ffn-hidden shape a Llama (grouped-query attention, SwiGLU), not a GPT: pass "
                   "--model llama, or leave them out");
+    auto& gpt = std::get<tessera::nn::GPTConfig>(config);
+    if (flags.vocab_padding) gpt.vocab_padding_multiple = *flags.vocab_padding;
   }
   return config;
 }
@@ -179,7 +182,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                           ->default_str(fmt::format("{} (gpt), {} (llama)", default_preset(ModelFamily::gpt),
                                                     default_preset(ModelFamily::llama)));
   // Shape overrides: applied on top of the preset only when given.
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0, seq_len = 0, n_kv_head = 0, ffn_hidden = 0;
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0, seq_len = 0, n_kv_head = 0, ffn_hidden = 0, vocab_padding = 0;
   auto* n_layer_flag =
       app.add_option("--n-layer", n_layer, "Transformer blocks")->check(integer_in(1, kMaxLayersOrHeads));
   auto* n_head_flag =
@@ -188,6 +191,11 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                           ->check(integer_in(1, kMaxModelDim));
   auto* vocab_flag = app.add_option("--vocab", vocab, "Vocabulary size (>= the data's largest token + 1)")
                          ->check(integer_in(1, kMaxModelDim));
+  auto* vocab_padding_flag =
+      app.add_option("--vocab-padding", vocab_padding,
+                     "Pad wte and the tied head to a multiple of this many rows, for aligned GEMMs; the padding is "
+                     "outside the softmax (gpt; gpt2 presets: 128, llm.c's 50304; 1 = none)")
+          ->check(integer_in(1, 1024));
   auto* seq_len_flag = app.add_option("--seq-len", seq_len,
                                       "Tokens per sequence (default: the preset's context; the context grows to fit)")
                            ->check(integer_in(1, kMaxModelDim));
@@ -196,8 +204,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                              ->check(integer_in(1, kMaxLayersOrHeads));
   auto* ffn_hidden_flag = app.add_option("--ffn-hidden", ffn_hidden, "SwiGLU hidden width F (llama)")
                               ->check(integer_in(1, kMaxModelDim));
-  for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, seq_len_flag, n_kv_head_flag,
-                     ffn_hidden_flag}) {
+  for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, vocab_padding_flag, seq_len_flag,
+                     n_kv_head_flag, ffn_hidden_flag}) {
     flag->default_str("preset");
   }
 
@@ -312,7 +320,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                            .vocab = given(vocab_flag, vocab),
                            .seq_len = given(seq_len_flag, seq_len),
                            .n_kv_head = given(n_kv_head_flag, n_kv_head),
-                           .ffn_hidden = given(ffn_hidden_flag, ffn_hidden)};
+                           .ffn_hidden = given(ffn_hidden_flag, ffn_hidden),
+                           .vocab_padding = given(vocab_padding_flag, vocab_padding)};
     const ModelConfig model = model_from_flags(model_family, config.preset, shape);
     config.seq_len = shape.seq_len.value_or(block_size(model));
     if (const auto* llama = std::get_if<tessera::nn::LlamaConfig>(&model)) {

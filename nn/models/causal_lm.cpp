@@ -19,12 +19,15 @@ Tensor CausalLM::forward_inputs(const TensorList& inputs) {
   const int64_t B = idx.size(0), T = idx.size(1);
   TESSERA_CHECK(T >= 1 && T <= block_size(), "{}: sequence length {} is outside [1, block_size {}]", type_name(), T,
                 block_size());
-  const Tensor scores = logits(idx);  // [B, T, V]
-  if (inputs.size() == 1) return scores;
+  const int64_t V = vocab_size(), padded = padded_vocab_size();
+  const Tensor scores = logits(idx);  // [B, T, Vp]
+  if (inputs.size() == 1) return padded == V ? scores : tessera::narrow(scores, 2, 0, V);
   const Tensor& targets = inputs[1];
   TESSERA_CHECK(targets.defined() && targets.sizes() == idx.sizes(), "{}: targets must be [{}, {}] like idx, got {}",
                 type_name(), B, T, targets.defined() ? targets.sizes() : Shape{});
-  return tessera::cross_entropy(tessera::view(scores, {B * T, vocab_size()}), tessera::reshape(targets, {B * T}));
+  // The padded columns go into the loss as padding, not through a narrow: its
+  // backward would write a second [B*T, Vp] gradient.
+  return tessera::cross_entropy(tessera::view(scores, {B * T, padded}), tessera::reshape(targets, {B * T}), -100, V);
 }
 
 }  // namespace tessera::nn

@@ -2,6 +2,9 @@
 // that trainers, FSDP wrapping and generation are written once:
 //   {idx} -> logits [B, T, V];  {idx, targets} -> mean cross-entropy (0-d),
 //   idx and targets: [B, T] i32/i64 with 1 <= T <= block_size;
+//   a padded vocabulary (Vp > V rows in the embedding and head, for aligned
+//   GEMMs) stays inside: the loss takes the padded logits with V classes,
+//   and {idx} returns the V real columns (a view);
 //   blocks(): the repeated layers, fully_shard's usual units.
 #pragma once
 
@@ -20,11 +23,13 @@ class CausalLM : public Module {
 
   virtual ModuleList& blocks() const = 0;
   virtual int64_t vocab_size() const = 0;
+  // The head's output columns: vocab_size() plus padding (none by default).
+  virtual int64_t padded_vocab_size() const { return vocab_size(); }
   virtual int64_t block_size() const = 0;
 
  protected:
   explicit CausalLM(std::string type_name);
-  // idx: [B, T], already checked -> logits [B, T, V].
+  // idx: [B, T], already checked -> logits [B, T, padded_vocab_size()].
   virtual Tensor logits(const Tensor& idx) = 0;
 };
 

@@ -11,7 +11,10 @@ namespace tessera::nn {
 GPT::GPT(const GPTConfig& config, Device device) : CausalLM("GPT"), config_(config) {
   config_.validate();
   const EmbeddingOptions embedding{.init_std = 0.02, .device = kMeta, .dtype = config_.dtype};
-  wte_ = register_module("wte", std::make_shared<Embedding>(config_.vocab_size, config_.n_embd, embedding));
+  EmbeddingOptions token_embedding = embedding;
+  if (config_.padded_vocab_size() > config_.vocab_size) token_embedding.padding_rows_from = config_.vocab_size;
+  wte_ = register_module("wte",
+                         std::make_shared<Embedding>(config_.padded_vocab_size(), config_.n_embd, token_embedding));
   wpe_ = register_module("wpe", std::make_shared<Embedding>(config_.block_size, config_.n_embd, embedding));
   drop_ = register_module("drop", std::make_shared<Dropout>(config_.dropout));
   blocks_ = register_module("blocks", std::make_shared<ModuleList>());
@@ -49,7 +52,7 @@ Tensor GPT::logits(const Tensor& idx) {
   x = (*drop_)(x);
   for (const auto& block : *blocks_) x = (*block)(x);
   x = (*ln_f_)(x);
-  // Tied head: [B, T, C] x [V, C]^T -> [B, T, V] through wte's weight.
+  // Tied head: [B, T, C] x [Vp, C]^T -> [B, T, Vp] through wte's weight.
   return (*lm_head_)(x);
 }
 

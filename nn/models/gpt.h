@@ -1,8 +1,10 @@
 // nn::GPT: a GPT-2 style decoder-only transformer with a tied output head.
 //   idx: [B, T] -> wte(idx) + wpe(0..T-1) -> dropout -> blocks -> ln_f
-//   -> logits = lm_head(x) = x @ wte^T: [B, T, V]  (lm_head is a TiedLinear
+//   -> logits = lm_head(x) = x @ wte^T: [B, T, Vp]  (lm_head is a TiedLinear
 //      holding wte's Parameter: no copy, and the tie is visible to fsdp)
-//   loss = cross_entropy(logits: [B*T, V], targets: [B*T])   (nn::CausalLM)
+//   loss = cross_entropy(logits: [B*T, Vp], targets: [B*T], V classes)   (nn::CausalLM)
+// Vp = config.padded_vocab_size(): wte's rows past V are zero padding that
+// only aligns the head's GEMMs (GPTConfig::vocab_padding_multiple).
 // Parameter names: wte.weight, wpe.weight, blocks.{i}.{ln1,attn.qkv,attn.proj,
 // ln2,mlp.fc,mlp.proj}.{weight,bias}, ln_f.{weight,bias}; lm_head.weight is
 // wte.weight (listed once by named_parameters, under both names in state_dict).
@@ -32,6 +34,7 @@ class GPT : public CausalLM {
   const GPTConfig& config() const { return config_; }
   ModuleList& blocks() const override { return *blocks_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t padded_vocab_size() const override { return config_.padded_vocab_size(); }
   int64_t block_size() const override { return config_.block_size; }
   Embedding& wte() const { return *wte_; }
   Embedding& wpe() const { return *wpe_; }

@@ -37,9 +37,9 @@ void norm(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor&
 void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
                    const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
 void cross_entropy(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
-                   int64_t ignore_index);
+                   int64_t ignore_index, int64_t classes);
 void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                            const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index);
+                            const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index, int64_t classes);
 
 // tensor/cpu/attention.cpp
 void causal_attention(const Tensor& out, const Tensor& logsumexp, const Tensor& q, const Tensor& k, const Tensor& v);

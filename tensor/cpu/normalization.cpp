@@ -175,8 +175,8 @@ int64_t kept_rows(const std::vector<int64_t>& targets) {
 
 template <typename T>
 void cross_entropy_typed(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
-                         int64_t ignore_index) {
-  const int64_t rows = logits.size(0), cols = logits.size(1);
+                         int64_t ignore_index, int64_t classes) {
+  const int64_t rows = logits.size(0), pitch = logits.size(1), cols = classes;
   const T* data = logits.data_ptr<T>();
   T* lse_data = logsumexp.data_ptr<T>();
   const std::vector<int64_t> target = row_targets(targets, ignore_index);
@@ -184,7 +184,7 @@ void cross_entropy_typed(const Tensor& loss, const Tensor& logsumexp, const Tens
   parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
     Eigen::Array<T, Eigen::Dynamic, 1> shifted_exp(cols);  // one row's exp(x - max)
     for (int64_t r = begin; r < end; ++r) {
-      const ConstRow<T> x(data + r * cols, cols);
+      const ConstRow<T> x(data + r * pitch, cols);
       const T max = cols > 0 ? x.maxCoeff() : -std::numeric_limits<T>::infinity();
       vec::exp_shifted(shifted_exp.data(), x.data(), cols, max);
       const double row_logsumexp = static_cast<double>(max) + std::log(lane_sum(shifted_exp.data(), cols));
@@ -201,10 +201,11 @@ void cross_entropy_typed(const Tensor& loss, const Tensor& logsumexp, const Tens
 }
 
 // dx = scale (exp(x - logsumexp) - onehot(t)): the forward's logsumexp, so
-// the logits are read once.
+// the logits are read once. Padding columns (from `classes` on) get zero.
 template <typename T>
 void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                                  const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index) {
+                                  const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index,
+                                  int64_t classes) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const T* data = logits.data_ptr<T>();
   const T* lse_data = logsumexp.data_ptr<T>();
@@ -214,13 +215,15 @@ void cross_entropy_backward_typed(const Tensor& grad_logits, const Tensor& grad_
   const T scale = kept > 0 ? static_cast<T>(grad_loss.item() / static_cast<double>(kept)) : T{0};
   parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      Row<T> dx(dst + r * cols, cols);
+      Row<T> row(dst + r * cols, cols);
       const int64_t t = target[static_cast<size_t>(r)];
       if (t < 0) {
-        dx.setZero();
+        row.setZero();
         continue;
       }
-      vec::exp_shifted(dx.data(), data + r * cols, cols, lse_data[r]);
+      row.tail(cols - classes).setZero();
+      auto dx = row.head(classes);
+      vec::exp_shifted(dx.data(), data + r * cols, classes, lse_data[r]);
       dx *= scale;
       dx[t] -= scale;
     }
@@ -251,15 +254,16 @@ void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor
 }
 
 void cross_entropy(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
-                   int64_t ignore_index) {
-  visit_float_dtype(logits.dtype(), "cross_entropy",
-                 [&]<typename T>(T) { cross_entropy_typed<T>(loss, logsumexp, logits, targets, ignore_index); });
+                   int64_t ignore_index, int64_t classes) {
+  visit_float_dtype(logits.dtype(), "cross_entropy", [&]<typename T>(T) {
+    cross_entropy_typed<T>(loss, logsumexp, logits, targets, ignore_index, classes);
+  });
 }
 
 void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                            const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index) {
+                            const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index, int64_t classes) {
   visit_float_dtype(logits.dtype(), "cross_entropy_backward", [&]<typename T>(T) {
-    cross_entropy_backward_typed<T>(grad_logits, grad_loss, logits, logsumexp, targets, ignore_index);
+    cross_entropy_backward_typed<T>(grad_logits, grad_loss, logits, logsumexp, targets, ignore_index, classes);
   });
 }
 

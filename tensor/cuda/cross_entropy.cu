@@ -23,12 +23,13 @@ namespace {
 template <typename T, typename Index, int kGroupThreads>
 __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
     cross_entropy_rows_kernel(Accumulator<T>* row_losses, Accumulator<T>* logsumexp, const T* logits,
-                              const Index* targets, int64_t rows, int64_t classes, int64_t ignore_index) {
+                              const Index* targets, int64_t rows, int64_t classes, int64_t columns,
+                              int64_t ignore_index) {
   using Group = RowGroup<kGroupThreads>;
   using A = Accumulator<T>;
   const int lane = Group::lane();
   for (int64_t row = Group::first(); row < rows; row += Group::stride()) {
-    const T* x = logits + row * classes;
+    const T* x = logits + row * columns;
     MaxSum<A> state = MaxSum<A>::none();
 #pragma unroll 1  // unrolled, f64 exp's slow paths spill
     for (int64_t col = lane; col < classes; col += kGroupThreads) state.add(convert<A>(x[col]));
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(T* gra
                                                                           const T* logits,
                                                                           const Accumulator<T>* logsumexp,
                                                                           const Index* targets, int64_t rows,
-                                                                          int64_t classes, int64_t ignore_index) {
+                                                                          int64_t classes, int64_t columns,
+                                                                          int64_t ignore_index) {
   using A = Accumulator<T>;
   // One load per block or row, shared, rather than one per thread.
   __shared__ A block_scale, row_logsumexp;
@@ -114,12 +116,12 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(T* gra
     __syncthreads();
     const A s = block_scale, lse = row_logsumexp;
     const int64_t target = row_target;
-    const T* x = logits + row * classes;
-    T* grad = grad_logits + row * classes;
+    const T* x = logits + row * columns;
+    T* grad = grad_logits + row * columns;
 #pragma unroll 1  // unrolled, f64 exp's slow paths spill
-    for (int64_t col = threadIdx.x; col < classes; col += kThreads) {
-      A value = 0;  // an ignored row's gradient, its logits unread
-      if (target >= 0) {
+    for (int64_t col = threadIdx.x; col < columns; col += kThreads) {
+      A value = 0;  // an ignored row's or a padding column's gradient, its logits unread
+      if (target >= 0 && col < classes) {
         value = std::exp(convert<A>(x[col]) - lse) * s;
         if (col == target) value -= s;
       }
@@ -149,7 +151,7 @@ void visit_class_group(int64_t classes, Fn&& fn) {
 }  // namespace
 
 void cross_entropy(const Operand& loss, const Operand& logsumexp, const Operand& row_losses, const Operand& logits,
-                   const Operand& targets, int64_t ignore_index, int64_t rows, int64_t classes,
+                   const Operand& targets, int64_t ignore_index, int64_t rows, int64_t classes, int64_t columns,
                    const KernelLaunch& launch) {
   visit_row_dtype(logits.dtype, "cross_entropy", [&]<typename T>(T) {
     using A = Accumulator<T>;
@@ -160,7 +162,7 @@ void cross_entropy(const Operand& loss, const Operand& logsumexp, const Operand&
           TESSERA_LAUNCH((cross_entropy_rows_kernel<T, Index, kGroupThreads>),
                          row_config<kGroupThreads>(rows, launch), static_cast<A*>(row_losses.data),
                          static_cast<A*>(logsumexp.data), static_cast<const T*>(logits.data), target_data, rows,
-                         classes, ignore_index);
+                         classes, columns, ignore_index);
         });
       }
       LaunchConfig config = config_for(1, launch);
@@ -172,8 +174,9 @@ void cross_entropy(const Operand& loss, const Operand& logsumexp, const Operand&
 
 void cross_entropy_backward(const Operand& grad_logits, const Operand& grad_loss, const Operand& scale,
                             const Operand& logits, const Operand& logsumexp, const Operand& targets,
-                            int64_t ignore_index, int64_t rows, int64_t classes, const KernelLaunch& launch) {
-  if (rows == 0 || classes == 0) return;
+                            int64_t ignore_index, int64_t rows, int64_t classes, int64_t columns,
+                            const KernelLaunch& launch) {
+  if (rows == 0 || columns == 0) return;
   visit_row_dtype(logits.dtype, "cross_entropy_backward", [&]<typename T>(T) {
     using A = Accumulator<T>;
     visit_targets(targets.dtype, "cross_entropy_backward", [&]<typename Index>(Index) {
@@ -183,7 +186,7 @@ void cross_entropy_backward(const Operand& grad_logits, const Operand& grad_loss
       LaunchConfig config = config_for(rows * kThreads, launch);
       TESSERA_LAUNCH((cross_entropy_backward_kernel<T, Index>), config, static_cast<T*>(grad_logits.data),
                      static_cast<const A*>(scale.data), static_cast<const T*>(logits.data),
-                     static_cast<const A*>(logsumexp.data), target_data, rows, classes, ignore_index);
+                     static_cast<const A*>(logsumexp.data), target_data, rows, classes, columns, ignore_index);
     });
   });
 }

@@ -598,9 +598,10 @@ void norm_backward_kernel(const Tensor& grad_x, const Tensor& grad_weight, const
                 launch_on_current_stream(x.device(), std::move(buffers)));
 }
 
-// logits [rows, classes] contiguous, targets [rows] contiguous, logsumexp [rows] in the arithmetic dtype.
+// logits [rows, columns] contiguous with 0 <= classes <= columns, targets [rows] contiguous, logsumexp [rows]
+// in the arithmetic dtype.
 void check_cross_entropy_operands(const char* op, const Tensor& logits, const Tensor& logsumexp,
-                                  const Tensor& targets) {
+                                  const Tensor& targets, int64_t classes) {
   TESSERA_CHECK(logits.dim() == 2, "cuda::{}: logits must be [rows, classes], got {}", op, logits.sizes());
   check_row_operand(op, "logits", logits, logits.dtype(), logits.numel());
   check_row_operand(op, "targets", targets, targets.dtype(), logits.size(0));
@@ -608,13 +609,13 @@ void check_cross_entropy_operands(const char* op, const Tensor& logits, const Te
 }
 
 void cross_entropy_kernel(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
-                          int64_t ignore_index) {
-  check_cross_entropy_operands("cross_entropy", logits, logsumexp, targets);
+                          int64_t ignore_index, int64_t classes) {
+  check_cross_entropy_operands("cross_entropy", logits, logsumexp, targets, classes);
   const DType accumulator = accumulator_dtype(logits.dtype());
   check_row_operand("cross_entropy", "loss", loss, accumulator, 1);
   const Tensor row_losses = ops::empty({logits.size(0)}, {.dtype = accumulator, .device = logits.device()});
   cross_entropy(operand(loss), operand(logsumexp), operand(row_losses), operand(logits), operand(targets),
-                ignore_index, logits.size(0), logits.size(1),
+                ignore_index, logits.size(0), classes, logits.size(1),
                 launch_on_current_stream(logits.device(), {buffer_use("logits", logits, kRead),
                                                            buffer_use("targets", targets, kRead),
                                                            buffer_use("row_losses", row_losses, BufferAccess::read_write),
@@ -623,8 +624,9 @@ void cross_entropy_kernel(const Tensor& loss, const Tensor& logsumexp, const Ten
 }
 
 void cross_entropy_backward_kernel(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,
-                                   const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index) {
-  check_cross_entropy_operands("cross_entropy_backward", logits, logsumexp, targets);
+                                   const Tensor& logsumexp, const Tensor& targets, int64_t ignore_index,
+                                   int64_t classes) {
+  check_cross_entropy_operands("cross_entropy_backward", logits, logsumexp, targets, classes);
   check_row_operand("cross_entropy_backward", "grad_logits", grad_logits, logits.dtype(), logits.numel());
   TESSERA_CHECK(grad_loss.numel() == 1, "cuda::cross_entropy_backward: grad_loss must hold one value, got shape {}",
                 grad_loss.sizes());
@@ -632,7 +634,7 @@ void cross_entropy_backward_kernel(const Tensor& grad_logits, const Tensor& grad
   const Tensor grad_value = ops::contiguous(ops::to(grad_loss, accumulator));
   const Tensor scale = ops::empty({1}, {.dtype = accumulator, .device = logits.device()});
   cross_entropy_backward(operand(grad_logits), operand(grad_value), operand(scale), operand(logits),
-                         operand(logsumexp), operand(targets), ignore_index, logits.size(0), logits.size(1),
+                         operand(logsumexp), operand(targets), ignore_index, logits.size(0), classes, logits.size(1),
                          launch_on_current_stream(logits.device(), {buffer_use("logits", logits, kRead),
                                                                     buffer_use("logsumexp", logsumexp, kRead),
                                                                     buffer_use("targets", targets, kRead),
@@ -684,3 +686,5 @@ const KernelTable& kernel_table() {
 }
 
 }  // namespace tessera::cuda
+  TESSERA_CHECK(classes >= 0 && classes <= logits.size(1), "cuda::{}: classes {} outside [0, {}] for logits {}", op,
+                classes, logits.size(1), logits.sizes());

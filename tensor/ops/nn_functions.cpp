@@ -148,9 +148,16 @@ NormGrads norm_backward(const char* op, const Tensor& grad_y, const Tensor& x, c
   return {to(grads.x, x.dtype()), to_dtype(grads.weight, x.dtype()), to_dtype(grads.bias, x.dtype())};
 }
 
-void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+// Checks the operands and returns the number of classes: all of logits'
+// columns for kAllColumns, else the first `classes` (the rest are padding).
+int64_t check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                            int64_t classes) {
   check_float(op, "logits", logits);
   TESSERA_CHECK(logits.dim() == 2, "{}: logits must be [N, C], got {}", op, logits.sizes());
+  TESSERA_CHECK(classes == kAllColumns || (classes >= 1 && classes <= logits.size(1)),
+                "{}: classes must be in [1, {}] for logits {} (or kAllColumns), got {}", op, logits.size(1),
+                logits.sizes(), classes);
+  if (classes == kAllColumns) classes = logits.size(1);
   TESSERA_CHECK(targets.defined() && targets.dim() == 1 && targets.size(0) == logits.size(0),
                 "{}: targets must be [{}] for logits {}, got {}", op, logits.size(0), logits.sizes(),
                 targets.defined() ? targets.sizes() : Shape{});
@@ -158,13 +165,13 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
                 targets.device().str(), logits.device().str());
   TESSERA_CHECK(targets.dtype() == DType::i32 || targets.dtype() == DType::i64,
                 "{}: targets must be i32 or i64, got {}", op, dtype_name(targets.dtype()));
-  if (targets.is_meta()) return;
-  const int64_t classes = logits.size(1);
+  if (targets.is_meta()) return classes;
   kernels(targets.device()).check_index_range(
       targets, classes, ignore_index, [op, classes, ignore_index](int64_t, int64_t target) {
         return fmt::format("{}: target {} out of range for {} classes (ignore_index is {})", op, target, classes,
                            ignore_index);
       });
+  return classes;
 }
 
 // A [B, H, T, D] attention operand as the kernels take it: in the kernels'
@@ -307,29 +314,30 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
   return to(grad, grad_out.dtype());
 }
 
-CrossEntropyOutput cross_entropy_with_logsumexp(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+CrossEntropyOutput cross_entropy_with_logsumexp(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                                int64_t classes) {
   check_raw_op_inputs("cross_entropy", {{"logits", logits}});
-  check_cross_entropy("cross_entropy", logits, targets, ignore_index);
+  classes = check_cross_entropy("cross_entropy", logits, targets, ignore_index, classes);
   const TensorOptions stats{.dtype = compute_dtype(logits.dtype()), .device = logits.device()};
   if (logits.is_meta()) {
     return {empty({}, {.dtype = logits.dtype(), .device = logits.device()}), empty({logits.size(0)}, stats)};
   }
   const Tensor rows = compute_input(logits);
   CrossEntropyOutput result{empty({}, stats), empty({logits.size(0)}, stats)};
-  kernels(rows.device()).cross_entropy(result.loss, result.logsumexp, rows, targets, ignore_index);
+  kernels(rows.device()).cross_entropy(result.loss, result.logsumexp, rows, targets, ignore_index, classes);
   result.loss = to(result.loss, logits.dtype());
   return result;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  return cross_entropy_with_logsumexp(logits, targets, ignore_index).loss;
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, int64_t classes) {
+  return cross_entropy_with_logsumexp(logits, targets, ignore_index, classes).loss;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
-                              int64_t ignore_index, const Tensor& logsumexp) {
+                              int64_t ignore_index, const Tensor& logsumexp, int64_t classes) {
   const char* op = "cross_entropy_backward";
   check_raw_op_inputs(op, {{"grad_loss", grad_loss}, {"logits", logits}});
-  check_cross_entropy(op, logits, targets, ignore_index);
+  classes = check_cross_entropy(op, logits, targets, ignore_index, classes);
   check_float(op, "grad_loss", grad_loss);
   TESSERA_CHECK(grad_loss.numel() == 1, "cross_entropy_backward: grad_loss must hold one value, got shape {}",
                 grad_loss.sizes());
@@ -344,17 +352,18 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   Tensor grad = empty(rows.sizes(), {.dtype = rows.dtype(), .device = rows.device()});
   kernels(rows.device()).cross_entropy_backward(grad, grad_loss, rows,
                                                 compute_input(logsumexp, compute_dtype(logits.dtype())), targets,
-                                                ignore_index);
+                                                ignore_index, classes);
   return to(grad, logits.dtype());
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
-                              int64_t ignore_index) {
+                              int64_t ignore_index, int64_t classes) {
   check_raw_op_inputs("cross_entropy_backward", {{"grad_loss", grad_loss}, {"logits", logits}});
-  check_cross_entropy("cross_entropy_backward", logits, targets, ignore_index);
+  classes = check_cross_entropy("cross_entropy_backward", logits, targets, ignore_index, classes);
   // Without the forward's logsumexp: one more read of the logits to get it.
   return cross_entropy_backward(grad_loss, logits, targets, ignore_index,
-                                cross_entropy_with_logsumexp(logits, targets, ignore_index).logsumexp);
+                                cross_entropy_with_logsumexp(logits, targets, ignore_index, classes).logsumexp,
+                                classes);
 }
 
 AttentionOutput causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {

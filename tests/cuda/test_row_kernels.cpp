@@ -265,6 +265,36 @@ TEST_CASE("cross_entropy, forward and backward, matches the cpu with ignored row
   }
 }
 
+// A padded vocabulary: the kernels read only the first `classes` columns of
+// each [columns] row and write the padding's gradient as zero. Each column's
+// arithmetic is that of the unpadded rows, so the two agree bitwise.
+TEST_CASE("cross_entropy with padding columns equals the unpadded rows bitwise on cuda, the padding's gradient zero") {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const auto& [classes, columns] : {std::pair<int64_t, int64_t>{5, 8}, {250, 256}, {50257, 50304}}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(classes);
+      const int64_t rows = 6;
+      Tensor logits = ops::to(normal({rows, columns}, 11, 4.0), dtype);
+      Tensor padding = ops::narrow(logits, 1, classes, columns - classes);
+      ops::fill_(padding, 40.0);  // would dominate any softmax it entered
+      const Tensor logits_dev = ops::to(logits, kCuda);
+      const Tensor unpadded_dev = ops::to(ops::contiguous(ops::narrow(logits, 1, 0, classes)), kCuda);
+      const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>{0, classes - 1, -100, 3, 1, 2}, {rows}), kCuda);
+      const ops::CrossEntropyOutput padded = ops::cross_entropy_with_logsumexp(logits_dev, targets, -100, classes);
+      const ops::CrossEntropyOutput plain = ops::cross_entropy_with_logsumexp(unpadded_dev, targets);
+      CHECK(values_of(padded.loss) == values_of(plain.loss));
+      CHECK(values_of(padded.logsumexp) == values_of(plain.logsumexp));
+      const Tensor grad_loss = ops::full({}, 0.5, {.dtype = dtype, .device = kCuda});
+      const Tensor grad = ops::cross_entropy_backward(grad_loss, logits_dev, targets, -100, padded.logsumexp, classes);
+      const Tensor grad_cpu = ops::to(grad, kCPU);
+      CHECK(values_of(ops::contiguous(ops::narrow(grad_cpu, 1, 0, classes))) ==
+            values_of(ops::cross_entropy_backward(grad_loss, unpadded_dev, targets, -100, plain.logsumexp)));
+      CHECK(values_of(ops::contiguous(ops::narrow(grad_cpu, 1, classes, columns - classes))) ==
+            std::vector<double>(static_cast<size_t>(rows * (columns - classes)), 0.0));
+    }
+  }
+}
+
 TEST_CASE("bf16 rows compute in f32: each kernel against an f32 reference of the rounded inputs") {
   const KernelTable& cuda = kernels(kCuda);
   const auto bf16 = [](const Tensor& t) { return ops::to(t, DType::bf16); };
@@ -294,12 +324,12 @@ TEST_CASE("bf16 rows compute in f32: each kernel against an f32 reference of the
     // cross-entropy: loss and logsumexp in f32, the gradient in bf16
     const Tensor targets = ops::from_vector(std::vector<int64_t>(static_cast<size_t>(rows), cols - 1), {rows});
     const Tensor loss = empty({}, DType::f32), lse = empty({rows}, DType::f32);
-    cuda.cross_entropy(loss, lse, dev(x), dev(targets), -100);
+    cuda.cross_entropy(loss, lse, dev(x), dev(targets), -100, cols);
     const ops::CrossEntropyOutput reference = ops::cross_entropy_with_logsumexp(f32(x), targets);
     check_within("cross_entropy loss bf16", loss, reference.loss, depth, DType::f32, {1.0});
     check_within("cross_entropy logsumexp bf16", lse, reference.logsumexp, depth, DType::f32, {1.0});
     const Tensor grad = empty({rows, cols}, DType::bf16);
-    cuda.cross_entropy_backward(grad, ops::ones({}, {.device = kCuda}), dev(x), lse, dev(targets), -100);
+    cuda.cross_entropy_backward(grad, ops::ones({}, {.device = kCuda}), dev(x), lse, dev(targets), -100, cols);
     const Tensor grad_reference = ops::cross_entropy_backward(ops::ones({}), f32(x), targets, -100, reference.logsumexp);
     check_within("cross_entropy grad bf16", grad, grad_reference, depth, DType::f32, {1.0 / static_cast<double>(rows)});
   }
@@ -373,11 +403,11 @@ TEST_CASE("row kernels: errors for bad shapes and dtypes") {
                                           on_device({2, 8}, DType::f32), on_device({2, 8}, DType::f32), Tensor(), Tensor(), stats),
                        doctest::Contains("grad_weight must be contiguous f32 with 8 elements, got f32 of shape [7]"), Error);
   const Tensor logits = on_device({2, 5}, DType::f32);
-  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, logits, on_device({2}, DType::f32), -100),
+  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, logits, on_device({2}, DType::f32), -100, 5),
                        doctest::Contains("cuda::cross_entropy: targets must be i32 or i64, got f32"), Error);
-  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), on_device({3}, DType::f32), logits, on_device({2}, DType::i64), -100),
+  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), on_device({3}, DType::f32), logits, on_device({2}, DType::i64), -100, 5),
                        doctest::Contains("cuda::cross_entropy: logsumexp must be contiguous f32 with 2 elements"), Error);
-  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, on_device({2, 5, 1}, DType::f32), on_device({2}, DType::i64), -100),
+  CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, on_device({2, 5, 1}, DType::f32), on_device({2}, DType::i64), -100, 5),
                        doctest::Contains("cuda::cross_entropy: logits must be [rows, classes], got [2, 5, 1]"), Error);
   // A bad target is found on the device and raised at the next read (deferred_errors.h).
   CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, ops::to(ops::from_vector(std::vector<int64_t>{0, 5}, {2}), kCuda)).item(),
@@ -417,10 +447,10 @@ TEST_CASE("row kernels move at most 1.1x their ideal bytes") {
   const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 50256}, {ce_rows}), kCuda);
   const Tensor loss = empty({}), lse = empty({ce_rows}), grad = empty({ce_rows, vocab}), grad_loss = ops::ones({}, {.device = kCuda});
   // logits read once; targets, logsumexp and the loss are 8 + 4 + 4/rows bytes a row.
-  check_ratio("cross_entropy", counted_bytes([&] { cuda.cross_entropy(loss, lse, logits, targets, -100); }),
+  check_ratio("cross_entropy", counted_bytes([&] { cuda.cross_entropy(loss, lse, logits, targets, -100, vocab); }),
               ce_rows * vocab * 4 + ce_rows * (8 + 4) + 4);
   check_ratio("cross_entropy_backward",
-              counted_bytes([&] { cuda.cross_entropy_backward(grad, grad_loss, logits, lse, targets, -100); }),
+              counted_bytes([&] { cuda.cross_entropy_backward(grad, grad_loss, logits, lse, targets, -100, vocab); }),
               2 * ce_rows * vocab * 4 + ce_rows * (8 + 4) + 4);
 }
 

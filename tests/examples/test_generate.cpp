@@ -69,6 +69,7 @@ void check_same_config(const GPTConfig& a, const GPTConfig& b) {
   CHECK(a.dropout == b.dropout);
   CHECK(a.bias == b.bias);
   CHECK(a.norm_eps == b.norm_eps);
+  CHECK(a.vocab_padding_multiple == b.vocab_padding_multiple);
 }
 
 Tensor logits_of(const std::vector<float>& values) {
@@ -158,6 +159,28 @@ TEST_CASE("model config JSON: every field round-trips, through text too") {
         gpt_config_from_json(json::parse(gpt::model_config_to_json(GPTConfig::preset(preset)).dump()), preset),
         GPTConfig::preset(preset));
   }
+}
+
+// Written only when it pads, so configs from before the padding (no field)
+// read back unpadded, and an unpadded model's JSON is unchanged.
+TEST_CASE("model config JSON: vocab_padding_multiple is optional, checked, and round-trips") {
+  GPTConfig padded = unusual_config();
+  padded.vocab_padding_multiple = 64;
+  const json encoded = gpt::model_config_to_json(padded);
+  CHECK(encoded.at("vocab_padding_multiple") == 64);
+  check_same_config(gpt_config_from_json(json::parse(encoded.dump()), "test"), padded);
+  CHECK_FALSE(gpt::model_config_to_json(unusual_config()).contains("vocab_padding_multiple"));
+  CHECK(gpt_config_from_json(gpt::model_config_to_json(GPTConfig::preset("gpt2-124m")), "t").padded_vocab_size() ==
+        50304);
+  json wrong = encoded;
+  wrong["vocab_padding_multiple"] = 1.5;
+  CHECK_THROWS_WITH_AS(gpt_config_from_json(wrong, "run/config.json"),
+                       doctest::Contains("run/config.json: model config: field 'vocab_padding_multiple' must be an "
+                                         "integer, got number 1.5"),
+                       tessera::Error);
+  wrong["vocab_padding_multiple"] = 0;
+  CHECK_THROWS_WITH_AS(gpt_config_from_json(wrong, "run/config.json"),
+                       doctest::Contains("vocab_padding_multiple must be in [1, 1024], got 0"), tessera::Error);
 }
 
 TEST_CASE("model config JSON: every malformed field is an error naming the source and the field") {

@@ -219,7 +219,14 @@ TEST_CASE("command line: the preset first, then explicit flags") {
   CHECK(big.config.model.n_layer == 2);     // overridden
   CHECK(big.config.model.n_embd == 768);    // from the preset
   CHECK(big.config.model.vocab_size == 50257);
+  CHECK(big.config.model.padded_vocab_size() == 50304);  // the preset's padding
   CHECK(big.config.model.block_size == 1024);  // the context stays; T is 128
+  Parsed unpadded = parse({"--preset", "gpt2-124m", "--vocab-padding", "1"});
+  REQUIRE_FALSE(unpadded.exit_code.has_value());
+  CHECK(unpadded.config.model.padded_vocab_size() == 50257);
+  Parsed padded = parse({"--vocab", "300", "--vocab-padding", "64"});
+  REQUIRE_FALSE(padded.exit_code.has_value());
+  CHECK(padded.config.model.padded_vocab_size() == 320);
   CHECK(big.config.seq_len == 128);
   CHECK(big.config.tokens_per_step() == 3 * 128 * 5);
   CHECK(big.config.clip == 0.0);
@@ -586,6 +593,8 @@ TEST_CASE("command line: a preset or a flag of the other family, or an unknown o
       {{"--model", "llama", "--n-kv-head", "3"}, "n_kv_head (3) must divide n_head (4)"},
       {{"--model", "llama", "--n-head", "8", "--n-embd", "72"}, "with an even head_dim"},
       {{"--model", "llama", "--ffn-hidden", "0"}, "--ffn-hidden: must be in [1, 1048576], got 0"},
+      {{"--model", "llama", "--vocab-padding", "64"}, "--vocab-padding pads a GPT's tied head"},
+      {{"--vocab-padding", "0"}, "--vocab-padding: must be in [1, 1024], got 0"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);

@@ -18,6 +18,7 @@
 //   in a random direction, and which elements do so depends on the machine's
 //   summation order. These cases run twice instead, in f64 with AdamW and in
 //   f32 with SGD (tolerances and why they hold: equivalence.h).
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -197,6 +198,24 @@ TEST_CASE("fsdp: the tied embedding and head train as one parameter under uneven
   CHECK(actual.parameters.count("model.lm_head.weight") == 0);  // listed once, under wte
   CHECK(actual.parameters.at("model.wte.weight") != initial);
   check_bitwise(train_unsharded(setup, 3), actual);
+}
+
+// Vocab 97 padded to 104: the 7 zero rows land on the last ranks' shards
+// (at 3 ranks: rows 70..103 on rank 2), which initialise them to zero on
+// their own and must keep them zero through AdamW with weight decay.
+TEST_CASE("fsdp: a padded vocabulary is bitwise unsharded training and its padding rows stay zero on every shard") {
+  TrainingSetup setup = awkward();
+  setup.model = gpt_recipe({.vocab_size = 97, .vocab_padding_multiple = 8, .block_size = 8, .n_layer = 2,
+                            .n_head = 3, .n_embd = 72, .bias = false});
+  for (int world : {1, 3, 4}) {
+    CAPTURE(world);
+    const TrainingResult actual = train_fsdp(setup, {.world = world});
+    check_bitwise(train_unsharded(setup, world), actual);
+    const std::vector<double>& table = actual.parameters.at("model.wte.weight");
+    REQUIRE(table.size() == 104 * 72);
+    CHECK(std::vector<double>(table.begin() + 97 * 72, table.end()) == std::vector<double>(7 * 72, 0.0));
+    CHECK(std::any_of(table.begin(), table.begin() + 97 * 72, [](double v) { return v != 0.0; }));
+  }
 }
 
 TEST_CASE("fsdp: clipping uses the global gradient norm") {

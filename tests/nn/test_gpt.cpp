@@ -57,16 +57,18 @@ TEST_CASE("GPTConfig: presets, validation and counts") {
   CHECK(gpt2.n_head == 12);
   CHECK(gpt2.n_embd == 768);
   CHECK(gpt2.vocab_size == 50257);
+  CHECK(gpt2.padded_vocab_size() == 50304);  // llm.c's Vp
   CHECK(gpt2.block_size == 1024);
-  CHECK(gpt2.num_parameters() == 124439808);
-  // 6 N + 12 L T C with N excluding wpe.
+  CHECK(gpt2.num_parameters() == 124439808 + 47 * 768);  // llm.c's 124,475,904
+  // 6 N + 12 L T C with N excluding wpe and the padding rows.
   CHECK(gpt2.flops_per_token(1024) == 6.0 * (124439808 - 1024 * 768) + 12.0 * 12 * 1024 * 768);  // integers: exact
 
   const nn::GPTConfig tiny = nn::GPTConfig::preset("tiny");
   CHECK(tiny.n_layer == 2);
   CHECK(tiny.n_embd == 64);
   CHECK(tiny.vocab_size == 256);
-  CHECK(nn::GPTConfig::preset("gpt2-350m").num_parameters() == 354823168);
+  CHECK(tiny.padded_vocab_size() == 256);
+  CHECK(nn::GPTConfig::preset("gpt2-350m").num_parameters() == 354823168 + 47 * 1024);
   CHECK(nn::GPTConfig::preset_names().size() == 6);
   CHECK_THROWS_WITH_AS(nn::GPTConfig::preset("gpt5"),
                        doctest::Contains("GPTConfig: unknown preset 'gpt5' (known: [\"nano\", \"tiny\""), Error);
@@ -80,13 +82,19 @@ TEST_CASE("GPTConfig: presets, validation and counts") {
   bad = tiny;
   bad.dtype = DType::bf16;
   CHECK_THROWS_WITH_AS(bad.validate(), "GPTConfig: dtype must be f32 or f64, got bf16", Error);
+  bad = tiny;
+  bad.vocab_padding_multiple = 0;
+  CHECK_THROWS_WITH_AS(bad.validate(), "GPTConfig: vocab_padding_multiple must be in [1, 1024], got 0", Error);
+  bad.vocab_padding_multiple = 1025;
+  CHECK_THROWS_AS(bad.validate(), Error);
 }
 
 TEST_CASE("GPT: gpt2-124m on meta has the right parameters and allocates nothing") {
   const int64_t live = memory_stats(kCPU).live_bytes;
   nn::GPT model(nn::GPTConfig::preset("gpt2-124m"), kMeta);
   CHECK(memory_stats(kCPU).live_bytes - live < (1 << 20));  // the model would be ~500 MB
-  CHECK(model.num_parameters() == 124439808);
+  CHECK(model.num_parameters() == nn::GPTConfig::preset("gpt2-124m").num_parameters());
+  CHECK(model.wte().weight().sizes() == Shape{50304, 768});
 
   const auto named = model.named_parameters();
   CHECK(named.size() == 2 + 12 * 12 + 2);
@@ -317,4 +325,62 @@ TEST_CASE("GPT: a few AdamW steps overfit a fixed batch") {
   MESSAGE("tiny GPT overfit: loss " << first << " -> " << last);  // measured 5.56 -> 1.20
   CHECK(first == doctest::Approx(std::log(256.0)).epsilon(0.02));
   CHECK(last < 0.5 * first);
+}
+
+// The padded vocabulary: the same model as the unpadded one, with zero rows
+// that only align the head's GEMMs. Row i's init depends only on (key, i), so
+// a padded and an unpadded model of one seed share their first V rows.
+TEST_CASE("GPT: a padded vocabulary trains exactly like the unpadded one and its padding stays zero") {
+  nn::GPTConfig plain = nn::GPTConfig::preset("tiny");
+  plain.vocab_size = 250;  // pads to 256 with a multiple of 128
+  nn::GPTConfig padded = plain;
+  padded.vocab_padding_multiple = 128;
+  REQUIRE(padded.padded_vocab_size() == 256);
+  manual_seed(3);
+  nn::GPT reference(plain);
+  manual_seed(3);
+  nn::GPT model(padded);
+  CHECK(model.num_parameters() == padded.num_parameters());
+  CHECK(model.num_parameters() - reference.num_parameters() == 6 * 64);
+  const auto rows = [](const Tensor& t, int64_t begin, int64_t count) {
+    return ops::narrow(t.detach(), 0, begin, count).to_vector<float>();
+  };
+  const Tensor table = model.wte().weight().tensor();
+  REQUIRE(table.sizes() == Shape{256, 64});
+  CHECK(rows(table, 0, 250) == reference.wte().weight().tensor().to_vector<float>());
+  CHECK(rows(table, 250, 6) == std::vector<float>(6 * 64, 0.0f));
+
+  const auto [idx, targets] = fixed_batch(2, 16, 250);
+  CHECK(model(idx).sizes() == Shape{2, 16, 250});  // {idx}: the real columns only
+  optim::AdamW reference_optimizer(reference.named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  optim::AdamW optimizer(model.named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    reference_optimizer.zero_grad();
+    optimizer.zero_grad();
+    const Tensor reference_loss = reference.loss(idx, targets);
+    const Tensor loss = model.loss(idx, targets);
+    // The padded head's GEMM has more columns, which may change how the
+    // library blocks it but not what each column sums: equal to f32 rounding.
+    CHECK(loss.item() == doctest::Approx(reference_loss.item()).epsilon(1e-6));
+    autograd::backward(reference_loss);
+    autograd::backward(loss);
+    const Tensor grad = model.wte().weight().grad();
+    CHECK(rows(grad, 250, 6) == std::vector<float>(6 * 64, 0.0f));
+    reference_optimizer.step();
+    optimizer.step();
+  }
+  CHECK(rows(model.wte().weight().tensor(), 250, 6) == std::vector<float>(6 * 64, 0.0f));
+  const std::vector<float> trained = rows(model.wte().weight().tensor(), 0, 250);
+  const std::vector<float> expected = reference.wte().weight().tensor().to_vector<float>();
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) worst = std::max(worst, std::abs(double{trained[i]} - expected[i]));
+  CHECK(worst < 1e-5);  // three steps of lr 1e-2 from equal weights: the rounding of the loss's sums only
+
+  // A token in the padding is refused like any out-of-range one.
+  CHECK_THROWS_WITH_AS(model(ops::from_vector(std::vector<int64_t>{3, 252}, {1, 2})),
+                       doctest::Contains("252"), Error);
+  CHECK_THROWS_WITH_AS(model.loss(ops::from_vector(std::vector<int64_t>{3, 4}, {1, 2}),
+                                  ops::from_vector(std::vector<int64_t>{5, 251}, {1, 2})),
+                       doctest::Contains("target 251 out of range for 250 classes"), Error);
 }

@@ -290,6 +290,44 @@ TEST_CASE("cross_entropy: mean over kept rows, backward (softmax - onehot) / cou
   }
 }
 
+// The first `classes` columns are the classes, the rest padding: the loss
+// and gradient of the classes are those of the logits without the padding
+// (the same bits: the same sums), and the padding's gradient is zero.
+TEST_CASE("cross_entropy: padding columns are outside the softmax and get no gradient") {
+  const int64_t rows = 5, classes = 7, columns = 12;
+  for (const DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    // The padding holds large values: any that leaked into the softmax would move the loss.
+    Tensor logits = ops::to(random_tensor({rows, columns}, 21), dtype);
+    Tensor padding = ops::narrow(logits, 1, classes, columns - classes);
+    ops::fill_(padding, 30.0);
+    const Tensor unpadded = ops::contiguous(ops::narrow(logits, 1, 0, classes));
+    const Tensor targets = ops::from_vector(std::vector<int64_t>{3, -100, 0, 6, 2}, {rows});
+    const ops::CrossEntropyOutput padded = ops::cross_entropy_with_logsumexp(logits, targets, -100, classes);
+    const ops::CrossEntropyOutput plain = ops::cross_entropy_with_logsumexp(unpadded, targets);
+    CHECK(padded.loss.to_vector<double>() == plain.loss.to_vector<double>());
+    CHECK(padded.logsumexp.to_vector<double>() == plain.logsumexp.to_vector<double>());
+    const Tensor grad_loss = ops::scalar_tensor(1.5, {.dtype = dtype});
+    const Tensor grad = ops::cross_entropy_backward(grad_loss, logits, targets, -100, padded.logsumexp, classes);
+    REQUIRE(grad.sizes() == Shape{rows, columns});
+    CHECK(ops::contiguous(ops::narrow(grad, 1, 0, classes)).to_vector<double>() ==
+          ops::cross_entropy_backward(grad_loss, unpadded, targets, -100, plain.logsumexp).to_vector<double>());
+    CHECK(ops::contiguous(ops::narrow(grad, 1, classes, columns - classes)).to_vector<double>() ==
+          std::vector<double>(rows * (columns - classes), 0.0));
+    // Without the forward's logsumexp, the same gradient.
+    CHECK(ops::cross_entropy_backward(grad_loss, logits, targets, -100, classes).to_vector<double>() ==
+          grad.to_vector<double>());
+  }
+  const Tensor logits = ops::zeros({2, 6});
+  const Tensor targets = ops::from_vector(std::vector<int64_t>{0, 4}, {2});
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, targets, -100, 4),
+                       "cross_entropy: target 4 out of range for 4 classes (ignore_index is -100)", Error);
+  CHECK_THROWS_WITH_AS(ops::cross_entropy(logits, targets, -100, 7),
+                       "cross_entropy: classes must be in [1, 6] for logits [2, 6] (or kAllColumns), got 7", Error);
+  CHECK_THROWS_AS(ops::cross_entropy(logits, targets, -100, 0), Error);
+  CHECK_THROWS_AS(ops::cross_entropy_backward(ops::scalar_tensor(1.0), logits, targets, -100, -2), Error);
+}
+
 TEST_CASE("cross_entropy: large vocabularies stay accurate") {
   const int64_t rows = 4, classes = 50257;
   const Tensor logits = ops::from_vector(random_values(rows * classes, 16, 3.0), {rows, classes}, {.dtype = DType::f32});
