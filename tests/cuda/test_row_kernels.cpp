@@ -266,13 +266,17 @@ TEST_CASE("cross_entropy, forward and backward, matches the cpu with ignored row
 }
 
 // A padded vocabulary: the kernels read only the first `classes` columns of
-// each [columns] row and write the padding's gradient as zero. Each column's
-// arithmetic is that of the unpadded rows, so the two agree bitwise.
-TEST_CASE("cross_entropy with padding columns equals the unpadded rows bitwise on cuda, the padding's gradient zero") {
+// each [columns] row and write the padding's gradient as zero. Pitches of a
+// multiple of 16 bytes take the packed loads, others single values: either
+// way the classes' figures are the unpadded rows' up to the order of the
+// sums (the same bits where both read single values, [5, 7]).
+TEST_CASE("cross_entropy with padding columns: the unpadded rows' loss and gradient, the padding's gradient zero") {
   for (const DType dtype : {DType::f32, DType::bf16}) {
-    for (const auto& [classes, columns] : {std::pair<int64_t, int64_t>{5, 8}, {250, 256}, {50257, 50304}}) {
+    for (const auto& [classes, columns] :
+         {std::pair<int64_t, int64_t>{5, 7}, {5, 8}, {250, 256}, {2000, 2048}, {50257, 50304}}) {
       CAPTURE(dtype_name(dtype));
       CAPTURE(classes);
+      CAPTURE(columns);
       const int64_t rows = 6;
       Tensor logits = ops::to(normal({rows, columns}, 11, 4.0), dtype);
       Tensor padding = ops::narrow(logits, 1, classes, columns - classes);
@@ -282,14 +286,30 @@ TEST_CASE("cross_entropy with padding columns equals the unpadded rows bitwise o
       const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>{0, classes - 1, -100, 3, 1, 2}, {rows}), kCuda);
       const ops::CrossEntropyOutput padded = ops::cross_entropy_with_logsumexp(logits_dev, targets, -100, classes);
       const ops::CrossEntropyOutput plain = ops::cross_entropy_with_logsumexp(unpadded_dev, targets);
-      CHECK(values_of(padded.loss) == values_of(plain.loss));
-      CHECK(values_of(padded.logsumexp) == values_of(plain.logsumexp));
       const Tensor grad_loss = ops::full({}, 0.5, {.dtype = dtype, .device = kCuda});
-      const Tensor grad = ops::cross_entropy_backward(grad_loss, logits_dev, targets, -100, padded.logsumexp, classes);
-      const Tensor grad_cpu = ops::to(grad, kCPU);
-      CHECK(values_of(ops::contiguous(ops::narrow(grad_cpu, 1, 0, classes))) ==
-            values_of(ops::cross_entropy_backward(grad_loss, unpadded_dev, targets, -100, plain.logsumexp)));
-      CHECK(values_of(ops::contiguous(ops::narrow(grad_cpu, 1, classes, columns - classes))) ==
+      const Tensor grad = ops::to(
+          ops::cross_entropy_backward(grad_loss, logits_dev, targets, -100, padded.logsumexp, classes), kCPU);
+      const std::vector<double> grad_classes = values_of(ops::narrow(grad, 1, 0, classes));
+      const std::vector<double> grad_plain =
+          values_of(ops::cross_entropy_backward(grad_loss, unpadded_dev, targets, -100, plain.logsumexp));
+      if (columns == 7) {
+        CHECK(values_of(padded.loss) == values_of(plain.loss));
+        CHECK(values_of(padded.logsumexp) == values_of(plain.logsumexp));
+        CHECK(grad_classes == grad_plain);
+      } else {
+        // Each row's sum of |x| <= 16 exponentials in f32, in another order:
+        // the log-sum-exp within a few f32 roundings of its magnitude (< 30).
+        check_within("padded logsumexp", padded.logsumexp, plain.logsumexp, 2.0 * std::log2(double(classes)), DType::f32, {30.0});
+        check_within("padded loss", padded.loss, plain.loss, 2.0 * std::log2(double(classes)), DType::f32, {30.0});
+        // exp(x - lse) moves by about 1e-6 relative (f32: 2^-20), then rounds
+        // once to the dtype (bf16: up to one unit, 2^-8 relative, either way).
+        const double unit = dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -20);
+        for (size_t i = 0; i < grad_plain.size(); ++i) {
+          CAPTURE(i);
+          CHECK(std::abs(grad_classes[i] - grad_plain[i]) <= 2.0 * unit * std::abs(grad_plain[i]) + 1e-12);
+        }
+      }
+      CHECK(values_of(ops::narrow(grad, 1, classes, columns - classes)) ==
             std::vector<double>(static_cast<size_t>(rows * (columns - classes)), 0.0));
     }
   }
