@@ -603,6 +603,8 @@ void norm_backward_kernel(const Tensor& grad_x, const Tensor& grad_weight, const
 void check_cross_entropy_operands(const char* op, const Tensor& logits, const Tensor& logsumexp,
                                   const Tensor& targets, int64_t classes) {
   TESSERA_CHECK(logits.dim() == 2, "cuda::{}: logits must be [rows, classes], got {}", op, logits.sizes());
+  TESSERA_CHECK(classes >= 0 && classes <= logits.size(1), "cuda::{}: classes {} outside [0, {}] for logits {}", op,
+                classes, logits.size(1), logits.sizes());
   check_row_operand(op, "logits", logits, logits.dtype(), logits.numel());
   check_row_operand(op, "targets", targets, targets.dtype(), logits.size(0));
   check_row_operand(op, "logsumexp", logsumexp, accumulator_dtype(logits.dtype()), logits.size(0));
@@ -686,5 +688,3 @@ const KernelTable& kernel_table() {
 }
 
 }  // namespace tessera::cuda
-  TESSERA_CHECK(classes >= 0 && classes <= logits.size(1), "cuda::{}: classes {} outside [0, {}] for logits {}", op,
-                classes, logits.size(1), logits.sizes());
