@@ -8,8 +8,12 @@ A kernel's name is its function's: tessera's kernels lose their namespace and
 template arguments ("void tessera::<unnamed>::reduce_kernel<...>(...)" is
 "reduce_kernel"); every other kernel in a tessera step is cuBLASLt's (cutlass,
 nvjet, its split-K reductions) and counts as "cublasLtMatmul", the one call the
-simulator's twin stands for. The step is the last 1/S of the launches (each
-step launches the same kernels; the script checks the last two agree).
+simulator's twin stands for. The step is the launches after the optimizer's
+last kernel of the next-to-last step, to the optimizer's last kernel of the
+last one: a whole step (cyclically), whatever the start-up launched before
+the first (the init's kernels, which a plain last 1/S would take in part).
+The optimizer's kernel (AdamW's) launches the same number of times each step;
+the script checks that, and that the last two steps launched the same kernels.
 
   python3 bench/ncu_kernel_times.py PROFILE.csv --steps 2 --batch 16 --seq-len 1024 \\
       --gpu "NVIDIA H100 80GB HBM3" --commit 859aa70 --out bench/data/h100_gpt2_kernels.json
@@ -30,6 +34,10 @@ def base_name(kernel):
         return "cublasLtMatmul"
     name = kernel.split("tessera::")[-1] if "<unnamed>::" not in kernel else kernel.split("<unnamed>::", 1)[1]
     return re.split(r"[<(]", name, maxsplit=1)[0].strip()
+
+
+# The kernel each optimizer step ends with (tensor/cuda/optimizer.cu).
+OPTIMIZER_KERNEL = "adamw_kernel"
 
 
 def read_profile(path):
@@ -68,14 +76,19 @@ def main():
         sys.exit(f"ncu_kernel_times: --out {args.out} is the profile it reads: writing it would destroy the input")
 
     launches = read_profile(args.profile)
-    if not launches or len(launches) % args.steps:
-        sys.exit(f"ncu_kernel_times: {len(launches)} launches do not split into {args.steps} equal steps")
-    per_step = len(launches) // args.steps
-    last = launches[-per_step:]
-    if args.steps > 1:
-        before = launches[-2 * per_step:-per_step]
+    if args.steps < 2:
+        sys.exit("ncu_kernel_times: --steps must be at least 2 (a step ends where the one before it ended)")
+    optimizer = [index for index, (_, kernel, _) in enumerate(launches) if base_name(kernel) == OPTIMIZER_KERNEL]
+    if not optimizer or len(optimizer) % args.steps:
+        sys.exit(f"ncu_kernel_times: {len(optimizer)} launches of {OPTIMIZER_KERNEL} do not split into "
+                 f"{args.steps} steps")
+    per_step = len(optimizer) // args.steps
+    last = launches[optimizer[-per_step - 1] + 1:optimizer[-1] + 1]
+    if args.steps > 2:
+        before = launches[optimizer[-2 * per_step - 1] + 1:optimizer[-per_step - 1] + 1]
         if [base_name(k) for _, k, _ in before] != [base_name(k) for _, k, _ in last]:
             print("ncu_kernel_times: warning: the last two steps launched different kernels", file=sys.stderr)
+    per_step = len(last)
     kernels = collections.OrderedDict()
     for _, kernel, nanoseconds in sorted(last, key=lambda launch: -launch[2]):
         entry = kernels.setdefault(base_name(kernel), {"ms": 0.0, "launches": 0})

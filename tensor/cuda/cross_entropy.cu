@@ -8,6 +8,8 @@
 //   backward: one block counts the kept rows for grad_loss / kept, then a
 //             block per row writes scale (exp(x - logsumexp) - onehot): the
 //             logits read once, the gradient written once.
+// Rows whose pitch is a multiple of 8 columns move in chunks of 8 (16-byte
+// loads of bf16), others one value at a time.
 // Arithmetic in f32 for f32 and bf16 logits, f64 for f64; ignored rows (the
 // target equals ignore_index) add nothing and get a zero gradient, as on the
 // cpu (tensor/cpu/normalization.cpp).
@@ -22,17 +24,22 @@ namespace tessera::cuda {
 
 namespace {
 
-// fn(column, value) for a thread's columns of one row of logits: 16-byte
-// packs (8 bf16, 4 f32: the thread's p-th pack is columns [8p, 8p + 8)) when
-// every row starts on a 16-byte boundary, as a padded vocabulary makes them,
-// else single values (column lane + i * kStride). With packs a thread has 16
-// bytes in flight per load instead of 2 or 4: single bf16 loads leave the
-// kernel bound by load latency (0.9 TB/s on an H100, ncu), not by HBM. The
-// last pack may reach into the padding, which it reads and skips.
+// Columns a thread takes at once in the packed loops: 16 bytes of bf16, 32
+// of f32 (two 16-byte loads). The same count for every dtype, so bf16 rows
+// and their f32 widening sum in the same order (the same bits).
+constexpr int kChunk = 8;
+
+// fn(column, value) for a thread's columns of one row of logits: chunks of
+// kChunk columns (a thread's p-th chunk is columns [8p, 8p + 8)) when every
+// row starts on a chunk's boundary, as a padded vocabulary makes them, else
+// single values (column first + i * kStride). With chunks a thread has 16
+// or 32 bytes in flight per load instead of 2 or 4: single bf16 loads leave
+// the kernel bound by load latency (0.9 TB/s on an H100, ncu), not by HBM.
+// The last chunk may reach into the padding, which it reads and skips.
 template <bool kPacked, int kStride, typename T, typename Fn>
 __device__ void for_each_class(const T* row, int64_t classes, int first, Fn&& fn) {
   if constexpr (kPacked) {
-    using P = Pack<T>;
+    using P = Pack<T, kChunk>;
     const P* packs = reinterpret_cast<const P*>(row);
     const int64_t pack_count = (classes + P::kCount - 1) / P::kCount;
 #pragma unroll 1
@@ -153,8 +160,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(T* gra
       if (col == target) value -= s;
       return convert<T>(value);
     };
-    if constexpr (kPacked) {  // 16-byte loads and stores, as in for_each_class
-      using P = Pack<T>;
+    if constexpr (kPacked) {  // chunked loads and stores, as in for_each_class
+      using P = Pack<T, kChunk>;
       const P* in = reinterpret_cast<const P*>(x);
       P* out = reinterpret_cast<P*>(grad);
 #pragma unroll 1
@@ -182,11 +189,11 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(T* gra
   }
 }
 
-// Whether rows of `columns` values at `data` can be read as 16-byte packs:
-// 16-bit and f32 logits (f64's exp spills when unrolled), every row aligned.
+// Whether rows of `columns` values at `data` can be read in chunks: 16-bit
+// and f32 logits (f64's exp spills when unrolled), every row chunk-aligned.
 template <typename T>
 bool packed_rows(const void* data, int64_t columns) {
-  return sizeof(T) <= 4 && columns % Pack<T>::kCount == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0;
+  return sizeof(T) <= 4 && columns % kChunk == 0 && reinterpret_cast<uintptr_t>(data) % (kChunk * sizeof(T)) == 0;
 }
 
 template <typename Fn>

@@ -301,13 +301,16 @@ TEST_CASE("cross_entropy with padding columns: the unpadded rows' loss and gradi
         // the log-sum-exp within a few f32 roundings of its magnitude (< 30).
         check_within("padded logsumexp", padded.logsumexp, plain.logsumexp, 2.0 * std::log2(double(classes)), DType::f32, {30.0});
         check_within("padded loss", padded.loss, plain.loss, 2.0 * std::log2(double(classes)), DType::f32, {30.0});
-        // exp(x - lse) moves by about 1e-6 relative (f32: 2^-20), then rounds
-        // once to the dtype (bf16: up to one unit, 2^-8 relative, either way).
-        const double unit = dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -20);
+        // exp(x - lse) moves by the log-sum-exp's difference, up to about 2e-6
+        // for 50257 classes on an H100 (4 x 2^-20), then rounds once to the
+        // dtype (bf16: up to one unit, 2^-8 relative, either way).
+        const double unit = dtype == DType::bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -18);
+        double worst = 0;
         for (size_t i = 0; i < grad_plain.size(); ++i) {
-          CAPTURE(i);
-          CHECK(std::abs(grad_classes[i] - grad_plain[i]) <= 2.0 * unit * std::abs(grad_plain[i]) + 1e-12);
+          const double bound = unit * std::abs(grad_plain[i]) + 1e-12;
+          worst = std::max(worst, std::abs(grad_classes[i] - grad_plain[i]) / bound);
         }
+        CHECK(worst <= 1.0);
       }
       CHECK(values_of(ops::narrow(grad, 1, classes, columns - classes)) ==
             std::vector<double>(static_cast<size_t>(rows * (columns - classes)), 0.0));
