@@ -196,9 +196,13 @@ bool packed_rows(const void* data, int64_t columns) {
   return sizeof(T) <= 4 && columns % kChunk == 0 && reinterpret_cast<uintptr_t>(data) % (kChunk * sizeof(T)) == 0;
 }
 
-template <typename Fn>
+// fn<kPacked>(): the chunked kernels exist for 16-bit and f32 logits only
+// (f64's would spill registers, and packed_rows never picks them).
+template <typename T, typename Fn>
 void visit_packed(bool packed, Fn&& fn) {
-  if (packed) return fn.template operator()<true>();
+  if constexpr (sizeof(T) <= 4) {
+    if (packed) return fn.template operator()<true>();
+  }
   return fn.template operator()<false>();
 }
 
@@ -231,7 +235,7 @@ void cross_entropy(const Operand& loss, const Operand& logsumexp, const Operand&
       const auto* target_data = static_cast<const Index*>(targets.data);
       if (rows > 0) {
         visit_class_group(classes, [&]<int kGroupThreads>() {
-          visit_packed(packed_rows<T>(logits.data, columns), [&]<bool kPacked>() {
+          visit_packed<T>(packed_rows<T>(logits.data, columns), [&]<bool kPacked>() {
             TESSERA_LAUNCH((cross_entropy_rows_kernel<T, Index, kGroupThreads, kPacked>),
                            row_config<kGroupThreads>(rows, launch), static_cast<A*>(row_losses.data),
                            static_cast<A*>(logsumexp.data), static_cast<const T*>(logits.data), target_data, rows,
@@ -259,7 +263,7 @@ void cross_entropy_backward(const Operand& grad_logits, const Operand& grad_loss
                      static_cast<const A*>(grad_loss.data), target_data, rows, ignore_index);
       LaunchConfig config = config_for(rows * kThreads, launch);
       const bool packed = packed_rows<T>(logits.data, columns) && packed_rows<T>(grad_logits.data, columns);
-      visit_packed(packed, [&]<bool kPacked>() {
+      visit_packed<T>(packed, [&]<bool kPacked>() {
         TESSERA_LAUNCH((cross_entropy_backward_kernel<T, Index, kPacked>), config, static_cast<T*>(grad_logits.data),
                        static_cast<const A*>(scale.data), static_cast<const T*>(logits.data),
                        static_cast<const A*>(logsumexp.data), target_data, rows, classes, columns, ignore_index);
