@@ -92,6 +92,13 @@ using ops::argmax;
 // linear algebra
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear(gelu(linear(x, fc_weight, fc_bias), tanh), proj_weight, proj_bias):
+// GPT-2's MLP core as one node, so that its backward can fuse the GELU into
+// the GEMMs around it (cuda: cuBLASLt epilogues; see tensor/ops.h,
+// linear_gelu). x [..., in], fc_weight [hidden, in], proj_weight [out,
+// hidden], biases [hidden] / [out] or undefined -> [..., out].
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias);
 
 // neural-network functions
 Tensor softmax(const Tensor& x, int64_t dim);

@@ -32,20 +32,46 @@ Tensor chunk_view(const Tensor& flat, int64_t offset, int64_t rows, const FSDPPa
   return ops::view(ops::narrow(flat, 0, offset, rows * param.row_numel()), shape);
 }
 
-// `source_rows` into the first rows of a chunk of `chunk_rows` rows at
-// `offset` of `flat`; the rest of the chunk is zeroed (all of it when
-// `source_rows` is undefined).
-void copy_rows_into_chunk(Tensor& flat, int64_t offset, int64_t chunk_rows, const Tensor& source_rows,
-                          const FSDPParam& param) {
+// The group's copies are segments of one ops::copy_segments call per step
+// (copy-in, copy-out, gradient copy-in, gradient casts): on a GPU one launch
+// for the whole group instead of one or two per parameter and rank.
+
+// Appends dst <- src. A strided source (autograd may hand one) is copied at
+// once on its own: copy_segments takes dense ones.
+void add_copy(std::vector<CopySegment>& segments, Tensor dst, const Tensor& src) {
+  if (src.is_contiguous()) {
+    segments.push_back({std::move(dst), src});
+  } else {
+    ops::copy_(dst, src);
+  }
+}
+
+// Appends elements [begin, begin + length) of the 1-D `flat` <- value; a
+// fill that continues the previous segment's (the next elements of `flat`,
+// the same value) extends it instead, as the presence flags of a slot do.
+void add_fill(std::vector<CopySegment>& segments, const Tensor& flat, int64_t begin, int64_t length, double value) {
+  if (length == 0) return;
+  if (!segments.empty()) {
+    CopySegment& last = segments.back();
+    const int64_t last_begin = last.dst.storage_offset() - flat.storage_offset();
+    if (!last.src.defined() && last.value == value && last.dst.storage() == flat.storage() &&
+        last.dst.dtype() == flat.dtype() && last.dst.dim() == 1 && last_begin >= 0 &&
+        last_begin + last.dst.numel() == begin) {
+      last.dst = ops::narrow(flat, 0, last_begin, last.dst.numel() + length);
+      return;
+    }
+  }
+  segments.push_back({ops::narrow(flat, 0, begin, length), Tensor(), value});
+}
+
+// Segments that copy `source_rows` into the first rows of a chunk of
+// `chunk_rows` rows at `offset` of `flat` and zero the rest of the chunk (all
+// of it when `source_rows` is undefined).
+void add_rows_into_chunk(std::vector<CopySegment>& segments, const Tensor& flat, int64_t offset, int64_t chunk_rows,
+                         const Tensor& source_rows, const FSDPParam& param) {
   const int64_t rows = source_rows.defined() ? source_rows.size(0) : 0;
-  if (rows > 0) {
-    Tensor destination = chunk_view(flat, offset, rows, param);
-    ops::copy_(destination, source_rows);
-  }
-  if (rows < chunk_rows) {
-    Tensor padding = ops::narrow(flat, 0, offset + rows * param.row_numel(), (chunk_rows - rows) * param.row_numel());
-    ops::zero_(padding);
-  }
+  if (rows > 0) add_copy(segments, chunk_view(flat, offset, rows, param), source_rows);
+  add_fill(segments, flat, offset + rows * param.row_numel(), (chunk_rows - rows) * param.row_numel(), 0.0);
 }
 
 }  // namespace
@@ -147,10 +173,12 @@ void FSDPParamGroup::unshard(bool async_op) {
       ops::copy_(slot, post_forward_slot_);
       post_forward_slot_ = Tensor();
     } else {
+      std::vector<CopySegment> segments;
       for (size_t index = 0; index < params_.size(); ++index) {
         const FSDPParam& param = *params_[index];
-        copy_rows_into_chunk(slot, layout.offsets[index], layout.chunk_rows[index], param.sharded(), param);
+        add_rows_into_chunk(segments, slot, layout.offsets[index], layout.chunk_rows[index], param.sharded(), param);
       }
+      ops::copy_segments(segments);
     }
   }
   dist::Work work = group->all_gather_into(gathered, slot, /*async_op=*/true);
@@ -181,22 +209,22 @@ void FSDPParamGroup::wait_for_unshard() {
 
 void FSDPParamGroup::copy_out(const Tensor& gathered, const FlatLayout& layout) {
   autograd::NoGradGuard no_grad;
+  std::vector<CopySegment> segments;
   for (size_t index = 0; index < params_.size(); ++index) {
     FSDPParam& param = *params_[index];
     {
       MemoryScope scope(unsharded_memory_);
       param.alloc_unsharded();
     }
-    const Tensor& unsharded = param.unsharded();
     for (int rank = 0; rank < layout.world; ++rank) {
       const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
       if (extent.length == 0) continue;
-      Tensor destination = ops::narrow(unsharded, 0, extent.offset, extent.length);
-      ops::copy_(destination, chunk_view(gathered, rank * layout.slot_numel + layout.offsets[index], extent.length,
-                                         param));
+      add_copy(segments, ops::narrow(param.unsharded(), 0, extent.offset, extent.length),
+               chunk_view(gathered, rank * layout.slot_numel + layout.offsets[index], extent.length, param));
     }
-    param.to_unsharded();
   }
+  ops::copy_segments(segments);
+  for (const auto& param : params_) param->to_unsharded();
 }
 
 // ---- reshard ---------------------------------------------------------------------------------
@@ -220,13 +248,15 @@ void FSDPParamGroup::reshard(ShardState target) {
         post_forward_slot_ =
             ops::empty({post_forward_layout_.slot_numel}, {.dtype = param_dtype_, .device = device()});
       }
+      std::vector<CopySegment> segments;
       for (size_t index = 0; index < params_.size(); ++index) {
         const FSDPParam& param = *params_[index];
         const dist::ShardExtent extent = dist::shard_extent(param.rows(), group->size(), group->rank());
-        copy_rows_into_chunk(post_forward_slot_, post_forward_layout_.offsets[index],
-                             post_forward_layout_.chunk_rows[index],
-                             ops::narrow(param.unsharded(), 0, extent.offset, extent.length), param);
+        add_rows_into_chunk(segments, post_forward_slot_, post_forward_layout_.offsets[index],
+                            post_forward_layout_.chunk_rows[index],
+                            ops::narrow(param.unsharded(), 0, extent.offset, extent.length), param);
       }
+      ops::copy_segments(segments);
     }
     for (const auto& param : params_) {
       param->to_sharded();
@@ -294,20 +324,30 @@ void FSDPParamGroup::issue_reduce_scatter() {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_copy_in", "fsdp", {{"module", module_fqn_}});
     // Every byte is written once: rows, zero padding, and the flags.
     input = ops::empty({layout.world * slot_numel}, {.dtype = reduce_dtype_, .device = device()});
-    for (size_t index = 0; index < params_.size(); ++index) {
-      FSDPParam& param = *params_[index];
-      Tensor unsharded = param.unsharded();
-      const Tensor grad = unsharded.grad();
-      for (int rank = 0; rank < layout.world; ++rank) {
-        const int64_t slot = rank * slot_numel;
+    std::vector<Tensor> grads;
+    for (const auto& param : params_) {
+      grads.push_back(param->unsharded().grad());
+      present_here.push_back(grads.back().defined());
+    }
+    std::vector<CopySegment> segments;
+    for (int rank = 0; rank < layout.world; ++rank) {
+      const int64_t slot = rank * slot_numel;
+      for (size_t index = 0; index < params_.size(); ++index) {
+        const FSDPParam& param = *params_[index];
         const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
+        const Tensor& grad = grads[index];
         const Tensor rows = grad.defined() ? ops::narrow(grad, 0, extent.offset, extent.length) : Tensor();
-        copy_rows_into_chunk(input, slot + layout.offsets[index], layout.chunk_rows[index], rows, param);
-        Tensor flag = ops::narrow(input, 0, slot + layout.slot_numel + static_cast<int64_t>(index), 1);
-        ops::fill_(flag, grad.defined() ? 1.0 : 0.0);
+        add_rows_into_chunk(segments, input, slot + layout.offsets[index], layout.chunk_rows[index], rows, param);
       }
-      present_here.push_back(grad.defined());
-      if (grad.defined()) unsharded.set_grad(Tensor());
+      for (size_t index = 0; index < params_.size(); ++index) {
+        add_fill(segments, input, slot + layout.slot_numel + static_cast<int64_t>(index), 1,
+                 present_here[index] ? 1.0 : 0.0);
+      }
+    }
+    ops::copy_segments(segments);
+    for (const auto& param : params_) {
+      Tensor unsharded = param->unsharded();
+      if (unsharded.grad().defined()) unsharded.set_grad(Tensor());
     }
   }
   Tensor output = ops::empty({slot_numel}, {.dtype = reduce_dtype_, .device = device()});
@@ -357,6 +397,7 @@ void FSDPParamGroup::finish_reduce_scatter() {
   const std::vector<double> reduced_flags =
       alone ? std::vector<double>()
             : ops::narrow(pending.output, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
+  std::vector<CopySegment> casts;  // new sharded gradients, cast to the parameters' dtypes
   for (size_t index = 0; index < params_.size(); ++index) {
     if (alone ? !pending.present_here[index] : reduced_flags[index] == 0.0) continue;
     const FSDPParam& param = *params_[index];
@@ -365,9 +406,12 @@ void FSDPParamGroup::finish_reduce_scatter() {
     if (sharded.grad().defined()) {
       ops::add_(sharded.mutable_grad(), piece);
     } else {
-      sharded.set_grad(piece.dtype() == param.dtype() ? ops::clone(piece) : ops::to(piece, param.dtype()));
+      Tensor grad = ops::empty(piece.sizes(), {.dtype = param.dtype(), .device = piece.device()});
+      casts.push_back({grad, piece});
+      sharded.set_grad(std::move(grad));  // written by the casts below, before anything reads it
     }
   }
+  ops::copy_segments(casts);
 }
 
 void FSDPParamGroup::finish_backward(bool wait_for_reduce_scatter) {

@@ -1,5 +1,9 @@
-// nn::MLP: fc -> activation -> proj -> dropout.
+// nn::MLP: fc -> activation -> proj -> dropout, the first three fused for GELU(tanh).
 #include "nn/mlp.h"
+
+#include <typeinfo>
+
+#include "nn/activation.h"
 
 namespace tessera::nn {
 
@@ -17,6 +21,22 @@ MLP::MLP(int64_t in_features, int64_t hidden_features, int64_t out_features, std
   materialize(options.device);
 }
 
-Tensor MLP::forward(const Tensor& x) { return (*drop_)((*proj_)((*activation_)((*fc_)(x)))); }
+// Exactly nn::GELU (a subclass may override forward), and nothing hooked on
+// the children that the fused call would skip.
+bool MLP::fuses_gelu() const {
+  const Module& activation = *activation_;
+  if (typeid(activation) != typeid(GELU)) return false;
+  if (static_cast<const GELU&>(activation).approximation() != GeluApproximation::tanh) return false;
+  return !fc_->has_forward_hooks() && !activation_->has_forward_hooks() && !proj_->has_forward_hooks();
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  if (!fuses_gelu()) return (*drop_)((*proj_)((*activation_)((*fc_)(x))));
+  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == fc_->in_features(), "MLP: expected input [..., {}], got {}",
+                fc_->in_features(), x.sizes());
+  const auto bias = [](const Linear& linear) { return linear.has_bias() ? linear.bias().tensor() : Tensor(); };
+  return (*drop_)(
+      linear_gelu_linear(x, fc_->weight().tensor(), bias(*fc_), proj_->weight().tensor(), bias(*proj_)));
+}
 
 }  // namespace tessera::nn

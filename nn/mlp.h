@@ -1,7 +1,10 @@
 // nn::MLP: the two-layer feed-forward network every model has somewhere,
 //   x: [..., in] -> fc [..., hidden] -> activation -> proj [..., out] -> dropout.
 // GPT-2's block MLP is MLP(C, 4C, C, GELU(tanh)); a classifier is
-// MLP(features, hidden, classes, ReLU).
+// MLP(features, hidden, classes, ReLU). With a GELU(tanh) activation (exactly
+// nn::GELU) and no forward hooks on fc, act or proj, forward runs fc, act
+// and proj as one tessera::linear_gelu_linear: the same parameters, values
+// and gradients, with the GELU fused into the GEMMs around it on cuda.
 #pragma once
 
 #include <memory>
@@ -38,6 +41,9 @@ class MLP : public Module {
   Linear& proj() const { return *proj_; }
 
  private:
+  // Whether forward may run fc -> act -> proj as linear_gelu_linear.
+  bool fuses_gelu() const;
+
   std::shared_ptr<Linear> fc_;
   std::shared_ptr<Module> activation_;
   std::shared_ptr<Linear> proj_;

@@ -92,6 +92,8 @@ HookHandle Module::register_forward_hook(ForwardHook hook) {
   });
 }
 
+bool Module::has_forward_hooks() const { return !hooks_->pre_hooks.empty() || !hooks_->hooks.empty(); }
+
 // ---- registry ----------------------------------------------------------------------
 
 void Module::check_new_name(const std::string& name) const {

@@ -97,6 +97,10 @@ class Module {
 
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
+  // Whether a forward-pre or forward hook is registered (FSDP's, a user's):
+  // a parent that would fuse this module's forward into its own calls it
+  // instead while one is (nn::MLP).
+  bool has_forward_hooks() const;
 
   // ---- registry ----------------------------------------------------------------
   // Names are non-empty, contain no '.', and are unique within the module

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/copy_segment.h"
 #include "tensor/op_kinds.h"
 #include "tensor/philox.h"
 #include "tensor/tensor.h"
@@ -45,6 +46,13 @@ struct KernelTable {
   // dst = src elementwise; same shape (src may be a broadcast view with zero
   // strides), any strides and dtypes on both sides.
   void (*copy)(const Tensor& dst, const Tensor& src);
+  // Every segment's dst <- src, or <- value where src is undefined (see
+  // tensor/copy_segment.h), converting as copy and fill do: dst and src 1-D
+  // and contiguous, of one length, f32, f64, bf16 or f16 in any pair; no
+  // destination overlaps another segment's destination or any source
+  // (ops::copy_segments checks), so they may run in any order (cuda: one
+  // launch per 128 segments, its blocks spread over them by size).
+  void (*copy_segments)(const std::vector<CopySegment>& segments);
   // out = start + i * step for flat index i.
   void (*arange)(const Tensor& out, double start, double step);
   // out (contiguous) = element [first_index + i] of the sequence, mapped to
@@ -82,6 +90,21 @@ struct KernelTable {
   // otherwise. bias is undefined or [N] (contiguous), added to every row
   // before out's one rounding (cuda: the GEMM's bias epilogue, one launch).
   void (*matmul)(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias);
+  // Optional GEMM epilogues (cuBLASLt's), null where a device has none: one
+  // launch where matmul and an elementwise or reduction entry take two or
+  // three. Operands as in matmul but 2-d: a [M, K], b [K, N] (any strides),
+  // outputs contiguous, all of one dtype. Each returns false, having launched
+  // nothing, when its operands do not fit the fused call (cuda: f64, or an
+  // aux matrix of N not a multiple of 8); the op then composes the entries
+  // above: the same math in more passes over memory.
+  // pre = a @ b (+ bias [N]) and out = gelu_tanh(pre), both [M, N].
+  bool (*matmul_gelu)(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
+                      const Tensor& bias) = nullptr;
+  // out = (a @ b) * gelu_tanh'(pre), pre [M, N] contiguous.
+  bool (*matmul_gelu_backward)(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) = nullptr;
+  // out = a @ b and row_sums [M] = sum over k of a[m, k]: a linear layer's
+  // weight and bias gradients (a = g^T, b = x) from one read of g.
+  bool (*matmul_row_sums)(const Tensor& out, const Tensor& row_sums, const Tensor& a, const Tensor& b) = nullptr;
 
   // Row-wise over the last dim of contiguous x.
   void (*softmax)(const Tensor& out, const Tensor& x, bool log);

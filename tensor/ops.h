@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/copy_segment.h"
 #include "tensor/philox.h"
 #include "tensor/tensor.h"
 
@@ -31,9 +32,9 @@ namespace tessera {
 // In tessera:: (not ops::) so that an unqualified gelu(x, GeluApproximation::tanh)
 // finds only the differentiable tessera::gelu by argument-dependent lookup.
 enum class GeluApproximation { none, tanh };  // none = exact erf form
-}  // namespace tessera
 // cross_entropy's `classes` when every column of the logits is a class.
 inline constexpr int64_t kAllColumns = -1;
+}  // namespace tessera
 
 namespace tessera::ops {
 
@@ -79,6 +80,13 @@ Tensor to(const Tensor& tensor, DType dtype);    // the tensor itself when dtype
 Tensor to(const Tensor& tensor, Device device);  // the tensor itself when device matches
 // A new uninitialised tensor of the same shape and dtype on `device`.
 Tensor to_empty(const Tensor& tensor, Device device);
+// Every segment (tensor/copy_segment.h) as if by copy_ or fill_ one after
+// another, and the same bits: what FSDP moves a parameter group with. dst and
+// src contiguous with one element count (shapes may differ: elements pair up
+// in row-major order), f32, f64, bf16 or f16 in any pair, all on one device;
+// no destination may overlap another segment's destination or any source.
+// On cuda one kernel launch per 128 segments, whatever their sizes.
+void copy_segments(const std::vector<CopySegment>& segments);
 
 // ---- views (share storage) ----------------------------------------------
 // view needs compatible strides; reshape copies when it must. One size may be -1.
@@ -184,6 +192,32 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x: [..., in], weight: [out, in], bias: [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// The GELU MLP's fused GEMMs (tessera::linear_gelu_linear is built on them).
+// Each is the composition written beside it, and computes exactly that where
+// the device has no fused call (cpu, f64, N not a multiple of 8; see
+// KernelTable::matmul_gelu); on cuda otherwise it is one cublasLtMatmul whose
+// epilogue does the elementwise or reduction pass (tensor/cuda/blas_lt.h).
+// gelu is the tanh approximation throughout.
+//
+// y = gelu(pre), pre = linear(x, weight, bias): x [..., in], weight [out, in],
+// bias [out] or undefined -> y, pre [..., out]. (GELU_AUX_BIAS: pre is the aux output.)
+struct LinearGeluOutput {
+  Tensor y;
+  Tensor pre;
+};
+LinearGeluOutput linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// gelu_backward(matmul(a, b), pre): a [..., M, K], b [K, N], pre shaped like
+// the product: the gradient reaching pre through h = gelu(pre) and a linear
+// layer reading h (a = grad_y, b = its weight). (DGELU.)
+Tensor matmul_gelu_backward(const Tensor& a, const Tensor& b, const Tensor& pre);
+// The parameter gradients of linear(x, weight, bias) for grad_y [..., out],
+// x [..., in]: weight = grad_y^T x over all rows [out, in], bias = the sum of
+// grad_y's rows [out] (undefined unless with_bias). (BGRADB.)
+struct LinearWeightGrads {
+  Tensor weight, bias;
+};
+LinearWeightGrads linear_weight_backward(const Tensor& grad_y, const Tensor& x, bool with_bias);
 
 // ---- neural-network functions ---------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);

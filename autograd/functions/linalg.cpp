@@ -1,6 +1,6 @@
-// Differentiable matmul and linear. The weight gradient of a batched product
-// with a 2-d weight is one GEMM over the flattened batch, not a batch of GEMMs
-// summed afterwards.
+// Differentiable matmul, linear and linear_gelu_linear (the GELU MLP core).
+// The weight gradient of a batched product with a 2-d weight is one GEMM over
+// the flattened batch, not a batch of GEMMs summed afterwards.
 #include "autograd/functions.h"
 #include "autograd/functions/recording.h"
 
@@ -83,13 +83,14 @@ class LinearBackward final : public Node {
     const Tensor& g = grads[0];
     TensorList result(3);
     if (needs_grad(*this, 0)) result[0] = ops::to(ops::matmul(g, weight_), x_dtype_);
-    if (needs_grad(*this, 1) || needs_grad(*this, 2)) {
-      Tensor g_rows = ops::reshape(g, {-1, g.sizes().back()});
-      if (needs_grad(*this, 1)) {
-        Tensor x_rows = ops::reshape(x_, {-1, x_.sizes().back()});
-        result[1] = ops::to(ops::matmul(ops::transpose(g_rows, 0, 1), x_rows), weight_dtype_);
-      }
-      if (needs_grad(*this, 2)) result[2] = ops::to(ops::sum(g_rows, {0}), bias_dtype_);
+    // The weight's and bias's gradients in one pass over g where the device
+    // fuses them (cuBLASLt's BGRADB), as LinearGeluLinearBackward does.
+    if (needs_grad(*this, 1)) {
+      ops::LinearWeightGrads grads = ops::linear_weight_backward(g, x_, needs_grad(*this, 2));
+      result[1] = ops::to(grads.weight, weight_dtype_);
+      if (needs_grad(*this, 2)) result[2] = ops::to(grads.bias, bias_dtype_);
+    } else if (needs_grad(*this, 2)) {
+      result[2] = ops::to(ops::sum(ops::reshape(g, {-1, g.sizes().back()}), {0}), bias_dtype_);
     }
     return result;
   }
@@ -98,6 +99,64 @@ class LinearBackward final : public Node {
  private:
   Tensor x_, weight_;
   DType x_dtype_, weight_dtype_, bias_dtype_;
+};
+
+// linear(gelu(linear(x, W1, b1)), W2, b2), gelu the tanh approximation, as
+// one node. Why one: the GELU's backward fuses into proj's input-gradient
+// GEMM (cuBLASLt's DGELU epilogue) and fc's bias gradient into fc's weight
+// gradient GEMM (BGRADB), and those GEMMs belong to the layers on either side
+// of the GELU; separate nodes would each see only their own gradient. Over
+// the rows x: [R, in], pre and h: [R, hidden], g: [R, out]:
+//   forward   pre = x W1^T + b1, h = gelu(pre)       one GEMM (GELU_AUX_BIAS)
+//             y = h W2^T + b2                         one GEMM (BIAS)
+//   backward  dW2 = g^T h, db2 = sum_rows(g)          one GEMM (BGRADB)
+//             grad_pre = (g W2) * gelu'(pre)          one GEMM (DGELU)
+//             dW1 = grad_pre^T x, db1 = sum_rows(grad_pre)   one GEMM (BGRADB)
+//             dx = grad_pre W1                        one GEMM
+// db1 comes from BGRADB on dW1's GEMM, not DGELU_BGRAD on grad_pre's: on an
+// H100 (GPT-2 124M's MLP in bf16, 16384 rows; cuBLASLt 13.1, 2026-11-26)
+// BGRADB added 0.045 ms to dW1's GEMM where DGELU_BGRAD added 0.32 ms to the
+// DGELU one, and it sums grad_pre as stored, as the unfused path does. Where
+// the device has no fused call each line is the unfused ops, in the same
+// order as Linear, GELU, Linear (the cpu's bits are theirs).
+class LinearGeluLinearBackward final : public Node {
+ public:
+  // Inputs in order: x, fc_weight, fc_bias, proj_weight, proj_bias.
+  LinearGeluLinearBackward(const Tensor& x, const Tensor& fc_weight, const Tensor& proj_weight, const Tensor& pre,
+                           const Tensor& h, bool fc_needs_grad)
+      : x_(fc_weight.requires_grad() ? x : Tensor()), fc_weight_(x.requires_grad() ? fc_weight : Tensor()),
+        proj_weight_(fc_needs_grad ? proj_weight : Tensor()), pre_(fc_needs_grad ? pre : Tensor()),
+        h_(proj_weight.requires_grad() ? h : Tensor()) {}
+  std::string name() const override { return "LinearGeluLinearBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];  // [..., out]
+    TensorList result(5);
+    parameter_grads(g, h_, 3, result);
+    if (needs_grad(*this, 0) || needs_grad(*this, 1) || needs_grad(*this, 2)) {
+      const Tensor grad_pre = ops::matmul_gelu_backward(g, proj_weight_, pre_);  // [..., hidden]
+      if (needs_grad(*this, 0)) result[0] = ops::matmul(grad_pre, fc_weight_);
+      parameter_grads(grad_pre, x_, 1, result);
+    }
+    return result;
+  }
+  void release_saved_tensors() override { x_ = fc_weight_ = proj_weight_ = pre_ = h_ = Tensor(); }
+
+ private:
+  // The gradients of the linear layer whose weight is input `weight` (its
+  // bias is the next input), given its output's gradient and its input.
+  void parameter_grads(const Tensor& grad_y, const Tensor& input, size_t weight, TensorList& result) const {
+    const bool with_bias = needs_grad(*this, weight + 1);
+    if (needs_grad(*this, weight)) {
+      ops::LinearWeightGrads grads = ops::linear_weight_backward(grad_y, input, with_bias);
+      result[weight] = std::move(grads.weight);
+      result[weight + 1] = std::move(grads.bias);
+    } else if (with_bias) {
+      result[weight + 1] = ops::sum(ops::reshape(grad_y, {-1, grad_y.sizes().back()}), {0});
+    }
+  }
+
+  Tensor x_, fc_weight_, proj_weight_, pre_, h_;
 };
 
 }  // namespace
@@ -114,6 +173,25 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = ops::linear(x, weight, bias);
   if (autograd::any_requires_grad({&x, &weight, &bias})) {
     autograd::record(y, std::make_shared<LinearBackward>(x, weight, bias), {&x, &weight, &bias});
+  }
+  return y;
+}
+
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+                          const Tensor& proj_bias) {
+  TESSERA_CHECK(fc_weight.dim() == 2 && proj_weight.dim() == 2 && proj_weight.size(1) == fc_weight.size(0),
+                "linear_gelu_linear: fc_weight [hidden, in] and proj_weight [out, hidden] must agree on hidden, got "
+                "{} and {}",
+                fc_weight.sizes(), proj_weight.sizes());
+  const GradInputsAllowed recorded_here;
+  const ops::LinearGeluOutput hidden = ops::linear_gelu(x, fc_weight, fc_bias);
+  Tensor y = ops::linear(hidden.y, proj_weight, proj_bias);
+  if (autograd::any_requires_grad({&x, &fc_weight, &fc_bias, &proj_weight, &proj_bias})) {
+    const bool fc_needs_grad = autograd::any_requires_grad({&x, &fc_weight, &fc_bias});
+    autograd::record(y,
+                     std::make_shared<LinearGeluLinearBackward>(x, fc_weight, proj_weight, hidden.pre, hidden.y,
+                                                                fc_needs_grad),
+                     {&x, &fc_weight, &fc_bias, &proj_weight, &proj_bias});
   }
   return y;
 }

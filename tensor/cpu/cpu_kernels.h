@@ -9,6 +9,7 @@ namespace tessera::cpu {
 // tensor/cpu/elementwise.cpp
 void fill(const Tensor& out, double value);
 void copy(const Tensor& dst, const Tensor& src);
+void copy_segments(const std::vector<CopySegment>& segments);
 void arange(const Tensor& out, double start, double step);
 void random(const Tensor& out, RandomDistribution distribution, PhiloxKey key, double a, double b,
             uint64_t first_index);

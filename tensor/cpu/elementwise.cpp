@@ -443,6 +443,18 @@ void copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
+// Segment by segment through copy and fill: the bits of ops::copy_ and
+// ops::fill_, each segment parallel inside.
+void copy_segments(const std::vector<CopySegment>& segments) {
+  for (const CopySegment& segment : segments) {
+    if (segment.src.defined()) {
+      copy(segment.dst, segment.src);
+    } else {
+      fill(segment.dst, segment.value);
+    }
+  }
+}
+
 void arange(const Tensor& out, double start, double step) {
   StridedLoop<1> loop({&out}, /*keep_logical_order=*/true);
   visit_dtype(out.dtype(), [&]<typename T>(T) {

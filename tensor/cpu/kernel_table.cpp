@@ -7,6 +7,7 @@ const KernelTable& kernel_table() {
   static const KernelTable table{
       .fill = fill,
       .copy = copy,
+      .copy_segments = copy_segments,
       .arange = arange,
       .random = random,
       .unary = unary,

@@ -10,6 +10,7 @@
 #include "tensor/cuda/dropout.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/indexing.h"
+#include "tensor/cuda/multi_tensor.h"
 #include "tensor/cuda/normalization.h"
 #include "tensor/cuda/operands.h"
 #include "tensor/cuda/optimizer.h"
@@ -47,6 +48,29 @@ void copy_kernel(const Tensor& dst, const Tensor& src) {
                 dst.device().str());
   copy(operand(dst), operand(src),
        launch_on_current_stream(dst.device(), {buffer_use("in", src, kRead), buffer_use("out", dst, kWrite)}));
+}
+
+// One launch per kSegmentsPerLaunch segments (ops::copy_segments has
+// checked them: dense, of float dtypes, on one device, not overlapping).
+void copy_segments_kernel(const std::vector<CopySegment>& segments) {
+  if (segments.empty()) return;
+  std::vector<SegmentOperand> operands;
+  operands.reserve(segments.size());
+  for (const CopySegment& segment : segments) {
+    if (segment.dst.numel() == 0) continue;
+    SegmentOperand piece{.dst = segment.dst.cuda_data(),
+                         .dst_dtype = segment.dst.dtype(),
+                         .value = segment.value,
+                         .count = segment.dst.numel(),
+                         .buffers = {buffer_use("out", segment.dst, kWrite)}};
+    if (segment.src.defined()) {
+      piece.src = segment.src.cuda_data();
+      piece.src_dtype = segment.src.dtype();
+      piece.buffers.push_back(buffer_use("in", segment.src, kRead));
+    }
+    operands.push_back(std::move(piece));
+  }
+  copy_segments(operands, current_stream(segments.front().dst.device()).get());
 }
 
 void arange_kernel(const Tensor& out, double start, double step) {
@@ -458,22 +482,18 @@ GemmOperand gemm_operand(const Tensor& t, int64_t batch_dims) {
   return result;
 }
 
-// out [..., M, N] (contiguous) = a [..., M, K] @ b [..., K, N] (+ bias [N])
-// as one cublasLtMatmul: a strided batch, or one taller GEMM when b is shared
-// by every batch and a's batch rows follow each other (x [B, T, C] @ W^T).
-void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
-  TESSERA_CHECK(out.is_contiguous() && a.dtype() == out.dtype() && b.dtype() == out.dtype() &&
-                    (!bias.defined() || (bias.dtype() == out.dtype() && bias.is_contiguous())),
-                "cuda::matmul: out {} {} (contiguous), a {} and b {} of its dtype, bias (contiguous) {}",
-                dtype_name(out.dtype()), out.sizes(), dtype_name(a.dtype()), dtype_name(b.dtype()),
-                bias.defined() ? dtype_name(bias.dtype()) : "none");
-  if (out.numel() == 0) return;
+// The GEMM of out [..., M, N] (contiguous) = a [..., M, K] @ b [..., K, N] as
+// one cublasLtMatmul descriptor without an epilogue: a strided batch, or one
+// taller GEMM when b is shared by every batch and a's batch rows follow each
+// other (x [B, T, C] @ W^T). Needs M, N, K > 0. The operands (or the dense
+// copies made of them) stay alive with it until the call is enqueued.
+struct MatmulGemm {
+  GemmDescriptor descriptor;
+  GemmOperand left, right;
+};
+
+MatmulGemm matmul_gemm(const Tensor& out, const Tensor& a, const Tensor& b) {
   const int64_t batch_dims = out.dim() - 2, m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  if (k == 0) {  // the sum over nothing, which cuBLASLt's layouts cannot describe
-    fill_kernel(out, 0.0);
-    if (bias.defined()) binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
-    return;
-  }
   const int64_t batches = out.numel() / (m * n);
   GemmOperand left = gemm_operand(b, batch_dims);  // cuBLASLt's A: op(A) = b^T [N x K]
   std::optional<GemmOperand> right;                // cuBLASLt's B: op(B) = a^T [K x M * rows]
@@ -497,15 +517,94 @@ void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Te
   descriptor.compute = out.dtype() == DType::f64                   ? GemmCompute::f64
                        : out.dtype() == DType::f32 && allow_tf32() ? GemmCompute::f32_fast_tf32
                                                                    : GemmCompute::f32;
+  return MatmulGemm{descriptor, std::move(left), std::move(*right)};
+}
+
+// out [..., M, N] (contiguous) = a [..., M, K] @ b [..., K, N] (+ bias [N])
+// as one cublasLtMatmul, the bias in its epilogue.
+void matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  TESSERA_CHECK(out.is_contiguous() && a.dtype() == out.dtype() && b.dtype() == out.dtype() &&
+                    (!bias.defined() || (bias.dtype() == out.dtype() && bias.is_contiguous())),
+                "cuda::matmul: out {} {} (contiguous), a {} and b {} of its dtype, bias (contiguous) {}",
+                dtype_name(out.dtype()), out.sizes(), dtype_name(a.dtype()), dtype_name(b.dtype()),
+                bias.defined() ? dtype_name(bias.dtype()) : "none");
+  if (out.numel() == 0) return;
+  if (a.size(-1) == 0) {  // the sum over nothing, which cuBLASLt's layouts cannot describe
+    fill_kernel(out, 0.0);
+    if (bias.defined()) binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
+    return;
+  }
+  MatmulGemm gemm = matmul_gemm(out, a, b);
   if (bias.defined()) {
-    if (descriptor.compute == GemmCompute::f64) {  // no f64 epilogues (blas_lt.h): the bias is a second launch
-      cuda::gemm(descriptor, current_stream(out.device()));
+    if (gemm.descriptor.compute == GemmCompute::f64) {  // no f64 epilogues (blas_lt.h): the bias is a second launch
+      cuda::gemm(gemm.descriptor, current_stream(out.device()));
       return binary_kernel(BinaryOp::add, out, out, ops::expand(bias, out.sizes()));
     }
-    descriptor.epilogue = GemmEpilogue::bias;
-    descriptor.bias = bias.cuda_data();
+    gemm.descriptor.epilogue = GemmEpilogue::bias;
+    gemm.descriptor.bias = bias.cuda_data();
   }
-  cuda::gemm(descriptor, current_stream(out.device()));
+  cuda::gemm(gemm.descriptor, current_stream(out.device()));
+}
+
+// --- the GELU MLP's epilogues: KernelTable::matmul_gelu, matmul_gelu_backward, matmul_row_sums ---
+//
+// 2-d only, so each is one GEMM (batch_count 1). They decline (return false,
+// launching nothing) what cuBLASLt's epilogues do not take: f64 (no f64
+// epilogues, blas_lt.h), an aux matrix [M, N] (cuBLASLt's [N x M], ld N) whose
+// N is not a multiple of 8 (cublasLt.h: EPILOGUE_AUX_LD), and empty products
+// (K = 0 is a fill, not a GEMM).
+
+// `tensor` is contiguous, of `like`'s dtype, with `shape`.
+void check_epilogue_operand(const char* kernel, const char* role, const Tensor& tensor, const Tensor& like,
+                            const Shape& shape) {
+  TESSERA_CHECK(tensor.is_contiguous() && tensor.dtype() == like.dtype() && tensor.sizes() == shape,
+                "cuda::{}: {} must be contiguous {} of shape {}, got {} {} strides {}", kernel, role,
+                dtype_name(like.dtype()), shape, dtype_name(tensor.dtype()), tensor.sizes(), tensor.strides());
+}
+
+// Checks a [M, K] @ b [K, N] = out [M, N] and whether the epilogue takes them.
+bool epilogue_takes(const char* kernel, const Tensor& out, const Tensor& a, const Tensor& b, bool with_aux) {
+  TESSERA_CHECK(a.dim() == 2 && b.dim() == 2 && a.dtype() == out.dtype() && b.dtype() == out.dtype() &&
+                    a.size(1) == b.size(0),
+                "cuda::{}: a [M, K] and b [K, N] of out's dtype {}, got a {} {} and b {} {}", kernel,
+                dtype_name(out.dtype()), dtype_name(a.dtype()), a.sizes(), dtype_name(b.dtype()), b.sizes());
+  check_epilogue_operand(kernel, "out", out, out, {a.size(0), b.size(1)});
+  if (out.dtype() == DType::f64 || out.numel() == 0 || a.size(1) == 0) return false;
+  return !with_aux || out.size(1) % 8 == 0;
+}
+
+bool matmul_gelu_kernel(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  if (!epilogue_takes("matmul_gelu", out, a, b, true)) return false;
+  check_epilogue_operand("matmul_gelu", "pre", pre, out, out.sizes());
+  if (bias.defined()) check_epilogue_operand("matmul_gelu", "bias", bias, out, {out.size(1)});
+  MatmulGemm gemm = matmul_gemm(out, a, b);
+  gemm.descriptor.epilogue = bias.defined() ? GemmEpilogue::gelu_aux_bias : GemmEpilogue::gelu_aux;
+  gemm.descriptor.bias = bias.defined() ? bias.cuda_data() : nullptr;
+  gemm.descriptor.aux = pre.cuda_data(), gemm.descriptor.aux_ld = out.size(1);
+  cuda::gemm(gemm.descriptor, current_stream(out.device()));
+  return true;
+}
+
+bool matmul_gelu_backward_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) {
+  if (!epilogue_takes("matmul_gelu_backward", out, a, b, true)) return false;
+  check_epilogue_operand("matmul_gelu_backward", "pre", pre, out, out.sizes());
+  MatmulGemm gemm = matmul_gemm(out, a, b);
+  gemm.descriptor.epilogue = GemmEpilogue::dgelu;
+  gemm.descriptor.aux = pre.cuda_data(), gemm.descriptor.aux_ld = out.size(1);
+  cuda::gemm(gemm.descriptor, current_stream(out.device()));
+  return true;
+}
+
+// cuBLASLt's B is a (op(B) = a^T, [K x M]): BGRADB's sum over k of op(B) is
+// the row sums of a.
+bool matmul_row_sums_kernel(const Tensor& out, const Tensor& row_sums, const Tensor& a, const Tensor& b) {
+  if (!epilogue_takes("matmul_row_sums", out, a, b, false)) return false;
+  check_epilogue_operand("matmul_row_sums", "row_sums", row_sums, out, {out.size(0)});
+  MatmulGemm gemm = matmul_gemm(out, a, b);
+  gemm.descriptor.epilogue = GemmEpilogue::bgradb;
+  gemm.descriptor.bias = row_sums.cuda_data();
+  cuda::gemm(gemm.descriptor, current_stream(out.device()));
+  return true;
 }
 
 
@@ -658,6 +757,7 @@ const KernelTable& kernel_table() {
   static const KernelTable table{
       .fill = fill_kernel,
       .copy = copy_kernel,
+      .copy_segments = copy_segments_kernel,
       .arange = arange_kernel,
       .random = random_kernel,
       .unary = unary_kernel,
@@ -669,6 +769,9 @@ const KernelTable& kernel_table() {
       .index_select = index_select_kernel,
       .index_add = index_add_kernel,
       .matmul = matmul_kernel,
+      .matmul_gelu = matmul_gelu_kernel,
+      .matmul_gelu_backward = matmul_gelu_backward_kernel,
+      .matmul_row_sums = matmul_row_sums_kernel,
       .softmax = softmax_kernel,
       .softmax_backward = softmax_backward_kernel,
       .norm = norm_kernel,

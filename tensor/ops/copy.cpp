@@ -1,6 +1,8 @@
-// Copies and conversions between dtypes and devices, plus the element readers
-// behind Tensor::to_vector and Tensor::item. Meta tensors take part as shapes:
-// copying into meta checks shapes only; reading data out of meta is an error.
+// Copies and conversions between dtypes and devices, one at a time or a list
+// of segments at once, plus the element readers behind Tensor::to_vector and
+// Tensor::item. Meta tensors take part as shapes: copying into meta checks
+// shapes only; reading data out of meta is an error.
+#include <algorithm>
 #include <cstring>
 
 #include "tensor/kernels.h"
@@ -165,6 +167,112 @@ Tensor to(const Tensor& tensor, Device device) {
 Tensor to_empty(const Tensor& tensor, Device device) {
   check_defined(tensor, "to_empty", "the tensor");
   return empty(tensor.sizes(), {.dtype = tensor.dtype(), .device = device});
+}
+
+// ---- copy_segments ----------------------------------------------------------
+
+namespace {
+
+bool moves_floats(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16;
+}
+
+void check_segment_tensor(const Tensor& tensor, size_t index, const char* role, const Tensor& first) {
+  TESSERA_CHECK(moves_floats(tensor.dtype()), "copy_segments: segment {}: the {} is {}; copy_segments moves f32, f64, "
+                "bf16 and f16", index, role, dtype_name(tensor.dtype()));
+  TESSERA_CHECK(tensor.device() == first.device(),
+                "copy_segments: segment {}: the {} is on {}, segment 0's destination on {}; one call runs on one device",
+                index, role, tensor.device().str(), first.device().str());
+  TESSERA_CHECK(tensor.is_contiguous(),
+                "copy_segments: segment {}: the {} {}{} with strides {} is not contiguous; copy it with copy_", index,
+                role, dtype_name(tensor.dtype()), tensor.sizes(), tensor.strides());
+}
+
+// The bytes a dense tensor's elements occupy, and which segment and role they belong to.
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+  const Tensor* tensor = nullptr;
+  size_t segment = 0;
+};
+
+ByteRange byte_range(const Tensor& tensor, size_t segment) {
+  const auto begin = reinterpret_cast<uintptr_t>(tensor.storage()->data()) +
+                     static_cast<uintptr_t>(tensor.storage_offset()) * tensor.element_size();
+  return {begin, begin + static_cast<uintptr_t>(tensor.nbytes()), &tensor, segment};
+}
+
+// " (f32[8] at element 0 and f32[2] at element 7 of one buffer)" when both are views of one storage.
+std::string where_both(const ByteRange& a, const ByteRange& b) {
+  if (a.tensor->storage() != b.tensor->storage()) return "";
+  return fmt::format(" ({}{} at element {} and {}{} at element {} of one buffer)", dtype_name(a.tensor->dtype()),
+                     a.tensor->sizes(), a.tensor->storage_offset(), dtype_name(b.tensor->dtype()), b.tensor->sizes(),
+                     b.tensor->storage_offset());
+}
+
+// A destination that overlaps another destination or a source would make the
+// result depend on the order in which the device runs the segments (a cuda
+// launch runs its blocks in no order). Sorting the destinations makes this
+// O(n log n).
+void check_no_overlap(const std::vector<CopySegment>& segments) {
+  std::vector<ByteRange> written, read;
+  for (size_t index = 0; index < segments.size(); ++index) {
+    const CopySegment& segment = segments[index];
+    if (segment.dst.numel() == 0) continue;
+    written.push_back(byte_range(segment.dst, index));
+    if (segment.src.defined()) read.push_back(byte_range(segment.src, index));
+  }
+  std::sort(written.begin(), written.end(), [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < written.size(); ++k) {
+    const ByteRange& a = written[k - 1];
+    const ByteRange& b = written[k];
+    if (b.begin >= a.end) continue;
+    const auto [first, second] = a.segment < b.segment ? std::pair{a, b} : std::pair{b, a};
+    fail("copy_segments: segments {} and {} write overlapping bytes{}", first.segment, second.segment,
+         where_both(first, second));
+  }
+  // Disjoint and sorted by start, the destinations are sorted by end too.
+  for (const ByteRange& source : read) {
+    const auto after = std::partition_point(written.begin(), written.end(),
+                                            [&](const ByteRange& range) { return range.end <= source.begin; });
+    if (after == written.end() || after->begin >= source.end) continue;
+    fail("copy_segments: segment {} reads bytes that segment {} writes{}; copy through a temporary", source.segment,
+         after->segment, where_both(source, *after));
+  }
+}
+
+// `tensor` (contiguous) as a 1-D view of its elements.
+Tensor flat_view(const Tensor& tensor) {
+  return Tensor::make(tensor.storage(), {tensor.numel()}, {1}, tensor.storage_offset(), tensor.dtype());
+}
+
+}  // namespace
+
+void copy_segments(const std::vector<CopySegment>& segments) {
+  if (segments.empty()) return;
+  std::vector<Tensor> sources;
+  for (const CopySegment& segment : segments) sources.push_back(segment.src);
+  check_raw_op_inputs("copy_segments", "sources", sources);  // destinations are written, not read: see ops.h
+  const Tensor& first = segments.front().dst;
+  for (size_t index = 0; index < segments.size(); ++index) {
+    const CopySegment& segment = segments[index];
+    TESSERA_CHECK(segment.dst.defined(), "copy_segments: segment {}: the destination is an undefined tensor", index);
+    check_segment_tensor(segment.dst, index, "destination", first);
+    if (!segment.src.defined()) continue;
+    check_segment_tensor(segment.src, index, "source", first);
+    TESSERA_CHECK(segment.src.numel() == segment.dst.numel(),
+                  "copy_segments: segment {}: the destination {}{} has {} elements, the source {}{} has {}", index,
+                  dtype_name(segment.dst.dtype()), segment.dst.sizes(), segment.dst.numel(),
+                  dtype_name(segment.src.dtype()), segment.src.sizes(), segment.src.numel());
+  }
+  if (first.is_meta()) return;
+  check_no_overlap(segments);
+  std::vector<CopySegment> flat;
+  flat.reserve(segments.size());
+  for (const CopySegment& segment : segments) {
+    if (segment.dst.numel() == 0) continue;
+    flat.push_back({flat_view(segment.dst), segment.src.defined() ? flat_view(segment.src) : Tensor(), segment.value});
+  }
+  if (!flat.empty()) kernels(first.device()).copy_segments(flat);
 }
 
 }  // namespace ops

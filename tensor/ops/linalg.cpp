@@ -1,6 +1,7 @@
-// matmul (torch.matmul semantics) and linear. Both hand strided views to the
-// GEMM kernel as they are: linear passes weight^T as a transposed view, so
-// the weight is never copied.
+// matmul (torch.matmul semantics) and linear, and the GELU MLP's fused GEMMs
+// (linear_gelu, matmul_gelu_backward, linear_weight_backward). All hand
+// strided views to the GEMM kernels as they are: linear passes weight^T as a
+// transposed view, so the weight is never copied.
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/raw_op_guard.h"
@@ -42,6 +43,31 @@ void matmul_into(const Tensor& out, Tensor a, Tensor b, Tensor bias) {
   }
 }
 
+// x: [..., in], weight: [out, in], bias: [out] or undefined, on one device, of one floating dtype.
+void check_linear_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TESSERA_CHECK(x.dim() >= 1, "{}: input needs at least 1 dim, got {}", op, x.sizes());
+  TESSERA_CHECK(weight.dim() == 2, "{}: weight must be [out, in], got {}", op, weight.sizes());
+  check_operands(op, x, weight);
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  TESSERA_CHECK(x.size(-1) == in, "{}: input {} has {} features, weight {} expects {}", op, x.sizes(), x.size(-1),
+                weight.sizes(), in);
+  if (!bias.defined()) return;
+  TESSERA_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "{}: bias must be [{}], got {}", op, out_features,
+                bias.sizes());
+  TESSERA_CHECK(bias.device() == x.device(), "{}: bias on {}, input on {}", op, bias.device().str(), x.device().str());
+  TESSERA_CHECK(bias.dtype() == x.dtype(), "{}: bias dtype {} differs from input dtype {}", op,
+                dtype_name(bias.dtype()), dtype_name(x.dtype()));
+}
+
+// `shape` with its last dim replaced by `last`.
+Shape with_last(Shape shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+// The rows of `t` as a matrix [rows, t.size(-1)]: the product of its leading dims.
+int64_t leading_rows(const Tensor& t) { return shape_numel(Shape(t.sizes().begin(), t.sizes().end() - 1)); }
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -71,32 +97,77 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_raw_op_inputs("linear", {{"x", x}, {"weight", weight}, {"bias", bias}});
-  TESSERA_CHECK(x.dim() >= 1, "linear: input needs at least 1 dim, got {}", x.sizes());
-  TESSERA_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {}", weight.sizes());
-  check_operands("linear", x, weight);
-  const int64_t in = weight.size(1), out_features = weight.size(0);
-  TESSERA_CHECK(x.size(-1) == in, "linear: input {} has {} features, weight {} expects {}", x.sizes(), x.size(-1),
-                weight.sizes(), in);
-  if (bias.defined()) {
-    TESSERA_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "linear: bias must be [{}], got {}", out_features,
-                  bias.sizes());
-    TESSERA_CHECK(bias.device() == x.device(), "linear: bias on {}, input on {}", bias.device().str(),
-                  x.device().str());
-    TESSERA_CHECK(bias.dtype() == x.dtype(), "linear: bias dtype {} differs from input dtype {}",
-                  dtype_name(bias.dtype()), dtype_name(x.dtype()));
-  }
-
+  check_linear_operands("linear", x, weight, bias);
   // x: [..., R, in] @ weight^T [in, out] -> [..., R, out]. The kernel folds
   // x's leading dims into one GEMM when they are contiguous.
-  Shape out_shape = x.sizes();
-  out_shape.back() = out_features;
-  Tensor out = empty(out_shape, {.dtype = x.dtype(), .device = x.device()});
+  Tensor out = empty(with_last(x.sizes(), weight.size(0)), {.dtype = x.dtype(), .device = x.device()});
   if (out.is_meta()) return out;
   const Tensor rows = x.dim() == 1 ? unsqueeze(x, 0) : x;
-  Shape full = rows.sizes();
-  full.back() = out_features;
-  matmul_into(view(out, full), rows, transpose(weight, 0, 1), bias);
+  matmul_into(view(out, with_last(rows.sizes(), weight.size(0))), rows, transpose(weight, 0, 1), bias);
   return out;
+}
+
+// The fused kernels take 2-d operands: x's rows [R, in] (a view when they fold).
+LinearGeluOutput linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_raw_op_inputs("linear_gelu", {{"x", x}, {"weight", weight}, {"bias", bias}});
+  check_linear_operands("linear_gelu", x, weight, bias);
+  const Shape shape = with_last(x.sizes(), weight.size(0));
+  const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
+  if (x.is_meta()) return {empty(shape, options), empty(shape, options)};
+  if (const auto fused = kernels(x.device()).matmul_gelu) {
+    const Tensor y = empty(shape, options), pre = empty(shape, options);
+    const int64_t rows = leading_rows(x);
+    const Shape flat{rows, weight.size(0)};
+    if (fused(view(y, flat), view(pre, flat), reshape(x, {rows, weight.size(1)}), transpose(weight, 0, 1),
+              bias.defined() ? contiguous(bias) : bias)) {
+      return {y, pre};
+    }
+  }
+  Tensor pre = linear(x, weight, bias);
+  return {gelu(pre, GeluApproximation::tanh), pre};
+}
+
+Tensor matmul_gelu_backward(const Tensor& a, const Tensor& b, const Tensor& pre) {
+  check_raw_op_inputs("matmul_gelu_backward", {{"a", a}, {"b", b}, {"pre", pre}});
+  TESSERA_CHECK(a.dim() >= 1 && b.dim() == 2, "matmul_gelu_backward: a must be [..., M, K] and b [K, N], got {} x {}",
+                a.sizes(), b.sizes());
+  check_operands("matmul_gelu_backward", a, b);
+  TESSERA_CHECK(a.size(-1) == b.size(0), "matmul_gelu_backward: inner dims differ: {} x {}", a.sizes(), b.sizes());
+  const Shape shape = with_last(a.sizes(), b.size(1));
+  TESSERA_CHECK(pre.sizes() == shape && pre.dtype() == a.dtype() && pre.device() == a.device(),
+                "matmul_gelu_backward: pre must be {} {} on {} (the product's), got {} {} on {}",
+                dtype_name(a.dtype()), shape, a.device().str(), dtype_name(pre.dtype()), pre.sizes(),
+                pre.device().str());
+  if (a.is_meta()) return empty(shape, {.dtype = a.dtype(), .device = a.device()});
+  if (const auto fused = kernels(a.device()).matmul_gelu_backward; fused && pre.is_contiguous()) {
+    const Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
+    const int64_t rows = leading_rows(a);
+    const Shape flat{rows, b.size(1)};
+    if (fused(view(out, flat), reshape(a, {rows, b.size(0)}), b, view(pre, flat))) return out;
+  }
+  return gelu_backward(matmul(a, b), pre, GeluApproximation::tanh);
+}
+
+// g's and x's rows: [R, out] and [R, in]; weight = g^T x, bias = sum over R of g.
+LinearWeightGrads linear_weight_backward(const Tensor& grad_y, const Tensor& x, bool with_bias) {
+  check_raw_op_inputs("linear_weight_backward", {{"grad_y", grad_y}, {"x", x}});
+  TESSERA_CHECK(grad_y.dim() >= 1 && x.dim() >= 1 &&
+                    Shape(grad_y.sizes().begin(), grad_y.sizes().end() - 1) ==
+                        Shape(x.sizes().begin(), x.sizes().end() - 1),
+                "linear_weight_backward: grad_y [..., out] and x [..., in] must share their leading dims, got {} "
+                "and {}",
+                grad_y.sizes(), x.sizes());
+  check_operands("linear_weight_backward", grad_y, x);
+  const int64_t out_features = grad_y.size(-1), in = x.size(-1);
+  const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
+  if (x.is_meta()) return {empty({out_features, in}, options), with_bias ? empty({out_features}, options) : Tensor()};
+  const Tensor g_rows = reshape(grad_y, {leading_rows(grad_y), out_features});
+  const Tensor x_rows = reshape(x, {leading_rows(x), in});
+  if (const auto fused = kernels(x.device()).matmul_row_sums; fused && with_bias) {
+    LinearWeightGrads grads{empty({out_features, in}, options), empty({out_features}, options)};
+    if (fused(grads.weight, grads.bias, transpose(g_rows, 0, 1), x_rows)) return grads;
+  }
+  return {matmul(transpose(g_rows, 0, 1), x_rows), with_bias ? sum(g_rows, {0}) : Tensor()};
 }
 
 }  // namespace tessera::ops

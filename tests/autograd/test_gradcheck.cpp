@@ -200,6 +200,22 @@ TEST_CASE("gradcheck: linear") {
   check([&](const TensorList& in) { return linear(x, in[0], in[1]); }, {input({2, 4}), input({2})});
 }
 
+TEST_CASE("gradcheck: linear_gelu_linear, with and without biases, and with some inputs held constant") {
+  auto mlp = [](const TensorList& in) { return linear_gelu_linear(in[0], in[1], in[2], in[3], in[4]); };
+  // Inputs in [-2, 2] reach GELU's curved part on both sides of 0.
+  check(mlp, {input({2, 3, 4}, -2.0, 2.0), input({6, 4}), input({6}), input({5, 6}), input({5})});
+  check(mlp, {input({4}, -2.0, 2.0), transposed_input(6, 4), input({6}), input({3, 6}), input({3})});
+  check([](const TensorList& in) { return linear_gelu_linear(in[0], in[1], Tensor(), in[2], Tensor()); },
+        {input({3, 4}, -2.0, 2.0), input({8, 4}), input({2, 8})});
+  // Only proj's parameters, only fc's bias, only x: each branch of the backward alone.
+  const Tensor x = input({3, 4}, -2.0, 2.0, false), w1 = input({6, 4}, -1.0, 1.0, false);
+  const Tensor b1 = input({6}, -1.0, 1.0, false), w2 = input({5, 6}, -1.0, 1.0, false);
+  check([&](const TensorList& in) { return linear_gelu_linear(x, w1, b1, in[0], in[1]); }, {input({5, 6}), input({5})});
+  check([&](const TensorList& in) { return linear_gelu_linear(x, w1, in[0], w2, Tensor()); }, {input({6})});
+  check([&](const TensorList& in) { return linear_gelu_linear(in[0], w1, b1, w2, Tensor()); },
+        {input({2, 4}, -2.0, 2.0)});
+}
+
 TEST_CASE("gradcheck: softmax and log_softmax") {
   check([](const TensorList& in) { return softmax(in[0], -1); }, {input({3, 4}, -2.0, 2.0)});
   check([](const TensorList& in) { return softmax(in[0], 0); }, {input({3, 4}, -2.0, 2.0)});

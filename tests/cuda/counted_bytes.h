@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,23 @@ inline std::vector<std::string> launched_kernels(const std::function<void()>& ru
   run();
 #endif
   return names;
+}
+
+// The launches of each kernel `run` makes on cuda, by name, as the simulator
+// counts them; empty on a GPU, where nothing counts.
+inline std::map<std::string, int64_t> launch_counts(const std::function<void()>& run) {
+  std::map<std::string, int64_t> counts;
+#if TESSERA_HAVE_CUDA_SIM
+  const Device cuda(DeviceType::cuda);
+  current_stream(cuda)->synchronize();
+  cuda::sim::reset_kernel_counters();
+  run();
+  current_stream(cuda)->synchronize();
+  for (const auto& [name, counter] : cuda::sim::kernel_counters()) counts[name] = counter.launches;
+#else
+  run();
+#endif
+  return counts;
 }
 
 }  // namespace tessera::testing

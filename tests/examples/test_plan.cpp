@@ -195,7 +195,7 @@ TEST_CASE("train --plan prints GPT-2 XL and Llama 3 8B over 1,024 ranks in full,
   };
   for (const Case& c :
        {Case{gpt::ModelFamily::gpt, "gpt2-1558m", "FSDP sharding plan of GPT over 1024 ranks, mesh (shard=1024)",
-             "  parameters            1557611200 (1557.611 M) in 580 tensors, 49 FSDP modules\n"},
+             "  parameters            1557686400 (1557.686 M) in 580 tensors, 49 FSDP modules\n"},
         Case{gpt::ModelFamily::llama, "llama3-8b", "FSDP sharding plan of Llama over 1024 ranks, mesh (shard=1024)",
              "  parameters            8030261248 (8030.261 M) in 291 tensors, 33 FSDP modules\n"}}) {
     const std::string preset = c.preset;

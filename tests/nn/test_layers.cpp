@@ -256,3 +256,66 @@ TEST_CASE("MLP and TransformerBlock compose their parts as documented") {
   const Tensor expected = tessera::add(h, block.mlp()(block.ln2()(h)));
   CHECK(values(block(x)) == values(expected));  // the same ops
 }
+
+TEST_CASE("MLP with GELU(tanh) runs as one linear_gelu_linear: the unfused layers' values and gradients, bit for bit") {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    manual_seed(13);
+    nn::MLP mlp(8, 32, 6, std::make_shared<nn::GELU>(GeluApproximation::tanh), {.init_std = 0.3, .dtype = dtype});
+    Tensor x = ops::to(random_tensor({2, 3, 8}, 9), dtype);
+    x.set_requires_grad(true);
+    const Tensor y = mlp(x);
+    REQUIRE(y.grad_fn() != nullptr);
+    CHECK(y.grad_fn()->name() == "LinearGeluLinearBackward");
+    const Tensor unfused = mlp.proj()(tessera::gelu(mlp.fc()(x), GeluApproximation::tanh));
+    CHECK(values(y) == values(unfused));
+    const Tensor g = ops::to(random_tensor({2, 3, 6}, 10), dtype);
+    const autograd::TensorList inputs{x, mlp.fc().weight().tensor(), mlp.fc().bias().tensor(), mlp.proj().weight().tensor(),
+                            mlp.proj().bias().tensor()};
+    const autograd::TensorList fused_grads = autograd::grad({y}, inputs, {g});
+    const autograd::TensorList unfused_grads = autograd::grad({unfused}, inputs, {g});
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CAPTURE(i);
+      CHECK(fused_grads[i].dtype() == dtype);
+      CHECK(values(fused_grads[i]) == values(unfused_grads[i]));
+    }
+  }
+}
+
+TEST_CASE("MLP keeps the separate layers where fusing would change what runs: other activations, hooks") {
+  const Tensor x = random_tensor({4, 8}, 11);
+  nn::MLP erf(8, 16, 4, std::make_shared<nn::GELU>(GeluApproximation::none));
+  CHECK(erf(x).grad_fn()->name() == "LinearBackward");
+  nn::MLP relu(8, 16, 4, std::make_shared<nn::ReLU>());
+  CHECK(relu(x).grad_fn()->name() == "LinearBackward");
+
+  nn::MLP hooked(8, 16, 4, std::make_shared<nn::GELU>(GeluApproximation::tanh));
+  CHECK(hooked(x).grad_fn()->name() == "LinearGeluLinearBackward");
+  int calls = 0;
+  auto handle = hooked.activation().register_forward_hook([&](nn::Module&, const nn::TensorList&, const Tensor&) {
+    ++calls;
+    return std::optional<Tensor>();
+  });
+  CHECK(hooked(x).grad_fn()->name() == "LinearBackward");
+  CHECK(calls == 1);
+  handle.remove();
+  auto pre = hooked.fc().register_forward_pre_hook([&](nn::Module&, const nn::TensorList&) {
+    ++calls;
+    return std::optional<nn::TensorList>();
+  });
+  CHECK(hooked(x).grad_fn()->name() == "LinearBackward");
+  CHECK(calls == 2);
+  pre.remove();
+  CHECK(hooked(x).grad_fn()->name() == "LinearGeluLinearBackward");
+  CHECK_THROWS_WITH_AS(hooked(ops::zeros({2, 5})), "MLP: expected input [..., 8], got [2, 5]", Error);
+}
+
+TEST_CASE("linear_gelu_linear refuses weights that disagree on the hidden size, naming both") {
+  CHECK_THROWS_WITH_AS(
+      linear_gelu_linear(ops::zeros({2, 4}), ops::zeros({8, 4}), Tensor(), ops::zeros({3, 6}), Tensor()),
+      "linear_gelu_linear: fc_weight [hidden, in] and proj_weight [out, hidden] must agree on hidden, got [8, 4] and "
+      "[3, 6]",
+      Error);
+  CHECK_THROWS_WITH_AS(linear_gelu_linear(ops::zeros({2, 5}), ops::zeros({8, 4}), Tensor(), ops::zeros({3, 8}), Tensor()),
+                       "linear_gelu: input [2, 5] has 5 features, weight [8, 4] expects 4", Error);
+}

@@ -272,6 +272,73 @@ TEST_CASE("linear: meta shapes and errors") {
   CHECK_THROWS_AS(ops::linear(ops::zeros({2, 4}), ops::zeros({3, 4}, {.dtype = DType::f64}), Tensor()), Error);
 }
 
+TEST_CASE("linear_gelu, matmul_gelu_backward, linear_weight_backward: on cpu the composition they document") {
+  const auto same_bits = [](const Tensor& got, const Tensor& want) {
+    REQUIRE(got.defined());
+    REQUIRE(got.sizes() == want.sizes());
+    REQUIRE(got.dtype() == want.dtype());
+    CHECK(ops::to(got, DType::f64).to_vector<double>() == ops::to(want, DType::f64).to_vector<double>());
+  };
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = random_tensor({2, 3, 8}, dtype, 11), w = random_tensor({16, 8}, dtype, 12);
+    const Tensor b = random_tensor({16}, dtype, 13), g = random_tensor({2, 3, 16}, dtype, 14);
+    const ops::LinearGeluOutput fused = ops::linear_gelu(x, w, b);
+    const Tensor pre = ops::linear(x, w, b);
+    same_bits(fused.pre, pre);
+    same_bits(fused.y, ops::gelu(pre, GeluApproximation::tanh));
+    same_bits(ops::linear_gelu(x, w, Tensor()).pre, ops::linear(x, w, Tensor()));
+    // proj's weight [8, 16]: g [.., 8] @ it -> [.., 16], through gelu at pre.
+    const Tensor proj = random_tensor({8, 16}, dtype, 15), g_out = random_tensor({2, 3, 8}, dtype, 16);
+    same_bits(ops::matmul_gelu_backward(g_out, proj, pre),
+              ops::gelu_backward(ops::matmul(g_out, proj), pre, GeluApproximation::tanh));
+    const ops::LinearWeightGrads grads = ops::linear_weight_backward(g, x, true);
+    const Tensor g_rows = ops::reshape(g, {6, 16});
+    same_bits(grads.weight, ops::matmul(ops::transpose(g_rows, 0, 1), ops::reshape(x, {6, 8})));
+    same_bits(grads.bias, ops::sum(g_rows, {0}));
+    CHECK_FALSE(ops::linear_weight_backward(g, x, false).bias.defined());
+  }
+  // A 1-d input is one row.
+  const Tensor x1 = random_tensor({8}, DType::f32, 17), w1 = random_tensor({16, 8}, DType::f32, 18);
+  CHECK(ops::linear_gelu(x1, w1, Tensor()).y.sizes() == Shape{16});
+  CHECK(ops::linear_weight_backward(random_tensor({16}), x1, true).weight.sizes() == Shape{16, 8});
+}
+
+TEST_CASE("linear_gelu, matmul_gelu_backward, linear_weight_backward: meta shapes and errors") {
+  const Tensor on_meta = ops::empty({4, 7, 16}, {.device = kMeta});
+  const ops::LinearGeluOutput meta =
+      ops::linear_gelu(on_meta, ops::empty({32, 16}, {.device = kMeta}), ops::empty({32}, {.device = kMeta}));
+  CHECK((meta.y.is_meta() && meta.pre.is_meta()));
+  CHECK((meta.y.sizes() == Shape{4, 7, 32} && meta.pre.sizes() == Shape{4, 7, 32}));
+  CHECK(ops::matmul_gelu_backward(on_meta, ops::empty({16, 32}, {.device = kMeta}),
+                                  ops::empty({4, 7, 32}, {.device = kMeta}))
+            .sizes() == Shape{4, 7, 32});
+  const ops::LinearWeightGrads meta_grads =
+      ops::linear_weight_backward(ops::empty({4, 7, 32}, {.device = kMeta}), on_meta, true);
+  CHECK((meta_grads.weight.sizes() == Shape{32, 16} && meta_grads.bias.sizes() == Shape{32}));
+
+  CHECK_THROWS_WITH_AS(ops::linear_gelu(ops::zeros({2, 5}), ops::zeros({3, 4}), Tensor()),
+                       "linear_gelu: input [2, 5] has 5 features, weight [3, 4] expects 4", Error);
+  CHECK_THROWS_WITH_AS(ops::linear_gelu(ops::zeros({2, 4}), ops::zeros({3, 4}), ops::zeros({4})),
+                       "linear_gelu: bias must be [3], got [4]", Error);
+  CHECK_THROWS_WITH_AS(ops::linear_gelu(ops::zeros({2, 4}), ops::zeros({3, 4}, {.dtype = DType::f64}), Tensor()),
+                       "linear_gelu: dtype mismatch: f32 [2, 4] x f64 [3, 4]", Error);
+  CHECK_THROWS_WITH_AS(ops::linear_gelu(ops::zeros({2, 4}, {.dtype = DType::i64}),
+                                        ops::zeros({3, 4}, {.dtype = DType::i64}), Tensor()),
+                       "linear_gelu: needs floating tensors, got i64", Error);
+  CHECK_THROWS_WITH_AS(ops::matmul_gelu_backward(ops::zeros({2, 4}), ops::zeros({5, 3}), ops::zeros({2, 3})),
+                       "matmul_gelu_backward: inner dims differ: [2, 4] x [5, 3]", Error);
+  CHECK_THROWS_WITH_AS(ops::matmul_gelu_backward(ops::zeros({2, 4}), ops::zeros({2, 4, 3}), ops::zeros({2, 3})),
+                       "matmul_gelu_backward: a must be [..., M, K] and b [K, N], got [2, 4] x [2, 4, 3]", Error);
+  CHECK_THROWS_WITH_AS(ops::matmul_gelu_backward(ops::zeros({2, 4}), ops::zeros({4, 3}), ops::zeros({3, 2})),
+                       "matmul_gelu_backward: pre must be f32 [2, 3] on cpu (the product's), got f32 [3, 2] on cpu",
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::linear_weight_backward(ops::zeros({2, 3, 4}), ops::zeros({3, 2, 5}), true),
+                       "linear_weight_backward: grad_y [..., out] and x [..., in] must share their leading dims, got "
+                       "[2, 3, 4] and [3, 2, 5]",
+                       Error);
+}
+
 TEST_CASE("matmul: the same values on 1 and 2 threads") {
   const int threads = num_threads();
   const Tensor a = random_tensor({96, 200}), b = random_tensor({200, 300}, DType::f32, 2);

@@ -4,14 +4,21 @@
 // computed on the CPU on the stream's worker thread with cuBLASLt's
 // arithmetic contract: bf16/f16/f32 inputs accumulate in f32 (f64 in f64),
 // the epilogue runs on the accumulator, and D rounds once to its dtype,
-// except that a bias epilogue with a 16-bit D adds the bias to the product
-// already rounded to D's dtype and rounds again. An H100 (cuBLASLt 13.0,
-// 2026-11-26, tools/gpu_check.sh) gave bf16(bf16(-11.705) - 0.96875) =
-// -12.625 where one rounding gives -12.6875, in an 18x24x19 product; a
-// 1x1x2 one rounded once (cuBLASLt picks kernels by shape, and they differ).
-// The twin rounds twice, the larger shapes' way. Only BIAS was measured (the
-// only epilogue tessera uses); the GELU+bias ones are assumed to add the
-// bias the same way.
+// except where an H100 showed a 16-bit D rounding the product first:
+// - BIAS adds the bias to the product already rounded to D's dtype and rounds
+//   again. An H100 (cuBLASLt 13.0, 2026-11-26, tools/gpu_check.sh) gave
+//   bf16(bf16(-11.705) - 0.96875) = -12.625 where one rounding gives
+//   -12.6875, in an 18x24x19 product; a 1x1x2 one rounded once (cuBLASLt
+//   picks kernels by shape, and they differ). The twin rounds twice, the
+//   larger shapes' way.
+// - DGELU multiplies the product rounded to D's dtype by GELU'(aux) and
+//   rounds again: bf16(bf16(s) GELU'(aux)) matched 99% of the 224,576 bf16
+//   elements of two products (rows x features x k = 96x256x64, 1000x200x72)
+//   on an H100 (cuBLASLt 13.1, 2026-11-26), one rounding 74% (the misses:
+//   the f32 sum's order, which the check could only approximate).
+// GELU_AUX_BIAS rounds once there: aux = bf16(s + bias) matched all but 11
+// of those elements (bf16(bf16(s) + bias): 70%), and D = bf16(GELU(s +
+// bias)) 99.8%. GELU_BIAS is assumed to add its bias the same way.
 // The multiply-adds go to the host GEMM backend (tensor/gemm_backend.h),
 // which sums in f32 in its own order, as cuBLASLt's kernels sum in theirs.
 //
@@ -25,7 +32,9 @@
 // pointers not aligned to their element type. The toolkit's cublasLt.h
 // states no transpose restriction for these epilogues, and an H200 found an
 // algorithm for each combination tessera's tests run (BIAS and the GELU
-// family with op(A) = T, DGELU likewise, BGRADB with op(B) = T); other
+// family with op(A) = T, DGELU likewise, BGRADB with op(B) = T), and an
+// H100 for the GELU MLP's (kernel_table.cpp: GELU_AUX_BIAS with op(A) = T,
+// DGELU with op(A) = op(B) = N, BGRADB with op(B) = T; 2026-11-26); other
 // combinations are accepted here unproven.
 //
 // TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input is rounded to 10
@@ -380,10 +389,11 @@ void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
       for (int64_t i = 0; i < g.m; ++i) {
         Acc value = alpha * product[static_cast<size_t>(j * g.m + i)];
         if (g.beta != 0.0) value += beta * load<Acc>(g.c.data, g.c.dtype, c_first + i + j * g.c.ld);
-        if (adds_bias(g.epilogue)) {
-          value = rounded_to_16_bit(g.d.dtype, value);  // before the bias, as measured (top of this file)
-          value += load<Acc>(g.bias, g.d.dtype, bias_first + i);
+        // BIAS and DGELU round the product to a 16-bit D first, as measured (top of this file).
+        if (g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::dgelu) {
+          value = rounded_to_16_bit(g.d.dtype, value);
         }
+        if (adds_bias(g.epilogue)) value += load<Acc>(g.bias, g.d.dtype, bias_first + i);
         if (writes_aux(g.epilogue)) store<Acc>(g.aux, g.d.dtype, aux_first + i + j * g.aux_ld, value);
         if (applies_gelu(g.epilogue)) value = gelu_tanh(value);
         if (g.epilogue == GemmEpilogue::dgelu) {
