@@ -31,6 +31,22 @@ inline LaunchConfig config_for(int64_t work_items, const KernelLaunch& launch) {
 __device__ inline int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline int64_t index_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
+// The last i in [0, count) with firsts[i] <= value, by binary search
+// (firsts ascending, firsts[0] <= value): which tensor of a multi-tensor
+// launch owns a block or chunk, given where each tensor's first one is.
+__device__ inline int last_at_or_before(const int32_t* firsts, int count, int32_t value) {
+  int low = 0, high = count - 1;
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (firsts[middle] <= value) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return low;
+}
+
 // kCount values of T moved as one load or store: 16 bytes (128 bits) unless
 // a narrower count is asked for.
 template <typename T, int Count = 16 / sizeof(T)>

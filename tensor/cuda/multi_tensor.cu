@@ -41,18 +41,7 @@ struct SegmentTable {
   uint8_t kind[kSegmentsPerLaunch] = {};
 
   // The last segment whose first block is at or before `block`.
-  __device__ int segment_of(int32_t block) const {
-    int low = 0, high = segments - 1;
-    while (low < high) {
-      const int middle = (low + high + 1) / 2;
-      if (first_block[middle] <= block) {
-        low = middle;
-      } else {
-        high = middle - 1;
-      }
-    }
-    return low;
-  }
+  __device__ int segment_of(int32_t block) const { return last_at_or_before(first_block, segments, block); }
 };
 
 // Calls fn(T{}) for a float dtype's code.

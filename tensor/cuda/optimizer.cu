@@ -20,18 +20,7 @@ struct ChunkMap {
   int32_t first_chunk[kTensorsPerLaunch + 1] = {};
   int64_t count[kTensorsPerLaunch] = {};
 
-  __device__ int tensor_of(int32_t chunk) const {
-    int low = 0, high = tensors - 1;
-    while (low < high) {
-      const int middle = (low + high + 1) / 2;
-      if (first_chunk[middle] <= chunk) {
-        low = middle;
-      } else {
-        high = middle - 1;
-      }
-    }
-    return low;
-  }
+  __device__ int tensor_of(int32_t chunk) const { return last_at_or_before(first_chunk, tensors, chunk); }
 };
 
 template <typename T>

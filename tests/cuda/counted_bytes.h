@@ -46,23 +46,6 @@ std::optional<CountedBytes> counted_bytes(Run run) {
 #endif
 }
 
-// The names of the kernels `run` launches on cuda, as the simulator counts
-// them (sorted); empty on a GPU, where nothing counts.
-inline std::vector<std::string> launched_kernels(const std::function<void()>& run) {
-  std::vector<std::string> names;
-#if TESSERA_HAVE_CUDA_SIM
-  const Device cuda(DeviceType::cuda);
-  current_stream(cuda)->synchronize();
-  cuda::sim::reset_kernel_counters();
-  run();
-  current_stream(cuda)->synchronize();
-  for (const auto& [name, counter] : cuda::sim::kernel_counters()) names.push_back(name);
-#else
-  run();
-#endif
-  return names;
-}
-
 // The launches of each kernel `run` makes on cuda, by name, as the simulator
 // counts them; empty on a GPU, where nothing counts.
 inline std::map<std::string, int64_t> launch_counts(const std::function<void()>& run) {
@@ -78,6 +61,14 @@ inline std::map<std::string, int64_t> launch_counts(const std::function<void()>&
   run();
 #endif
   return counts;
+}
+
+// The names of the kernels `run` launches on cuda, as the simulator counts
+// them (sorted); empty on a GPU, where nothing counts.
+inline std::vector<std::string> launched_kernels(const std::function<void()>& run) {
+  std::vector<std::string> names;
+  for (const auto& [name, launches] : launch_counts(run)) names.push_back(name);
+  return names;
 }
 
 }  // namespace tessera::testing
