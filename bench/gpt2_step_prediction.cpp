@@ -4,7 +4,7 @@
 // It runs real training steps (gpt::Trainer, FSDP over one rank with
 // param_dtype bf16: the code path of `train --device cuda --param-dtype bf16`)
 // on the simulated cuda device, at GPT-2 124M's exact widths (C 768, 12 heads
-// of 64, vocab 50257, wpe 1024 rows) but with fewer layers and shorter, smaller
+// of 64, vocab 50257 padded to 50304 rows, wpe 1024 rows) but with fewer layers and shorter, smaller
 // batches: the CPU cannot simulate B = 16, T = 1024, 12 layers. Each kernel's
 // launches, device bytes, shared-memory bytes and FLOPs are then scaled with
 // an explicit model, fitted per kernel name over five reduced runs and checked
@@ -15,7 +15,7 @@
 //
 // - L B T: a layer's GEMMs, elementwise, norm, dropout kernels are linear in
 //   the rows they see; B T alone: embeddings, final norm, the tied head's
-//   GEMMs and the fused cross-entropy over 50257 columns;
+//   GEMMs (50304 columns) and the fused cross-entropy over 50257 of them;
 // - L and 1: per-step work on parameters (AdamW, the gradient norm, zeroing
 //   and casting gradients, FSDP's bf16 parameter copies): per layer, and for
 //   wte, wpe and ln_f;
@@ -676,8 +676,8 @@ int run(int argc, char** argv) {
   fmt::print("# gpt2_step_prediction: cpu={} ({} cores, load {}); simulated cuda device, FSDP one rank, "
              "param_dtype bf16\n",
              bench::cpu_model(), std::thread::hardware_concurrency(), bench::load_average());
-  fmt::print("# GPT-2 124M widths (C 768, 12 heads x 64, vocab 50257, wpe 1024); reduced L, B, T counted, then "
-             "scaled (see the source's scaling model)\n\n");
+  fmt::print("# GPT-2 124M widths (C 768, 12 heads x 64, vocab 50257 padded to 50304, wpe 1024); reduced L, B, T "
+             "counted, then scaled (see the source's scaling model)\n\n");
 
   // Five runs fit the model (five unknowns for most kernels, three for the
   // tiled attention ones); the sixth, larger in L and T at once, checks it.
