@@ -13,7 +13,12 @@
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
 #      and the GEMM and copy rates the prediction is calibrated with;
 #   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
-#   9. ncu's time of every kernel of GPT-2 124M steps (B = 16, T = 1024).
+#   9. ncu's time of every kernel of GPT-2 124M steps (B = 16, T = 1024);
+#  10. (only when --stages names `profile`) ncu's full sections (throughput
+#      of each unit, occupancy, warp stall reasons, shared-memory and
+#      instruction statistics) for launches of the kernels matching
+#      --profile-kernels (a regex; default the tensor-core attention's) in
+#      the same GPT-2 run: where a kernel spends its time.
 #
 # 6-9 run in the order a short lease needs them most (B = 16, kernel times,
 # PyTorch, memcheck, B = 32, the other sanitizers).
@@ -24,7 +29,8 @@
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
-#                           [--stages suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck]
+#                           [--stages suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
+#                           [--profile-kernels REGEX]
 #
 # --stages runs only those (the build always): a second lease need not
 # repeat what the first measured.
@@ -42,8 +48,10 @@ budget=520
 sim=0
 bundle=.gpu-bundle
 archive=
-all_stages=,suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
-stages=$all_stages
+default_stages=,suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+all_stages=${default_stages}profile,
+stages=$default_stages
+profile_kernels='attention_mma'
 while [ $# -gt 0 ]; do
   case $1 in
     --out-dir) out_dir=$2; shift 2 ;;
@@ -52,6 +60,7 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=$2; shift 2 ;;
     --archive) archive=$2; shift 2 ;;
     --stages) stages=",$2,"; shift 2 ;;
+    --profile-kernels) profile_kernels=$2; shift 2 ;;
     *) echo "gpu_check: unknown argument $1 (see the comment at the top of tools/gpu_check.sh)" >&2; exit 2 ;;
   esac
 done
@@ -302,8 +311,24 @@ kernel_times() {
       --out "$out_dir/kernel_times_b16.json" 2>&1 | sed 's/^/   /' | tee -a "$report"
 }
 
+# ---- 10. ncu's sections for chosen kernels ----------------------------------------------------------------------------
+kernel_profile() {
+  if [ $sim -eq 1 ]; then
+    say "== profile: SKIPPED (the dry run has no GPU)"
+    return
+  fi
+  command -v ncu >/dev/null || { say "== profile: SKIPPED (not on PATH)"; return; }
+  # After 11 matching launches (the forward of 11 layers, for the attention's kernels), the next 3
+  # (the attention: the last layer's forward, then its backward's two kernels).
+  stage profile 120 ncu --clock-control none --set full -k "regex:$profile_kernels" --launch-skip 11 \
+    --launch-count 3 --log-file "$out_dir/profile_kernels.txt" "$train" --device cuda --preset gpt2-124m \
+    --param-dtype bf16 --data synthetic --steps 2 --warmup 0 --eval-every 0 --batch 16 --seq-len 1024 &&
+    say "   ncu sections of the kernels matching /$profile_kernels/: profile_kernels.txt"
+}
+
 ! wanted gpt2 || gpt2_timing $gpt2_small_batch
 ! wanted ncu || kernel_times
+! wanted profile || kernel_profile
 ! wanted torch || torch_timing
 ! wanted memcheck || sanitizer memcheck
 ! wanted gpt2 || gpt2_timing $gpt2_large_batch

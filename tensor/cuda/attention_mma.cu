@@ -31,8 +31,14 @@
 // bounds and race checks report is a row and a column) for 8 / D more
 // shared memory.
 //
+// Between the mma, a score costs a few CUDA-core instructions: the softmax
+// runs in base 2 (one fma and one ex2.approx a score, ptx_math.h), P and dS
+// go to bf16 two at a time (cvt.rn.bf16x2), and only tiles that cross the
+// diagonal or the sequence's end are masked.
+//
 // Numerics: products of bf16 values are exact and sums are f32 (mma.h bounds
-// the accumulation); the softmax statistics are f32; P and dS are rounded to
+// the accumulation); the softmax statistics are f32 (exp within 2 ulp, as
+// expf); logsumexp is stored in base e. P and dS are rounded to
 // bf16 once, as mma's A operand, which is the one error of relative size
 // 2^-8 besides the outputs' final rounding (tests/cuda/test_attention_mma.cpp
 // derives the bound).
@@ -46,7 +52,7 @@
 #include "tensor/cuda/mma.h"
 #include "tensor/cuda/attention_heads.h"
 #include "tensor/cuda/portability.h"
-#include "tensor/float16_bits.h"
+#include "tensor/cuda/ptx_math.h"
 
 namespace tessera::cuda {
 
@@ -59,6 +65,8 @@ constexpr int kWarpRows = 16;                                // rows a warp owns
 constexpr int kPad = 8;                                      // bf16 elements after each staged row
 constexpr int64_t kSharedBytesWithoutOptIn = 48 * 1024;
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+constexpr float kLog2E = 1.44269504088896340736f;  // log2(e): exp(x) = 2^(x log2 e)
+constexpr float kLn2 = 0.693147180559945309417f;
 
 // The row pitch of a staged tile, in bf16 elements.
 template <int kDim>
@@ -80,10 +88,10 @@ __device__ void stage_tile(uint16_t* tile, const uint16_t* rows, int64_t row_str
   }
 }
 
-// values[first + r] for r < kTile into tile[r], zero past the sequence.
-__device__ void stage_values(float* tile, const float* values, int first, int seq) {
+// factor * values[first + r] for r < kTile into tile[r], zero past the sequence.
+__device__ void stage_values(float* tile, const float* values, float factor, int first, int seq) {
   const int r = static_cast<int>(threadIdx.x);
-  if (r < kTile) tile[r] = first + r < seq ? values[first + r] : 0.0f;
+  if (r < kTile) tile[r] = first + r < seq ? values[first + r] * factor : 0.0f;
 }
 
 // The row lane `lane` gives ldmatrix_x4 for the 16x16 block of a tile at
@@ -105,22 +113,16 @@ __device__ const uint16_t* column_block_row(const uint16_t* tile, int n, int k, 
   return tile + (n + (lane >> 4) * 8 + (lane & 7)) * kPitch<kDim> + k + ((lane >> 3) & 1) * 8;
 }
 
-// Two f32 values as a bf16 pair (low half first), rounded to nearest even.
-__device__ uint32_t pack_bf16(float low, float high) {
-  return static_cast<uint32_t>(float16_bits::bfloat16_from_float(low)) |
-         static_cast<uint32_t>(float16_bits::bfloat16_from_float(high)) << 16;
-}
-
 // mma's A fragment for k columns 16 step .. 16 step + 15 of a 16-row
 // accumulator held as 8-column blocks acc[n][4] (mma_layout.h: A's a[0..3]
 // are rows g | g+8 of columns 2t | 2t+8, the accumulator's c[0..3] rows g | g+8
 // of columns 2t of its block).
 template <int kBlocks>
 __device__ void accumulator_as_a(uint32_t (&a)[4], const float (&acc)[kBlocks][4], int step) {
-  a[0] = pack_bf16(acc[2 * step][0], acc[2 * step][1]);
-  a[1] = pack_bf16(acc[2 * step][2], acc[2 * step][3]);
-  a[2] = pack_bf16(acc[2 * step + 1][0], acc[2 * step + 1][1]);
-  a[3] = pack_bf16(acc[2 * step + 1][2], acc[2 * step + 1][3]);
+  a[0] = pack_bf16x2(acc[2 * step][0], acc[2 * step][1]);
+  a[1] = pack_bf16x2(acc[2 * step][2], acc[2 * step][3]);
+  a[2] = pack_bf16x2(acc[2 * step + 1][0], acc[2 * step + 1][1]);
+  a[3] = pack_bf16x2(acc[2 * step + 1][2], acc[2 * step + 1][3]);
 }
 
 // acc[n] (columns 8n..8n+7) += A times the B fragments of two 8-column blocks.
@@ -170,7 +172,30 @@ __device__ void store_rows(Heads<uint16_t> rows, int64_t head, int heads_per_bat
 #pragma unroll
     for (int block = 0; block < kDim / 8; ++block) {
       *reinterpret_cast<uint32_t*>(out + block * 8) =
-          pack_bf16(acc[block][2 * half] * factor[half], acc[block][2 * half + 1] * factor[half]);
+          pack_bf16x2(acc[block][2 * half] * factor[half], acc[block][2 * half + 1] * factor[half]);
+    }
+  }
+}
+
+// Which index of a score tile is the key: the column (forward, dQ: rows are
+// queries) or the row (dK, dV: rows are keys).
+enum class KeysIn { columns, rows };
+
+// Sets to -inf the scores of a 16-row accumulator (rows first_row + g | +8,
+// columns first_column + 8 block + 2t | +1) that no query sees: a key after
+// its query, or a column past the sequence. Only tiles crossing the diagonal
+// or the sequence's end call it; the others are all visible, and skip the
+// index arithmetic, which costs as many instructions as the softmax itself.
+template <KeysIn kKeys, int kBlocks>
+__device__ void mask_invisible(float (&scores)[kBlocks][4], int first_row, int first_column, int seq, int lane) {
+  const int group = lane >> 2, in_group = lane & 3;
+#pragma unroll
+  for (int block = 0; block < kBlocks; ++block) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = first_row + group + (e >> 1) * 8, column = first_column + block * 8 + 2 * in_group + (e & 1);
+      const bool causal = kKeys == KeysIn::columns ? column <= row : row <= column;
+      if (!causal || column >= seq) scores[block][e] = kMinusInfinity;
     }
   }
 }
@@ -219,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  Heads<const uint16_t> k, Heads<const uint16_t> v, int heads_per_batch, int seq,
                                  float scale) {
   constexpr int kSteps = kDim / 16;  // mma k steps along the head dim
+  const float scale_log2 = scale * kLog2E;
   uint16_t* q_tile = dynamic_shared_memory<uint16_t>();
   uint16_t* k_tile = q_tile + kTile * kPitch<kDim>;
   uint16_t* v_tile = k_tile + kTile * kPitch<kDim>;
@@ -261,25 +287,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma_pair(s[2 * step], s[2 * step + 1], q_fragments[d], b);
       }
     }
-    // Scale and mask; every row sees key first_key (<= its query, < seq), so
-    // the new maximum is finite.
+    // Mask, then the softmax in base 2 on the unscaled scores: the maximum
+    // of s scaled is the scaled maximum, and p = 2^(s scale log2 e - max) is
+    // one fma and one ex2. Every row sees key first_key (<= its query,
+    // < seq), so the new maximum is finite.
+    if (first_key + kTile - 1 > warp_query || first_key + kTile > seq) {
+      mask_invisible<KeysIn::columns>(s, warp_query, first_key, seq, lane);
+    }
     float tile_max[2] = {kMinusInfinity, kMinusInfinity};
 #pragma unroll
     for (int block = 0; block < kTile / 8; ++block) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = first_key + block * 8 + 2 * in_group + (e & 1);
-        const int query = warp_query + group + (e >> 1) * 8;
-        s[block][e] = key <= query && key < seq ? s[block][e] * scale : kMinusInfinity;
-        tile_max[e >> 1] = s[block][e] > tile_max[e >> 1] ? s[block][e] : tile_max[e >> 1];
-      }
+      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[block][e]);
     }
     float correction[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float row_max = group_max(tile_max[half]);
-      const float new_max = row_max > running_max[half] ? row_max : running_max[half];
-      correction[half] = std::exp(running_max[half] - new_max);
+      const float new_max = fmaxf(running_max[half], group_max(tile_max[half]) * scale_log2);
+      correction[half] = exp2_approx(running_max[half] - new_max);  // 2^-inf = 0 on the first tile
       running_max[half] = new_max;
       running_sum[half] *= correction[half];
     }
@@ -287,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int block = 0; block < kTile / 8; ++block) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[block][e] = std::exp(s[block][e] - running_max[e >> 1]);  // exp(-inf) = 0 where masked
+        s[block][e] = exp2_approx(fmaf(s[block][e], scale_log2, -running_max[e >> 1]));  // 0 where masked
         running_sum[e >> 1] += s[block][e];
       }
     }
@@ -316,16 +341,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int query = warp_query + group + half * 8;
-      if (query < seq) logsumexp[head * seq + query] = running_max[half] + std::log(running_sum[half]);
+      if (query < seq) logsumexp[head * seq + query] = running_max[half] * kLn2 + std::log(running_sum[half]);
     }
   }
 }
 
 // The columns a backward kernel takes of a staged tile at once: all 64 at
-// head dim 64; 32 at head dim 128, where two 16 x kDim f32 gradients already
-// hold 128 registers a thread.
+// head dim 64; 16 at head dim 128, where two 16 x kDim f32 gradients already
+// hold 128 registers a thread (at 32, sm_80's dK/dV kernel spills).
 template <int kDim>
-constexpr int kChunk = kDim <= 64 ? 64 : 32;
+constexpr int kChunk = kDim <= 64 ? 64 : 16;
 
 // Grid: (heads, key tiles). A block owns 64 keys (16 a warp) and loops over
 // the query tiles that see them. Shared: k, v, q, grad_out [kTile][kPitch],
@@ -338,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    const float* logsumexp, const float* delta, int heads_per_batch, int seq,
                                    float scale) {
   constexpr int kColumns = kChunk<kDim>;
+  const float scale_log2 = scale * kLog2E;
   uint16_t* k_tile = dynamic_shared_memory<uint16_t>();
   uint16_t* v_tile = k_tile + kTile * kPitch<kDim>;
   uint16_t* q_tile = v_tile + kTile * kPitch<kDim>;
@@ -363,8 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // the previous tile's readers are done
     stage_tile<kDim>(q_tile, q_rows, q.row_stride, first_query, seq);
     stage_tile<kDim>(go_tile, grad_out_rows, grad_out.row_stride, first_query, seq);
-    stage_values(lse_tile, head_lse, first_query, seq);
-    stage_values(delta_tile, head_delta, first_query, seq);
+    stage_values(lse_tile, head_lse, kLog2E, first_query, seq);  // in base 2
+    stage_values(delta_tile, head_delta, 1.0f, first_query, seq);
     __syncthreads();
 #pragma unroll 1
     for (int chunk = 0; chunk < kTile / kColumns; ++chunk) {
@@ -373,15 +399,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (chunk_query + kColumns - 1 < warp_key || chunk_query >= seq) continue;
       float st[kColumns / 8][4], dpt[kColumns / 8][4];  // S^T, dP^T: [16 keys][kColumns queries]
       two_products<kDim, kColumns>(st, dpt, k_tile, v_tile, q_tile, go_tile, warp, first_column, lane);
-      // P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta), zero where masked.
+      if (chunk_query < warp_key + kWarpRows - 1 || chunk_query + kColumns > seq) {
+        mask_invisible<KeysIn::rows>(st, warp_key, chunk_query, seq, lane);
+      }
+      // P^T = 2^(S^T scale log2 e - lse log2 e), dS^T = P^T (dP^T - delta),
+      // zero where masked; lse and delta of a lane's two columns in one load.
 #pragma unroll
       for (int block = 0; block < kColumns / 8; ++block) {
+        const int local = first_column + block * 8 + 2 * in_group;
+        const float2 lse = *reinterpret_cast<const float2*>(lse_tile + local);
+        const float2 row_delta = *reinterpret_cast<const float2*>(delta_tile + local);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int local = first_column + block * 8 + 2 * in_group + (e & 1);
-          const int query = first_query + local, key = warp_key + group + (e >> 1) * 8;
-          const float p = query >= key && query < seq ? std::exp(st[block][e] * scale - lse_tile[local]) : 0.0f;
-          dpt[block][e] = p * (dpt[block][e] - delta_tile[local]);
+          const float p = exp2_approx(fmaf(st[block][e], scale_log2, -(e & 1 ? lse.y : lse.x)));
+          dpt[block][e] = p * (dpt[block][e] - (e & 1 ? row_delta.y : row_delta.x));
           st[block][e] = p;
         }
       }
@@ -410,6 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      Heads<const uint16_t> k, Heads<const uint16_t> v, const float* logsumexp,
                                      const float* delta, int heads_per_batch, int seq, float scale) {
   constexpr int kColumns = kChunk<kDim>;
+  const float scale_log2 = scale * kLog2E;
   uint16_t* q_tile = dynamic_shared_memory<uint16_t>();
   uint16_t* go_tile = q_tile + kTile * kPitch<kDim>;
   uint16_t* k_tile = go_tile + kTile * kPitch<kDim>;
@@ -423,14 +455,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint16_t* v_rows = v.head(head, heads_per_batch);
   stage_tile<kDim>(q_tile, q.head(head, heads_per_batch), q.row_stride, first_query, seq);
   stage_tile<kDim>(go_tile, grad_out.head(head, heads_per_batch), grad_out.row_stride, first_query, seq);
-  // lse and delta of this lane's two rows, read once per row (by the
+  // lse (in base 2) and delta of this lane's two rows, read once per row (by the
   // group's first lane) and shuffled to the other three.
   float row_lse[2], row_delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int query = warp_query + group + half * 8;
     const bool reads = in_group == 0 && query < seq;
-    row_lse[half] = __shfl_sync(0xffffffffu, reads ? logsumexp[head * seq + query] : 0.0f, lane & ~3);
+    row_lse[half] = __shfl_sync(0xffffffffu, reads ? logsumexp[head * seq + query] * kLog2E : 0.0f, lane & ~3);
     row_delta[half] = __shfl_sync(0xffffffffu, reads ? delta[head * seq + query] : 0.0f, lane & ~3);
   }
 
@@ -449,17 +481,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (chunk_key > warp_query + kWarpRows - 1 || chunk_key >= seq) continue;
       float s[kColumns / 8][4], dp[kColumns / 8][4];  // [16 queries][kColumns keys]
       two_products<kDim, kColumns>(s, dp, q_tile, go_tile, k_tile, v_tile, warp, first_column, lane);
-      // dS = exp(scale S - lse) (dP - delta), zero where masked; kept in s.
+      if (chunk_key + kColumns - 1 > warp_query || chunk_key + kColumns > seq) {
+        mask_invisible<KeysIn::columns>(s, warp_query, chunk_key, seq, lane);
+      }
+      // dS = 2^(S scale log2 e - lse log2 e) (dP - delta), zero where masked; kept in s.
 #pragma unroll
       for (int block = 0; block < kColumns / 8; ++block) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = chunk_key + block * 8 + 2 * in_group + (e & 1);
-          const int query = warp_query + group + (e >> 1) * 8;
           const int half = e >> 1;
-          s[block][e] = key <= query && key < seq
-                            ? std::exp(s[block][e] * scale - row_lse[half]) * (dp[block][e] - row_delta[half])
-                            : 0.0f;
+          s[block][e] = exp2_approx(fmaf(s[block][e], scale_log2, -row_lse[half])) * (dp[block][e] - row_delta[half]);
         }
       }
       // dQ += bf16(dS) K over this chunk's keys, scaled once at the end.
