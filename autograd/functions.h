@@ -105,6 +105,16 @@ Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// sum = x + delta and normalized = layer_norm(sum, weight, bias, eps) as one
+// node with two outputs: the bits of add then layer_norm, forward and
+// backward, in one pass over the rows each way (ops::add_layer_norm).
+// x and delta: one shape, dtype and device; delta's gradient is x's tensor.
+struct AddLayerNormOutput {
+  Tensor sum;
+  Tensor normalized;
+};
+AddLayerNormOutput add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                                  double eps = 1e-5);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Columns of logits from `classes` on are padding: outside the softmax, zero gradient (ops::cross_entropy).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,

@@ -29,9 +29,21 @@ TransformerBlock::TransformerBlock(int64_t embed_dim, int64_t num_heads, Transfo
   materialize(options.device);
 }
 
+// The residual add h = x + attn(...) and ln2(h) run as one add_layer_norm
+// (one pass over the rows each way, forward and backward, where the add
+// and the norm take two; the same bits) unless ln2 has forward hooks, which
+// only a call of ln2 runs: FSDP's, were ln2 sharded on its own, or a user's.
+bool TransformerBlock::fuses_residual_norm() const { return !ln2_->has_forward_hooks(); }
+
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor h = tessera::add(x, (*attn_)((*ln1_)(x)));  // [B, T, C]
-  return tessera::add(h, (*mlp_)((*ln2_)(h)));
+  const Tensor attended = (*attn_)((*ln1_)(x));  // [B, T, C]
+  if (!fuses_residual_norm()) {
+    const Tensor h = tessera::add(x, attended);
+    return tessera::add(h, (*mlp_)((*ln2_)(h)));
+  }
+  const Tensor bias = ln2_->has_bias() ? ln2_->bias().tensor() : Tensor();
+  const AddLayerNormOutput h = tessera::add_layer_norm(x, attended, ln2_->weight().tensor(), bias, ln2_->eps());
+  return tessera::add(h.sum, (*mlp_)(h.normalized));
 }
 
 }  // namespace tessera::nn

@@ -1,7 +1,9 @@
 // nn::TransformerBlock: one pre-norm GPT-2 block,
 //   x = x + attn(ln1(x));  x = x + mlp(ln2(x))
 // with LayerNorm, CausalSelfAttention and a GELU(tanh) MLP. FSDP shards a
-// model one block at a time, so this is its usual unit. (Llama's block, with
+// model one block at a time, so this is its usual unit. With no forward hooks
+// on ln2, the first residual add and ln2 run as one tessera::add_layer_norm:
+// the same values and gradients, one pass over the rows fewer each way. (Llama's block, with
 // RMSNorm, rotary GQA and SwiGLU, is nn::LlamaBlock in nn/models/llama.h.)
 #pragma once
 
@@ -41,6 +43,9 @@ class TransformerBlock : public Module {
   MLP& mlp() const { return *mlp_; }
 
  private:
+  // Whether forward may run h = x + attn(...) and ln2(h) as add_layer_norm.
+  bool fuses_residual_norm() const;
+
   std::shared_ptr<LayerNorm> ln1_;
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<LayerNorm> ln2_;

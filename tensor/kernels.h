@@ -117,6 +117,21 @@ struct KernelTable {
   void (*norm_backward)(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                         const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd);
+  // A residual stream's add fused into the norm beside it (x [rows, C] and
+  // the rest as in norm and norm_backward, all of one dtype; ops call these
+  // only where that dtype is the tensors' own, so each rounding below is
+  // the one a separate binary add makes):
+  // sum = x + delta (delta [rows, C]), rounded to x's dtype, then norm of
+  // that rounded sum: the bits of binary add then norm, with one read of x
+  // and delta where those two read the sum again.
+  void (*add_norm)(const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                   const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps);
+  // norm_backward whose grad_x also takes grad_residual [rows, C], the
+  // gradient reaching x past the norm: norm's gradient rounded to x's dtype,
+  // plus grad_residual, rounded again (binary add's bits), in one pass.
+  void (*norm_backward_add)(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                            const Tensor& grad_residual, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd);
   // loss (0-d) = mean over kept rows of logsumexp[n] - logits[n, target[n]],
   // also writing logsumexp [N] of every row (ignored ones too) for the
   // backward; loss and logsumexp in f32, or f64 for f64 logits. Only the
@@ -163,7 +178,7 @@ struct KernelTable {
   void (*check_index_range)(const Tensor& indices, int64_t count, std::optional<int64_t> also_allowed,
                             const std::function<std::string(int64_t position, int64_t value)>& describe);
 
-  // Whether unary, unary_backward, binary, reduce, softmax, norm,
+  // Whether unary, unary_backward, binary, reduce, softmax, the norms,
   // cross_entropy and causal_attention take bf16 operands themselves
   // (computing in f32, rounding each bf16 result once, statistics in f32).
   // Ops widen bf16 to f32 around a table without it: the same bits, two

@@ -242,6 +242,25 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
                               const Tensor& rstd, bool has_bias);
 NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd);
 
+// A pre-norm block's residual add and the LayerNorm that reads its result
+// (h = x + attn(...); ln2(h)) in one pass: sum = x + delta, bit for bit what
+// add(x, delta) gives, and norm = layer_norm(sum, weight, bias, eps), bit for
+// bit, without a second read of the sum. x and delta: one shape (no
+// broadcasting), dtype and device. Devices whose kernels widen x's dtype
+// (cpu bf16/f16, cuda f16) run add then layer_norm: the same bits.
+struct AddNormOutput {
+  Tensor sum;
+  NormOutput norm;
+};
+AddNormOutput add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                             double eps);
+// Its backward: layer_norm_backward(grad_y, sum, ...) with grad_sum, the
+// gradient reaching the sum past the norm (or undefined), added to the
+// gradient of the sum: x's, bit for bit add(grad_sum, layer_norm_backward(...).x),
+// in the norm backward's pass (delta's gradient is the same tensor).
+NormGrads add_layer_norm_backward(const Tensor& grad_sum, const Tensor& grad_y, const Tensor& sum,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool has_bias);
+
 // weight: [num, dim], indices: any shape of i32/i64 in [0, num) -> [..., dim].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings);

@@ -25,7 +25,7 @@ constexpr std::string_view kTwinsOfTheSameName[] = {
     "expand", "contiguous", "clone", "to", "cat", "stack", "split", "chunk", "index_select", "add", "sub", "mul",
     "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "where",
     "masked_fill", "sum", "mean", "amax", "max", "matmul", "linear", "softmax", "log_softmax", "layer_norm",
-    "rms_norm", "embedding", "cross_entropy", "dropout"};
+    "rms_norm", "add_layer_norm", "embedding", "cross_entropy", "dropout"};
 
 std::string differentiable_twin(std::string_view op) {
   if (op == "causal_attention") return "tessera::scaled_dot_product_attention";

@@ -1,7 +1,8 @@
 // Differentiable neural-network functions. Each backward is one fused raw op
 // (tensor/ops.h *_backward) fed with what the forward saved: the output for
-// softmax, the row statistics for the norms, the log-sum-exp for attention,
-// the scale mask for dropout.
+// softmax, the row statistics for the norms (and the sum for add_layer_norm,
+// whose node has two outputs), the log-sum-exp for attention, the scale mask
+// for dropout.
 #include "autograd/functions.h"
 #include "autograd/functions/recording.h"
 
@@ -41,6 +42,31 @@ class LayerNormBackward final : public Node {
 
  private:
   Tensor x_, weight_, mean_, rstd_;
+  bool has_bias_;
+};
+
+// Outputs: 0 sum = x + delta, 1 normalized = layer_norm(sum). The sum's
+// gradient is grad_sum (what reached it past the norm) plus the norm's, in
+// one pass (ops::add_layer_norm_backward); x and delta both get that tensor
+// (the engine copies a gradient it hands to two places before adding into it).
+class AddLayerNormBackward final : public Node {
+ public:
+  AddLayerNormBackward(const ops::AddNormOutput& out, const Tensor& weight, bool has_bias)
+      : sum_(out.sum.detach()), weight_(weight), mean_(out.norm.mean), rstd_(out.norm.rstd), has_bias_(has_bias) {}
+  std::string name() const override { return "AddLayerNormBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& grad_sum = grads[0];
+    const Tensor& grad_normalized = grads[1];
+    ops::NormGrads g{grad_sum, Tensor(), Tensor()};
+    if (grad_normalized.defined()) {
+      g = ops::add_layer_norm_backward(grad_sum, grad_normalized, sum_, weight_, mean_, rstd_, has_bias_);
+    }
+    return {g.x, g.x, std::move(g.weight), std::move(g.bias)};
+  }
+  void release_saved_tensors() override { sum_ = weight_ = mean_ = rstd_ = Tensor(); }
+
+ private:
+  Tensor sum_, weight_, mean_, rstd_;
   bool has_bias_;
 };
 
@@ -149,6 +175,21 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     autograd::record(y, std::make_shared<LayerNormBackward>(x, weight, out, bias.defined()), {&x, &weight, &bias});
   }
   return y;
+}
+
+AddLayerNormOutput add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                                  double eps) {
+  const GradInputsAllowed recorded_here;
+  ops::AddNormOutput out = ops::add_layer_norm(x, delta, weight, bias, eps);
+  AddLayerNormOutput result{out.sum, out.norm.y};
+  if (autograd::any_requires_grad({&x, &delta, &weight, &bias})) {
+    auto node = std::make_shared<AddLayerNormBackward>(out, weight, bias.defined());
+    node->set_next_edges(autograd::collect_edges({&x, &delta, &weight, &bias}));
+    node->set_num_outputs(2);
+    autograd::set_history(result.sum, node, 0);
+    autograd::set_history(result.normalized, node, 1);
+  }
+  return result;
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {

@@ -37,6 +37,11 @@ void norm(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor&
           const Tensor& bias, double eps);
 void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
                    const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+void add_norm(const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+              const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps);
+void norm_backward_add(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                       const Tensor& grad_residual, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                       const Tensor& mean, const Tensor& rstd);
 void cross_entropy(const Tensor& loss, const Tensor& logsumexp, const Tensor& logits, const Tensor& targets,
                    int64_t ignore_index, int64_t classes);
 void cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss, const Tensor& logits,

@@ -23,6 +23,8 @@ const KernelTable& kernel_table() {
       .softmax_backward = softmax_backward,
       .norm = norm,
       .norm_backward = norm_backward,
+      .add_norm = add_norm,
+      .norm_backward_add = norm_backward_add,
       .cross_entropy = cross_entropy,
       .cross_entropy_backward = cross_entropy_backward,
       .causal_attention = causal_attention,

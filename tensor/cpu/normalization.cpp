@@ -74,12 +74,15 @@ void softmax_backward_typed(const Tensor& grad_in, const Tensor& grad_out, const
 }
 
 // y = (x - mean) * rstd * weight + bias per row, writing the row statistics;
-// RMS norm (mean undefined) skips the centring.
+// RMS norm (mean undefined) skips the centring. With delta (add_norm), the
+// row normalised is x + delta, written to sum first and read back from it.
 template <typename T>
 void norm_typed(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                const Tensor& bias, double eps) {
+                const Tensor& bias, double eps, const Tensor& sum = Tensor(), const Tensor& delta = Tensor()) {
   const int64_t cols = last_dim(x), rows = row_count(x);
   const T* x_data = x.data_ptr<T>();
+  const T* delta_data = delta.defined() ? delta.data_ptr<T>() : nullptr;
+  T* sum_data = delta_data ? sum.data_ptr<T>() : nullptr;
   T* y_data = y.data_ptr<T>();
   T* mean_data = mean.defined() ? mean.data_ptr<T>() : nullptr;
   T* rstd_data = rstd.data_ptr<T>();
@@ -87,7 +90,12 @@ void norm_typed(const Tensor& y, const Tensor& mean, const Tensor& rstd, const T
   const T* b_data = bias.defined() ? bias.data_ptr<T>() : nullptr;
   parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const ConstRow<T> xr(x_data + r * cols, cols);
+      const T* row = x_data + r * cols;
+      if (delta_data) {
+        Row<T>(sum_data + r * cols, cols) = ConstRow<T>(row, cols) + ConstRow<T>(delta_data + r * cols, cols);
+        row = sum_data + r * cols;
+      }
+      const ConstRow<T> xr(row, cols);
       Row<T> yr(y_data + r * cols, cols);
       // Two passes (centre, then square) avoid the cancellation of E[x^2] - E[x]^2.
       const T mu = mean_data ? static_cast<T>(lane_sum(xr.data(), cols) / static_cast<double>(cols)) : T{0};
@@ -109,13 +117,16 @@ void norm_typed(const Tensor& y, const Tensor& mean, const Tensor& rstd, const T
 constexpr int64_t kMaxRowBlocks = 64;
 constexpr int64_t kMinRowsPerBlock = 8;
 
+// With grad_residual (norm_backward_add), each row of grad_x adds it after
+// the norm's gradient is stored.
 template <typename T>
 void norm_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                          const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& rstd) {
+                         const Tensor& rstd, const Tensor& grad_residual = Tensor()) {
   const int64_t cols = last_dim(x), rows = row_count(x);
   const T* x_data = x.data_ptr<T>();
   const T* gy_data = grad_y.data_ptr<T>();
+  const T* residual_data = grad_residual.defined() ? grad_residual.data_ptr<T>() : nullptr;
   const T* mean_data = mean.defined() ? mean.data_ptr<T>() : nullptr;
   const T* rstd_data = rstd.data_ptr<T>();
   const T* w_data = weight.defined() ? weight.data_ptr<T>() : nullptr;
@@ -146,7 +157,9 @@ void norm_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
         const auto n = static_cast<double>(cols);
         const T gw_mean = mean_data ? static_cast<T>(lane_sum(gw.data(), cols) / n) : T{0};
         const T proj = static_cast<T>(lane_dot(gw.data(), xhat.data(), cols) / n);
-        Row<T>(gx_data + r * cols, cols) = inv * (gw - gw_mean - xhat * proj);
+        Row<T> dx(gx_data + r * cols, cols);
+        dx = inv * (gw - gw_mean - xhat * proj);
+        if (residual_data) dx += ConstRow<T>(residual_data + r * cols, cols);
       }
     }
   });
@@ -250,6 +263,20 @@ void norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor
                    const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   visit_float_dtype(x.dtype(), "norm_backward", [&]<typename T>(T) {
     norm_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, mean, rstd);
+  });
+}
+
+void add_norm(const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+              const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps) {
+  visit_float_dtype(x.dtype(), "add_norm",
+                    [&]<typename T>(T) { norm_typed<T>(y, mean, rstd, x, weight, bias, eps, sum, delta); });
+}
+
+void norm_backward_add(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                       const Tensor& grad_residual, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                       const Tensor& mean, const Tensor& rstd) {
+  visit_float_dtype(x.dtype(), "norm_backward_add", [&]<typename T>(T) {
+    norm_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, mean, rstd, grad_residual);
   });
 }
 

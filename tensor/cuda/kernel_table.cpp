@@ -1,10 +1,12 @@
 // The cuda kernel table: each entry declares the bytes its launch reads and
 // writes (for the simulator's memcheck and stream-ordering checker) and runs
 // on the current stream of the tensors' device.
+#include <algorithm>
 #include <atomic>
 #include <optional>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_mma.h"
 #include "tensor/cuda/blas_lt.h"
 #include "tensor/cuda/cross_entropy.h"
 #include "tensor/cuda/dropout.h"
@@ -356,6 +358,12 @@ AttentionShape attention_shape(const char* op, const Tensor& q,
                 dtype_name(accumulation), rows, q.device().str(), dtype_name(logsumexp.dtype()), logsumexp.sizes(),
                 logsumexp.device().str());
   TESSERA_CHECK(q.size(1) <= INT32_MAX, "cuda::{}: {} heads are above 2^31 - 1", op, q.size(1));
+  // attention_mma launches one block per head and kAttentionMmaTile rows, a 1-D grid
+  // (a logsumexp this large would take over 512 GiB: a bound, not a case to test).
+  const int64_t tiles = (q.size(2) + kAttentionMmaTile - 1) / kAttentionMmaTile;
+  TESSERA_CHECK(q.size(0) * q.size(1) <= INT32_MAX / std::max<int64_t>(tiles, 1),
+                "cuda::{}: {} heads of {} positions need more than 2^31 - 1 blocks of {} rows", op,
+                q.size(0) * q.size(1), q.size(2), kAttentionMmaTile);
   return {q.size(0) * q.size(1), static_cast<int32_t>(std::max<int64_t>(q.size(1), 1)), static_cast<int32_t>(q.size(2)),
           static_cast<int32_t>(q.size(3))};
 }
@@ -653,29 +661,52 @@ void check_norm_operands(const char* op, const Tensor& x, const Tensor& weight, 
   check_row_operand(op, "rstd", rstd, stats, row_total(x));
 }
 
-void norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                 const Tensor& bias, double eps) {
-  check_norm_operands("norm", x, weight, mean, rstd);
-  check_row_operand("norm", "y", y, x.dtype(), x.numel());
-  if (bias.defined()) check_row_operand("norm", "bias", bias, x.dtype(), row_length(x));
+// norm, or add_norm where sum and delta are defined.
+void launch_norm(const char* op, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& sum,
+                 const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps) {
+  check_norm_operands(op, x, weight, mean, rstd);
+  check_row_operand(op, "y", y, x.dtype(), x.numel());
+  if (bias.defined()) check_row_operand(op, "bias", bias, x.dtype(), row_length(x));
+  if (delta.defined()) {
+    check_row_operand(op, "delta", delta, x.dtype(), x.numel());
+    check_row_operand(op, "sum", sum, x.dtype(), x.numel());
+  }
   std::vector<BufferUse> buffers{buffer_use("x", x, kRead), buffer_use("y", y, kWrite),
                                  buffer_use("rstd", rstd, kWrite)};
+  declare(buffers, "delta", delta, kRead);
+  declare(buffers, "sum", sum, kWrite);
   declare(buffers, "weight", weight, kRead);
   declare(buffers, "bias", bias, kRead);
   declare(buffers, "mean", mean, kWrite);
-  norm(operand(y), optional_operand(mean), operand(rstd), operand(x), optional_operand(weight),
-       optional_operand(bias), eps, row_total(x), row_length(x),
+  norm(operand(y), optional_operand(mean), operand(rstd), optional_operand(sum), operand(x), optional_operand(delta),
+       optional_operand(weight), optional_operand(bias), eps, row_total(x), row_length(x),
        launch_on_current_stream(x.device(), std::move(buffers)));
 }
 
-void norm_backward_kernel(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                          const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                          const Tensor& rstd) {
-  check_norm_operands("norm_backward", x, weight, mean, rstd);
-  check_row_operand("norm_backward", "grad_y", grad_y, x.dtype(), x.numel());
-  if (grad_x.defined()) check_row_operand("norm_backward", "grad_x", grad_x, x.dtype(), x.numel());
-  if (grad_weight.defined()) check_row_operand("norm_backward", "grad_weight", grad_weight, x.dtype(), row_length(x));
-  if (grad_bias.defined()) check_row_operand("norm_backward", "grad_bias", grad_bias, x.dtype(), row_length(x));
+void norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                 const Tensor& bias, double eps) {
+  launch_norm("norm", y, mean, rstd, Tensor(), x, Tensor(), weight, bias, eps);
+}
+
+void add_norm_kernel(const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                     const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps) {
+  TESSERA_CHECK(delta.defined() && sum.defined(), "cuda::add_norm: needs delta and sum");
+  launch_norm("add_norm", y, mean, rstd, sum, x, delta, weight, bias, eps);
+}
+
+// norm_backward, or norm_backward_add where grad_residual is defined.
+void launch_norm_backward(const char* op, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                          const Tensor& grad_residual, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) {
+  check_norm_operands(op, x, weight, mean, rstd);
+  check_row_operand(op, "grad_y", grad_y, x.dtype(), x.numel());
+  if (grad_x.defined()) check_row_operand(op, "grad_x", grad_x, x.dtype(), x.numel());
+  if (grad_weight.defined()) check_row_operand(op, "grad_weight", grad_weight, x.dtype(), row_length(x));
+  if (grad_bias.defined()) check_row_operand(op, "grad_bias", grad_bias, x.dtype(), row_length(x));
+  if (grad_residual.defined()) {
+    check_row_operand(op, "grad_residual", grad_residual, x.dtype(), x.numel());
+    TESSERA_CHECK(grad_x.defined(), "cuda::{}: grad_residual is added to grad_x, which is undefined", op);
+  }
   // The per-block partial sums of the weight and bias gradients (the caching
   // allocator makes this free in steady state; stream order keeps it alive).
   Tensor workspace;
@@ -687,14 +718,29 @@ void norm_backward_kernel(const Tensor& grad_x, const Tensor& grad_weight, const
                                  buffer_use("rstd", rstd, kRead)};
   declare(buffers, "weight", weight, kRead);
   declare(buffers, "mean", mean, kRead);
+  declare(buffers, "grad_residual", grad_residual, kRead);
   declare(buffers, "grad_x", grad_x, kWrite);
   declare(buffers, "grad_weight", grad_weight, kWrite);
   declare(buffers, "grad_bias", grad_bias, kWrite);
   declare(buffers, "workspace", workspace, BufferAccess::read_write);
   norm_backward(optional_operand(grad_x), optional_operand(grad_weight), optional_operand(grad_bias),
-                optional_operand(workspace), operand(grad_y), operand(x), optional_operand(weight),
-                optional_operand(mean), operand(rstd), row_total(x), row_length(x),
+                optional_operand(workspace), optional_operand(grad_residual), operand(grad_y), operand(x),
+                optional_operand(weight), optional_operand(mean), operand(rstd), row_total(x), row_length(x),
                 launch_on_current_stream(x.device(), std::move(buffers)));
+}
+
+void norm_backward_kernel(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                          const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                          const Tensor& rstd) {
+  launch_norm_backward("norm_backward", grad_x, grad_weight, grad_bias, Tensor(), grad_y, x, weight, mean, rstd);
+}
+
+void norm_backward_add_kernel(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                              const Tensor& grad_residual, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                              const Tensor& mean, const Tensor& rstd) {
+  TESSERA_CHECK(grad_residual.defined(), "cuda::norm_backward_add: needs grad_residual");
+  launch_norm_backward("norm_backward_add", grad_x, grad_weight, grad_bias, grad_residual, grad_y, x, weight, mean,
+                       rstd);
 }
 
 // logits [rows, columns] contiguous with 0 <= classes <= columns, targets [rows] contiguous, logsumexp [rows]
@@ -776,6 +822,8 @@ const KernelTable& kernel_table() {
       .softmax_backward = softmax_backward_kernel,
       .norm = norm_kernel,
       .norm_backward = norm_backward_kernel,
+      .add_norm = add_norm_kernel,
+      .norm_backward_add = norm_backward_add_kernel,
       .cross_entropy = cross_entropy_kernel,
       .cross_entropy_backward = cross_entropy_backward_kernel,
       .causal_attention = causal_attention_kernel,

@@ -12,6 +12,13 @@
 // add theirs in group order into a per-block partial, and a last kernel adds
 // the blocks' partials, 32 threads a column, each in block order, then a
 // fixed tree: no float atomics, the same bits on every run.
+// The residual-add variants (kAdd) are these kernels with two more
+// operands: the forward adds delta to its row as it loads it (rounded to T,
+// as the elementwise add rounds it) and writes that sum; the backward adds a
+// residual gradient to dx after dx rounds, as the autograd engine's add of
+// the two gradients would. kAdd is a template argument so that the plain
+// kernels keep their registers (a runtime branch cost the bf16 backward at
+// 512 threads 21 more on sm_90: one block a multiprocessor instead of two).
 #include "tensor/cuda/normalization.h"
 
 #include "tensor/cuda/portability.h"
@@ -32,22 +39,23 @@ constexpr int64_t kBackwardRowsPerGroup = 32;
 
 int64_t group_count(int64_t rows, int64_t rows_per_group) { return (rows + rows_per_group - 1) / rows_per_group; }
 
-template <typename T, int kGroupThreads, int kPerThread>
+template <typename T, int kGroupThreads, int kPerThread, bool kAdd>
 __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
-    norm_kernel(T* y, Accumulator<T>* mean, Accumulator<T>* rstd, const T* x, const T* weight, const T* bias,
-                int64_t rows, int64_t cols, Accumulator<T> eps) {
+    norm_kernel(T* y, Accumulator<T>* mean, Accumulator<T>* rstd, T* sum, const T* x, const T* delta,
+                const T* weight, const T* bias, int64_t rows, int64_t cols, Accumulator<T> eps) {
   using Group = RowGroup<kGroupThreads>;
   using A = Accumulator<T>;
   const int lane = Group::lane();
   const RowSlice<T, kGroupThreads, kPerThread> w(weight, cols, lane), b(bias, cols, lane);
   const A n = static_cast<A>(cols);
   for (int64_t row = Group::first(); row < rows; row += Group::stride()) {
-    const RowSlice<T, kGroupThreads, kPerThread> slice(x + row * cols, cols, lane);
+    RowSlice<T, kGroupThreads, kPerThread> slice(x + row * cols, cols, lane);
+    if constexpr (kAdd) slice.add_rounded(delta + row * cols, sum + row * cols);
     A mu = 0;
     if (mean != nullptr) {
-      A sum = 0;
-      slice.for_each([&](int, int64_t, A value) { sum += value; });
-      mu = Group::all_reduce(sum, Plus{}) / n;
+      A total = 0;
+      slice.for_each([&](int, int64_t, A value) { total += value; });
+      mu = Group::all_reduce(total, Plus{}) / n;
     }
     A squares = 0;
     slice.for_each([&](int, int64_t, A value) { squares += (value - mu) * (value - mu); });
@@ -66,10 +74,11 @@ __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
   }
 }
 
-template <typename T, int kGroupThreads, int kPerThread>
+template <typename T, int kGroupThreads, int kPerThread, bool kAdd>
 __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
-    norm_backward_kernel(T* grad_x, Accumulator<T>* partials, const T* grad_y, const T* x, const T* weight,
-                         const Accumulator<T>* mean, const Accumulator<T>* rstd, int64_t rows, int64_t cols) {
+    norm_backward_kernel(T* grad_x, Accumulator<T>* partials, const T* grad_residual, const T* grad_y, const T* x,
+                         const T* weight, const Accumulator<T>* mean, const Accumulator<T>* rstd, int64_t rows,
+                         int64_t cols) {
   using Group = RowGroup<kGroupThreads>;
   using A = Accumulator<T>;
   const int lane = Group::lane();
@@ -94,10 +103,17 @@ __global__ void __launch_bounds__(RowGroup<kGroupThreads>::kBlockThreads)
     const A projection = Group::all_reduce(sum_gw_xhat, Plus{}) / n;
     if (grad_x == nullptr) continue;
     T* dx = grad_x + row * cols;
+    // Without kAdd a row of no data: nothing loaded, nothing kept.
+    const RowSlice<T, kGroupThreads, kPerThread> residual(kAdd ? grad_residual + row * cols : nullptr, cols, lane);
     xs.for_each([&](int i, int64_t col, A value) {
       const A xhat = (value - mu) * inverse;
       const A gw = weight != nullptr ? dy.at(i, col) * w.at(i, col) : dy.at(i, col);
-      dx[col] = convert<T>(inverse * (gw - gw_mean - xhat * projection));
+      const T norm_grad = convert<T>(inverse * (gw - gw_mean - xhat * projection));
+      if constexpr (kAdd) {
+        dx[col] = convert<T>(convert<A>(norm_grad) + residual.at(i, col));
+      } else {
+        dx[col] = norm_grad;
+      }
     });
   }
   if (partials == nullptr) return;
@@ -192,19 +208,30 @@ T* typed(const Operand& operand) {
   return static_cast<T*>(operand.data);
 }
 
+// Calls fn.template operator()<kAdd>() with kAdd = whether the op has the
+// residual-add operand `addend` (delta, or grad_residual).
+template <typename Fn>
+void visit_add(const Operand& addend, Fn&& fn) {
+  if (addend.data != nullptr) return fn.template operator()<true>();
+  return fn.template operator()<false>();
+}
+
 }  // namespace
 
-void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Operand& x, const Operand& weight,
-          const Operand& bias, double eps, int64_t rows, int64_t cols, const KernelLaunch& launch) {
+void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Operand& sum, const Operand& x,
+          const Operand& delta, const Operand& weight, const Operand& bias, double eps, int64_t rows, int64_t cols,
+          const KernelLaunch& launch) {
   if (rows == 0 || cols == 0) return;
   visit_row_dtype(x.dtype, "norm", [&]<typename T>(T) {
     using A = Accumulator<T>;
     visit_row_shape(cols, [&]<int kGroupThreads, int kPerThread>() {
       if constexpr (kPerThread > 0 && kGroupThreads * kPerThread <= kNormMaxColumns) {
-        TESSERA_LAUNCH((norm_kernel<T, kGroupThreads, kPerThread>),
-                       row_config<kGroupThreads>(group_count(rows, kRowsPerGroup), launch), typed<T>(y),
-                       typed<A>(mean), typed<A>(rstd), typed<const T>(x), typed<const T>(weight),
-                       typed<const T>(bias), rows, cols, static_cast<A>(eps));
+        visit_add(delta, [&]<bool kAdd>() {
+          TESSERA_LAUNCH((norm_kernel<T, kGroupThreads, kPerThread, kAdd>),
+                         row_config<kGroupThreads>(group_count(rows, kRowsPerGroup), launch), typed<T>(y),
+                         typed<A>(mean), typed<A>(rstd), typed<T>(sum), typed<const T>(x), typed<const T>(delta),
+                         typed<const T>(weight), typed<const T>(bias), rows, cols, static_cast<A>(eps));
+        });
       } else {
         refuse_operands("norm", "rows longer than kNormMaxColumns (4096) columns, dtype", x.dtype);
       }
@@ -215,18 +242,22 @@ void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Oper
 int64_t norm_backward_workspace_elements(int64_t rows, int64_t cols) { return norm_blocks(rows, cols) * 2 * cols; }
 
 void norm_backward(const Operand& grad_x, const Operand& grad_weight, const Operand& grad_bias,
-                   const Operand& workspace, const Operand& grad_y, const Operand& x, const Operand& weight,
-                   const Operand& mean, const Operand& rstd, int64_t rows, int64_t cols, const KernelLaunch& launch) {
+                   const Operand& workspace, const Operand& grad_residual, const Operand& grad_y, const Operand& x,
+                   const Operand& weight, const Operand& mean, const Operand& rstd, int64_t rows, int64_t cols,
+                   const KernelLaunch& launch) {
   if (cols == 0) return;
   visit_row_dtype(x.dtype, "norm_backward", [&]<typename T>(T) {
     using A = Accumulator<T>;
     visit_row_shape(cols, [&]<int kGroupThreads, int kPerThread>() {
       if constexpr (kPerThread > 0 && kGroupThreads * kPerThread <= kNormMaxColumns) {
         if (rows > 0) {
-          TESSERA_LAUNCH((norm_backward_kernel<T, kGroupThreads, kPerThread>),
-                         row_config<kGroupThreads>(group_count(rows, kBackwardRowsPerGroup), launch), typed<T>(grad_x),
-                         typed<A>(workspace), typed<const T>(grad_y), typed<const T>(x), typed<const T>(weight),
-                         typed<const A>(mean), typed<const A>(rstd), rows, cols);
+          visit_add(grad_residual, [&]<bool kAdd>() {
+            TESSERA_LAUNCH((norm_backward_kernel<T, kGroupThreads, kPerThread, kAdd>),
+                           row_config<kGroupThreads>(group_count(rows, kBackwardRowsPerGroup), launch),
+                           typed<T>(grad_x), typed<A>(workspace), typed<const T>(grad_residual),
+                           typed<const T>(grad_y), typed<const T>(x), typed<const T>(weight), typed<const A>(mean),
+                           typed<const A>(rstd), rows, cols);
+          });
         }
       } else {
         refuse_operands("norm_backward", "rows longer than kNormMaxColumns (4096) columns, dtype", x.dtype);

@@ -14,8 +14,11 @@ namespace tessera::cuda {
 constexpr int64_t kNormMaxColumns = 4096;
 
 // y = (x - mean) * rstd * weight + bias per row, writing mean and rstd [rows].
-void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Operand& x, const Operand& weight,
-          const Operand& bias, double eps, int64_t rows, int64_t cols, const KernelLaunch& launch);
+// With delta (add_norm; else null, and sum too), the row normalised is
+// x + delta rounded to the row dtype, which is written to sum.
+void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Operand& sum, const Operand& x,
+          const Operand& delta, const Operand& weight, const Operand& bias, double eps, int64_t rows, int64_t cols,
+          const KernelLaunch& launch);
 
 // The workspace norm_backward needs for the weight and bias gradients, in
 // elements of the arithmetic type: [blocks, 2, cols] per-block partial sums.
@@ -24,8 +27,11 @@ int64_t norm_backward_workspace_elements(int64_t rows, int64_t cols);
 // grad_x, and grad_weight/grad_bias (either may be undefined) summed over
 // rows: each block sums its rows into the workspace, then one kernel adds
 // the blocks' partials in block order (no atomics: the same bits every run).
+// With grad_residual (norm_backward_add; else null), grad_x is the norm's
+// gradient rounded to the row dtype plus grad_residual, rounded again.
 void norm_backward(const Operand& grad_x, const Operand& grad_weight, const Operand& grad_bias,
-                   const Operand& workspace, const Operand& grad_y, const Operand& x, const Operand& weight,
-                   const Operand& mean, const Operand& rstd, int64_t rows, int64_t cols, const KernelLaunch& launch);
+                   const Operand& workspace, const Operand& grad_residual, const Operand& grad_y, const Operand& x,
+                   const Operand& weight, const Operand& mean, const Operand& rstd, int64_t rows, int64_t cols,
+                   const KernelLaunch& launch);
 
 }  // namespace tessera::cuda

@@ -170,6 +170,21 @@ struct RowSlice {
     }
   }
 
+  // Makes the row row + addend (a row of cols), each value rounded to T as
+  // binary add stores it, and writes those values to `sum` (a row of cols):
+  // the passes after this one see the rounded sum. Rows held in registers only.
+  __device__ void add_rounded(const T* addend, T* sum) {
+    static_assert(kPerThread > 0, "add_rounded: the row must be held in registers");
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t col = lane + static_cast<int64_t>(i) * kGroupThreads;
+      if (col >= cols) continue;
+      const T rounded = convert<T>(values[i] + convert<A>(addend[col]));
+      sum[col] = rounded;
+      values[i] = convert<A>(rounded);
+    }
+  }
+
   // fn(slot, column, value) for this thread's columns, in column order.
   template <typename Fn>
   __device__ void for_each(Fn&& fn) const {

@@ -86,8 +86,7 @@ Tensor softmax_grad(const char* op, const Tensor& grad_out, const Tensor& y, int
   });
 }
 
-NormOutput norm_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                        bool centre) {
+void check_norm_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_float(op, "input", x);
   TESSERA_CHECK(x.dim() >= 1, "{}: input needs at least 1 dim, got {}", op, x.sizes());
   const Shape features{x.size(-1)};
@@ -100,24 +99,49 @@ NormOutput norm_forward(const char* op, const Tensor& x, const Tensor& weight, c
     check_shape(op, "bias", bias, features);
   }
   TESSERA_CHECK(eps >= 0, "{}: eps must be >= 0, got {}", op, eps);
-  // Statistics stay in the compute dtype (f32 for bf16/f16 inputs).
+}
+
+// Empty outputs of a norm of x: y in `y_dtype`, the statistics in the
+// compute dtype (f32 for bf16/f16 inputs), mean only when `centre`.
+NormOutput empty_norm_output(const Tensor& x, DType y_dtype, bool centre) {
   const TensorOptions stats{.dtype = compute_dtype(x.dtype()), .device = x.device()};
   const Shape rows = without_last(x);
-  if (x.is_meta()) {
-    return {empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()}), centre ? empty(rows, stats) : Tensor(),
-            empty(rows, stats)};
-  }
+  return {empty(x.sizes(), {.dtype = y_dtype, .device = x.device()}), centre ? empty(rows, stats) : Tensor(),
+          empty(rows, stats)};
+}
+
+NormOutput norm_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                        bool centre) {
+  check_norm_forward(op, x, weight, bias, eps);
+  if (x.is_meta()) return empty_norm_output(x, x.dtype(), centre);
   const Tensor x_rows = compute_input(x);
-  NormOutput result{empty(x.sizes(), {.dtype = x_rows.dtype(), .device = x.device()}),
-                    centre ? empty(rows, stats) : Tensor(), empty(rows, stats)};
+  NormOutput result = empty_norm_output(x, x_rows.dtype(), centre);
   kernels(x.device()).norm(result.y, result.mean, result.rstd, x_rows, compute_input(weight), compute_input(bias),
                            eps);
   result.y = to(result.y, x.dtype());
   return result;
 }
 
+// Whether the kernels of x's device compute x's dtype itself, so that what
+// they round to is x's dtype: the fused residual-add kernels need it (a
+// kernel given f32 for bf16 values would normalise a sum that add rounds).
+bool kernels_keep_dtype(const Tensor& x) { return kernel_dtype(x.device(), x.dtype()) == x.dtype(); }
+
+void check_residual(const char* op, const char* what, const Tensor& t, const char* like_name, const Tensor& like) {
+  check_float(op, what, t);
+  TESSERA_CHECK(t.device() == like.device(), "{}: {} is on {}, {} on {}", op, what, t.device().str(), like_name,
+                like.device().str());
+  TESSERA_CHECK(t.dtype() == like.dtype(), "{}: {} has dtype {}, {} has {}", op, what, dtype_name(t.dtype()),
+                like_name, dtype_name(like.dtype()));
+  TESSERA_CHECK(t.sizes() == like.sizes(), "{}: {} has shape {}, {} has {} (no broadcasting)", op, what, t.sizes(),
+                like_name, like.sizes());
+}
+
+// The norm's gradients; with grad_residual (add_layer_norm_backward), x's
+// gets it added: add(grad_residual, grad_x)'s bits.
 NormGrads norm_backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                        const Tensor& mean, const Tensor& rstd, bool has_bias) {
+                        const Tensor& mean, const Tensor& rstd, bool has_bias,
+                        const Tensor& grad_residual = Tensor()) {
   check_float(op, "input", x);
   TESSERA_CHECK(x.dim() >= 1, "{}: input needs at least 1 dim, got {}", op, x.sizes());
   check_like(op, "grad_y", grad_y, x);
@@ -133,18 +157,31 @@ NormGrads norm_backward(const char* op, const Tensor& grad_y, const Tensor& x, c
                   x.device().str());
     check_shape(op, what, stat, without_last(x));
   }
+  if (grad_residual.defined()) check_residual(op, "grad_sum", grad_residual, "sum", x);
   if (x.is_meta()) {
     const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
     return {empty(x.sizes(), options), weight.defined() ? empty({x.size(-1)}, options) : Tensor(),
             has_bias ? empty({x.size(-1)}, options) : Tensor()};
   }
+  if (grad_residual.defined() && !kernels_keep_dtype(x)) {
+    // Widened rows: the norm's gradient rounds to x's dtype before the add.
+    NormGrads grads = norm_backward(op, grad_y, x, weight, mean, rstd, has_bias);
+    grads.x = add(grad_residual, grads.x);
+    return grads;
+  }
   const DType stats = compute_dtype(x.dtype());
   const TensorOptions options{.dtype = kernel_dtype(x.device(), x.dtype()), .device = x.device()};
   NormGrads grads{empty(x.sizes(), options), weight.defined() ? empty({x.size(-1)}, options) : Tensor(),
                   has_bias ? empty({x.size(-1)}, options) : Tensor()};
-  kernels(x.device()).norm_backward(grads.x, grads.weight, grads.bias, compute_input(grad_y), compute_input(x),
-                                    compute_input(weight), mean.defined() ? compute_input(mean, stats) : Tensor(),
-                                    compute_input(rstd, stats));
+  const Tensor mean_rows = mean.defined() ? compute_input(mean, stats) : Tensor();
+  const KernelTable& table = kernels(x.device());
+  if (grad_residual.defined()) {
+    table.norm_backward_add(grads.x, grads.weight, grads.bias, compute_input(grad_residual), compute_input(grad_y),
+                            compute_input(x), compute_input(weight), mean_rows, compute_input(rstd, stats));
+  } else {
+    table.norm_backward(grads.x, grads.weight, grads.bias, compute_input(grad_y), compute_input(x),
+                        compute_input(weight), mean_rows, compute_input(rstd, stats));
+  }
   return {to(grads.x, x.dtype()), to_dtype(grads.weight, x.dtype()), to_dtype(grads.bias, x.dtype())};
 }
 
@@ -279,6 +316,35 @@ NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor&
   check_raw_op_inputs("rms_norm_backward", {{"grad_y", grad_y}, {"x", x}, {"weight", weight}, {"rstd", rstd}});
   TESSERA_CHECK(rstd.defined(), "rms_norm_backward: needs the forward's rstd");
   return norm_backward("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, false);
+}
+
+AddNormOutput add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                             double eps) {
+  const char* op = "add_layer_norm";
+  check_raw_op_inputs(op, {{"x", x}, {"delta", delta}, {"weight", weight}, {"bias", bias}});
+  check_float(op, "x", x);
+  check_residual(op, "delta", delta, "x", x);
+  check_norm_forward(op, x, weight, bias, eps);
+  if (!x.is_meta() && !kernels_keep_dtype(x)) {
+    Tensor sum = add(x, delta);
+    return {sum, norm_forward(op, sum, weight, bias, eps, true)};
+  }
+  // x, delta: [..., C] -> sum, y: [..., C]; mean, rstd: [...]
+  AddNormOutput result{empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()}),
+                       empty_norm_output(x, x.dtype(), true)};
+  if (x.is_meta()) return result;
+  kernels(x.device()).add_norm(result.sum, result.norm.y, result.norm.mean, result.norm.rstd, compute_input(x),
+                               compute_input(delta), compute_input(weight), compute_input(bias), eps);
+  return result;
+}
+
+NormGrads add_layer_norm_backward(const Tensor& grad_sum, const Tensor& grad_y, const Tensor& sum,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool has_bias) {
+  const char* op = "add_layer_norm_backward";
+  check_raw_op_inputs(op, {{"grad_sum", grad_sum}, {"grad_y", grad_y}, {"sum", sum}, {"weight", weight},
+                           {"mean", mean}, {"rstd", rstd}});
+  TESSERA_CHECK(mean.defined() && rstd.defined(), "{}: needs the forward's mean and rstd", op);
+  return norm_backward(op, grad_y, sum, weight, mean, rstd, has_bias, grad_sum);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

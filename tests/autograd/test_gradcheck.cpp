@@ -1,6 +1,6 @@
 // Every differentiable function of autograd/functions.h against central
 // finite differences in f64: broadcasting shapes, strided inputs, batched
-// matmul, attention, norms, losses, dropout. Plus the checker itself: it must
+// matmul, attention, norms (add_layer_norm's two outputs too), losses, dropout. Plus the checker itself: it must
 // fail on a wrong backward and refuse inputs it cannot check.
 #include <doctest/doctest.h>
 
@@ -12,6 +12,7 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 
 using namespace tessera;
@@ -230,6 +231,56 @@ TEST_CASE("gradcheck: layer_norm and rms_norm") {
   check([](const TensorList& in) { return layer_norm(in[0], in[1], Tensor()); }, {input({3, 4}), input({4})});
   check([](const TensorList& in) { return rms_norm(in[0], in[1]); }, {input({2, 3, 5}), input({5}, 0.5, 1.5)});
   check([](const TensorList& in) { return rms_norm(in[0], Tensor()); }, {transposed_input(3, 4)});
+}
+
+TEST_CASE("gradcheck: add_layer_norm, through both outputs, either alone, and each input alone") {
+  // Both outputs stacked: the projection weighs every element of each.
+  auto both = [](const TensorList& in) {
+    const AddLayerNormOutput out = add_layer_norm(in[0], in[1], in[2], in[3]);
+    return stack({out.sum, out.normalized}, 0);
+  };
+  check(both, {input({2, 3, 5}), input({2, 3, 5}), input({5}, 0.5, 1.5), input({5})});
+  check(both, {transposed_input(3, 4), input({3, 4}), input({4}, 0.5, 1.5), input({4})});
+  check([](const TensorList& in) { return add_layer_norm(in[0], in[1], in[2], in[3]).normalized; },
+        {input({3, 4}), input({3, 4}), input({4}, 0.5, 1.5), input({4})});
+  check([](const TensorList& in) { return add_layer_norm(in[0], in[1], in[2], in[3]).sum; },
+        {input({3, 4}), input({3, 4}), input({4}, 0.5, 1.5), input({4})});
+  check([](const TensorList& in) {
+    const AddLayerNormOutput out = add_layer_norm(in[0], in[1], Tensor(), Tensor());
+    return stack({out.sum, out.normalized}, 0);
+  }, {input({4, 5}), input({4, 5})});
+  // One input at a time needing a gradient; x as both operands.
+  const Tensor x = input({3, 4}, -1.0, 1.0, false), delta = input({3, 4}, -1.0, 1.0, false);
+  const Tensor w = input({4}, 0.5, 1.5, false), b = input({4}, -1.0, 1.0, false);
+  check([&](const TensorList& in) {
+    const AddLayerNormOutput out = add_layer_norm(x, in[0], w, b);
+    return stack({out.sum, out.normalized}, 0);
+  }, {input({3, 4})});
+  check([&](const TensorList& in) { return add_layer_norm(x, delta, in[0], b).normalized; }, {input({4}, 0.5, 1.5)});
+  check([&](const TensorList& in) { return add_layer_norm(x, delta, w, in[0]).normalized; }, {input({4})});
+  check([&](const TensorList& in) {
+    const AddLayerNormOutput out = add_layer_norm(in[0], in[0], w, b);
+    return stack({out.sum, out.normalized}, 0);
+  }, {input({3, 4})});
+}
+
+TEST_CASE("add_layer_norm records one node of two outputs; x and delta get equal, separate gradients") {
+  Tensor x = input({2, 3}), delta = input({2, 3}), w = input({3}, 0.5, 1.5), b = input({3});
+  const AddLayerNormOutput out = add_layer_norm(x, delta, w, b);
+  REQUIRE(out.sum.grad_fn() != nullptr);
+  CHECK(out.sum.grad_fn() == out.normalized.grad_fn());
+  CHECK(out.sum.grad_fn()->name() == "AddLayerNormBackward");
+  CHECK(out.sum.grad_fn()->num_outputs() == 2);
+  CHECK(out.sum.grad_fn()->next_edges().size() == 4);
+  backward(TensorList{sum(out.sum), sum(mul(out.normalized, out.normalized))});
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().to_vector<double>() == delta.grad().to_vector<double>());
+  CHECK(x.grad().storage() != delta.grad().storage());  // the engine copied the shared gradient
+  CHECK(w.grad().defined());
+  CHECK(b.grad().defined());
+  // Without grad mode: no node.
+  NoGradGuard no_grad;
+  CHECK(add_layer_norm(x, delta, w, b).sum.grad_fn() == nullptr);
 }
 
 TEST_CASE("gradcheck: embedding and cross_entropy") {

@@ -3,6 +3,8 @@
 // inputs, bf16 against an f32 reference of the rounded inputs, the weight and
 // bias gradients bit for bit from run to run, ignore_index, the errors, the
 // bytes the simulator counts against the ideal, and gradchecks in f64 on cuda.
+// add_layer_norm (the residual add fused into the norm kernels): bit for bit
+// add then layer_norm on the device, alone and in a TransformerBlock.
 //
 // Tolerances. The cpu sums every row in f64 (lane_sum.h) and rounds once; the
 // device sums in the arithmetic type (f32 for f32 and bf16, f64 for f64): a
@@ -18,13 +20,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
+#include "nn/transformer_block.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/launch.h"
 #endif
@@ -407,6 +412,136 @@ TEST_CASE("norm weight and bias gradients and the cross-entropy loss are the sam
   }
 }
 
+TEST_CASE("add_layer_norm on cuda: add then layer_norm's bits, forward and backward, and the cpu's within rounding") {
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (const int64_t cols : {7, 33, 768, 4096}) {
+      for (const int64_t rows : {int64_t{1}, int64_t{37}}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(cols);
+        CAPTURE(rows);
+        const auto dev = [](const Tensor& t) { return ops::to(t, kCuda); };
+        const Tensor x = ops::to(normal({rows, cols}, 50, 2.0), dtype), delta = ops::to(normal({rows, cols}, 51), dtype);
+        const Tensor w = ops::to(normal({cols}, 52), dtype), b = ops::to(normal({cols}, 53), dtype);
+        const Tensor gy = ops::to(normal({rows, cols}, 54), dtype), gs = ops::to(normal({rows, cols}, 55), dtype);
+        const Tensor x_dev = dev(x), delta_dev = dev(delta), w_dev = dev(w), b_dev = dev(b), gy_dev = dev(gy),
+                     gs_dev = dev(gs);
+
+        // The fused op against add then layer_norm on the device: the same bits
+        // (f16 composes those two; the others run the fused kernels).
+        const ops::AddNormOutput fused = ops::add_layer_norm(x_dev, delta_dev, w_dev, b_dev, 1e-5);
+        const Tensor sum = ops::add(x_dev, delta_dev);
+        const ops::NormOutput unfused = ops::layer_norm(sum, w_dev, b_dev, 1e-5);
+        CHECK(fused.sum.dtype() == dtype);
+        CHECK(values_of(fused.sum) == values_of(sum));
+        CHECK(values_of(fused.norm.y) == values_of(unfused.y));
+        CHECK(values_of(fused.norm.mean) == values_of(unfused.mean));
+        CHECK(values_of(fused.norm.rstd) == values_of(unfused.rstd));
+        const ops::NormGrads fused_grads =
+            ops::add_layer_norm_backward(gs_dev, gy_dev, fused.sum, w_dev, fused.norm.mean, fused.norm.rstd, true);
+        const ops::NormGrads norm_grads = ops::layer_norm_backward(gy_dev, sum, w_dev, unfused.mean, unfused.rstd, true);
+        CHECK(values_of(fused_grads.x) == values_of(ops::add(gs_dev, norm_grads.x)));
+        CHECK(values_of(fused_grads.weight) == values_of(norm_grads.weight));
+        CHECK(values_of(fused_grads.bias) == values_of(norm_grads.bias));
+        if (dtype == DType::bf16 || dtype == DType::f16) continue;  // their norms: the bf16 test above
+
+        // Against the cpu: the sum exactly (one IEEE add on both), the rest as
+        // the layer_norm test above bounds them; grad_x's residual adds one
+        // rounding of |grad_x| to the bound.
+        const ops::AddNormOutput cpu = ops::add_layer_norm(x, delta, w, b, 1e-5);
+        CHECK(values_of(fused.sum) == values_of(cpu.sum));
+        const double depth = sum_depth(cols);
+        std::vector<double> scale = values_of(ops::add(ops::abs(w), ops::abs(b)));
+        for (double& s : scale) s += 1.0;
+        check_within("y", fused.norm.y, cpu.norm.y, depth, dtype, scale);
+        check_within("rstd", fused.norm.rstd, cpu.norm.rstd, depth, dtype, {0.0});
+        check_within("mean", fused.norm.mean, cpu.norm.mean, depth, dtype, {3.0});
+        const ops::NormGrads cpu_grads =
+            ops::add_layer_norm_backward(gs, gy, cpu.sum, w, cpu.norm.mean, cpu.norm.rstd, true);
+        std::vector<double> gx_scale = row_max_abs(ops::mul(gy, w), cols);
+        const std::vector<double> rstd = values_of(cpu.norm.rstd);
+        for (size_t i = 0; i < gx_scale.size(); ++i) gx_scale[i] *= 16.0 * rstd[i / cols];
+        check_within("grad_x", fused_grads.x, cpu_grads.x, depth + 1.0, dtype, gx_scale);
+        std::vector<double> column_scale(static_cast<size_t>(cols), 0.0);
+        const std::vector<double> gyv = values_of(gy);
+        for (size_t i = 0; i < gyv.size(); ++i) column_scale[i % cols] += 5.0 * std::abs(gyv[i]);
+        check_within("grad_weight", fused_grads.weight, cpu_grads.weight, static_cast<double>(rows), dtype, column_scale);
+        check_within("grad_bias", fused_grads.bias, cpu_grads.bias, static_cast<double>(rows), dtype, column_scale);
+      }
+    }
+  }
+}
+
+TEST_CASE("add_layer_norm on cuda in bf16: the norm reads the sum rounded to bf16") {
+  // 1 + 2^-8 ties to even in bf16: 1. The rounded sum {1, -1, 0, 0} has mean
+  // 0 and its zeros stay 0; the f32 sum's mean (2^-10) would move them.
+  const auto bf16_row = [](const std::vector<double>& values) {
+    return ops::to(ops::from_vector(values, {1, 4}, {.dtype = DType::bf16}), kCuda);
+  };
+  const Tensor a = bf16_row({1.0, -1.0, 0.0, 0.0}), b = bf16_row({0.00390625, 0.0, 0.0, 0.0});
+  const ops::AddNormOutput out = ops::add_layer_norm(a, b, Tensor(), Tensor(), 0.0);
+  CHECK(values_of(out.sum) == values_of(a));
+  CHECK(values_of(out.norm.mean) == std::vector<double>{0.0});
+  CHECK(values_of(out.norm.y) == values_of(ops::layer_norm(a, Tensor(), Tensor(), 0.0).y));
+  CHECK(values_of(ops::narrow(out.norm.y, 1, 2, 2)) == std::vector<double>{0.0, 0.0});
+}
+
+#if TESSERA_HAVE_CUDA_SIM
+TEST_CASE("add_layer_norm on cuda: one launch forward and two backward, one fewer each than add and layer_norm") {
+  const int64_t rows = 64, cols = 256;
+  const auto dev = [](const Tensor& t) { return ops::to(ops::to(t, DType::bf16), kCuda); };
+  const Tensor x = dev(normal({rows, cols}, 60)), delta = dev(normal({rows, cols}, 61));
+  const Tensor w = dev(normal({cols}, 62)), b = dev(normal({cols}, 63));
+  const Tensor gy = dev(normal({rows, cols}, 64)), gs = dev(normal({rows, cols}, 65));
+  const auto launches = [](const std::function<void()>& run) {
+    int64_t total = 0;
+    for (const auto& [name, count] : tessera::testing::launch_counts(run)) total += count;
+    return total;
+  };
+  ops::AddNormOutput fused;
+  CHECK(launches([&] { fused = ops::add_layer_norm(x, delta, w, b, 1e-5); }) == 1);
+  CHECK(launches([&] { ops::layer_norm(ops::add(x, delta), w, b, 1e-5); }) == 2);
+  const Tensor mean = fused.norm.mean, rstd = fused.norm.rstd;
+  CHECK(launches([&] { ops::add_layer_norm_backward(gs, gy, fused.sum, w, mean, rstd, true); }) == 2);
+  CHECK(launches([&] { ops::add(gs, ops::layer_norm_backward(gy, fused.sum, w, mean, rstd, true).x); }) == 3);
+}
+#endif
+
+TEST_CASE("TransformerBlock on cuda in bf16: the fused residual add and ln2 give the unfused block's bits") {
+  manual_seed(17);
+  nn::TransformerBlock block(64, 2, {.init_std = 0.3, .device = kCuda, .dtype = DType::bf16});
+  Tensor x = ops::to(ops::to(normal({2, 5, 64}, 70), DType::bf16), kCuda);
+  x.set_requires_grad(true);
+  const Tensor g = ops::to(ops::to(normal({2, 5, 64}, 71), DType::bf16), kCuda);
+  autograd::TensorList inputs{x};
+  for (const auto& [name, parameter] : block.named_parameters()) inputs.push_back(parameter->tensor());
+  const Tensor fused = block(x);
+  REQUIRE(fused.grad_fn()->next_edges()[0].node->name() == "AddLayerNormBackward");
+  const autograd::TensorList fused_grads = autograd::grad({fused}, inputs, {g});
+  auto hook = block.ln2().register_forward_hook(
+      [](nn::Module&, const nn::TensorList&, const Tensor&) { return std::optional<Tensor>(); });
+  const Tensor unfused = block(x);
+  REQUIRE(unfused.grad_fn()->next_edges()[0].node->name() == "AddBackward");
+  const autograd::TensorList unfused_grads = autograd::grad({unfused}, inputs, {g});
+  hook.remove();
+  CHECK(values_of(fused.detach()) == values_of(unfused.detach()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(values_of(fused_grads[i]) == values_of(unfused_grads[i]));
+  }
+}
+
+TEST_CASE("add_layer_norm refuses operands on two devices, naming them") {
+  const Tensor x = ops::zeros({2, 8}, {.device = kCuda}), w = ops::ones({8}, {.device = kCuda});
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, ops::zeros({2, 8}), w, Tensor(), 1e-5),
+                       "add_layer_norm: delta is on cpu, x on cuda:0", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, x, ops::ones({8}), Tensor(), 1e-5),
+                       "add_layer_norm: weight is on cpu, expected cuda:0", Error);
+  const ops::AddNormOutput out = ops::add_layer_norm(x, x, w, Tensor(), 1e-5);
+  CHECK_THROWS_WITH_AS(
+      ops::add_layer_norm_backward(ops::zeros({2, 8}), x, out.sum, w, out.norm.mean, out.norm.rstd, false),
+      "add_layer_norm_backward: grad_sum is on cpu, sum on cuda:0", Error);
+}
+
 TEST_CASE("row kernels: errors for bad shapes and dtypes") {
   const KernelTable& cuda = kernels(kCuda);
   const auto on_device = [](const Shape& shape, DType dtype) {
@@ -425,6 +560,16 @@ TEST_CASE("row kernels: errors for bad shapes and dtypes") {
   CHECK_THROWS_WITH_AS(cuda.norm_backward(on_device({2, 8}, DType::f32), on_device({7}, DType::f32), Tensor(),
                                           on_device({2, 8}, DType::f32), on_device({2, 8}, DType::f32), Tensor(), Tensor(), stats),
                        doctest::Contains("grad_weight must be contiguous f32 with 8 elements, got f32 of shape [7]"), Error);
+  const Tensor x8 = on_device({2, 8}, DType::f32);
+  CHECK_THROWS_WITH_AS(cuda.add_norm(x8, x8, stats, stats, x8, xb, Tensor(), Tensor(), 1e-5),
+                       doctest::Contains("cuda::add_norm: delta must be contiguous f32 with 16 elements, got bf16"),
+                       Error);
+  CHECK_THROWS_WITH_AS(
+      cuda.add_norm(on_device({3, 8}, DType::f32), x8, stats, stats, x8, x8, Tensor(), Tensor(), 1e-5),
+      doctest::Contains("cuda::add_norm: sum must be contiguous f32 with 16 elements, got f32 of shape [3, 8]"), Error);
+  CHECK_THROWS_WITH_AS(
+      cuda.norm_backward_add(x8, Tensor(), Tensor(), on_device({2, 7}, DType::f32), x8, x8, Tensor(), stats, stats),
+      doctest::Contains("cuda::norm_backward_add: grad_residual must be contiguous f32 with 16 elements"), Error);
   const Tensor logits = on_device({2, 5}, DType::f32);
   CHECK_THROWS_WITH_AS(cuda.cross_entropy(on_device({}, DType::f32), stats, logits, on_device({2}, DType::f32), -100, 5),
                        doctest::Contains("cuda::cross_entropy: targets must be i32 or i64, got f32"), Error);
@@ -464,6 +609,13 @@ TEST_CASE("row kernels move at most 1.1x their ideal bytes") {
               (3 * n + 3 * cols + 2 * rows) * 4);
   check_ratio("rms_norm_backward", counted_bytes([&] { cuda.norm_backward(dx, gw, Tensor(), g, x, w, Tensor(), rstd); }),
               (3 * n + 2 * cols + rows) * 4);
+  // The residual add fused in: x and delta read, sum and y written; g, x and the residual gradient read, dx written.
+  const Tensor sum = empty({rows, cols});
+  check_ratio("add_layer_norm", counted_bytes([&] { cuda.add_norm(sum, y, mean, rstd, x, g, w, b, 1e-5); }),
+              (4 * n + 2 * cols + 2 * rows) * 4);
+  check_ratio("layer_norm_backward_add",
+              counted_bytes([&] { cuda.norm_backward_add(dx, gw, gb, x, g, sum, w, mean, rstd); }),
+              (4 * n + 3 * cols + 2 * rows) * 4);
 
   const int64_t ce_rows = 8, vocab = 50257;
   const Tensor logits = device(normal({ce_rows, vocab}, 35, 3.0));
@@ -477,7 +629,7 @@ TEST_CASE("row kernels move at most 1.1x their ideal bytes") {
               2 * ce_rows * vocab * 4 + ce_rows * (8 + 4) + 4);
 }
 
-TEST_CASE("gradcheck of softmax, log_softmax, layer_norm, rms_norm and cross_entropy on cuda, in f64") {
+TEST_CASE("gradcheck of softmax, log_softmax, layer_norm, rms_norm, add_layer_norm and cross_entropy on cuda, in f64") {
   const auto leaf = [](const Shape& shape, uint64_t stream, double scale) {
     Tensor on_device = ops::to(normal(shape, 40 + stream, scale), kCuda);
     on_device.set_requires_grad(true);
@@ -499,6 +651,12 @@ TEST_CASE("gradcheck of softmax, log_softmax, layer_norm, rms_norm and cross_ent
       {"softmax along dim 0", [&](const TensorList& t) { return mul(softmax(t[0], 0), weights); }, {x}},
       {"layer_norm", [&](const TensorList& t) { return mul(layer_norm(t[0], t[1], t[2], 1e-5), weights); }, {x, w, b}},
       {"rms_norm", [&](const TensorList& t) { return mul(rms_norm(t[0], t[1], 1e-6), weights); }, {x, w}},
+      {"add_layer_norm (sum and normalized)",
+       [&](const TensorList& t) {
+         const AddLayerNormOutput out = add_layer_norm(t[0], t[1], t[2], t[3], 1e-5);
+         return stack({mul(out.sum, weights), mul(out.normalized, weights)}, 0);
+       },
+       {x, leaf({3, 33}, 4, 1.0), w, b}},
       {"cross_entropy (ignore_index)", [&](const TensorList& t) { return cross_entropy(t[0], targets); }, {x}},
   };
   for (const Case& c : cases) {

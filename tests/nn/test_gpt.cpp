@@ -1,10 +1,14 @@
 // nn::GPT: parameter counts and names, meta builds that allocate nothing,
 // GPT-2 init, meta -> cpu materialisation bitwise equal to a cpu build, the
-// tied head's gradient, an f64 model, and a tiny model overfitting a fixed
-// batch.
+// tied head's gradient, an f64 model, a tiny model overfitting a fixed
+// batch, and training with the fused residual add and LayerNorm equal to the
+// unfused training.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -325,6 +329,52 @@ TEST_CASE("GPT: a few AdamW steps overfit a fixed batch") {
   MESSAGE("tiny GPT overfit: loss " << first << " -> " << last);  // measured 5.56 -> 1.20
   CHECK(first == doctest::Approx(std::log(256.0)).epsilon(0.02));
   CHECK(last < 0.5 * first);
+}
+
+// Each block runs h = x + attn(...) and ln2(h) as one add_layer_norm unless
+// ln2 has a forward hook: a no-op hook on every ln2 gives the unfused
+// model, which must train to the same bits (dropout on: the keys are drawn
+// in the same order by both).
+TEST_CASE("GPT: training with the blocks' fused residual add and ln2 is the unfused training, bit for bit") {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dtype));
+    nn::GPTConfig config = nn::GPTConfig::preset("tiny");
+    config.dtype = dtype;
+    config.dropout = 0.1;
+    const std::pair<Tensor, Tensor> batch = fixed_batch(2, 16, 256);
+    const auto train = [&](bool hooked, int& hook_calls) {
+      manual_seed(5);
+      auto model = std::make_unique<nn::GPT>(config);
+      for (int64_t i = 0; hooked && i < config.n_layer; ++i) {
+        model->block(i).ln2().register_forward_hook([&hook_calls](nn::Module&, const nn::TensorList&, const Tensor&) {
+          ++hook_calls;
+          return std::optional<Tensor>();
+        });
+      }
+      optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+      std::vector<double> losses;
+      for (int step = 0; step < 3; ++step) {
+        optimizer.zero_grad();
+        const Tensor loss = model->loss(batch.first, batch.second);
+        losses.push_back(loss.item());
+        autograd::backward(loss);
+        optimizer.step();
+      }
+      return std::pair{std::move(model), losses};
+    };
+    int fused_calls = 0, unfused_calls = 0;
+    const auto [fused, fused_losses] = train(false, fused_calls);
+    const auto [unfused, unfused_losses] = train(true, unfused_calls);
+    CHECK(unfused_calls == 3 * config.n_layer);
+    CHECK(fused_losses == unfused_losses);
+    const auto fused_parameters = fused->named_parameters(), unfused_parameters = unfused->named_parameters();
+    REQUIRE(fused_parameters.size() == unfused_parameters.size());
+    for (size_t i = 0; i < fused_parameters.size(); ++i) {
+      CAPTURE(fused_parameters[i].first);
+      const auto values = [](const Tensor& t) { return ops::to(t.detach(), DType::f64).to_vector<double>(); };
+      CHECK(values(fused_parameters[i].second->tensor()) == values(unfused_parameters[i].second->tensor()));
+    }
+  }
 }
 
 // The padded vocabulary: the same model as the unpadded one, with zero rows

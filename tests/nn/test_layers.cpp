@@ -1,5 +1,7 @@
 // nn layers against explicit formulas: Linear, Embedding, LayerNorm, RMSNorm,
-// GELU, SiLU, Dropout, CausalSelfAttention, MLP, TransformerBlock.
+// GELU, SiLU, Dropout, CausalSelfAttention, MLP, TransformerBlock; the fused
+// paths (MLP's linear_gelu_linear, TransformerBlock's add_layer_norm)
+// against the unfused layers, bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -308,6 +310,43 @@ TEST_CASE("MLP keeps the separate layers where fusing would change what runs: ot
   pre.remove();
   CHECK(hooked(x).grad_fn()->name() == "LinearGeluLinearBackward");
   CHECK_THROWS_WITH_AS(hooked(ops::zeros({2, 5})), "MLP: expected input [..., 8], got [2, 5]", Error);
+}
+
+TEST_CASE("TransformerBlock runs x + attn(...) and ln2 as one add_layer_norm, the unfused bits; a hook on ln2 unfuses") {
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    manual_seed(14);
+    nn::TransformerBlock block(8, 2, {.init_std = 0.3, .dtype = dtype});
+    Tensor x = ops::to(random_tensor({2, 3, 8}, 15), dtype);
+    x.set_requires_grad(true);
+    const Tensor g = ops::to(random_tensor({2, 3, 8}, 16), dtype);
+    autograd::TensorList inputs{x};
+    for (const auto& [name, parameter] : block.named_parameters()) inputs.push_back(parameter->tensor());
+
+    const Tensor fused = block(x);
+    // out = h + mlp(ln2(h)): its first operand is add_layer_norm's sum.
+    CHECK(fused.grad_fn()->next_edges()[0].node->name() == "AddLayerNormBackward");
+    const autograd::TensorList fused_grads = autograd::grad({fused}, inputs, {g});
+
+    int calls = 0;
+    auto hook = block.ln2().register_forward_hook([&](nn::Module&, const nn::TensorList&, const Tensor&) {
+      ++calls;
+      return std::optional<Tensor>();
+    });
+    const Tensor unfused = block(x);
+    CHECK(calls == 1);
+    CHECK(unfused.grad_fn()->next_edges()[0].node->name() == "AddBackward");
+    const autograd::TensorList unfused_grads = autograd::grad({unfused}, inputs, {g});
+    hook.remove();
+    CHECK(block(x).grad_fn()->next_edges()[0].node->name() == "AddLayerNormBackward");
+
+    CHECK(values(fused) == values(unfused));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CAPTURE(i);
+      CHECK(fused_grads[i].dtype() == dtype);
+      CHECK(values(fused_grads[i]) == values(unfused_grads[i]));
+    }
+  }
 }
 
 TEST_CASE("linear_gelu_linear refuses weights that disagree on the hidden size, naming both") {

@@ -1,6 +1,7 @@
 // The neural-network ops against naive f64 references written here, and their
 // backwards against central finite differences: softmax, layer/RMS norm,
-// embedding, cross-entropy and causal attention; plus meta shapes and errors.
+// embedding, cross-entropy and causal attention; add_layer_norm against add
+// then layer_norm, bit for bit; plus meta shapes and errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -70,6 +71,10 @@ std::vector<double> reference_softmax(const std::vector<double>& x, int64_t rows
   }
   return y;
 }
+
+// The values of a float tensor as doubles: exact, so equal vectors are equal bits
+// (the tests' values hold no NaN and no -0).
+std::vector<double> bits_of(const Tensor& t) { return ops::to(t, DType::f64).to_vector<double>(); }
 
 }  // namespace
 
@@ -223,6 +228,99 @@ TEST_CASE("norms: shape checks and meta") {
   CHECK(grads.x.sizes() == Shape{4, 8, 16});
   CHECK(grads.bias.sizes() == Shape{16});
   CHECK(ops::softmax(x, 1).sizes() == Shape{4, 8, 16});
+}
+
+TEST_CASE("add_layer_norm: the bits of add then layer_norm, forward and backward, in f32, f64 and bf16") {
+  const Shape shape{3, 5, 37};
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    // delta is a transposed view: the op reads any strides.
+    const Tensor x = random_tensor(shape, 21, dtype);
+    const Tensor delta = ops::transpose(random_tensor({3, 37, 5}, 22, dtype), 1, 2);
+    const Tensor weight = random_tensor({37}, 23, dtype), bias = random_tensor({37}, 24, dtype);
+    const Tensor grad_y = random_tensor(shape, 25, dtype), grad_sum = random_tensor(shape, 26, dtype);
+    const double eps = 1e-5;
+
+    const ops::AddNormOutput fused = ops::add_layer_norm(x, delta, weight, bias, eps);
+    const Tensor sum = ops::add(x, delta);
+    const ops::NormOutput unfused = ops::layer_norm(sum, weight, bias, eps);
+    CHECK(fused.sum.dtype() == dtype);
+    CHECK(fused.norm.y.dtype() == dtype);
+    CHECK(fused.norm.mean.sizes() == Shape{3, 5});
+    CHECK(bits_of(fused.sum) == bits_of(sum));
+    CHECK(bits_of(fused.norm.y) == bits_of(unfused.y));
+    CHECK(bits_of(fused.norm.mean) == bits_of(unfused.mean));
+    CHECK(bits_of(fused.norm.rstd) == bits_of(unfused.rstd));
+
+    const ops::NormGrads fused_grads = ops::add_layer_norm_backward(grad_sum, grad_y, fused.sum, weight, fused.norm.mean,
+                                                                    fused.norm.rstd, true);
+    const ops::NormGrads norm_grads = ops::layer_norm_backward(grad_y, sum, weight, unfused.mean, unfused.rstd, true);
+    CHECK(fused_grads.x.dtype() == dtype);
+    CHECK(bits_of(fused_grads.x) == bits_of(ops::add(grad_sum, norm_grads.x)));
+    CHECK(bits_of(fused_grads.weight) == bits_of(norm_grads.weight));
+    CHECK(bits_of(fused_grads.bias) == bits_of(norm_grads.bias));
+    // No gradient past the norm: layer_norm_backward's own.
+    const ops::NormGrads alone = ops::add_layer_norm_backward(Tensor(), grad_y, fused.sum, weight, fused.norm.mean,
+                                                              fused.norm.rstd, true);
+    CHECK(bits_of(alone.x) == bits_of(norm_grads.x));
+  }
+}
+
+TEST_CASE("add_layer_norm: without weight and bias, and the sum's rounding is add's (bf16)") {
+  const Tensor x = random_tensor({4, 9}, 27, DType::f32), delta = random_tensor({4, 9}, 28, DType::f32);
+  const ops::AddNormOutput plain = ops::add_layer_norm(x, delta, Tensor(), Tensor(), 1e-5);
+  CHECK(bits_of(plain.norm.y) == bits_of(ops::layer_norm(ops::add(x, delta), Tensor(), Tensor(), 1e-5).y));
+  const ops::NormGrads grads = ops::add_layer_norm_backward(x, delta, plain.sum, Tensor(), plain.norm.mean,
+                                                            plain.norm.rstd, false);
+  CHECK_FALSE(grads.weight.defined());
+  CHECK_FALSE(grads.bias.defined());
+  // bf16 values whose f32 sum is not a bf16 value: 1 + 2^-8 ties to even, 1.
+  // The norm reads the rounded sum {1, -1, 0, 0}, whose mean is 0: the zeros
+  // stay 0 (the f32 sum's mean, 2^-10, would move them).
+  const Tensor a = ops::from_vector(std::vector<double>{1.0, -1.0, 0.0, 0.0}, {1, 4}, {.dtype = DType::bf16});
+  const Tensor b = ops::from_vector(std::vector<double>{0.00390625, 0.0, 0.0, 0.0}, {1, 4}, {.dtype = DType::bf16});
+  const ops::AddNormOutput rounded = ops::add_layer_norm(a, b, Tensor(), Tensor(), 0.0);
+  CHECK(bits_of(rounded.sum) == bits_of(a));
+  CHECK(bits_of(rounded.norm.y) == bits_of(ops::layer_norm(a, Tensor(), Tensor(), 0.0).y));
+  CHECK(bits_of(rounded.norm.mean) == std::vector<double>{0.0});
+  CHECK(bits_of(ops::narrow(rounded.norm.y, 1, 2, 2)) == std::vector<double>{0.0, 0.0});
+}
+
+TEST_CASE("add_layer_norm: errors name the operand and both shapes, dtypes or devices; meta shapes") {
+  const Tensor x = ops::zeros({2, 4}), w = ops::ones({4});
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, ops::zeros({2, 5}), w, Tensor(), 1e-5),
+                       "add_layer_norm: delta has shape [2, 5], x has [2, 4] (no broadcasting)", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, ops::zeros({4}), w, Tensor(), 1e-5),
+                       "add_layer_norm: delta has shape [4], x has [2, 4] (no broadcasting)", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, ops::zeros({2, 4}, {.dtype = DType::f64}), w, Tensor(), 1e-5),
+                       "add_layer_norm: delta has dtype f64, x has f32", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, ops::empty({2, 4}, {.device = kMeta}), w, Tensor(), 1e-5),
+                       "add_layer_norm: delta is on meta, x on cpu", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, Tensor(), w, Tensor(), 1e-5), "add_layer_norm: delta is undefined",
+                       Error);
+  const Tensor integers = ops::zeros({2, 4}, {.dtype = DType::i64});
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(integers, integers, Tensor(), Tensor(), 1e-5),
+                       "add_layer_norm: x must be floating, got i64", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm(x, x, ops::ones({3}), Tensor(), 1e-5),
+                       "add_layer_norm: weight has shape [3], expected [4]", Error);
+  const ops::AddNormOutput out = ops::add_layer_norm(x, x, w, Tensor(), 1e-5);
+  CHECK_THROWS_WITH_AS(
+      ops::add_layer_norm_backward(ops::zeros({2, 5}), x, out.sum, w, out.norm.mean, out.norm.rstd, false),
+      "add_layer_norm_backward: grad_sum has shape [2, 5], sum has [2, 4] (no broadcasting)", Error);
+  CHECK_THROWS_WITH_AS(ops::add_layer_norm_backward(x, x, out.sum, w, Tensor(), out.norm.rstd, false),
+                       "add_layer_norm_backward: needs the forward's mean and rstd", Error);
+
+  const Tensor meta = ops::empty({4, 8, 16}, {.device = kMeta});
+  const Tensor meta_weight = ops::empty({16}, {.device = kMeta});
+  const ops::AddNormOutput shapes = ops::add_layer_norm(meta, meta, meta_weight, Tensor(), 1e-5);
+  CHECK(shapes.sum.is_meta());
+  CHECK(shapes.sum.sizes() == Shape{4, 8, 16});
+  CHECK(shapes.norm.y.sizes() == Shape{4, 8, 16});
+  CHECK(shapes.norm.rstd.sizes() == Shape{4, 8});
+  const ops::NormGrads grads =
+      ops::add_layer_norm_backward(meta, meta, shapes.sum, meta_weight, shapes.norm.mean, shapes.norm.rstd, false);
+  CHECK(grads.x.sizes() == Shape{4, 8, 16});
+  CHECK(grads.weight.sizes() == Shape{16});
 }
 
 TEST_CASE("embedding: gathers rows; backward accumulates repeated indices") {
