@@ -11,5 +11,6 @@
 #include "dist/process_group.h"
 #include "dist/reduce_op.h"
 #include "dist/reduction.h"
+#include "dist/tcp_store.h"
 #include "dist/trace.h"
 #include "dist/work.h"

@@ -1,4 +1,4 @@
-// The errors a collective raises. All are tessera::Error, so a caller that
+// The errors a collective (or the rendezvous before it) raises. All are tessera::Error, so a caller that
 // does not care which one catches one type; tests and launchers that do care
 // (a timeout is not a desync) tell them apart.
 #pragma once
@@ -24,6 +24,13 @@ class RankFailed : public Error {
 // Ranks issued different collectives at the same sequence number (debug mode,
 // or a size mismatch any backend can see); the message shows both signatures.
 class CollectiveMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+// A rendezvous store's operation or connect (dist/tcp_store.h) ran past its
+// timeout; the message names the key, the server and what never came.
+class StoreTimeout : public Error {
  public:
   using Error::Error;
 };

@@ -1,0 +1,77 @@
+// dist::TcpStore: a client of the key-value store a job's ranks meet at
+// before they can talk to each other (a TcpStoreServer, hosted by one of
+// them). It is how a torchrun-style launch (MASTER_ADDR, MASTER_PORT) hands
+// rank 0's NCCL unique id to every rank, and a barrier no collective backend
+// is needed for. As torch.distributed's TCPStore: set and get bytes by key
+// (get waits until some rank sets the key), add to a counter, check for keys.
+//
+// Every operation, and the connect, ends by the store's timeout: a rank
+// that never arrives is a StoreTimeout naming the key, the server and what
+// was missing, never a hang. A server that goes away is an Error saying so.
+// Calls from several threads are serialised (one connection, in order).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist/launch.h"
+#include "dist/tcp_socket.h"
+#include "dist/tcp_store_server.h"
+
+namespace tessera::dist {
+
+class TcpStore {
+ public:
+  // Connects to host:port, retrying until `timeout` (the server may start
+  // later), which also bounds every operation after.
+  TcpStore(std::string host, int port, std::chrono::milliseconds timeout);
+
+  void set(const std::string& key, std::span<const std::byte> value);
+  void set(const std::string& key, const std::string& value);
+  // The key's value, waiting until a rank sets it (StoreTimeout after the timeout).
+  std::vector<std::byte> get(const std::string& key);
+  std::string get_string(const std::string& key);
+  // Adds delta to the key's i64 counter (0 if absent) and returns the sum.
+  int64_t add(const std::string& key, int64_t delta);
+  // Whether the key is set, without waiting.
+  bool check(const std::string& key);
+
+  // Returns once every rank of [0, world_size) has called it with this name;
+  // on timeout the StoreTimeout lists the ranks that had not.
+  void barrier(const std::string& name, int rank, int world_size);
+
+  const std::string& endpoint() const { return endpoint_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  std::vector<std::byte> request(uint8_t op, const std::string& key, std::span<const std::byte> value,
+                                 const std::string& what, Clock::time_point deadline);
+  std::vector<std::byte> get_until(const std::string& key, Clock::time_point deadline);
+  void connect(Clock::time_point deadline);
+
+  std::string host_;
+  int port_;
+  std::string endpoint_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  Socket socket_;  // invalid after a failed request: the next one reconnects
+};
+
+// The store of a torchrun-style launch: MASTER_ADDR and MASTER_PORT name it,
+// rank 0 serves it (on every interface, at MASTER_PORT) and every rank,
+// rank 0 too, connects. Keep `server` alive until the ranks are done with
+// the store (they are after the rendezvous they use it for).
+struct LaunchStore {
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::unique_ptr<TcpStore> store;
+};
+// Missing or malformed variables are an Error naming them.
+LaunchStore connect_launch_store(const LaunchInfo& launch, std::chrono::milliseconds timeout,
+                                 const EnvironmentLookup& environment = process_environment);
+
+}  // namespace tessera::dist
