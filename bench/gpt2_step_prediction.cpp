@@ -63,6 +63,7 @@
 #include "bench/machine_context.h"
 #include "checkpoint/file_roles.h"
 #include "examples/gpt/resource_limits.h"
+#include "tensor/cuda/attention_mma.h"
 #include "examples/gpt/trainer.h"
 #include "tensor/cuda/sim/launch.h"
 #include "tensor/stream.h"
@@ -319,7 +320,8 @@ double visible_pairs(const Shape3& s) {
 // and, where it counts mma.sync, the tensor-core attention's):
 // the attention kernels from their shapes, per visible (query, key) pair:
 // forward 4 D (q.k and p v), key grads 8 D (s, dp, dv, dk), query grads 6 D
-// (s, dp, dq); row dots 2 D per row. On CUDA cores a multiply and an add are
+// (s, dp, dq) on CUDA cores and 2 D (dq) on tensor cores, where the key
+// grads hand dS over; row dots 2 D per row. On CUDA cores a multiply and an add are
 // 2 FLOPs and, built with -fmad=false, 2 instructions; on tensor cores the
 // diagonal tiles' masked half is work too, left out here (3% at T = 1024 in
 // tiles of 64). Every other kernel is elementwise or a row pass: a generous
@@ -330,7 +332,8 @@ double shape_flops(const std::string& name, const Shape3& s) {
   switch (attention_part(name)) {
     case AttentionPart::forward: return 4.0 * kHeadDim * visible_pairs(s);
     case AttentionPart::key_grads: return 8.0 * kHeadDim * visible_pairs(s);
-    case AttentionPart::query_grads: return 6.0 * kHeadDim * visible_pairs(s);
+    case AttentionPart::query_grads:
+      return (is_attention_on_tensor_cores(name) ? 2.0 : 6.0) * kHeadDim * visible_pairs(s);
     case AttentionPart::none: break;
   }
   if (name.find("row_dots") != std::string::npos)
@@ -372,15 +375,21 @@ double gemm_flops(const std::vector<bench::GemmCalls>& gemms) {
 // The bytes the tiled attention kernels' operands need, each read once and
 // each output written once (bf16 [B, H, T, D] tensors, f32 logsumexp and row
 // dots): forward q, k, v in, out and lse out; key grads q, k, v, dout, lse,
-// delta in, dk, dv out; query grads q, k, v, dout, lse, delta in, dq out.
-// 0 where not known.
+// delta in, dk, dv out; query grads q, k, v, dout, lse, delta in, dq out. On
+// tensor cores the key grads also write bf16 dS of the causal 64 x 64 tiles,
+// and the query grads read it and k only. 0 where not known.
 double ideal_bytes(const std::string& name, const Shape3& s) {
   const double elements = static_cast<double>(s.layers * s.batch * kHeads * s.seq * kHeadDim);
   const double rows = static_cast<double>(s.layers * s.batch * kHeads * s.seq);
+  const int64_t tile = cuda::kAttentionMmaTile;
+  const double tiles = static_cast<double>((s.seq + tile - 1) / tile);
+  const double score_grads =
+      static_cast<double>(s.layers * s.batch * kHeads) * tiles * (tiles + 1) / 2 * static_cast<double>(tile * tile * 2);
+  const bool mma = is_attention_on_tensor_cores(name);
   switch (attention_part(name)) {
     case AttentionPart::forward: return 2 * 4 * elements + 4 * rows;
-    case AttentionPart::key_grads: return 2 * 6 * elements + 8 * rows;
-    case AttentionPart::query_grads: return 2 * 5 * elements + 8 * rows;
+    case AttentionPart::key_grads: return 2 * 6 * elements + 8 * rows + (mma ? score_grads : 0);
+    case AttentionPart::query_grads: return mma ? 2 * 2 * elements + score_grads : 2 * 5 * elements + 8 * rows;
     case AttentionPart::none: break;
   }
   return 0;

@@ -499,12 +499,13 @@ void attention_row_dots(const Operand& delta, const Operand& grad_out, const Ope
   });
 }
 
-void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Operand& grad_out, const Operand& q,
-                         const Operand& k, const Operand& v, const Operand& logsumexp, const Operand& delta,
-                         const AttentionShape& shape, const KernelLaunch& launch) {
+void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Operand& score_grads,
+                         const Operand& grad_out, const Operand& q, const Operand& k, const Operand& v,
+                         const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,
+                         const KernelLaunch& launch) {
   if (no_elements(shape)) return;
-  if (attention_on_tensor_cores(shape, q.dtype, {&grad_k, &grad_v, &grad_out, &q, &k, &v})) {
-    return attention_key_grads_mma(grad_k, grad_v, grad_out, q, k, v, logsumexp, delta, shape, launch);
+  if (score_grads.data != nullptr) {
+    return attention_key_grads_mma(grad_k, grad_v, score_grads, grad_out, q, k, v, logsumexp, delta, shape, launch);
   }
   visit_attention(q.dtype, shape.dim, "causal_attention_backward", [&](auto storage, auto accumulation, auto max_dim) {
     using S = decltype(storage);
@@ -519,13 +520,11 @@ void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Ope
   });
 }
 
-void attention_query_grads(const Operand& grad_q, const Operand& grad_out, const Operand& q, const Operand& k,
-                           const Operand& v, const Operand& logsumexp, const Operand& delta,
-                           const AttentionShape& shape, const KernelLaunch& launch) {
+void attention_query_grads(const Operand& grad_q, const Operand& score_grads, const Operand& grad_out,
+                           const Operand& q, const Operand& k, const Operand& v, const Operand& logsumexp,
+                           const Operand& delta, const AttentionShape& shape, const KernelLaunch& launch) {
   if (no_elements(shape)) return;
-  if (attention_on_tensor_cores(shape, q.dtype, {&grad_q, &grad_out, &q, &k, &v})) {
-    return attention_query_grads_mma(grad_q, grad_out, q, k, v, logsumexp, delta, shape, launch);
-  }
+  if (score_grads.data != nullptr) return attention_query_grads_mma(grad_q, score_grads, k, shape, launch);
   visit_attention(q.dtype, shape.dim, "causal_attention_backward", [&](auto storage, auto accumulation, auto max_dim) {
     using S = decltype(storage);
     using Acc = decltype(accumulation);

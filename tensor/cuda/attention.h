@@ -46,12 +46,17 @@ void causal_attention(const Operand& out, const Operand& logsumexp, const Operan
 void attention_row_dots(const Operand& delta, const Operand& grad_out, const Operand& out,
                         const AttentionShape& shape, const KernelLaunch& launch);
 // grad_k, grad_v: a block owns a key tile and loops over the query tiles that see it;
-void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Operand& grad_out, const Operand& q,
-                         const Operand& k, const Operand& v, const Operand& logsumexp, const Operand& delta,
-                         const AttentionShape& shape, const KernelLaunch& launch);
 // grad_q: a block owns a query tile and loops over the key tiles it sees.
-void attention_query_grads(const Operand& grad_q, const Operand& grad_out, const Operand& q, const Operand& k,
-                           const Operand& v, const Operand& logsumexp, const Operand& delta,
-                           const AttentionShape& shape, const KernelLaunch& launch);
+// score_grads: with data, the tensor-core kernels run (attention_mma.h: the
+// caller allocates it where attention_on_tensor_cores takes every operand of
+// the backward, and the dQ kernel reads the dS the first one writes there);
+// without, the CUDA-core kernels (each recomputes the scores).
+void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Operand& score_grads,
+                         const Operand& grad_out, const Operand& q, const Operand& k, const Operand& v,
+                         const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,
+                         const KernelLaunch& launch);
+void attention_query_grads(const Operand& grad_q, const Operand& score_grads, const Operand& grad_out,
+                           const Operand& q, const Operand& k, const Operand& v, const Operand& logsumexp,
+                           const Operand& delta, const AttentionShape& shape, const KernelLaunch& launch);
 
 }  // namespace tessera::cuda

@@ -14,12 +14,17 @@
 //             sum per row, O += bf16(P) V; out = O / sum, lse = max + log sum.
 //   dK, dV    a block owns 64 keys and loops over the query tiles that see
 //             them: S^T = K Q^T, dP^T = V dO^T, P^T = exp(scale S^T - lse),
-//             dS^T = P^T (dP^T - delta); dV += bf16(P^T) dO, dK += bf16(dS^T) Q.
+//             dS^T = P^T (dP^T - delta); dV += bf16(P^T) dO, dK += bf16(dS^T) Q;
+//             and it writes bf16(dS^T), the mma operand it just formed, to a
+//             scratch of the causal tiles (score_grads).
 //   dQ        a block owns 64 queries and loops over the key tiles they see:
-//             S, dP, dS as above, dQ += bf16(dS) K.
-// Like the CUDA-core backward, dQ has its own blocks (recomputing S and dP)
-// instead of atomics: the same bits on every run. Tiles above the diagonal
-// are never loaded, and a warp skips the 16-row steps it cannot see.
+//             dQ += bf16(dS) K, with dS read from that scratch.
+// dQ has its own blocks instead of atomics (the same bits on every run), and
+// they no longer recompute S and dP: of the backward's seven 64 x 64 x D
+// products per visible tile pair (FlashAttention-2 does five, with atomics)
+// five remain, for 2 bytes per visible score written and read once. Tiles
+// above the diagonal are never loaded, and a warp skips the 16-row steps it
+// cannot see.
 //
 // Shared tiles are row-major bf16 rows padded from D to D + 8 elements
 // (144 or 272 bytes, 36 or 68 words: each row starts 4 banks after the
@@ -235,6 +240,32 @@ __device__ void two_products(float (&xy)[kColumns / 8][4], float (&zw)[kColumns 
   }
 }
 
+// score_grads: bf16(dS^T) per head, for each query tile i the key tiles
+// j <= i, each a [kTile keys][kTile queries] tile of its own (8 KiB),
+// every element written by the key-gradient kernel (zero where no query sees
+// the key, or past the sequence), read by the query-gradient kernel.
+constexpr int kScoreTileElements = kTile * kTile;
+
+__host__ __device__ inline int64_t causal_tiles(int64_t tiles) { return tiles * (tiles + 1) / 2; }
+
+// The offset of tile (query_tile, key_tile) of `head` in score_grads.
+__device__ int64_t score_tile_offset(int64_t head, int seq, int query_tile, int key_tile) {
+  const int64_t tiles = (seq + kTile - 1) / kTile;
+  return (head * causal_tiles(tiles) + causal_tiles(query_tile) + key_tile) * kScoreTileElements;
+}
+
+// Writes a 16 x 16 A fragment (rows = keys row .. row + 15 of a score tile,
+// columns = queries column .. column + 15; mma_layout.h: a[0..3] are rows
+// g | g+8 of columns 2t | 2t+8) to the [key][query] tile.
+__device__ void store_fragment(uint16_t* tile, int row, int column, const uint32_t (&a)[4], int lane) {
+  const int group = lane >> 2, in_group = lane & 3;
+  uint16_t* at = tile + (row + group) * kTile + column + 2 * in_group;
+  *reinterpret_cast<uint32_t*>(at) = a[0];
+  *reinterpret_cast<uint32_t*>(at + 8 * kTile) = a[1];
+  *reinterpret_cast<uint32_t*>(at + 8) = a[2];
+  *reinterpret_cast<uint32_t*>(at + 8 * kTile + 8) = a[3];
+}
+
 // Grid: one block per (head, 64-row tile), a head's tiles consecutive in
 // launch order, the longest first. Consecutive blocks thus share their head's
 // K and V (or Q and dO): a wave of resident blocks spans a few heads, whose
@@ -380,10 +411,10 @@ constexpr int kChunk = kDim <= 64 ? 64 : 16;
 // warp's keys, columns queries), so P^T and dS^T are mma A operands as they are.
 template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_mma_key_grads_kernel(Heads<uint16_t> grad_k, Heads<uint16_t> grad_v, Heads<const uint16_t> grad_out,
-                                   Heads<const uint16_t> q, Heads<const uint16_t> k, Heads<const uint16_t> v,
-                                   const float* logsumexp, const float* delta, int heads_per_batch, int seq,
-                                   float scale) {
+    attention_mma_key_grads_kernel(Heads<uint16_t> grad_k, Heads<uint16_t> grad_v, uint16_t* score_grads,
+                                   Heads<const uint16_t> grad_out, Heads<const uint16_t> q, Heads<const uint16_t> k,
+                                   Heads<const uint16_t> v, const float* logsumexp, const float* delta,
+                                   int heads_per_batch, int seq, float scale) {
   constexpr int kColumns = kChunk<kDim>;
   const float scale_log2 = scale * kLog2E;
   uint16_t* k_tile = dynamic_shared_memory<uint16_t>();
@@ -415,11 +446,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     stage_values(lse_tile, head_lse, kLog2E, first_query, seq);  // in base 2
     stage_values(delta_tile, head_delta, 1.0f, first_query, seq);
     __syncthreads();
+    uint16_t* score_tile = score_grads + score_tile_offset(head, seq, first_query / kTile, first_key / kTile);
 #pragma unroll 1
     for (int chunk = 0; chunk < kTile / kColumns; ++chunk) {
       const int first_column = chunk * kColumns, chunk_query = first_query + first_column;
-      // Queries all before this warp's keys, or all past the sequence: nothing to add.
-      if (chunk_query + kColumns - 1 < warp_key || chunk_query >= seq) continue;
+      // Queries all before this warp's keys, or all past the sequence: nothing
+      // to add, and dS^T is zero there.
+      if (chunk_query + kColumns - 1 < warp_key || chunk_query >= seq) {
+        const uint32_t zeros[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int step = 0; step < kColumns / 16; ++step) {
+          store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, zeros, lane);
+        }
+        continue;
+      }
       float st[kColumns / 8][4], dpt[kColumns / 8][4];  // S^T, dP^T: [16 keys][kColumns queries]
       two_products<kDim, kColumns>(st, dpt, k_tile, v_tile, q_tile, go_tile, warp, first_column, lane);
       if (chunk_query < warp_key + kWarpRows - 1 || chunk_query + kColumns > seq) {
@@ -439,13 +479,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           st[block][e] = p;
         }
       }
-      // dV += bf16(P^T) dO, dK += bf16(dS^T) Q over this chunk's queries.
+      // dV += bf16(P^T) dO, dK += bf16(dS^T) Q over this chunk's queries;
+      // bf16(dS^T) also goes to score_grads for the dQ kernel.
 #pragma unroll
       for (int step = 0; step < kColumns / 16; ++step) {
         uint32_t a[4];
         accumulator_as_a(a, st, step);
         accumulate_rows<kDim>(dv, a, go_tile, first_column + step * 16, lane);
         accumulator_as_a(a, dpt, step);
+        store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, a, lane);
         accumulate_rows<kDim>(dk, a, q_tile, first_column + step * 16, lane);
       }
     }
@@ -455,20 +497,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_rows<kDim>(grad_v, head, heads_per_batch, warp_key + group, seq, dv, one, in_group);
 }
 
-// Grid: block_tile's (head, query tile), the longest first. A block owns 64 queries (16
-// a warp) and loops over the key tiles they see. Shared: q, grad_out, k, v
-// [kTile][kPitch]; each lane keeps lse and delta of its two rows.
+// Grid: block_tile's (head, query tile), the longest first. A block owns 64
+// queries (16 a warp) and loops over the key tiles they see, staging each
+// one's K rows and its score_grads tile, dS^T [keys][queries]: read with
+// ldmatrix .trans, that tile gives dS's A fragments as they are.
+// Shared: k [kTile][kPitch<kDim>], then dS^T [kTile][kPitch<kTile>].
 template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_mma_query_grads_kernel(Heads<uint16_t> grad_q, Heads<const uint16_t> grad_out, Heads<const uint16_t> q,
-                                     Heads<const uint16_t> k, Heads<const uint16_t> v, const float* logsumexp,
-                                     const float* delta, int heads_per_batch, int seq, float scale) {
-  constexpr int kColumns = kChunk<kDim>;
-  const float scale_log2 = scale * kLog2E;
-  uint16_t* q_tile = dynamic_shared_memory<uint16_t>();
-  uint16_t* go_tile = q_tile + kTile * kPitch<kDim>;
-  uint16_t* k_tile = go_tile + kTile * kPitch<kDim>;
-  uint16_t* v_tile = k_tile + kTile * kPitch<kDim>;
+    attention_mma_query_grads_kernel(Heads<uint16_t> grad_q, const uint16_t* score_grads, Heads<const uint16_t> k,
+                                     int heads_per_batch, int seq, float scale) {
+  uint16_t* k_tile = dynamic_shared_memory<uint16_t>();
+  uint16_t* score_tile = k_tile + kTile * kPitch<kDim>;
   const BlockTile tile = block_tile(seq);
   const int64_t head = tile.head;
   const int first_query = last_query_tiles_first(seq, tile.order);
@@ -476,19 +515,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane >> 2, in_group = lane & 3;
   const int warp_query = first_query + warp * kWarpRows;
   const uint16_t* k_rows = k.head(head, heads_per_batch);
-  const uint16_t* v_rows = v.head(head, heads_per_batch);
-  stage_tile<kDim>(q_tile, q.head(head, heads_per_batch), q.row_stride, first_query, seq);
-  stage_tile<kDim>(go_tile, grad_out.head(head, heads_per_batch), grad_out.row_stride, first_query, seq);
-  // lse (in base 2) and delta of this lane's two rows, read once per row (by the
-  // group's first lane) and shuffled to the other three.
-  float row_lse[2], row_delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int query = warp_query + group + half * 8;
-    const bool reads = in_group == 0 && query < seq;
-    row_lse[half] = __shfl_sync(0xffffffffu, reads ? logsumexp[head * seq + query] * kLog2E : 0.0f, lane & ~3);
-    row_delta[half] = __shfl_sync(0xffffffffu, reads ? delta[head * seq + query] : 0.0f, lane & ~3);
-  }
 
   float dq[kDim / 8][4];
   zero(dq);
@@ -496,34 +522,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int first_key = 0; first_key < keys_end; first_key += kTile) {
     __syncthreads();  // the previous tile's readers are done
     stage_tile<kDim>(k_tile, k_rows, k.row_stride, first_key, seq);
-    stage_tile<kDim>(v_tile, v_rows, v.row_stride, first_key, seq);
+    stage_tile<kTile>(score_tile, score_grads + score_tile_offset(head, seq, first_query / kTile, first_key / kTile),
+                      kTile, 0, kTile);
     __syncthreads();
-#pragma unroll 1
-    for (int chunk = 0; chunk < kTile / kColumns; ++chunk) {
-      const int first_column = chunk * kColumns, chunk_key = first_key + first_column;
-      // Keys all after this warp's queries, or all past the sequence: nothing to add.
-      if (chunk_key > warp_query + kWarpRows - 1 || chunk_key >= seq) continue;
-      float s[kColumns / 8][4], dp[kColumns / 8][4];  // [16 queries][kColumns keys]
-      two_products<kDim, kColumns>(s, dp, q_tile, go_tile, k_tile, v_tile, warp, first_column, lane);
-      if (chunk_key + kColumns - 1 > warp_query || chunk_key + kColumns > seq) {
-        mask_invisible<KeysIn::columns>(s, warp_query, chunk_key, seq, lane);
-      }
-      // dS = 2^(S scale log2 e - lse log2 e) (dP - delta), zero where masked; kept in s.
+    // dQ += bf16(dS) K over the tile's keys, scaled once at the end; keys all
+    // after this warp's queries add nothing.
 #pragma unroll
-      for (int block = 0; block < kColumns / 8; ++block) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e >> 1;
-          s[block][e] = exp2_approx(fmaf(s[block][e], scale_log2, -row_lse[half])) * (dp[block][e] - row_delta[half]);
-        }
-      }
-      // dQ += bf16(dS) K over this chunk's keys, scaled once at the end.
-#pragma unroll
-      for (int step = 0; step < kColumns / 16; ++step) {
-        uint32_t a[4];
-        accumulator_as_a(a, s, step);
-        accumulate_rows<kDim>(dq, a, k_tile, first_column + step * 16, lane);
-      }
+    for (int step = 0; step < kTile / 16; ++step) {
+      const int step_key = first_key + step * 16;
+      if (step_key > warp_query + kWarpRows - 1 || step_key >= seq) continue;
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, column_block_row<kTile>(score_tile, step * 16, warp * kWarpRows, lane));
+      accumulate_rows<kDim>(dq, a, k_tile, step * 16, lane);
     }
   }
   const float dq_scale[2] = {scale, scale};
@@ -534,14 +544,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 enum class Kernel { forward, key_grads, query_grads };
 
-// Dynamic shared bytes: the bf16 tiles (three in the forward, four in the
-// backward), plus lse and delta for the key gradients.
+// Dynamic shared bytes: the bf16 tiles (q, k, v in the forward; k, v, q,
+// dO and lse, delta for the key gradients; k and a score tile for dQ).
 int64_t shared_bytes(Kernel kernel, int dim) {
   const int64_t tile = int64_t{kTile} * (dim + kPad) * 2;
   switch (kernel) {
     case Kernel::forward: return 3 * tile;
     case Kernel::key_grads: return 4 * tile + 2 * int64_t{kTile} * 4;
-    case Kernel::query_grads: return 4 * tile;
+    case Kernel::query_grads: return tile + int64_t{kTile} * (kTile + kPad) * 2;
   }
   return 0;
 }
@@ -594,28 +604,31 @@ void causal_attention_mma(const Operand& out, const Operand& logsumexp, const Op
   });
 }
 
-void attention_key_grads_mma(const Operand& grad_k, const Operand& grad_v, const Operand& grad_out, const Operand& q,
-                             const Operand& k, const Operand& v, const Operand& logsumexp, const Operand& delta,
-                             const AttentionShape& shape, const KernelLaunch& launch) {
+int64_t attention_score_grads_elements(const AttentionShape& shape) {
+  return shape.heads * causal_tiles((shape.seq + kTile - 1) / kTile) * kScoreTileElements;
+}
+
+void attention_key_grads_mma(const Operand& grad_k, const Operand& grad_v, const Operand& score_grads,
+                             const Operand& grad_out, const Operand& q, const Operand& k, const Operand& v,
+                             const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,
+                             const KernelLaunch& launch) {
   visit_dim(shape.dim, [&](auto dim) {
     constexpr int kDim = decltype(dim)::value;
     TESSERA_LAUNCH((attention_mma_key_grads_kernel<kDim>), (mma_config(Kernel::key_grads, shape, launch)),
-                   heads_of<uint16_t>(grad_k), heads_of<uint16_t>(grad_v), heads_of<const uint16_t>(grad_out),
-                   heads_of<const uint16_t>(q), heads_of<const uint16_t>(k), heads_of<const uint16_t>(v),
-                   static_cast<const float*>(logsumexp.data), static_cast<const float*>(delta.data),
-                   shape.heads_per_batch, shape.seq, scale_of(shape));
+                   heads_of<uint16_t>(grad_k), heads_of<uint16_t>(grad_v), static_cast<uint16_t*>(score_grads.data),
+                   heads_of<const uint16_t>(grad_out), heads_of<const uint16_t>(q), heads_of<const uint16_t>(k),
+                   heads_of<const uint16_t>(v), static_cast<const float*>(logsumexp.data),
+                   static_cast<const float*>(delta.data), shape.heads_per_batch, shape.seq, scale_of(shape));
   });
 }
 
-void attention_query_grads_mma(const Operand& grad_q, const Operand& grad_out, const Operand& q, const Operand& k,
-                               const Operand& v, const Operand& logsumexp, const Operand& delta,
+void attention_query_grads_mma(const Operand& grad_q, const Operand& score_grads, const Operand& k,
                                const AttentionShape& shape, const KernelLaunch& launch) {
   visit_dim(shape.dim, [&](auto dim) {
     constexpr int kDim = decltype(dim)::value;
     TESSERA_LAUNCH((attention_mma_query_grads_kernel<kDim>), (mma_config(Kernel::query_grads, shape, launch)),
-                   heads_of<uint16_t>(grad_q), heads_of<const uint16_t>(grad_out), heads_of<const uint16_t>(q),
-                   heads_of<const uint16_t>(k), heads_of<const uint16_t>(v), static_cast<const float*>(logsumexp.data),
-                   static_cast<const float*>(delta.data), shape.heads_per_batch, shape.seq, scale_of(shape));
+                   heads_of<uint16_t>(grad_q), static_cast<const uint16_t*>(score_grads.data),
+                   heads_of<const uint16_t>(k), shape.heads_per_batch, shape.seq, scale_of(shape));
   });
 }
 

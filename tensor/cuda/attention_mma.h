@@ -26,13 +26,17 @@ bool attention_on_tensor_cores(const AttentionShape& shape, DType dtype,
 void causal_attention_mma(const Operand& out, const Operand& logsumexp, const Operand& q, const Operand& k,
                           const Operand& v, const AttentionShape& shape, const KernelLaunch& launch);
 
-// The backward after attention_row_dots: grad_k and grad_v by key-tile blocks,
-// grad_q by query-tile blocks, as attention_key_grads and attention_query_grads.
-void attention_key_grads_mma(const Operand& grad_k, const Operand& grad_v, const Operand& grad_out, const Operand& q,
-                             const Operand& k, const Operand& v, const Operand& logsumexp, const Operand& delta,
-                             const AttentionShape& shape, const KernelLaunch& launch);
-void attention_query_grads_mma(const Operand& grad_q, const Operand& grad_out, const Operand& q, const Operand& k,
-                               const Operand& v, const Operand& logsumexp, const Operand& delta,
+// The backward after attention_row_dots: grad_k and grad_v by key-tile
+// blocks, which also write bf16(dS) to score_grads, then grad_q by
+// query-tile blocks from it (as attention_key_grads and
+// attention_query_grads). score_grads: attention_score_grads_elements bf16
+// elements, every one written by the first kernel before the second reads it.
+int64_t attention_score_grads_elements(const AttentionShape& shape);
+void attention_key_grads_mma(const Operand& grad_k, const Operand& grad_v, const Operand& score_grads,
+                             const Operand& grad_out, const Operand& q, const Operand& k, const Operand& v,
+                             const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,
+                             const KernelLaunch& launch);
+void attention_query_grads_mma(const Operand& grad_q, const Operand& score_grads, const Operand& k,
                                const AttentionShape& shape, const KernelLaunch& launch);
 
 }  // namespace tessera::cuda

@@ -378,8 +378,10 @@ void causal_attention_kernel(const Tensor& out, const Tensor& logsumexp, const T
                                                          buffer_use("logsumexp", logsumexp, kWrite)}));
 }
 
-// Three launches on the current stream; delta ([B, H, T], accumulation dtype)
-// is the only scratch: O(T), freed for reuse on this stream once enqueued.
+// Three launches on the current stream. Scratch, freed for reuse on this
+// stream once enqueued: delta ([B, H, T], accumulation dtype), and on tensor
+// cores score_grads (bf16 dS of every causal 64 x 64 tile: T^2 / 2 + O(T)
+// bytes a head), which the dK/dV kernel writes and the dQ kernel reads.
 void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
                                       const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& out, const Tensor& logsumexp) {
@@ -388,26 +390,42 @@ void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k
       {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"grad_out", &grad_out}, {"grad_q", &grad_q},
        {"grad_k", &grad_k}, {"grad_v", &grad_v}},
       logsumexp);
+  const Operand q_rows = operand(q), k_rows = operand(k), v_rows = operand(v), grad_out_rows = operand(grad_out);
+  const Operand grad_q_rows = operand(grad_q), grad_k_rows = operand(grad_k), grad_v_rows = operand(grad_v);
+  const bool on_tensor_cores = attention_on_tensor_cores(
+      shape, q.dtype(), {&q_rows, &k_rows, &v_rows, &grad_out_rows, &grad_q_rows, &grad_k_rows, &grad_v_rows});
+  const Tensor score_grads =
+      on_tensor_cores ? ops::empty({attention_score_grads_elements(shape)}, {.dtype = DType::bf16, .device = q.device()})
+                      : Tensor();
+  const Operand score_grads_rows = score_grads.defined() ? operand(score_grads) : Operand{};
   const Tensor delta = ops::empty(logsumexp.sizes(), {.dtype = logsumexp.dtype(), .device = q.device()});
-  attention_row_dots(operand(delta), operand(grad_out), operand(out), shape,
+  attention_row_dots(operand(delta), grad_out_rows, operand(out), shape,
                      launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead),
                                                            buffer_use("out", out, kRead),
                                                            buffer_use("delta", delta, kWrite)}));
-  attention_key_grads(
-      operand(grad_k), operand(grad_v), operand(grad_out), operand(q), operand(k), operand(v), operand(logsumexp),
-      operand(delta), shape,
-      launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
-                                            buffer_use("k", k, kRead), buffer_use("v", v, kRead),
-                                            buffer_use("logsumexp", logsumexp, kRead),
-                                            buffer_use("delta", delta, kRead), buffer_use("grad_k", grad_k, kWrite),
-                                            buffer_use("grad_v", grad_v, kWrite)}));
-  attention_query_grads(
-      operand(grad_q), operand(grad_out), operand(q), operand(k), operand(v), operand(logsumexp), operand(delta),
-      shape,
-      launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
-                                            buffer_use("k", k, kRead), buffer_use("v", v, kRead),
-                                            buffer_use("logsumexp", logsumexp, kRead),
-                                            buffer_use("delta", delta, kRead), buffer_use("grad_q", grad_q, kWrite)}));
+  std::vector<BufferUse> key_buffers{buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
+                                     buffer_use("k", k, kRead),
+                                     buffer_use("v", v, kRead),
+                                     buffer_use("logsumexp", logsumexp, kRead),
+                                     buffer_use("delta", delta, kRead),
+                                     buffer_use("grad_k", grad_k, kWrite),
+                                     buffer_use("grad_v", grad_v, kWrite)};
+  if (on_tensor_cores) key_buffers.push_back(buffer_use("score_grads", score_grads, kWrite));
+  attention_key_grads(grad_k_rows, grad_v_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows,
+                      operand(logsumexp), operand(delta), shape,
+                      launch_on_current_stream(q.device(), std::move(key_buffers)));
+  const std::vector<BufferUse> query_buffers =
+      on_tensor_cores
+          ? std::vector<BufferUse>{buffer_use("k", k, kRead), buffer_use("score_grads", score_grads, kRead),
+                                   buffer_use("grad_q", grad_q, kWrite)}
+          : std::vector<BufferUse>{buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
+                                   buffer_use("k", k, kRead),
+                                   buffer_use("v", v, kRead),
+                                   buffer_use("logsumexp", logsumexp, kRead),
+                                   buffer_use("delta", delta, kRead),
+                                   buffer_use("grad_q", grad_q, kWrite)};
+  attention_query_grads(grad_q_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows, operand(logsumexp),
+                        operand(delta), shape, launch_on_current_stream(q.device(), query_buffers));
 }
 
 void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b) {

@@ -474,13 +474,19 @@ TEST_CASE("attention on tensor cores moves the tiling's device bytes") {
       keys_streamed += std::min(seq, first + tile);
       queries_streamed += seq - first;
     }
+    // The causal 64 x 64 tiles of bf16 dS, each written whole by dK/dV and
+    // read whole by dQ.
+    const int64_t tiles = (seq + tile - 1) / tile;
+    const int64_t score_grads = tiles * (tiles + 1) / 2 * tile * tile * 2;
     // forward: q, out and logsumexp once, k and v per query tile;
     // delta: grad_out and out once, delta written;
-    // dK/dV: k, v, grad_k, grad_v once, q, grad_out, lse, delta per key tile;
-    // dQ: q, grad_out, lse, delta, grad_q once, k and v per query tile.
+    // dK/dV: k, v, grad_k, grad_v once, q, grad_out, lse, delta per key tile, dS written;
+    // dQ: grad_q once, k per query tile, dS read.
     const int64_t forward = heads * (2 * seq * row + seq * acc + 2 * keys_streamed * row);
-    const int64_t backward = heads * ((2 * seq * row + seq * acc) + (4 * seq * row + queries_streamed * (2 * row + 2 * acc)) +
-                                      (3 * seq * row + 2 * seq * acc + 2 * keys_streamed * row));
+    const int64_t backward =
+        heads * ((2 * seq * row + seq * acc) +
+                 (4 * seq * row + queries_streamed * (2 * row + 2 * acc) + score_grads) +
+                 (seq * row + keys_streamed * row + score_grads));
     const Launched launched = count_launches(shape, DType::bf16);
     CHECK(launched.forward.device_bytes_read + launched.forward.device_bytes_written == forward);
     CHECK(launched.backward.device_bytes_read + launched.backward.device_bytes_written == backward);
@@ -502,10 +508,11 @@ TEST_CASE("attention on tensor cores reads at least 5x fewer shared bytes per (q
   CHECK(cores_forward >= 5 * mma_forward);
   CHECK(cores_backward >= 5 * mma_backward);
   // Tensor-core FLOPs (every warp-wide mma counts 4096): the useful work is
-  // 4 D per visible pair forward (Q K^T and P V) and 14 D backward (S and dP
-  // twice, dV, dK, dQ); masked halves of the diagonal steps add some (1.06x
-  // forward, 1.25x backward at T = 256: its warps skip less of the diagonal).
-  const double useful_forward = 4.0 * 64 * pairs, useful_backward = 14.0 * 64 * pairs;
+  // 4 D per visible pair forward (Q K^T and P V) and 10 D backward (S, dP,
+  // dV, dK, dQ: dQ's kernel reads dS instead of recomputing S and dP);
+  // masked halves of the diagonal steps add some (1.06x forward, 1.21x
+  // backward at T = 256: its warps skip less of the diagonal).
+  const double useful_forward = 4.0 * 64 * pairs, useful_backward = 10.0 * 64 * pairs;
   MESSAGE("mma FLOPs over the useful work: forward ", static_cast<double>(mma.forward.flops) / useful_forward,
           ", backward ", static_cast<double>(mma.backward.flops) / useful_backward);
   CHECK(static_cast<double>(mma.forward.flops) >= useful_forward);
