@@ -729,7 +729,7 @@ void launch_norm_backward(const char* op, const Tensor& grad_x, const Tensor& gr
   // allocator makes this free in steady state; stream order keeps it alive).
   Tensor workspace;
   if (grad_weight.defined() || grad_bias.defined()) {
-    workspace = ops::empty({norm_backward_workspace_elements(row_total(x), row_length(x))},
+    workspace = ops::empty({norm_backward_workspace_elements(x.dtype(), row_total(x), row_length(x))},
                            {.dtype = accumulator_dtype(x.dtype()), .device = x.device()});
   }
   std::vector<BufferUse> buffers{buffer_use("grad_y", grad_y, kRead), buffer_use("x", x, kRead),

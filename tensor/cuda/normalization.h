@@ -20,9 +20,10 @@ void norm(const Operand& y, const Operand& mean, const Operand& rstd, const Oper
           const Operand& delta, const Operand& weight, const Operand& bias, double eps, int64_t rows, int64_t cols,
           const KernelLaunch& launch);
 
-// The workspace norm_backward needs for the weight and bias gradients, in
-// elements of the arithmetic type: [blocks, 2, cols] per-block partial sums.
-int64_t norm_backward_workspace_elements(int64_t rows, int64_t cols);
+// The workspace norm_backward needs for the weight and bias gradients of
+// [rows, cols] rows of dtype, in elements of the arithmetic type:
+// [blocks, 2, cols] per-block partial sums.
+int64_t norm_backward_workspace_elements(DType dtype, int64_t rows, int64_t cols);
 
 // grad_x, and grad_weight/grad_bias (either may be undefined) summed over
 // rows: each block sums its rows into the workspace, then one kernel adds

@@ -60,6 +60,24 @@ struct MaxSum {
       sum += std::exp(x - max);
     }
   }
+
+  // The values of a chunk at once: the maximum moves (and the sum is
+  // rescaled) at most once, then one exp a value, with no branch between
+  // them. add's compare, branch and second exp per value bound the
+  // cross-entropy by instruction issue, not HBM.
+  template <int N>
+  __device__ void add_chunk(const A (&values)[N]) {
+    A chunk_max = values[0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) chunk_max = std::fmax(chunk_max, values[j]);
+    if (chunk_max > max) {
+      sum = sum * std::exp(max - chunk_max);
+      max = chunk_max;
+    }
+    if (max == -std::numeric_limits<A>::infinity()) return;
+#pragma unroll
+    for (int j = 0; j < N; ++j) sum += std::exp(values[j] - max);
+  }
 };
 
 // Commutative bit for bit (a, b gives what b, a gives), which the butterfly needs.

@@ -4,7 +4,9 @@
 // bias gradients bit for bit from run to run, ignore_index, the errors, the
 // bytes the simulator counts against the ideal, and gradchecks in f64 on cuda.
 // add_layer_norm (the residual add fused into the norm kernels): bit for bit
-// add then layer_norm on the device, alone and in a TransformerBlock.
+// add then layer_norm on the device, alone and in a TransformerBlock. The
+// norm kernels' 16-byte path against their one-value-at-a-time path (bit for
+// bit), and their per-block partials against the workspace sized for them.
 //
 // Tolerances. The cpu sums every row in f64 (lane_sum.h) and rounds once; the
 // device sums in the arithmetic type (f32 for f32 and bf16, f64 for f64): a
@@ -15,10 +17,13 @@
 // the unit roundoff; every output is that sum used in a few more roundings
 // (exp within 2 ulp on both sides, a division, a product). So each element is
 // checked within (depth + 16) u (|cpu value| + the row's scale), where the
-// scale is the magnitude the sums carry (stated per kernel below).
+// scale is the magnitude the sums carry (stated per kernel below). The norm
+// kernels add a thread's chunks of 8 columns, so their depth is
+// norm_sum_depth's.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -33,6 +38,7 @@
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/launch.h"
 #endif
+#include "tensor/cuda/normalization.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
@@ -69,6 +75,16 @@ int group_threads(int64_t cols) {
 double sum_depth(int64_t cols) {
   const int g = group_threads(cols);
   return std::ceil(static_cast<double>(cols) / g) + std::log2(static_cast<double>(g));
+}
+// The norm kernels' (normalization.cu): a thread adds its chunks of 8
+// columns in order (chunks lane, lane + G, ...), a warp's butterfly adds 5
+// levels, and a block of G threads a row (past 1024 columns, or 256 for f64)
+// then adds its G / 32 warps in order.
+double norm_sum_depth(int64_t cols, DType dtype) {
+  const int64_t chunks = (cols + 7) / 8;
+  if (cols <= (dtype == DType::f64 ? 256 : 1024)) return 8.0 * static_cast<double>((chunks + 31) / 32) + 5.0;
+  const int64_t g = dtype == DType::f64 && cols <= 1024 ? 128 : 512;
+  return 8.0 * static_cast<double>((chunks + g - 1) / g) + 5.0 + static_cast<double>(g / 32 - 1);
 }
 
 // Every |device - cpu| <= (depth + 16) u (|cpu| + scale[i]), u of the
@@ -176,7 +192,10 @@ TEST_CASE("softmax, log_softmax and cross-entropy keep -inf entries (masked posi
 
 TEST_CASE("layer_norm and rms_norm, forward and backward, match the cpu in f32 and f64") {
   for (const DType dtype : {DType::f32, DType::f64}) {
-    for (const int64_t cols : {1, 7, 31, 32, 33, 768, 1000, 4096}) {
+    // Each shape (normalization.cu): a warp and 1 to 4 chunks a thread, a
+    // block of 128 (f64) or 512; column counts off a multiple of 8 move one
+    // value at a time.
+    for (const int64_t cols : {1, 7, 31, 32, 33, 300, 768, 1000, 1001, 4096}) {
       for (const int64_t rows : {int64_t{1}, int64_t{37}}) {
         CAPTURE(dtype_name(dtype));
         CAPTURE(cols);
@@ -186,7 +205,7 @@ TEST_CASE("layer_norm and rms_norm, forward and backward, match the cpu in f32 a
         const Tensor gy = ops::to(normal({rows, cols}, 6), dtype);
         const Tensor x_dev = ops::to(x, kCuda), w_dev = ops::to(w, kCuda), b_dev = ops::to(b, kCuda),
                      gy_dev = ops::to(gy, kCuda);
-        const double depth = sum_depth(cols);
+        const double depth = norm_sum_depth(cols, dtype);
         for (const bool layer : {true, false}) {
           CAPTURE(layer);
           const ops::NormOutput cpu = layer ? ops::layer_norm(x, w, b, 1e-5) : ops::rms_norm(x, w, 1e-5);
@@ -275,6 +294,28 @@ TEST_CASE("cross_entropy, forward and backward, matches the cpu with ignored row
 // multiple of 16 bytes take the packed loads, others single values: either
 // way the classes' figures are the unpadded rows' up to the order of the
 // sums (the same bits where both read single values, [5, 7]).
+TEST_CASE("cross_entropy's chunked pass: the logsumexp of rows whose maximum moves in every chunk, against f64") {
+  // Rising rows rescale the running sum once a chunk of 8 (MaxSum::add_chunk),
+  // falling ones never after the first; both against the f64 logsumexp of
+  // the same (rounded) logits.
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const int64_t cols : {int64_t{256}, int64_t{8192}, int64_t{50304}}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(cols);
+      std::vector<double> values;
+      for (int64_t c = 0; c < cols; ++c) values.push_back(20.0 * static_cast<double>(c) / static_cast<double>(cols));
+      for (int64_t c = 0; c < cols; ++c) values.push_back(-20.0 * static_cast<double>(c) / static_cast<double>(cols));
+      const Tensor logits = ops::to(ops::from_vector(values, {2, cols}, {.dtype = DType::f64}), dtype);
+      const Tensor targets = ops::to(ops::from_vector(std::vector<int64_t>{3, cols - 1}, {2}), kCuda);
+      const ops::CrossEntropyOutput out = ops::cross_entropy_with_logsumexp(ops::to(logits, kCuda), targets);
+      const ops::CrossEntropyOutput reference =
+          ops::cross_entropy_with_logsumexp(ops::to(logits, DType::f64), ops::to(targets, kCPU));
+      const double depth = sum_depth(cols) + 2.0 * std::log2(static_cast<double>(cols));
+      check_within("logsumexp", out.logsumexp, reference.logsumexp, depth, DType::f32, {0.0});
+    }
+  }
+}
+
 TEST_CASE("cross_entropy with padding columns: the unpadded rows' loss and gradient, the padding's gradient zero") {
   for (const DType dtype : {DType::f32, DType::bf16}) {
     for (const auto& [classes, columns] :
@@ -371,15 +412,16 @@ TEST_CASE("bf16 rows compute in f32: each kernel against an f32 reference of the
     const ops::NormOutput reference = ops::layer_norm(f32(x), f32(w), f32(b), 1e-5);
     std::vector<double> scale = values_of(ops::add(ops::abs(f32(w)), ops::abs(f32(b))));
     for (double& s : scale) s += 1.0;
-    check_within("layer_norm y bf16", y, reference.y, sum_depth(cols), DType::f32, scale);
-    check_within("layer_norm rstd bf16 (f32)", rstd, reference.rstd, sum_depth(cols), DType::f32, {0.0});
+    const double depth = norm_sum_depth(cols, DType::bf16);
+    check_within("layer_norm y bf16", y, reference.y, depth, DType::f32, scale);
+    check_within("layer_norm rstd bf16 (f32)", rstd, reference.rstd, depth, DType::f32, {0.0});
     const Tensor gx = empty({rows, cols}, DType::bf16), gw = empty({cols}, DType::bf16), gb = empty({cols}, DType::bf16);
     cuda.norm_backward(gx, gw, gb, dev(gy), dev(x), dev(w), dev(reference.mean), dev(reference.rstd));
     const ops::NormGrads grads = ops::layer_norm_backward(f32(gy), f32(x), f32(w), reference.mean, reference.rstd, true);
     std::vector<double> gx_scale = row_max_abs(ops::mul(f32(gy), f32(w)), cols);
     const std::vector<double> rstd_values = values_of(reference.rstd);
     for (size_t i = 0; i < gx_scale.size(); ++i) gx_scale[i] *= 16.0 * rstd_values[i / cols];
-    check_within("layer_norm grad_x bf16", gx, grads.x, sum_depth(cols), DType::f32, gx_scale);
+    check_within("layer_norm grad_x bf16", gx, grads.x, depth, DType::f32, gx_scale);
     check_within("layer_norm grad_weight bf16", gw, grads.weight, rows, DType::f32, {5.0 * rows});
     check_within("layer_norm grad_bias bf16", gb, grads.bias, rows, DType::f32, {5.0 * rows});
   }
@@ -409,6 +451,95 @@ TEST_CASE("norm weight and bias gradients and the cross-entropy loss are the sam
     CHECK(values_of(grads.weight) == first_weight);  // doubles exactly holding the f32 bits
     CHECK(values_of(grads.bias) == first_bias);
     CHECK(loss == first_loss);
+  }
+}
+
+// The same values at a base 2 or 4 bytes off 16: contiguous rows the norm
+// kernels cannot move in 16-byte packs.
+Tensor misaligned(const Tensor& t) {
+  const Tensor flat = ops::reshape(ops::contiguous(t), {t.numel()});
+  const Tensor padded = ops::cat({ops::zeros({1}, {.dtype = t.dtype(), .device = t.device()}), flat}, 0);
+  return ops::view(ops::narrow(padded, 0, 1, t.numel()), t.sizes());
+}
+
+TEST_CASE("norm kernels: rows off 16-byte alignment give the packed rows' bits, forward and backward") {
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    for (const int64_t cols : {int64_t{64}, int64_t{768}, int64_t{1024}, int64_t{2048}}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(cols);
+      const int64_t rows = 11;
+      const auto dev = [&](const Tensor& t) { return ops::to(ops::to(t, dtype), kCuda); };
+      const Tensor x = dev(normal({rows, cols}, 80, 2.0)), delta = dev(normal({rows, cols}, 81));
+      const Tensor w = dev(normal({cols}, 82)), b = dev(normal({cols}, 83)), gy = dev(normal({rows, cols}, 84));
+      const Tensor x_off = misaligned(x), w_off = misaligned(w), gy_off = misaligned(gy);
+      REQUIRE(reinterpret_cast<uintptr_t>(x_off.cuda_data()) % 16 != 0);
+      const ops::NormOutput packed = ops::layer_norm(x, w, b, 1e-5);
+      const ops::NormOutput single = ops::layer_norm(x_off, w_off, b, 1e-5);
+      CHECK(values_of(single.y) == values_of(packed.y));
+      CHECK(values_of(single.mean) == values_of(packed.mean));
+      CHECK(values_of(single.rstd) == values_of(packed.rstd));
+      const ops::NormGrads grads = ops::layer_norm_backward(gy, x, w, packed.mean, packed.rstd, true);
+      const ops::NormGrads grads_off = ops::layer_norm_backward(gy_off, x_off, w_off, packed.mean, packed.rstd, true);
+      CHECK(values_of(grads_off.x) == values_of(grads.x));
+      CHECK(values_of(grads_off.weight) == values_of(grads.weight));
+      CHECK(values_of(grads_off.bias) == values_of(grads.bias));
+      const ops::AddNormOutput fused = ops::add_layer_norm(x, delta, w, b, 1e-5);
+      const ops::AddNormOutput fused_off = ops::add_layer_norm(x, misaligned(delta), w, b, 1e-5);
+      CHECK(values_of(fused_off.sum) == values_of(fused.sum));
+      CHECK(values_of(fused_off.norm.y) == values_of(fused.norm.y));
+    }
+  }
+}
+
+TEST_CASE("norm kernels on no rows: nothing to normalise, zero weight and bias gradients") {
+  const Tensor x = ops::zeros({0, 24}, {.device = kCuda}), w = ops::ones({24}, {.device = kCuda});
+  const ops::NormOutput out = ops::layer_norm(x, w, w, 1e-5);
+  CHECK(out.y.sizes() == Shape{0, 24});
+  const ops::NormGrads grads = ops::layer_norm_backward(x, x, w, out.mean, out.rstd, true);
+  CHECK(values_of(grads.weight) == std::vector<double>(24, 0.0));
+  CHECK(values_of(grads.bias) == std::vector<double>(24, 0.0));
+}
+
+TEST_CASE("norm backward: many blocks' partials, in the workspace the launch sizes") {
+  // 2000 rows: a block per 32 rows; 9000: the cap of 264 blocks, 34 or 35 rows each.
+  for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{2000, 63}, std::pair<int64_t, int64_t>{9000, 264}}) {
+    CAPTURE(rows);
+    const int64_t cols = 40;
+    const Tensor x = ops::to(normal({rows, cols}, 90, 2.0), DType::f32), w = ops::to(normal({cols}, 91), DType::f32);
+    const Tensor gy = ops::to(normal({rows, cols}, 92), DType::f32);
+    const ops::NormOutput cpu = ops::layer_norm(x, w, Tensor(), 1e-5);
+    const ops::NormGrads want = ops::layer_norm_backward(gy, x, w, cpu.mean, cpu.rstd, true);
+    CHECK(cuda::norm_backward_workspace_elements(DType::f32, rows, cols) == blocks * 2 * cols);
+    ops::NormGrads got;
+    const auto run = [&] {
+      got = ops::layer_norm_backward(ops::to(gy, kCuda), ops::to(x, kCuda), ops::to(w, kCuda), ops::to(cpu.mean, kCuda),
+                                     ops::to(cpu.rstd, kCuda), true);
+    };
+#if TESSERA_SIM_CHECKS
+    current_stream(kCuda)->synchronize();
+    cuda::sim::reset_kernel_counters();
+    run();
+    current_stream(kCuda)->synchronize();
+    for (const auto& [name, counter] : cuda::sim::kernel_counters()) {
+      if (name.find("norm_backward_kernel") != std::string::npos) CHECK(counter.blocks == blocks);
+      if (name.find("norm_parameter_grads_kernel") != std::string::npos) {
+        CHECK(counter.device_bytes_read == blocks * 2 * cols * 4);  // each block's partial, once
+      }
+    }
+#else
+    run();
+#endif
+    std::vector<double> column_scale(static_cast<size_t>(cols), 0.0);
+    const std::vector<double> gyv = values_of(gy);
+    for (size_t i = 0; i < gyv.size(); ++i) column_scale[i % cols] += 5.0 * std::abs(gyv[i]);
+    // A column's sum: a block's rows in order, then the blocks' partials (at most that deep).
+    const double depth = static_cast<double>(rows / blocks + 1 + blocks);
+    check_within("grad_weight", got.weight, want.weight, depth, DType::f32, column_scale);
+    check_within("grad_bias", got.bias, want.bias, depth, DType::f32, column_scale);
+    std::vector<double> gx_scale = row_max_abs(ops::mul(gy, w), cols);
+    const std::vector<double> rstd = values_of(cpu.rstd);
+    for (size_t i = 0; i < gx_scale.size(); ++i) gx_scale[i] *= 16.0 * rstd[i / cols];
+    check_within("grad_x", got.x, want.x, norm_sum_depth(cols, DType::f32), DType::f32, gx_scale);
   }
 }
 
@@ -449,7 +580,7 @@ TEST_CASE("add_layer_norm on cuda: add then layer_norm's bits, forward and backw
         // rounding of |grad_x| to the bound.
         const ops::AddNormOutput cpu = ops::add_layer_norm(x, delta, w, b, 1e-5);
         CHECK(values_of(fused.sum) == values_of(cpu.sum));
-        const double depth = sum_depth(cols);
+        const double depth = norm_sum_depth(cols, dtype);
         std::vector<double> scale = values_of(ops::add(ops::abs(w), ops::abs(b)));
         for (double& s : scale) s += 1.0;
         check_within("y", fused.norm.y, cpu.norm.y, depth, dtype, scale);
