@@ -36,7 +36,6 @@ namespace {
 // variants at 96-128 registers and spilled).
 constexpr int kBlockThreads = 128;
 constexpr int kWarpSize = 32;
-constexpr int64_t kSharedBytesWithoutOptIn = 48 * 1024;
 
 // The tiling for accumulation type Acc and head dims up to kMaxDim. A block
 // of kBlockThreads gives each owned row kLanes threads (a power of two

@@ -68,7 +68,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kTile = static_cast<int>(kAttentionMmaTile);  // rows owned, and rows staged per step
 constexpr int kWarpRows = 16;                                // rows a warp owns: mma's M
 constexpr int kPad = 8;                                      // bf16 elements after each staged row
-constexpr int64_t kSharedBytesWithoutOptIn = 48 * 1024;
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 constexpr float kLog2E = 1.44269504088896340736f;  // log2(e): exp(x) = 2^(x log2 e)
 constexpr float kLn2 = 0.693147180559945309417f;

@@ -57,11 +57,14 @@ struct BufferUse {
   StridedElements elements = {};
 };
 
+// Shared memory a block may take without its kernel's opt-in.
+constexpr int64_t kSharedBytesWithoutOptIn = 48 * 1024;
+
 struct LaunchConfig {
   dim3 grid;
   dim3 block;
   int64_t dynamic_shared_bytes = 0;
-  // More than 48 KiB of shared memory per block needs the kernel's opt-in
+  // More than kSharedBytesWithoutOptIn per block needs the kernel's opt-in
   // (cudaFuncAttributeMaxDynamicSharedMemorySize), as on the hardware.
   bool shared_memory_opt_in = false;
   std::vector<BufferUse> buffers;

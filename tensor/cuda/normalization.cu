@@ -54,7 +54,7 @@ constexpr int64_t kMaxBackwardBlocks = 2 * 132;
 
 // Dynamic shared memory a block may take without opting in to more: 48 KiB
 // less what the kernels' static __shared__ values (all_reduce's) may take.
-constexpr int64_t kDefaultSharedBytes = 47 * 1024;
+constexpr int64_t kDefaultSharedBytes = kSharedBytesWithoutOptIn - 1024;
 
 // Columns a chunk holds: 16 bytes of bf16.
 constexpr int kChunkColumns = 8;

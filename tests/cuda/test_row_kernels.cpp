@@ -11,7 +11,7 @@
 // Tolerances. The cpu sums every row in f64 (lane_sum.h) and rounds once; the
 // device sums in the arithmetic type (f32 for f32 and bf16, f64 for f64): a
 // thread adds its ceil(cols / G) columns in order, then a butterfly over the
-// G threads of the row's group adds log2(G) levels (G = 32, 128, 512 or 1024
+// G threads of the row's group adds log2(G) levels (G = 32, 128 or 512
 // by row length, row_group.h). A sum of n terms so added is within
 // depth u sum|terms| of the exact one, depth = ceil(cols / G) + log2(G) and u
 // the unit roundoff; every output is that sum used in a few more roundings
