@@ -20,10 +20,13 @@ std::vector<uint16_t> text_to_byte_tokens(std::string_view text);
 // output is not a terminal). Throws tessera::Error for a token >= 256.
 std::string byte_tokens_to_bytes(std::span<const uint16_t> tokens);
 
-// The bytes the tokens stand for, printable and reversible: ASCII from space
-// to '~' (but the backslash), newline, tab and complete UTF-8 sequences of
-// printable characters stay as they are; a backslash becomes \\ and every
-// other byte \xHH, so printable_to_bytes gives the bytes back. Throws
+// `bytes`, printable and reversible: ASCII from space to '~' (but the
+// backslash), newline, tab and complete UTF-8 sequences of printable
+// characters stay as they are; a backslash becomes \\ and every other byte
+// \xHH, so printable_to_bytes gives the bytes back.
+std::string bytes_to_printable(std::string_view bytes);
+
+// bytes_to_printable of the bytes the tokens stand for. Throws
 // tessera::Error for a token >= 256.
 std::string byte_tokens_to_printable(std::span<const uint16_t> tokens);
 

@@ -190,6 +190,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"clip", config.clip},
           {"seed", config.seed},
           {"data", config.data},
+          {"tokenizer", config.tokenizer},
           {"nproc", config.nproc},
           {"hsdp", config.hsdp},
           {"reshard_after_forward", reshard},

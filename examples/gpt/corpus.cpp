@@ -191,7 +191,17 @@ std::vector<fs::path> default_corpus_files(const CorpusLocations& locations) {
   return plain_files_in(locations.licenses, /*skip_dat=*/false);
 }
 
-TokenData load_default_corpus(const CorpusLocations& locations) {
+CorpusText read_text_file(const fs::path& path) {
+  std::error_code error;
+  TESSERA_CHECK(fs::is_regular_file(path, error), "data: '{}' is not a readable file", path.string());
+  std::vector<char> bytes = read_bytes(path);
+  TESSERA_CHECK(!bytes.empty(), "data: '{}' is empty", path.string());
+  TESSERA_CHECK(!starts_with_llmc_magic(bytes), "data: '{}' is an llm.c token file: tokens already, not text",
+                path.string());
+  return {std::string(bytes.begin(), bytes.end()), fmt::format("{} (text, {} bytes)", path.string(), bytes.size())};
+}
+
+CorpusText read_default_corpus(const CorpusLocations& locations) {
   std::vector<fs::path> files = default_corpus_files(locations);
   TESSERA_CHECK(!files.empty(),
                 "data: no default corpus: neither '{}' (Debian package fortunes) nor '{}' holds a file; "
@@ -210,8 +220,14 @@ TokenData load_default_corpus(const CorpusLocations& locations) {
   const std::string rendering =
       rendered_away == 0 ? std::string()
                          : fmt::format("; {} bytes of backspace overstrikes and bells rendered away", rendered_away);
-  return bytes_to_tokens(text, fmt::format("{} (text, {} files, {} bytes{})", directory, files.size(), text.size(),
-                                           rendering));
+  std::string description =
+      fmt::format("{} (text, {} files, {} bytes{})", directory, files.size(), text.size(), rendering);
+  return {std::move(text), std::move(description)};
+}
+
+TokenData load_default_corpus(const CorpusLocations& locations) {
+  CorpusText corpus = read_default_corpus(locations);
+  return bytes_to_tokens(corpus.text, std::move(corpus.description));
 }
 
 int64_t default_corpus_token_count(const CorpusLocations& locations) {

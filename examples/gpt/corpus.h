@@ -12,11 +12,21 @@
 
 namespace gpt {
 
+// Tokens are uint16 (as in llm.c's files): a vocabulary of at most 65536.
+inline constexpr int64_t kMaxTokenVocab = 65536;
+
 // A run's whole token stream, before the train/validation split.
 struct TokenData {
   std::vector<uint16_t> tokens;
   int64_t token_range = 0;  // largest token + 1: the smallest vocab that covers the data
-  std::string description;  // where the tokens came from, for the log
+  std::string description;  // where the tokens came from, for the log and the run's identity
+  std::string note;         // for the log only ("" = none): how they were made (token_cache.h)
+};
+
+// Text before it becomes tokens, and where it came from.
+struct CorpusText {
+  std::string text;
+  std::string description;  // "PATH (text, N bytes)"
 };
 
 // llm.c's token files (`dev/data/*.bin`): a header of 256 int32 (magic,
@@ -34,6 +44,10 @@ TokenData load_token_file(const std::filesystem::path& path);
 // (for llm.c's format) its magic, without reading the tokens: memory
 // estimates need it before anything is loaded. 0 when the file cannot be read.
 int64_t token_count_of_file(const std::filesystem::path& path);
+
+// The bytes of a text file. Throws tessera::Error when it cannot be read, is
+// empty, or is an llm.c token file (tokens, not text).
+CorpusText read_text_file(const std::filesystem::path& path);
 
 // Concatenates the bytes of `files` (in the given order) into byte-level tokens.
 TokenData load_text_files(const std::vector<std::filesystem::path>& files, const std::string& description);
@@ -65,8 +79,11 @@ struct CorpusLocations {
 // aliases would count texts twice) and fortunes' `.dat` index files (binary).
 std::vector<std::filesystem::path> default_corpus_files(const CorpusLocations& locations = {});
 
-// Loads default_corpus_files(), each file through render_overstrikes; throws
-// tessera::Error naming both places when neither has a file.
+// The text of default_corpus_files(), each file through render_overstrikes;
+// throws tessera::Error naming both places when neither has a file.
+CorpusText read_default_corpus(const CorpusLocations& locations = {});
+
+// read_default_corpus() as byte-level tokens.
 TokenData load_default_corpus(const CorpusLocations& locations = {});
 
 // How many tokens load_default_corpus(locations) holds (reads the files):

@@ -55,6 +55,8 @@ class DataLoader {
   int64_t val_tokens() const;
   bool is_synthetic() const { return synthetic_vocab_ > 0; }
   const std::string& description() const { return data_->description; }
+  // How the tokens were made, for the log ("" = nothing to say).
+  const std::string& note() const { return data_->note; }
   const LoaderOptions& options() const { return options_; }
   // The tokens, shared by every copy of this loader (empty for synthetic data).
   const std::shared_ptr<const TokenData>& token_data() const { return data_; }

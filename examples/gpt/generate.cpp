@@ -1,15 +1,17 @@
-// `generate`: samples text from a trained GPT or Llama, byte-level (one token per
-// byte). The model comes from a checkpoint that `train` saved (--ckpt: one
-// checkpoint, or a root of step-N checkpoints, then the newest; saved on any
-// number of ranks, it loads whole here) or from an exported .safetensors file
-// (--init-from). Writes the prompt and its continuation to stdout: the bytes
-// unchanged when stdout is not a terminal (a file or a pipe gets exactly the
-// model's bytes), escaped when it is one or with --escape (a backslash as \\,
-// bytes that are not printable as \xHH: byte_text.h, reversible). Where the
-// model came from and the speed go to stderr. --max-new-tokens is refused,
-// before the model loads, when its buffers would not fit in half the
-// available memory (resource_limits.h). Exit status: 0 generated, 1 failed
-// (a model that cannot be loaded, say), 2 bad flags. Flags: generate --help.
+// `generate`: samples text from a trained GPT or Llama, byte-level (one token
+// per byte), or through the BPE tokenizer it was trained with (--tokenizer:
+// the prompt encoded, the tokens decoded back to bytes). The model comes from
+// a checkpoint that `train` saved (--ckpt: one checkpoint, or a root of
+// step-N checkpoints, then the newest; saved on any number of ranks, it loads
+// whole here) or from an exported .safetensors file (--init-from). Writes the
+// prompt and its continuation to stdout: the bytes unchanged when stdout is
+// not a terminal (a file or a pipe gets exactly the model's bytes), escaped
+// when it is one or with --escape (a backslash as \\, bytes that are not
+// printable as \xHH: byte_text.h, reversible). Where the model came from and
+// the speed go to stderr. --max-new-tokens is refused, before the model
+// loads, when its buffers would not fit in half the available memory
+// (resource_limits.h). Exit status: 0 generated, 1 failed (a model that
+// cannot be loaded, say), 2 bad flags. Flags: generate --help.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +32,8 @@
 #include "examples/gpt/model_loader.h"
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/sampling.h"
+#include "examples/gpt/token_cache.h"
+#include "examples/gpt/tokenizer/tokenizer.h"
 #include "tensor/error.h"
 #include "tensor/parallel.h"
 
@@ -40,6 +44,7 @@ struct GenerateConfig {
   std::string safetensors;  // --init-from
   std::string prompt = "\n";
   std::string prompt_file;  // --prompt-file: the prompt's bytes from a file (any bytes, NUL included)
+  std::string tokenizer;    // --tokenizer: "" = one token per byte
   bool escape = false;      // --escape: escaped output even when stdout is not a terminal
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
@@ -58,7 +63,7 @@ constexpr int64_t kMaxThreads = 4096;
 
 // Returns the exit code when the program should stop (help, or a bad flag).
 std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& config) {
-  CLI::App app{"Samples byte-level text from a GPT or Llama trained by `train`", "generate"};
+  CLI::App app{"Samples text from a GPT or Llama trained by `train` (bytes, or through --tokenizer)", "generate"};
   app.option_defaults()->always_capture_default();
   auto* checkpoint_flag = app.add_option("--ckpt", config.checkpoint,
                                          "A checkpoint directory, or a directory of step-N checkpoints (the newest "
@@ -72,6 +77,11 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
   app.add_option("--prompt-file", config.prompt_file, "Continue the bytes of this file (any bytes, NUL included)")
       ->excludes(prompt_flag)
       ->check(gpt::non_empty_path());
+  app.add_option("--tokenizer", config.tokenizer,
+                 "The BPE tokenizer the model was trained with (train --tokenizer): encodes the prompt, decodes the "
+                 "output")
+      ->check(gpt::non_empty_path())
+      ->default_str("bytes");
   app.add_flag("--escape", config.escape,
                "Escape the output (\\\\ and \\xHH) even when stdout is not a terminal; on a terminal it always is");
   app.add_option("--max-new-tokens", config.max_new_tokens, "Tokens to sample")
@@ -105,18 +115,29 @@ void check_files(const GenerateConfig& config) {
   if (!config.checkpoint.empty()) roles.add_input("--ckpt", config.checkpoint);
   if (!config.safetensors.empty()) roles.add_input("--init-from", config.safetensors);
   if (!config.prompt_file.empty()) roles.add_input("--prompt-file", config.prompt_file);
+  if (!config.tokenizer.empty()) roles.add_input("--tokenizer", config.tokenizer);
   roles.add_output_stream("standard output", STDOUT_FILENO);
   roles.check();
+}
+
+// The prompt's tokens: its bytes, or its BPE ids.
+std::vector<uint16_t> prompt_tokens(const std::string& text, std::optional<gpt::Tokenizer>& tokenizer) {
+  if (!tokenizer) return gpt::text_to_byte_tokens(text);
+  gpt::checked_token_vocab(*tokenizer);
+  const std::vector<uint32_t> ids = tokenizer->encode(text);
+  return std::vector<uint16_t>(ids.begin(), ids.end());  // every id < vocab_size() <= 65536
 }
 
 // The prompt's tokens, once the files and the length are proven usable
 // (before the model is loaded: a length whose buffers cannot fit is refused
 // at once). A refusal is a usage error.
-std::vector<uint16_t> checked_prompt(const GenerateConfig& config) {
+std::vector<uint16_t> checked_prompt(const GenerateConfig& config, std::optional<gpt::Tokenizer>& tokenizer) {
   try {
     check_files(config);
-    const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens(
-        config.prompt_file.empty() ? config.prompt : tessera::checkpoint::read_file_text(config.prompt_file));
+    if (!config.tokenizer.empty()) tokenizer.emplace(gpt::Tokenizer::load(config.tokenizer));
+    const std::vector<uint16_t> prompt = prompt_tokens(
+        config.prompt_file.empty() ? config.prompt : tessera::checkpoint::read_file_text(config.prompt_file),
+        tokenizer);
     gpt::check_generation_length(static_cast<int64_t>(prompt.size()), config.max_new_tokens,
                                  gpt::machine_resources());
     return prompt;
@@ -125,8 +146,15 @@ std::vector<uint16_t> checked_prompt(const GenerateConfig& config) {
   }
 }
 
+// The bytes the tokens stand for.
+std::string output_bytes(const std::vector<uint16_t>& tokens, const std::optional<gpt::Tokenizer>& tokenizer) {
+  if (!tokenizer) return gpt::byte_tokens_to_bytes(tokens);
+  return tokenizer->decode(std::vector<uint32_t>(tokens.begin(), tokens.end()));
+}
+
 int run(const GenerateConfig& config) {
-  const std::vector<uint16_t> prompt = checked_prompt(config);
+  std::optional<gpt::Tokenizer> tokenizer;
+  const std::vector<uint16_t> prompt = checked_prompt(config, tokenizer);
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const tessera::Device device = tessera::Device::parse(config.device);
   const std::string device_description = tessera::describe_device(device);  // a build without cuda refuses here
@@ -134,10 +162,17 @@ int run(const GenerateConfig& config) {
                                                             : gpt::load_model_from_checkpoint(config.checkpoint);
   loaded.model->to(device);
   const int64_t vocab_size = loaded.model->vocab_size();
-  TESSERA_CHECK(vocab_size <= gpt::kByteVocab,
-                "{}: the model's vocab_size is {}, but generate encodes text as bytes (vocab <= {}); a model of "
-                "other tokens needs their tokenizer",
-                loaded.source, vocab_size, gpt::kByteVocab);
+  if (tokenizer) {
+    TESSERA_CHECK(vocab_size == tokenizer->vocab_size(),
+                  "{}: the model's vocab_size is {}, but --tokenizer {} has {} ids; pass the tokenizer the model was "
+                  "trained with",
+                  loaded.source, vocab_size, config.tokenizer, tokenizer->vocab_size());
+  } else {
+    TESSERA_CHECK(vocab_size <= gpt::kByteVocab,
+                  "{}: the model's vocab_size is {}, but generate encodes text as bytes (vocab <= {}); a model of "
+                  "other tokens needs their tokenizer (--tokenizer)",
+                  loaded.source, vocab_size, gpt::kByteVocab);
+  }
 
   gpt::SamplingOptions options;
   options.temperature = config.temperature;
@@ -149,10 +184,11 @@ int run(const GenerateConfig& config) {
       gpt::generate_tokens(*loaded.model, prompt, config.max_new_tokens, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  const std::string bytes = output_bytes(tokens, tokenizer);
   if (config.escape || ::isatty(STDOUT_FILENO) == 1) {
-    std::cout << gpt::byte_tokens_to_printable(tokens) << '\n';
+    std::cout << gpt::bytes_to_printable(bytes) << '\n';
   } else {
-    std::cout << gpt::byte_tokens_to_bytes(tokens);
+    std::cout << bytes;
   }
   std::cout << std::flush;
   TESSERA_CHECK(std::cout.good(), "writing the text to standard output failed");

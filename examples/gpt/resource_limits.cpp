@@ -215,7 +215,8 @@ double buffer_bytes(const tessera::nn::LlamaConfig& model) {
          static_cast<double>(model.head_dim()) * size_of(model.dtype);
 }
 
-// The tokens the data loader will hold (uint16), from the files' sizes.
+// The tokens the data loader will hold (uint16), from the files' sizes (with
+// --tokenizer at most one token a byte: a bound from above).
 double token_data_bytes(const TrainConfig& config) {
   if (config.data == kSyntheticData) return 0.0;
   double tokens = 0.0;

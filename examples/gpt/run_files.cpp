@@ -36,6 +36,7 @@ checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& tra
   } else if (config.data != kSyntheticData) {
     roles.add_input("--data", config.data);
   }
+  if (!config.tokenizer.empty()) roles.add_input("--tokenizer", config.tokenizer);
   if (!config.init_from.empty()) roles.add_input("--init-from", config.init_from);
   if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, checkpoint::is_managed_entry);
   if (!config.log_json.empty()) roles.add_output("--log-json", config.log_json);

@@ -14,6 +14,7 @@
 
 #include "dist/launch.h"
 #include "examples/gpt/flag_checks.h"
+#include "examples/gpt/token_cache.h"
 #include "tensor/error.h"
 
 namespace gpt {
@@ -102,6 +103,12 @@ ModelConfig model_from_flags(ModelFamily family, const std::string& preset, cons
   return config;
 }
 
+// The vocabulary of --tokenizer: its ids.
+int64_t tokenizer_vocab(const std::string& path, bool vocab_given) {
+  TESSERA_CHECK(!vocab_given, "--vocab and --tokenizer both set the vocabulary; leave --vocab out");
+  return checked_token_vocab(Tokenizer::load(path));
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -159,6 +166,8 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(!checkpoints_asked || !ckpt_dir.empty(),
                 "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR");
   TESSERA_CHECK(!allow_data_change || resume, "--allow-data-change is for --resume (a fresh run takes any --data)");
+  TESSERA_CHECK(tokenizer.empty() || data != kSyntheticData,
+                "--tokenizer tokenizes the text of --data; --data synthetic has none");
   TESSERA_CHECK(!sweep || plan, "--sweep is part of the plan: pass --plan --sweep");
   TESSERA_CHECK(sweep || (sweep_out.empty() && sweep_svg.empty()),
                 "--sweep-out and --sweep-svg write the sweep: pass --plan --sweep");
@@ -225,6 +234,13 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--data", config.data, "Token file (text, or llm.c .bin), or 'synthetic'")
       ->check(non_empty_path())
       ->default_str("the Debian corpus");
+  auto* tokenizer_flag =
+      app.add_option("--tokenizer", config.tokenizer,
+                     "BPE tokenizer for the --data text: a tokenizer.json (Hugging Face), GPT-2's vocab.json or "
+                     "encoder.json with merges.txt beside it, or a directory holding them; its ids set --vocab. The "
+                     "tokens are cached in --ckpt-dir")
+          ->check(non_empty_path())
+          ->default_str("bytes (vocab 256)");
   app.add_flag("--allow-data-change", config.allow_data_change,
                "Let --resume continue on other data than the run's (recorded in the checkpoint root's run.json)");
   app.add_option("--log-json", config.log_json,
@@ -314,10 +330,13 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   try {
     const ModelFamily model_family = family_from_name(family);
     if (preset_flag->count() == 0) config.preset = default_preset(model_family);
+    const std::optional<int64_t> vocab_setting = tokenizer_flag->count() > 0
+                                                     ? tokenizer_vocab(config.tokenizer, vocab_flag->count() > 0)
+                                                     : given(vocab_flag, vocab);
     const ShapeFlags shape{.n_layer = given(n_layer_flag, n_layer),
                            .n_head = given(n_head_flag, n_head),
                            .n_embd = given(n_embd_flag, n_embd),
-                           .vocab = given(vocab_flag, vocab),
+                           .vocab = vocab_setting,
                            .seq_len = given(seq_len_flag, seq_len),
                            .n_kv_head = given(n_kv_head_flag, n_kv_head),
                            .ffn_hidden = given(ffn_hidden_flag, ffn_hidden),

@@ -57,6 +57,10 @@ struct TrainConfig {
   uint64_t seed = 1337;     // model init and data order
   int threads = 0;          // per rank; 0 = the cores shared out among the ranks
   std::string data;         // "" = the default corpus, "synthetic", or a file
+  // "" = byte-level tokens; else a BPE tokenizer (tokenizer.json, or GPT-2's
+  // vocab.json + merges.txt: tokenizer/tokenizer.h) that tokenizes the text
+  // and whose ids set the vocabulary (parse_command_line sets model's).
+  std::string tokenizer;
   bool allow_data_change = false;  // --resume may continue on other data (recorded in the run's run.json)
   std::string log_json;     // "" = no JSON-lines log
   int64_t eval_every = 50;  // validation loss every N steps (and at the last); 0 = never

@@ -21,6 +21,7 @@
 #include "dist/local_backend.h"
 #include "examples/gpt/config_json.h"
 #include "examples/gpt/graceful_stop.h"
+#include "examples/gpt/token_cache.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
@@ -65,13 +66,29 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
   dist::init(options, start_rank);
 }
 
+namespace {
+
+// The run's tokens: the text of --data (or the default corpus) through the
+// tokenizer when there is one, else as the data loader reads files.
+TokenData load_tokens(const TrainConfig& config) {
+  if (config.tokenizer.empty()) return config.data.empty() ? load_default_corpus() : load_token_file(config.data);
+  Tokenizer tokenizer = Tokenizer::load(config.tokenizer);
+  const int64_t vocab = vocab_size(config.model_config());
+  TESSERA_CHECK(vocab == tokenizer.vocab_size(),
+                "data: the model's vocab is {}, but --tokenizer {} has {} ids; the tokenizer sets the vocab (leave "
+                "--vocab out)",
+                vocab, config.tokenizer, tokenizer.vocab_size());
+  return tokenize_corpus(config.data.empty() ? read_default_corpus() : read_text_file(config.data), tokenizer,
+                         config.ckpt_dir);
+}
+
+}  // namespace
+
 DataLoader build_data(const TrainConfig& config) {
   const LoaderOptions options{.batch = config.batch, .seq_len = config.seq_len, .seed = config.seed};
   const int64_t vocab = vocab_size(config.model_config());
-  DataLoader loader = config.data == kSyntheticData
-                          ? DataLoader::synthetic(vocab, options)
-                          : DataLoader(config.data.empty() ? load_default_corpus() : load_token_file(config.data),
-                                       options);
+  DataLoader loader = config.data == kSyntheticData ? DataLoader::synthetic(vocab, options)
+                                                    : DataLoader(load_tokens(config), options);
   TESSERA_CHECK(loader.token_range() <= vocab,
                 "data: {} holds tokens up to {}, but the model's vocab is {}; pass --vocab {} or more",
                 loader.description(), loader.token_range() - 1, vocab, loader.token_range());

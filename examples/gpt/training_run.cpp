@@ -38,6 +38,7 @@ void print_setup(const TrainConfig& config, const DataLoader& data, std::ostream
   out << fmt::format("data     {}\n         {} training and {} validation tokens\n", data.description(),
                      data.is_synthetic() ? std::string("unbounded") : std::to_string(data.train_tokens()),
                      data.is_synthetic() ? std::string("unbounded") : std::to_string(data.val_tokens()));
+  if (!data.note().empty()) out << fmt::format("         {}\n", data.note());
   out << fmt::format("threads  {} per rank, vector ISA {}, GEMM {}\n", tessera::num_threads(),
                      tessera::cpu_instruction_set(), tessera::gemm_description());
   out << fmt::format("target   unigram entropy of the training data {:.4f} nats (a model that ignores context); "

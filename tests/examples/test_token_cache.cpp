@@ -1,0 +1,128 @@
+// train --tokenizer: the flag sets the vocabulary from the tokenizer's ids
+// and refuses what cannot go with it; build_data tokenizes the text, caches
+// the tokens in --ckpt-dir and reads them back on the next launch while the
+// tokenizer's files and the text are the same, and tokenizes again when the
+// cache is damaged or either changed.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "examples/gpt/flag_checks.h"
+#include "examples/gpt/token_cache.h"
+#include "examples/gpt/train_config.h"
+#include "examples/gpt/trainer.h"
+#include "tests/checkpoint/temp_dir.h"
+
+namespace fs = std::filesystem;
+using tessera::checkpoint::testing::TempDir;
+
+namespace {
+
+const fs::path kGpt2Tokenizer = fs::path(TESSERA_TOKENIZER_GOLDEN_DIR) / "gpt2" / "tokenizer.json";
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary);
+  file << text;
+}
+
+// parse_command_line's exit code (nullopt: go on) and its error text.
+std::pair<std::optional<int>, std::string> parse(std::vector<const char*> args, gpt::TrainConfig& config) {
+  args.insert(args.begin(), "train");
+  std::ostringstream out, err;
+  const std::optional<int> code = gpt::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, err);
+  return {code, err.str()};
+}
+
+std::string some_text() {
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "The tokenizer's words, caf\xC3\xA9 and \xE6\x97\xA5\xE6\x9C\xAC, line " + std::to_string(i) + ".\n";
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("train --tokenizer: the vocabulary is the tokenizer's, and clashing flags are refused") {
+  const std::string tokenizer = kGpt2Tokenizer.string();
+  gpt::TrainConfig config;
+  CHECK(!parse({"--tokenizer", tokenizer.c_str(), "--plan"}, config).first);
+  CHECK(gpt::vocab_size(config.model_config()) == 659);
+  gpt::TrainConfig llama;
+  CHECK(!parse({"--model", "llama", "--tokenizer", tokenizer.c_str(), "--plan"}, llama).first);
+  CHECK(gpt::vocab_size(llama.model_config()) == 659);
+
+  gpt::TrainConfig refused;
+  auto [code, err] = parse({"--tokenizer", tokenizer.c_str(), "--vocab", "700"}, refused);
+  CHECK(code == gpt::kUsageExitCode);
+  CHECK(err.find("--vocab and --tokenizer both set the vocabulary") != std::string::npos);
+  std::tie(code, err) = parse({"--tokenizer", tokenizer.c_str(), "--data", "synthetic"}, refused);
+  CHECK(code == gpt::kUsageExitCode);
+  CHECK(err.find("--data synthetic has none") != std::string::npos);
+  std::tie(code, err) = parse({"--tokenizer", "/nonexistent/tokenizer.json"}, refused);
+  CHECK(code == gpt::kUsageExitCode);
+  CHECK(err.find("/nonexistent/tokenizer.json") != std::string::npos);
+}
+
+TEST_CASE("train --tokenizer: the text's tokens are cached in --ckpt-dir and read back while nothing changed") {
+  TempDir dir;
+  const std::string text = some_text();
+  write_file(dir.path / "text.txt", text);
+  gpt::TrainConfig config;
+  std::vector<const char*> args = {"--tokenizer", "",        "--data", "",           "--seq-len",
+                                   "16",          "--batch", "2",      "--ckpt-dir", ""};
+  const std::string tokenizer = kGpt2Tokenizer.string(), data = dir / "text.txt", ckpt = dir / "ckpt";
+  args[1] = tokenizer.c_str();
+  args[3] = data.c_str();
+  args[9] = ckpt.c_str();
+  REQUIRE(!parse(args, config).first);
+
+  gpt::Tokenizer reference = gpt::Tokenizer::load(kGpt2Tokenizer);
+  const std::vector<uint32_t> ids = reference.encode(text);
+  const fs::path cache = gpt::token_cache_path(ckpt, reference, text);
+
+  const gpt::DataLoader first = gpt::build_data(config);
+  CHECK(first.note() == "tokens cached in " + cache.string());
+  CHECK(first.token_data()->tokens == std::vector<uint16_t>(ids.begin(), ids.end()));
+  CHECK(first.description().find("tokenized by") != std::string::npos);
+  CHECK(fs::is_regular_file(cache));
+
+  const gpt::DataLoader second = gpt::build_data(config);
+  CHECK(second.note() == "tokens read from the cache " + cache.string());
+  CHECK(second.token_data()->tokens == first.token_data()->tokens);
+  CHECK(second.description() == first.description());  // the run's identity holds it
+
+  fs::resize_file(cache, 1000);  // a damaged cache is tokenized again, and replaced
+  const gpt::DataLoader third = gpt::build_data(config);
+  CHECK(third.note().find("was unreadable") != std::string::npos);
+  CHECK(third.token_data()->tokens == first.token_data()->tokens);
+  CHECK(gpt::build_data(config).note() == "tokens read from the cache " + cache.string());
+
+  write_file(dir.path / "text.txt", text + "more");  // other text: another cache file
+  CHECK(gpt::build_data(config).note().starts_with("tokens cached in "));
+  CHECK(std::distance(fs::directory_iterator(ckpt), fs::directory_iterator()) == 2);
+
+  config.ckpt_dir.clear();
+  CHECK(gpt::build_data(config).note().starts_with("tokens not cached"));
+}
+
+TEST_CASE("train --tokenizer: token files and a vocabulary other than the tokenizer's are refused") {
+  TempDir dir;
+  gpt::TrainConfig config;
+  config.tokenizer = kGpt2Tokenizer.string();
+  config.model.vocab_size = 659;
+  config.seq_len = 16;
+  config.batch = 2;
+  std::vector<int32_t> header(256, 0);
+  header[0] = gpt::kLlmcMagic, header[1] = gpt::kLlmcVersion, header[2] = 4;
+  std::string llmc(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  llmc += std::string(8, '\x01');
+  write_file(dir.path / "tokens.bin", llmc);
+  config.data = dir / "tokens.bin";
+  CHECK_THROWS_WITH_AS(gpt::build_data(config), doctest::Contains("llm.c token file"), tessera::Error);
+  write_file(dir.path / "text.txt", some_text());
+  config.data = dir / "text.txt";
+  config.model.vocab_size = 700;
+  CHECK_THROWS_WITH_AS(gpt::build_data(config), doctest::Contains("has 659 ids"), tessera::Error);
+}
