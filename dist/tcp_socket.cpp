@@ -160,6 +160,9 @@ Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline
     addrinfo* addresses = nullptr;
     const int resolved = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses);
     if (resolved == 0) {
+      // Every address in turn (localhost may be ::1 on a host without IPv6,
+      // then 127.0.0.1); give up only when none failed in a way worth a retry.
+      bool worth_retrying = false;
       for (const addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
         Socket socket = try_connect(*address, deadline, last_error);
         if (socket.valid()) {
@@ -167,12 +170,10 @@ Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline
           return socket;
         }
         last_reason = system_reason(last_error);
-        if (!retry_connect(last_error)) {
-          ::freeaddrinfo(addresses);
-          fail("dist::tcp: cannot connect to {}: {}", where, last_reason);
-        }
+        worth_retrying = worth_retrying || retry_connect(last_error);
       }
       ::freeaddrinfo(addresses);
+      if (!worth_retrying) fail("dist::tcp: cannot connect to {}: {}", where, last_reason);
     } else if (resolved == EAI_AGAIN) {
       last_reason = ::gai_strerror(resolved);  // a resolver that is not up yet: retried
     } else {
