@@ -47,10 +47,11 @@ void attention_row_dots(const Operand& delta, const Operand& grad_out, const Ope
                         const AttentionShape& shape, const KernelLaunch& launch);
 // grad_k, grad_v: a block owns a key tile and loops over the query tiles that see it;
 // grad_q: a block owns a query tile and loops over the key tiles it sees.
-// score_grads: with data, the tensor-core kernels run (attention_mma.h: the
-// caller allocates it where attention_on_tensor_cores takes every operand of
-// the backward, and the dQ kernel reads the dS the first one writes there);
-// without, the CUDA-core kernels (each recomputes the scores).
+// score_grads: with data, the tensor-core kernels hand dS from the first to
+// the second through it (attention_mma.h: the caller allocates it where
+// attention_on_tensor_cores takes every operand of the backward and
+// attention_hands_over_scores); without, each kernel runs on tensor cores
+// where they take its operands, else on CUDA cores, recomputing the scores.
 void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Operand& score_grads,
                          const Operand& grad_out, const Operand& q, const Operand& k, const Operand& v,
                          const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,

@@ -22,9 +22,10 @@
 // dQ has its own blocks instead of atomics (the same bits on every run), and
 // they no longer recompute S and dP: of the backward's seven 64 x 64 x D
 // products per visible tile pair (FlashAttention-2 does five, with atomics)
-// five remain, for 2 bytes per visible score written and read once. Tiles
-// above the diagonal are never loaded, and a warp skips the 16-row steps it
-// cannot see.
+// five remain, for 2 bytes per visible score written and read once. That
+// scratch is O(T^2): past attention_score_grads_budget the dQ kernel
+// recomputes S and dP instead (O(T) memory). Tiles above the diagonal are
+// never loaded, and a warp skips the 16-row steps it cannot see.
 //
 // Shared tiles are row-major bf16 rows padded from D to D + 8 elements
 // (144 or 272 bytes, 36 or 68 words: each row starts 4 banks after the
@@ -408,7 +409,7 @@ constexpr int kChunk = kDim <= 64 ? 64 : 16;
 // the query tiles that see them. Shared: k, v, q, grad_out [kTile][kPitch],
 // then lse and delta [kTile] f32. Accumulators are transposed (rows are this
 // warp's keys, columns queries), so P^T and dS^T are mma A operands as they are.
-template <int kDim>
+template <int kDim, bool kHandOver>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_mma_key_grads_kernel(Heads<uint16_t> grad_k, Heads<uint16_t> grad_v, uint16_t* score_grads,
                                    Heads<const uint16_t> grad_out, Heads<const uint16_t> q, Heads<const uint16_t> k,
@@ -445,17 +446,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     stage_values(lse_tile, head_lse, kLog2E, first_query, seq);  // in base 2
     stage_values(delta_tile, head_delta, 1.0f, first_query, seq);
     __syncthreads();
-    uint16_t* score_tile = score_grads + score_tile_offset(head, seq, first_query / kTile, first_key / kTile);
+    uint16_t* score_tile =
+        kHandOver ? score_grads + score_tile_offset(head, seq, first_query / kTile, first_key / kTile) : nullptr;
 #pragma unroll 1
     for (int chunk = 0; chunk < kTile / kColumns; ++chunk) {
       const int first_column = chunk * kColumns, chunk_query = first_query + first_column;
       // Queries all before this warp's keys, or all past the sequence: nothing
       // to add, and dS^T is zero there.
       if (chunk_query + kColumns - 1 < warp_key || chunk_query >= seq) {
-        const uint32_t zeros[4] = {0u, 0u, 0u, 0u};
+        if constexpr (kHandOver) {
+          const uint32_t zeros[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-        for (int step = 0; step < kColumns / 16; ++step) {
-          store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, zeros, lane);
+          for (int step = 0; step < kColumns / 16; ++step) {
+            store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, zeros, lane);
+          }
         }
         continue;
       }
@@ -486,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         accumulator_as_a(a, st, step);
         accumulate_rows<kDim>(dv, a, go_tile, first_column + step * 16, lane);
         accumulator_as_a(a, dpt, step);
-        store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, a, lane);
+        if constexpr (kHandOver) store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, a, lane);
         accumulate_rows<kDim>(dk, a, q_tile, first_column + step * 16, lane);
       }
     }
@@ -539,18 +543,98 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_rows<kDim>(grad_q, head, heads_per_batch, warp_query + group, seq, dq, dq_scale, in_group);
 }
 
+// dQ where score_grads would be too large (attention_score_grads_budget):
+// S, dP and dS recomputed from q, k, v, grad_out, lse and delta, as the
+// CUDA-core kernel does; O(T) memory. Grid: block_tile's (head, query tile),
+// the longest first. A block owns 64 queries (16 a warp) and loops over the
+// key tiles they see. Shared: q, grad_out, k, v [kTile][kPitch]; each lane
+// keeps lse and delta of its two rows.
+template <int kDim>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_mma_query_grads_recompute_kernel(Heads<uint16_t> grad_q, Heads<const uint16_t> grad_out, Heads<const uint16_t> q,
+                                     Heads<const uint16_t> k, Heads<const uint16_t> v, const float* logsumexp,
+                                     const float* delta, int heads_per_batch, int seq, float scale) {
+  constexpr int kColumns = kChunk<kDim>;
+  const float scale_log2 = scale * kLog2E;
+  uint16_t* q_tile = dynamic_shared_memory<uint16_t>();
+  uint16_t* go_tile = q_tile + kTile * kPitch<kDim>;
+  uint16_t* k_tile = go_tile + kTile * kPitch<kDim>;
+  uint16_t* v_tile = k_tile + kTile * kPitch<kDim>;
+  const BlockTile tile = block_tile(seq);
+  const int64_t head = tile.head;
+  const int first_query = last_query_tiles_first(seq, tile.order);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int group = lane >> 2, in_group = lane & 3;
+  const int warp_query = first_query + warp * kWarpRows;
+  const uint16_t* k_rows = k.head(head, heads_per_batch);
+  const uint16_t* v_rows = v.head(head, heads_per_batch);
+  stage_tile<kDim>(q_tile, q.head(head, heads_per_batch), q.row_stride, first_query, seq);
+  stage_tile<kDim>(go_tile, grad_out.head(head, heads_per_batch), grad_out.row_stride, first_query, seq);
+  // lse (in base 2) and delta of this lane's two rows, read once per row (by the
+  // group's first lane) and shuffled to the other three.
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int query = warp_query + group + half * 8;
+    const bool reads = in_group == 0 && query < seq;
+    row_lse[half] = __shfl_sync(0xffffffffu, reads ? logsumexp[head * seq + query] * kLog2E : 0.0f, lane & ~3);
+    row_delta[half] = __shfl_sync(0xffffffffu, reads ? delta[head * seq + query] : 0.0f, lane & ~3);
+  }
+
+  float dq[kDim / 8][4];
+  zero(dq);
+  const int keys_end = first_query + kTile < seq ? first_query + kTile : seq;
+  for (int first_key = 0; first_key < keys_end; first_key += kTile) {
+    __syncthreads();  // the previous tile's readers are done
+    stage_tile<kDim>(k_tile, k_rows, k.row_stride, first_key, seq);
+    stage_tile<kDim>(v_tile, v_rows, v.row_stride, first_key, seq);
+    __syncthreads();
+#pragma unroll 1
+    for (int chunk = 0; chunk < kTile / kColumns; ++chunk) {
+      const int first_column = chunk * kColumns, chunk_key = first_key + first_column;
+      // Keys all after this warp's queries, or all past the sequence: nothing to add.
+      if (chunk_key > warp_query + kWarpRows - 1 || chunk_key >= seq) continue;
+      float s[kColumns / 8][4], dp[kColumns / 8][4];  // [16 queries][kColumns keys]
+      two_products<kDim, kColumns>(s, dp, q_tile, go_tile, k_tile, v_tile, warp, first_column, lane);
+      if (chunk_key + kColumns - 1 > warp_query || chunk_key + kColumns > seq) {
+        mask_invisible<KeysIn::columns>(s, warp_query, chunk_key, seq, lane);
+      }
+      // dS = 2^(S scale log2 e - lse log2 e) (dP - delta), zero where masked; kept in s.
+#pragma unroll
+      for (int block = 0; block < kColumns / 8; ++block) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e >> 1;
+          s[block][e] = exp2_approx(fmaf(s[block][e], scale_log2, -row_lse[half])) * (dp[block][e] - row_delta[half]);
+        }
+      }
+      // dQ += bf16(dS) K over this chunk's keys, scaled once at the end.
+#pragma unroll
+      for (int step = 0; step < kColumns / 16; ++step) {
+        uint32_t a[4];
+        accumulator_as_a(a, s, step);
+        accumulate_rows<kDim>(dq, a, k_tile, first_column + step * 16, lane);
+      }
+    }
+  }
+  const float dq_scale[2] = {scale, scale};
+  store_rows<kDim>(grad_q, head, heads_per_batch, warp_query + group, seq, dq, dq_scale, in_group);
+}
+
 // ---- host side ----------------------------------------------------------
 
-enum class Kernel { forward, key_grads, query_grads };
+enum class Kernel { forward, key_grads, query_grads, query_grads_recompute };
 
 // Dynamic shared bytes: the bf16 tiles (q, k, v in the forward; k, v, q,
-// dO and lse, delta for the key gradients; k and a score tile for dQ).
+// dO and lse, delta for the key gradients; k and a score tile for dQ, or q,
+// dO, k and v where it recomputes the scores).
 int64_t shared_bytes(Kernel kernel, int dim) {
   const int64_t tile = int64_t{kTile} * (dim + kPad) * 2;
   switch (kernel) {
     case Kernel::forward: return 3 * tile;
     case Kernel::key_grads: return 4 * tile + 2 * int64_t{kTile} * 4;
     case Kernel::query_grads: return tile + int64_t{kTile} * (kTile + kPad) * 2;
+    case Kernel::query_grads_recompute: return 4 * tile;
   }
   return 0;
 }
@@ -613,21 +697,34 @@ void attention_key_grads_mma(const Operand& grad_k, const Operand& grad_v, const
                              const KernelLaunch& launch) {
   visit_dim(shape.dim, [&](auto dim) {
     constexpr int kDim = decltype(dim)::value;
-    TESSERA_LAUNCH((attention_mma_key_grads_kernel<kDim>), (mma_config(Kernel::key_grads, shape, launch)),
-                   heads_of<uint16_t>(grad_k), heads_of<uint16_t>(grad_v), static_cast<uint16_t*>(score_grads.data),
-                   heads_of<const uint16_t>(grad_out), heads_of<const uint16_t>(q), heads_of<const uint16_t>(k),
-                   heads_of<const uint16_t>(v), static_cast<const float*>(logsumexp.data),
-                   static_cast<const float*>(delta.data), shape.heads_per_batch, shape.seq, scale_of(shape));
+    const auto launch_with = [&]<bool kHandOver>() {
+      TESSERA_LAUNCH((attention_mma_key_grads_kernel<kDim, kHandOver>), (mma_config(Kernel::key_grads, shape, launch)),
+                     heads_of<uint16_t>(grad_k), heads_of<uint16_t>(grad_v), static_cast<uint16_t*>(score_grads.data),
+                     heads_of<const uint16_t>(grad_out), heads_of<const uint16_t>(q), heads_of<const uint16_t>(k),
+                     heads_of<const uint16_t>(v), static_cast<const float*>(logsumexp.data),
+                     static_cast<const float*>(delta.data), shape.heads_per_batch, shape.seq, scale_of(shape));
+    };
+    if (score_grads.data != nullptr) return launch_with.template operator()<true>();
+    launch_with.template operator()<false>();
   });
 }
 
-void attention_query_grads_mma(const Operand& grad_q, const Operand& score_grads, const Operand& k,
-                               const AttentionShape& shape, const KernelLaunch& launch) {
+void attention_query_grads_mma(const Operand& grad_q, const Operand& score_grads, const Operand& grad_out,
+                               const Operand& q, const Operand& k, const Operand& v, const Operand& logsumexp,
+                               const Operand& delta, const AttentionShape& shape, const KernelLaunch& launch) {
   visit_dim(shape.dim, [&](auto dim) {
     constexpr int kDim = decltype(dim)::value;
-    TESSERA_LAUNCH((attention_mma_query_grads_kernel<kDim>), (mma_config(Kernel::query_grads, shape, launch)),
-                   heads_of<uint16_t>(grad_q), static_cast<const uint16_t*>(score_grads.data),
-                   heads_of<const uint16_t>(k), shape.heads_per_batch, shape.seq, scale_of(shape));
+    if (score_grads.data != nullptr) {
+      TESSERA_LAUNCH((attention_mma_query_grads_kernel<kDim>), (mma_config(Kernel::query_grads, shape, launch)),
+                     heads_of<uint16_t>(grad_q), static_cast<const uint16_t*>(score_grads.data),
+                     heads_of<const uint16_t>(k), shape.heads_per_batch, shape.seq, scale_of(shape));
+      return;
+    }
+    TESSERA_LAUNCH((attention_mma_query_grads_recompute_kernel<kDim>),
+                   (mma_config(Kernel::query_grads_recompute, shape, launch)), heads_of<uint16_t>(grad_q),
+                   heads_of<const uint16_t>(grad_out), heads_of<const uint16_t>(q), heads_of<const uint16_t>(k),
+                   heads_of<const uint16_t>(v), static_cast<const float*>(logsumexp.data),
+                   static_cast<const float*>(delta.data), shape.heads_per_batch, shape.seq, scale_of(shape));
   });
 }
 

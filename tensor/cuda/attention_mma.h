@@ -27,16 +27,26 @@ void causal_attention_mma(const Operand& out, const Operand& logsumexp, const Op
                           const Operand& v, const AttentionShape& shape, const KernelLaunch& launch);
 
 // The backward after attention_row_dots: grad_k and grad_v by key-tile
-// blocks, which also write bf16(dS) to score_grads, then grad_q by
-// query-tile blocks from it (as attention_key_grads and
-// attention_query_grads). score_grads: attention_score_grads_elements bf16
-// elements, every one written by the first kernel before the second reads it.
+// blocks, then grad_q by query-tile blocks (as attention_key_grads and
+// attention_query_grads). With score_grads (attention_score_grads_elements
+// bf16 elements), the first kernel also writes every bf16 dS it forms there
+// and the second reads them instead of recomputing S and dP: T^2 / 2 bytes a
+// head, so only where attention_hands_over_scores (within the budget);
+// without, dQ recomputes them in O(T) memory.
 int64_t attention_score_grads_elements(const AttentionShape& shape);
+// The most bytes of score_grads one backward call takes (1 GiB: GPT-2 at
+// B = 64, T = 1024 takes 0.8; beyond it, long sequences recompute).
+// Settable for tests.
+constexpr int64_t kDefaultScoreGradsBudget = int64_t{1} << 30;
+int64_t attention_score_grads_budget();
+void set_attention_score_grads_budget(int64_t bytes);
+bool attention_hands_over_scores(const AttentionShape& shape);
 void attention_key_grads_mma(const Operand& grad_k, const Operand& grad_v, const Operand& score_grads,
                              const Operand& grad_out, const Operand& q, const Operand& k, const Operand& v,
                              const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,
                              const KernelLaunch& launch);
-void attention_query_grads_mma(const Operand& grad_q, const Operand& score_grads, const Operand& k,
-                               const AttentionShape& shape, const KernelLaunch& launch);
+void attention_query_grads_mma(const Operand& grad_q, const Operand& score_grads, const Operand& grad_out,
+                               const Operand& q, const Operand& k, const Operand& v, const Operand& logsumexp,
+                               const Operand& delta, const AttentionShape& shape, const KernelLaunch& launch);
 
 }  // namespace tessera::cuda

@@ -378,10 +378,13 @@ void causal_attention_kernel(const Tensor& out, const Tensor& logsumexp, const T
                                                          buffer_use("logsumexp", logsumexp, kWrite)}));
 }
 
+std::atomic<int64_t> score_grads_budget{kDefaultScoreGradsBudget};
+
 // Three launches on the current stream. Scratch, freed for reuse on this
 // stream once enqueued: delta ([B, H, T], accumulation dtype), and on tensor
-// cores score_grads (bf16 dS of every causal 64 x 64 tile: T^2 / 2 + O(T)
-// bytes a head), which the dK/dV kernel writes and the dQ kernel reads.
+// cores within attention_score_grads_budget score_grads (bf16 dS of every
+// causal 64 x 64 tile: T^2 / 2 + O(T) bytes a head), which the dK/dV kernel
+// writes and the dQ kernel reads.
 void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
                                       const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& out, const Tensor& logsumexp) {
@@ -394,9 +397,11 @@ void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k
   const Operand grad_q_rows = operand(grad_q), grad_k_rows = operand(grad_k), grad_v_rows = operand(grad_v);
   const bool on_tensor_cores = attention_on_tensor_cores(
       shape, q.dtype(), {&q_rows, &k_rows, &v_rows, &grad_out_rows, &grad_q_rows, &grad_k_rows, &grad_v_rows});
+  const bool hands_over_scores = on_tensor_cores && attention_hands_over_scores(shape);
   const Tensor score_grads =
-      on_tensor_cores ? ops::empty({attention_score_grads_elements(shape)}, {.dtype = DType::bf16, .device = q.device()})
-                      : Tensor();
+      hands_over_scores
+          ? ops::empty({attention_score_grads_elements(shape)}, {.dtype = DType::bf16, .device = q.device()})
+          : Tensor();
   const Operand score_grads_rows = score_grads.defined() ? operand(score_grads) : Operand{};
   const Tensor delta = ops::empty(logsumexp.sizes(), {.dtype = logsumexp.dtype(), .device = q.device()});
   attention_row_dots(operand(delta), grad_out_rows, operand(out), shape,
@@ -410,12 +415,12 @@ void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k
                                      buffer_use("delta", delta, kRead),
                                      buffer_use("grad_k", grad_k, kWrite),
                                      buffer_use("grad_v", grad_v, kWrite)};
-  if (on_tensor_cores) key_buffers.push_back(buffer_use("score_grads", score_grads, kWrite));
+  if (hands_over_scores) key_buffers.push_back(buffer_use("score_grads", score_grads, kWrite));
   attention_key_grads(grad_k_rows, grad_v_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows,
                       operand(logsumexp), operand(delta), shape,
                       launch_on_current_stream(q.device(), std::move(key_buffers)));
   const std::vector<BufferUse> query_buffers =
-      on_tensor_cores
+      hands_over_scores
           ? std::vector<BufferUse>{buffer_use("k", k, kRead), buffer_use("score_grads", score_grads, kRead),
                                    buffer_use("grad_q", grad_q, kWrite)}
           : std::vector<BufferUse>{buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
@@ -812,6 +817,17 @@ void cross_entropy_backward_kernel(const Tensor& grad_logits, const Tensor& grad
 
 bool allow_tf32() { return tf32_allowed.load(); }
 void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
+
+int64_t attention_score_grads_budget() { return score_grads_budget.load(); }
+
+void set_attention_score_grads_budget(int64_t bytes) {
+  TESSERA_CHECK(bytes >= 0, "cuda::set_attention_score_grads_budget: bytes must be >= 0, got {}", bytes);
+  score_grads_budget.store(bytes);
+}
+
+bool attention_hands_over_scores(const AttentionShape& shape) {
+  return attention_score_grads_elements(shape) * 2 <= attention_score_grads_budget();
+}
 
 void refuse_operands(const char* kernel, const char* what, DType dtype) {
   fail("cuda::{}: {} {}", kernel, what, dtype_name(dtype));

@@ -376,6 +376,52 @@ TEST_CASE("attention on tensor cores takes the model's strided heads: packed q, 
   }
 }
 
+namespace {
+
+// Sets the score budget for a scope (the default back at its end).
+struct ScoreBudget {
+  explicit ScoreBudget(int64_t bytes) { cuda::set_attention_score_grads_budget(bytes); }
+  ~ScoreBudget() { cuda::set_attention_score_grads_budget(cuda::kDefaultScoreGradsBudget); }
+};
+
+}  // namespace
+
+TEST_CASE("attention on tensor cores past the score budget: dQ recomputes dS in O(T) memory, the same values") {
+  // T = 4096: 2080 causal tiles of 8 KiB, 17 MB a head; GPT-2 at B = 64, T = 1024: 0.8 GB, within 1 GiB.
+  CHECK(cuda::attention_hands_over_scores({.heads = 768, .heads_per_batch = 12, .seq = 1024, .dim = 64}));
+  CHECK(cuda::attention_score_grads_elements({.heads = 1, .heads_per_batch = 1, .seq = 4096, .dim = 64}) * 2 ==
+        2080 * 8192);
+  CHECK_FALSE(cuda::attention_hands_over_scores({.heads = 96, .heads_per_batch = 12, .seq = 4096, .dim = 64}));
+  CHECK_THROWS_WITH_AS(cuda::set_attention_score_grads_budget(-1),
+                       "cuda::set_attention_score_grads_budget: bytes must be >= 0, got -1", Error);
+  for (const int64_t dim : {64, 128}) {
+    CAPTURE(dim);
+    const PackedHeads heads = packed_heads({2, 2, 45, dim}, 0, 210 + static_cast<uint64_t>(dim));
+    Worst worst;
+    ops::AttentionGrads handed, recomputed;
+    const std::vector<std::string> handed_names = check_packed(heads, 211, &worst, nullptr, &handed);
+    std::vector<std::string> recomputed_names;
+    {
+      const ScoreBudget none(0);
+      recomputed_names = check_packed(heads, 211, &worst, nullptr, &recomputed);
+    }
+#if TESSERA_HAVE_CUDA_SIM
+    CHECK(launches(handed_names, "attention_mma_query_grads_kernel"));
+    CHECK_FALSE(launches(handed_names, "attention_mma_query_grads_recompute_kernel"));
+    CHECK(launches(recomputed_names, "attention_mma_query_grads_recompute_kernel"));
+    CHECK_FALSE(launches(recomputed_names, "attention_mma_query_grads_kernel"));
+    // The simulator's mma adds a product's terms in one order whichever
+    // operand holds the keys, so S^T is S transposed bit for bit and both
+    // paths feed dQ's mma the same bf16 dS.
+    CHECK(same_bits(recomputed.q, handed.q));
+#endif
+    // dK and dV come from the same kernel either way (it only skips the stores).
+    CHECK(same_bits(recomputed.k, handed.k));
+    CHECK(same_bits(recomputed.v, handed.v));
+    MESSAGE("both dQ paths, head dim ", dim, ": worst error / bound against f64 ", worst.against_f64);
+  }
+}
+
 TEST_CASE("attention that tensor cores do not take stays on CUDA cores: unaligned views, other head dims, f32") {
   Worst worst;
   // Views 4 elements (8 bytes) into the projection: rows are not 16-byte aligned.
