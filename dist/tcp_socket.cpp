@@ -132,7 +132,9 @@ Socket listen_tcp(int port) {
       fail("dist::tcp: cannot listen on port {}: {}", port, system_reason(errno));
     }
   }
-  if (::listen(socket.fd(), SOMAXCONN) != 0) fail("dist::tcp: listen on port {} failed: {}", port, system_reason(errno));
+  if (::listen(socket.fd(), SOMAXCONN) != 0) {
+    fail("dist::tcp: listen on port {} failed: {}", port, system_reason(errno));
+  }
   return socket;
 }
 

@@ -503,7 +503,8 @@ void attention_key_grads(const Operand& grad_k, const Operand& grad_v, const Ope
                          const Operand& logsumexp, const Operand& delta, const AttentionShape& shape,
                          const KernelLaunch& launch) {
   if (no_elements(shape)) return;
-  if (score_grads.data != nullptr || attention_on_tensor_cores(shape, q.dtype, {&grad_k, &grad_v, &grad_out, &q, &k, &v})) {
+  if (score_grads.data != nullptr ||
+      attention_on_tensor_cores(shape, q.dtype, {&grad_k, &grad_v, &grad_out, &q, &k, &v})) {
     return attention_key_grads_mma(grad_k, grad_v, score_grads, grad_out, q, k, v, logsumexp, delta, shape, launch);
   }
   visit_attention(q.dtype, shape.dim, "causal_attention_backward", [&](auto storage, auto accumulation, auto max_dim) {

@@ -551,9 +551,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // keeps lse and delta of its two rows.
 template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_mma_query_grads_recompute_kernel(Heads<uint16_t> grad_q, Heads<const uint16_t> grad_out, Heads<const uint16_t> q,
-                                     Heads<const uint16_t> k, Heads<const uint16_t> v, const float* logsumexp,
-                                     const float* delta, int heads_per_batch, int seq, float scale) {
+    attention_mma_query_grads_recompute_kernel(Heads<uint16_t> grad_q, Heads<const uint16_t> grad_out,
+                                               Heads<const uint16_t> q, Heads<const uint16_t> k,
+                                               Heads<const uint16_t> v, const float* logsumexp, const float* delta,
+                                               int heads_per_batch, int seq, float scale) {
   constexpr int kColumns = kChunk<kDim>;
   const float scale_log2 = scale * kLog2E;
   uint16_t* q_tile = dynamic_shared_memory<uint16_t>();

@@ -408,29 +408,25 @@ void causal_attention_backward_kernel(const Tensor& grad_q, const Tensor& grad_k
                      launch_on_current_stream(q.device(), {buffer_use("grad_out", grad_out, kRead),
                                                            buffer_use("out", out, kRead),
                                                            buffer_use("delta", delta, kWrite)}));
-  std::vector<BufferUse> key_buffers{buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
-                                     buffer_use("k", k, kRead),
-                                     buffer_use("v", v, kRead),
-                                     buffer_use("logsumexp", logsumexp, kRead),
-                                     buffer_use("delta", delta, kRead),
-                                     buffer_use("grad_k", grad_k, kWrite),
-                                     buffer_use("grad_v", grad_v, kWrite)};
+  const Operand lse_rows = operand(logsumexp), delta_rows = operand(delta);
+  // What both gradient kernels read when each recomputes the scores.
+  const std::vector<BufferUse> recompute_reads{buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
+                                               buffer_use("k", k, kRead), buffer_use("v", v, kRead),
+                                               buffer_use("logsumexp", logsumexp, kRead),
+                                               buffer_use("delta", delta, kRead)};
+  std::vector<BufferUse> key_buffers = recompute_reads;
+  key_buffers.push_back(buffer_use("grad_k", grad_k, kWrite));
+  key_buffers.push_back(buffer_use("grad_v", grad_v, kWrite));
   if (hands_over_scores) key_buffers.push_back(buffer_use("score_grads", score_grads, kWrite));
-  attention_key_grads(grad_k_rows, grad_v_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows,
-                      operand(logsumexp), operand(delta), shape,
-                      launch_on_current_stream(q.device(), std::move(key_buffers)));
-  const std::vector<BufferUse> query_buffers =
-      hands_over_scores
-          ? std::vector<BufferUse>{buffer_use("k", k, kRead), buffer_use("score_grads", score_grads, kRead),
-                                   buffer_use("grad_q", grad_q, kWrite)}
-          : std::vector<BufferUse>{buffer_use("grad_out", grad_out, kRead), buffer_use("q", q, kRead),
-                                   buffer_use("k", k, kRead),
-                                   buffer_use("v", v, kRead),
-                                   buffer_use("logsumexp", logsumexp, kRead),
-                                   buffer_use("delta", delta, kRead),
-                                   buffer_use("grad_q", grad_q, kWrite)};
-  attention_query_grads(grad_q_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows, operand(logsumexp),
-                        operand(delta), shape, launch_on_current_stream(q.device(), query_buffers));
+  attention_key_grads(grad_k_rows, grad_v_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows, lse_rows,
+                      delta_rows, shape, launch_on_current_stream(q.device(), std::move(key_buffers)));
+  std::vector<BufferUse> query_buffers = recompute_reads;
+  if (hands_over_scores) {
+    query_buffers = {buffer_use("k", k, kRead), buffer_use("score_grads", score_grads, kRead)};
+  }
+  query_buffers.push_back(buffer_use("grad_q", grad_q, kWrite));
+  attention_query_grads(grad_q_rows, score_grads_rows, grad_out_rows, q_rows, k_rows, v_rows, lse_rows, delta_rows,
+                        shape, launch_on_current_stream(q.device(), std::move(query_buffers)));
 }
 
 void where_kernel(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b) {
