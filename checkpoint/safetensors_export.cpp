@@ -21,25 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// An entry's local tensor and where it starts in the global tensor.
-struct LocalBox {
-  Tensor local;
-  Shape offsets;
-};
-
-LocalBox local_box_of(const StateEntry& entry) {
-  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
-    return {*tensor, tensor->defined() ? Shape(static_cast<size_t>(tensor->dim()), 0) : Shape{}};
-  }
-  const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
-  return {dtensor.local(), dtensor.local_offset()};
-}
-
-const Shape& global_shape_of(const StateEntry& entry) {
-  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return tensor->sizes();
-  return std::get<dist::DTensor>(entry).global_shape();
-}
-
 // ---- export: agreeing on what to write -------------------------------------------------------------
 
 // "name: f32 [97, 5] sharded", one per entry (all defined): what every rank must agree on.
@@ -192,10 +173,11 @@ Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const dist:
 
 }  // namespace
 
-void export_safetensors(const std::string& path, const DistributedStateDict& state, const ExportOptions& options) {
-  const dist::ProcessGroupPtr group = resolve_group(options.group);
+void export_through_rank0(const DistributedStateDict& state, const dist::ProcessGroupPtr& group_option,
+                          ExportSink* sink) {
+  const dist::ProcessGroupPtr group = resolve_group(group_option);
   const int rank = rank_of(group);
-  const std::string tmp = path + ".tmp";
+  TESSERA_CHECK(rank != 0 || sink != nullptr, "checkpoint::export_through_rank0: rank 0 needs a sink");
   autograd::NoGradGuard no_grad;  // copies the values of tensors that may require grad (live parameters)
 
   nlohmann::json plan;
@@ -211,17 +193,12 @@ void export_safetensors(const std::string& path, const DistributedStateDict& sta
 
   // Rank 0 keeps taking part in every collective after a failed write, so
   // that its error reaches the others at the next agreement instead of a hang.
-  std::optional<SafetensorsWriter> writer;
   nlohmann::json outcome = nlohmann::json::object();
   auto on_rank0 = [&](const std::function<void()>& step) {
     if (rank == 0 && !outcome.contains("error")) outcome = report_of(step);
   };
   auto agree = [&] {
-    if (rank == 0 && outcome.contains("error")) {
-      writer.reset();
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-    }
+    if (rank == 0 && outcome.contains("error")) sink->abandon();
     rethrow_any(gather_json(group, outcome), "export_safetensors");
   };
 
@@ -230,27 +207,70 @@ void export_safetensors(const std::string& path, const DistributedStateDict& sta
     for (const auto& [name, entry] : state) {
       entries.push_back({name, local_box_of(entry).local.dtype(), global_shape_of(entry)});
     }
-    writer.emplace(tmp, layout_safetensors(std::move(entries), options.metadata));
+    sink->begin(entries);
   });
-  agree();  // fail before moving any tensor when the file cannot be created
+  agree();  // fail before moving any tensor when the output cannot be created
 
   for (const auto& [name, entry] : state) {
     if (const Tensor* whole = std::get_if<Tensor>(&entry)) {
-      on_rank0([&] { writer->append(ops::to(*whole, kCPU)); });
+      on_rank0([&] { sink->write(name, ops::to(*whole, kCPU)); });
       continue;
     }
     const auto found = pieces.find(name);
     const Tensor gathered = gather_to_rank0(group, rank, std::get<dist::DTensor>(entry),
                                             found == pieces.end() ? std::vector<OwnedPiece>{} : found->second);
-    on_rank0([&] { writer->append(gathered); });
+    on_rank0([&] { sink->write(name, gathered); });
+  }
+  on_rank0([&] { sink->commit(); });
+  agree();
+}
+
+namespace {
+
+// One .safetensors file, written to PATH.tmp and renamed over PATH once complete.
+class SingleFileSink final : public ExportSink {
+ public:
+  SingleFileSink(std::string path, const ExportOptions& options)
+      : path_(std::move(path)), tmp_(path_ + ".tmp"), options_(options) {}
+
+  void begin(const std::vector<SafetensorsEntry>& entries) override {
+    writer_.emplace(tmp_, layout_safetensors(entries, options_.metadata));
+  }
+  void write(const std::string& /*name*/, const Tensor& whole) override { writer_->append(whole); }
+  void commit() override {
+    writer_->close(options_.sync);
+    fs::rename(tmp_, path_);
+    if (options_.sync) sync_directory(fs::absolute(path_).parent_path().string());
+  }
+  void abandon() noexcept override {
+    writer_.reset();
+    std::error_code ignored;
+    fs::remove(tmp_, ignored);
   }
 
-  on_rank0([&] {
-    writer->close(options.sync);
-    fs::rename(tmp, path);
-    if (options.sync) sync_directory(fs::absolute(path).parent_path().string());
-  });
-  agree();
+ private:
+  std::string path_;
+  std::string tmp_;
+  const ExportOptions& options_;
+  std::optional<SafetensorsWriter> writer_;
+};
+
+}  // namespace
+
+void export_safetensors(const std::string& path, const DistributedStateDict& state, const ExportOptions& options) {
+  const dist::ProcessGroupPtr group = resolve_group(options.group);
+  std::optional<SingleFileSink> sink;
+  if (rank_of(group) == 0) sink.emplace(path, options);
+  export_through_rank0(state, group, sink ? &*sink : nullptr);
+}
+
+void read_safetensors_box(const std::string& path, const SafetensorsHeader& header, const SafetensorsEntry& entry,
+                          const Tensor& destination, const Shape& offsets) {
+  // The whole file tensor as one chunk (no checksums): only its overlap with the box is read.
+  const fs::path file(path);
+  const ChunkInfo chunk{file.filename().string(), header.data_offset + entry.begin, header.data_offset + entry.end,
+                        Shape(entry.shape.size(), 0), entry.shape, {}};
+  read_chunks(file.parent_path().string(), {chunk}, entry.dtype, entry.name, destination, offsets);
 }
 
 ImportReport import_safetensors(const std::string& path, const DistributedStateDict& state,
@@ -300,13 +320,8 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
   for (const auto& [name, entry] : state) {
     const auto found = stored.find(name);
     if (found == stored.end()) continue;
-    const SafetensorsEntry& file_entry = *found->second;
     const LocalBox box = local_box_of(entry);
-    // The whole file tensor as one chunk (no checksums): only its overlap with the piece is read.
-    const fs::path file(path);
-    const ChunkInfo chunk{file.filename().string(), header.data_offset + file_entry.begin,
-                          header.data_offset + file_entry.end, Shape(file_entry.shape.size(), 0), file_entry.shape, {}};
-    read_chunks(file.parent_path().string(), {chunk}, file_entry.dtype, name, box.local, box.offsets);
+    read_safetensors_box(path, header, *found->second, box.local, box.offsets);
   }
   return report;
 }

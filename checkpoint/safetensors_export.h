@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 
 namespace tessera::checkpoint {
@@ -29,6 +30,26 @@ struct ExportOptions {
   std::map<std::string, std::string> metadata;  // the file's "__metadata__" (string to string)
   bool sync = true;
 };
+
+// Rank 0's end of a streamed export: begin() with every entry (name, dtype,
+// global shape; offsets unset) once the ranks agree, write() with each
+// tensor whole (on the CPU) in name order, commit() after the last;
+// abandon() after any of them threw, to remove what was written.
+class ExportSink {
+ public:
+  virtual ~ExportSink() = default;
+  virtual void begin(const std::vector<SafetensorsEntry>& entries) = 0;
+  virtual void write(const std::string& name, const Tensor& whole) = 0;
+  virtual void commit() = 0;
+  virtual void abandon() noexcept = 0;
+};
+
+// The streaming collective behind every export: the ranks agree on the
+// entries, then each tensor is assembled on rank 0 from its owners' pieces
+// and handed to `sink` (rank 0's; null elsewhere), one at a time. An error on
+// any rank, the sink's included, is raised on every rank. Null group: as
+// ExportOptions::group.
+void export_through_rank0(const DistributedStateDict& state, const dist::ProcessGroupPtr& group, ExportSink* sink);
 
 // Collective over the group: every rank passes the same names and global shapes.
 void export_safetensors(const std::string& path, const DistributedStateDict& state, const ExportOptions& options = {});
@@ -46,6 +67,13 @@ struct ImportReport {
   std::vector<std::string> unexpected_keys;
   std::map<std::string, std::string> metadata;
 };
+
+// Fills `destination`, the box of the file's tensor `entry` that starts at
+// `offsets` (any strides: a transposed view fills a column block), reading
+// only the bytes that cover it; converts floats (loads_into must allow the
+// dtypes). `header` is the file's at `path`.
+void read_safetensors_box(const std::string& path, const SafetensorsHeader& header, const SafetensorsEntry& entry,
+                          const Tensor& destination, const Shape& offsets);
 
 // Fills the local pieces of `state` in place. Not collective: each rank reads on its own.
 ImportReport import_safetensors(const std::string& path, const DistributedStateDict& state,

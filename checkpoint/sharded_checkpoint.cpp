@@ -37,22 +37,8 @@ struct Piece {
 };
 
 Piece piece_of(const StateEntry& entry, int rank) {
-  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
-    return {*tensor, Shape(static_cast<size_t>(tensor->dim()), 0), rank == 0};
-  }
-  const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
-  bool owned = true;
-  for (size_t dim = 0; dim < dtensor.placements().size(); ++dim) {
-    if (std::holds_alternative<dist::Replicate>(dtensor.placements()[dim])) {
-      owned = owned && dtensor.mesh().coordinate(static_cast<int64_t>(dim)) == 0;
-    }
-  }
-  return {dtensor.local(), dtensor.local_offset(), owned};
-}
-
-const Shape& global_shape_of(const StateEntry& entry) {
-  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return tensor->sizes();
-  return std::get<dist::DTensor>(entry).global_shape();
+  const LocalBox box = local_box_of(entry);
+  return {box.local, box.offsets, writes_piece(entry, rank)};
 }
 
 std::vector<uint32_t> block_checksums(const Tensor& dense) {
@@ -94,7 +80,30 @@ nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDic
 
 // ---- save ----------------------------------------------------------------------------------------
 
-bool writes_piece(const StateEntry& entry, int rank) { return piece_of(entry, rank).owned; }
+LocalBox local_box_of(const StateEntry& entry) {
+  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
+    return {*tensor, tensor->defined() ? Shape(static_cast<size_t>(tensor->dim()), 0) : Shape{}};
+  }
+  const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
+  return {dtensor.local(), dtensor.local_offset()};
+}
+
+const Shape& global_shape_of(const StateEntry& entry) {
+  if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return tensor->sizes();
+  return std::get<dist::DTensor>(entry).global_shape();
+}
+
+bool writes_piece(const StateEntry& entry, int rank) {
+  const auto* dtensor = std::get_if<dist::DTensor>(&entry);
+  if (dtensor == nullptr) return rank == 0;
+  bool owned = true;
+  for (size_t dim = 0; dim < dtensor->placements().size(); ++dim) {
+    if (std::holds_alternative<dist::Replicate>(dtensor->placements()[dim])) {
+      owned = owned && dtensor->mesh().coordinate(static_cast<int64_t>(dim)) == 0;
+    }
+  }
+  return owned;
+}
 
 void save(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options) {
   save_or_report(dir, state, options, "");

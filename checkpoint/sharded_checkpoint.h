@@ -31,6 +31,15 @@ namespace tessera::checkpoint {
 using StateEntry = std::variant<Tensor, dist::DTensor>;
 using DistributedStateDict = std::map<std::string, StateEntry>;
 
+// An entry's local tensor (the whole tensor, or a DTensor's piece) and where
+// it starts in the global tensor.
+struct LocalBox {
+  Tensor local;
+  Shape offsets;
+};
+LocalBox local_box_of(const StateEntry& entry);
+const Shape& global_shape_of(const StateEntry& entry);
+
 struct SaveOptions {
   // The ranks that save together (every one calls save). Null: dist::world(),
   // or this process alone when there is none.

@@ -191,6 +191,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"seed", config.seed},
           {"data", config.data},
           {"tokenizer", config.tokenizer},
+          {"init_from", config.init_from},
           {"nproc", config.nproc},
           {"hsdp", config.hsdp},
           {"reshard_after_forward", reshard},

@@ -69,7 +69,7 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
                                          "A checkpoint directory, or a directory of step-N checkpoints (the newest "
                                          "is used)");
   auto* safetensors_flag =
-      app.add_option("--init-from", config.safetensors, "An exported model (.safetensors with tessera.gpt_config)");
+      app.add_option("--init-from", config.safetensors, "An exported model (.safetensors with tessera.gpt_config), or a Hugging Face GPT-2 or Llama directory");
   checkpoint_flag->excludes(safetensors_flag)->check(gpt::non_empty_path());
   safetensors_flag->check(gpt::non_empty_path());
   auto* prompt_flag =
@@ -158,7 +158,7 @@ int run(const GenerateConfig& config) {
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const tessera::Device device = tessera::Device::parse(config.device);
   const std::string device_description = tessera::describe_device(device);  // a build without cuda refuses here
-  const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_safetensors(config.safetensors)
+  const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_export(config.safetensors)
                                                             : gpt::load_model_from_checkpoint(config.checkpoint);
   loaded.model->to(device);
   const int64_t vocab_size = loaded.model->vocab_size();

@@ -12,6 +12,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "examples/gpt/config_json.h"
+#include "examples/gpt/huggingface/hf_checkpoint.h"
 #include "tensor/error.h"
 
 namespace gpt {
@@ -139,6 +140,18 @@ LoadedModel load_model_from_safetensors(const std::string& path) {
   // The file names parameters plainly ("wte.weight", "tok_embeddings.weight"), without "model.".
   checkpoint::import_safetensors(path, checkpoint::model_state(*loaded.model, ""), {.strict = true});
   return loaded;
+}
+
+LoadedModel load_model_from_hf_dir(const std::string& dir) {
+  const HfModelInfo info = read_hf_model_info(dir);
+  std::unique_ptr<tessera::nn::CausalLM> model = build_model(info.config, tessera::kCPU);
+  model->eval();
+  load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
+  return {std::move(model), info.config, dir, std::nullopt};
+}
+
+LoadedModel load_model_from_export(const std::string& path) {
+  return is_hf_model_dir(path) ? load_model_from_hf_dir(path) : load_model_from_safetensors(path);
 }
 
 }  // namespace gpt

@@ -41,4 +41,12 @@ LoadedModel load_model_from_checkpoint(const std::string& path);
 // shapes do not match the model.
 LoadedModel load_model_from_safetensors(const std::string& path);
 
+// A Hugging Face model directory (GPT2LMHeadModel or LlamaForCausalLM:
+// huggingface/hf_checkpoint.h): the config from its config.json, the
+// weights from its model.safetensors or shards. No step is recorded.
+LoadedModel load_model_from_hf_dir(const std::string& dir);
+
+// --init-from's source: a Hugging Face model directory, else an exported .safetensors file.
+LoadedModel load_model_from_export(const std::string& path);
+
 }  // namespace gpt

@@ -21,8 +21,12 @@ namespace checkpoint = tessera::checkpoint;
 
 namespace {
 
-// The export is written to PATH.tmp and renamed over PATH (safetensors_export.h).
+// The export is written to PATH.tmp and renamed over PATH (safetensors_export.h,
+// or hf_checkpoint.h for a directory).
 std::string export_temporary(const std::string& path) { return path + ".tmp"; }
+
+// --format hf: the export is a Hugging Face model directory, replaced whole.
+bool exports_directory(const TrainConfig& config) { return config.export_format == "hf"; }
 
 bool exists_no_follow(const std::string& path) {
   std::error_code error;
@@ -41,7 +45,10 @@ checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& tra
   if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, checkpoint::is_managed_entry);
   if (!config.log_json.empty()) roles.add_output("--log-json", config.log_json);
   if (!trace.empty()) roles.add_output(trace == config.trace ? "--trace" : "--trace (this launch's)", trace);
-  if (!config.export_path.empty()) {
+  if (!config.export_path.empty() && exports_directory(config)) {
+    roles.add_output_directory("--export", config.export_path);
+    roles.add_output_directory("--export's temporary directory", export_temporary(config.export_path));
+  } else if (!config.export_path.empty()) {
     roles.add_output("--export", config.export_path);
     roles.add_output("--export's temporary file", export_temporary(config.export_path));
   }
@@ -53,6 +60,35 @@ checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& tra
 // A fresh run's outputs must not hold an earlier launch's files.
 void refuse_existing(const TrainConfig& config, const char* flag, const std::string& path, const std::string& how) {
   if (!config.overwrite) checkpoint::refuse_existing_output(flag, path, how);
+}
+
+// --format hf: an existing directory is an earlier launch's export unless
+// --overwrite; the parent must take new files; an interrupted export's
+// PATH.tmp directory is replaced.
+void check_export_directory(const TrainConfig& config, std::vector<std::string>& notices) {
+  const std::string& path = config.export_path;
+  std::error_code error;
+  const fs::file_type type = fs::symlink_status(path, error).type();
+  TESSERA_CHECK(type == fs::file_type::not_found || type == fs::file_type::directory,
+                "--export {} --format hf: exists and is not a directory; the export is a model directory", path);
+  TESSERA_CHECK(type == fs::file_type::not_found || config.overwrite,
+                "--export {} already exists (an earlier launch's?); pass --overwrite to replace the directory when "
+                "this run ends, or choose another path",
+                path);
+  const std::string temporary = export_temporary(path);
+  const fs::file_type temporary_type = fs::symlink_status(temporary, error).type();
+  TESSERA_CHECK(temporary_type == fs::file_type::not_found || temporary_type == fs::file_type::directory,
+                "--export {}: {} exists and is not a directory; the export is written there first and renamed into "
+                "place, so move it away",
+                path, temporary);
+  if (temporary_type == fs::file_type::directory) {
+    notices.push_back(fmt::format("{} (an interrupted export) will be replaced by this run's export", temporary));
+  }
+  try {  // a probe file beside the directory-to-be
+    checkpoint::check_can_create((fs::absolute(path).parent_path() / ".tessera-export").string());
+  } catch (const tessera::Error& failure) {
+    tessera::fail("--export {}: {}", path, failure.what());
+  }
 }
 
 void check_export_temporary(const TrainConfig& config, std::vector<std::string>& notices) {
@@ -117,7 +153,7 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
   }
   roles_of(config, files.trace).check();
 
-  TESSERA_CHECK(!checkpoint::is_special_file(config.export_path),
+  TESSERA_CHECK(exports_directory(config) || !checkpoint::is_special_file(config.export_path),
                 "--export {}: a device, FIFO or socket; the export is written to {} and renamed over it, which would "
                 "replace it: give the path of a regular file",
                 config.export_path, export_temporary(config.export_path));
@@ -130,10 +166,15 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
   }
   refuse_existing(config, "--trace", files.trace,
                   "pass --overwrite to replace it, or choose another path (a --resume writes its trace beside it)");
-  refuse_existing(config, "--export", config.export_path,
-                  "pass --overwrite to replace it when this run ends, or choose another path");
-  check_export_temporary(config, files.notices);
-  for (const auto& [flag, path] : {std::pair{"--export", config.export_path}, std::pair{"--trace", files.trace},
+  if (exports_directory(config) && !config.export_path.empty()) {
+    check_export_directory(config, files.notices);
+  } else {
+    refuse_existing(config, "--export", config.export_path,
+                    "pass --overwrite to replace it when this run ends, or choose another path");
+    check_export_temporary(config, files.notices);
+  }
+  const std::string export_file = exports_directory(config) ? "" : config.export_path;
+  for (const auto& [flag, path] : {std::pair{"--export", export_file}, std::pair{"--trace", files.trace},
                                    std::pair{"--log-json", config.log_json}}) {
     if (path.empty() || checkpoint::is_special_file(path)) continue;  // /dev/null is there to be written
     try {

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "dist/launch.h"
 #include "examples/gpt/flag_checks.h"
+#include "examples/gpt/huggingface/hf_checkpoint.h"
 #include "examples/gpt/token_cache.h"
 #include "tensor/error.h"
 
@@ -103,6 +105,41 @@ ModelConfig model_from_flags(ModelFamily family, const std::string& preset, cons
   return config;
 }
 
+// The model of --init-from DIR, a Hugging Face directory: its config.json
+// sets the family and shape, so the flags that would set them are refused
+// (--vocab-padding, a tessera choice, stays). --seq-len stays within the
+// checkpoint's context.
+ModelConfig model_from_hf_dir(const std::string& dir, const std::optional<ModelFamily>& family_flag,
+                              bool preset_given, const ShapeFlags& flags) {
+  ModelConfig config = read_hf_model_info(dir).config;
+  TESSERA_CHECK(!family_flag || *family_flag == family_of(config),
+                "--model {}, but --init-from {} holds a {} model; leave --model out", family_name(*family_flag), dir,
+                family_name(family_of(config)));
+  const bool shape_given = preset_given || flags.n_layer || flags.n_head || flags.n_embd || flags.vocab ||
+                           flags.n_kv_head || flags.ffn_hidden;
+  TESSERA_CHECK(!shape_given,
+                "--init-from {} is a Hugging Face model whose shape its config.json sets; leave out --preset, "
+                "--n-layer, --n-head, --n-embd, --vocab, --n-kv-head and --ffn-hidden",
+                dir);
+  TESSERA_CHECK(!flags.seq_len || *flags.seq_len <= block_size(config),
+                "--seq-len {} exceeds the context of --init-from {} ({} positions)", flags.seq_len.value_or(0), dir,
+                block_size(config));
+  if (flags.vocab_padding) {
+    auto* gpt = std::get_if<tessera::nn::GPTConfig>(&config);
+    TESSERA_CHECK(gpt != nullptr, "--vocab-padding pads a GPT's tied head; a Llama's vocabulary is not padded");
+    gpt->vocab_padding_multiple = *flags.vocab_padding;
+  }
+  return config;
+}
+
+// Whether `dir` holds a tokenizer that Tokenizer::load reads from a directory.
+bool holds_tokenizer(const std::string& dir) {
+  const std::filesystem::path root(dir);
+  std::error_code error;
+  return std::filesystem::exists(root / "tokenizer.json", error) ||
+         (std::filesystem::exists(root / "vocab.json", error) && std::filesystem::exists(root / "merges.txt", error));
+}
+
 // The vocabulary of --tokenizer: its ids.
 int64_t tokenizer_vocab(const std::string& path, bool vocab_given) {
   TESSERA_CHECK(!vocab_given, "--vocab and --tokenizer both set the vocabulary; leave --vocab out");
@@ -173,8 +210,10 @@ void TrainConfig::validate() const {
                 "--sweep-out and --sweep-svg write the sweep: pass --plan --sweep");
   TESSERA_CHECK(sweep_out.empty() || sweep_out.ends_with(".json") || sweep_out.ends_with(".csv"),
                 "--sweep-out {}: its extension picks the format, .json or .csv", sweep_out);
-  TESSERA_CHECK(!(resume && !init_from.empty()),
-                "--resume and --init-from both set the weights; pass one of them");
+  TESSERA_CHECK(export_format == "safetensors" || export_format == "hf",
+                "--format must be safetensors or hf, got '{}'", export_format);
+  TESSERA_CHECK(export_format == "safetensors" || !export_path.empty(), "--format {} is the format of --export DIR: "
+                "pass --export too", export_format);
 }
 
 std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
@@ -184,7 +223,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.option_defaults()->always_capture_default();
 
   std::string family = "gpt";
-  app.add_option("--model", family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama (RMSNorm, "
+  auto* family_option = app.add_option("--model", family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama (RMSNorm, "
                  "rotary grouped-query attention, SwiGLU)")
       ->check(CLI::IsMember(family_names()));
   auto* preset_flag = app.add_option("--preset", config.preset, "Model shape preset of the --model family")
@@ -310,9 +349,18 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--keep", config.keep, "Keep the newest K checkpoints (0 = all)")->check(integer_in(0, kMaxKeep));
   app.add_flag("--resume", config.resume, "Resume from the latest checkpoint in --ckpt-dir (any world size)");
   app.add_flag("--async-ckpt", config.async_ckpt, "Write checkpoints in the background while training goes on");
-  app.add_option("--export", config.export_path, "Write the trained model to this .safetensors file")
+  app.add_option("--export", config.export_path,
+                 "Write the trained model to this .safetensors file, or with --format hf to this directory")
       ->check(non_empty_path());
-  app.add_option("--init-from", config.init_from, "Start from the weights of this .safetensors file")
+  app.add_option("--format,--export-format", config.export_format,
+                 "What --export writes: safetensors (one file, tessera's names and config) or hf (a Hugging Face "
+                 "model directory: config.json and model.safetensors, or shards of at most 5 GiB with their index, "
+                 "that transformers' from_pretrained loads)")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  app.add_option("--init-from", config.init_from,
+                 "Start from these weights: a .safetensors file `train --export` wrote, or a Hugging Face model "
+                 "directory (GPT-2 or Llama: config.json and model.safetensors or its shards), whose config sets the "
+                 "model and whose tokenizer, when it has one, becomes --tokenizer")
       ->check(non_empty_path());
   app.add_flag("--overwrite", config.overwrite,
                "Replace output files an earlier launch left (--log-json of a fresh run, --trace, --export, "
@@ -328,9 +376,15 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     return flag->count() > 0 ? std::optional<int64_t>(value) : std::nullopt;
   };
   try {
+    const bool from_hf = !config.init_from.empty() && is_hf_model_dir(config.init_from);
+    // A Hugging Face model's own tokenizer, when --tokenizer is not given.
+    if (from_hf && tokenizer_flag->count() == 0 && holds_tokenizer(config.init_from)) config.tokenizer = config.init_from;
+    const std::optional<ModelFamily> family_flag =
+        family_option->count() > 0 ? std::optional(family_from_name(family)) : std::nullopt;
     const ModelFamily model_family = family_from_name(family);
     if (preset_flag->count() == 0) config.preset = default_preset(model_family);
-    const std::optional<int64_t> vocab_setting = tokenizer_flag->count() > 0
+    const bool tokenizer_given = !config.tokenizer.empty();
+    const std::optional<int64_t> vocab_setting = tokenizer_given && !from_hf
                                                      ? tokenizer_vocab(config.tokenizer, vocab_flag->count() > 0)
                                                      : given(vocab_flag, vocab);
     const ShapeFlags shape{.n_layer = given(n_layer_flag, n_layer),
@@ -341,7 +395,16 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                            .n_kv_head = given(n_kv_head_flag, n_kv_head),
                            .ffn_hidden = given(ffn_hidden_flag, ffn_hidden),
                            .vocab_padding = given(vocab_padding_flag, vocab_padding)};
-    const ModelConfig model = model_from_flags(model_family, config.preset, shape);
+    const ModelConfig model = from_hf ? model_from_hf_dir(config.init_from, family_flag, preset_flag->count() > 0, shape)
+                                      : model_from_flags(model_family, config.preset, shape);
+    if (from_hf) {
+      config.preset = config.init_from;
+      if (tokenizer_given) {
+        const int64_t ids = checked_token_vocab(Tokenizer::load(config.tokenizer));
+        TESSERA_CHECK(ids <= vocab_size(model), "--tokenizer {} has {} ids, more than the {} of --init-from {}",
+                      config.tokenizer, ids, vocab_size(model), config.init_from);
+      }
+    }
     config.seq_len = shape.seq_len.value_or(block_size(model));
     if (const auto* llama = std::get_if<tessera::nn::LlamaConfig>(&model)) {
       config.llama = *llama;

@@ -93,8 +93,11 @@ struct TrainConfig {
   int keep = 0;              // keep the newest K checkpoints; 0 = all
   bool resume = false;       // start from the latest checkpoint in ckpt_dir (fresh when there is none)
   bool async_ckpt = false;   // snapshot, then write in the background while training goes on
-  std::string export_path;   // "" = none; else the trained model as one .safetensors file
-  std::string init_from;     // "" = none; else start from the weights of this .safetensors file
+  std::string export_path;   // "" = none; else the trained model as one .safetensors file (or an hf directory)
+  std::string export_format = "safetensors";  // or "hf": a Hugging Face model directory (huggingface/hf_checkpoint.h)
+  // "" = none; else start from the weights of this .safetensors file, or of
+  // this Hugging Face model directory (which then sets the model's shape).
+  std::string init_from;
   // Replace output files an earlier launch left (a fresh run's log, the
   // trace, the export). Without it such a file is refused before step 1.
   bool overwrite = false;

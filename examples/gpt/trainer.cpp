@@ -15,6 +15,7 @@
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_export.h"
+#include "examples/gpt/huggingface/hf_checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "autograd/grad_mode.h"
 #include "dist/launch.h"
@@ -441,6 +442,10 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 void Trainer::init_from(const std::string& path) {
+  if (is_hf_model_dir(path)) {  // the run's model was built from its config.json (train_config.cpp)
+    load_hf_weights(path, read_hf_model_info(path), tessera::checkpoint::model_state(*model_, ""));
+    return;
+  }
   const nlohmann::json model = model_config_to_json(config_.model_config());
   const std::map<std::string, std::string> metadata = tessera::checkpoint::read_safetensors_header(path).metadata;
   const auto recorded = metadata.find(kGptConfigMetadataKey);
@@ -459,6 +464,11 @@ void Trainer::init_from(const std::string& path) {
 }
 
 void Trainer::export_to(const std::string& path) {
+  if (config_.export_format == "hf") {
+    export_hf(path, config_.model_config(), tessera::checkpoint::model_state(*model_, ""),
+              {.group = distributed_ ? distributed_->world : nullptr});
+    return;
+  }
   tessera::checkpoint::export_safetensors(
       path, tessera::checkpoint::model_state(*model_, ""),
       {.group = distributed_ ? distributed_->world : nullptr,

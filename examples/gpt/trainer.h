@@ -115,12 +115,14 @@ class Trainer {
   // checkpoint's. Same world size: RNG states per rank; a
   // different one: rank r takes saved rank r mod N.
   void resume_from(const std::string& dir);
-  // Starts from the weights of an exported .safetensors file (optimizer
-  // state stays fresh). A file that records another model family is refused
-  // before any tensor is read.
+  // Starts from the weights of an exported .safetensors file, or of a
+  // Hugging Face model directory (each rank reading only its shards' bytes);
+  // optimizer state stays fresh. A file that records another model family
+  // is refused before any tensor is read.
   void init_from(const std::string& path);
   // Writes the model as one .safetensors file with its parameter names and
-  // the model config in the file's metadata (collective).
+  // the model config in the file's metadata, or with export_format "hf" as a
+  // Hugging Face model directory (collective).
   void export_to(const std::string& path);
 
   int64_t steps_done() const { return step_; }

@@ -235,9 +235,12 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
 
     Trainer trainer(run, data, distributed);
     if (resume_point) trainer.resume_from(resume_point->path);
-    if (!run.init_from.empty()) {
+    // --init-from is where a run starts; with --resume, only when there is no checkpoint yet to continue.
+    if (!run.init_from.empty() && !resume_point) {
       trainer.init_from(run.init_from);
       if (leader) out << fmt::format("init     weights from {}\n", run.init_from);
+    } else if (!run.init_from.empty() && leader) {
+      out << fmt::format("init     {} not read: resumed from step {}\n", run.init_from, resume_point->step);
     }
     // Each rank's own view of the run; the leader alone writes the summary
     // (the ranks may be threads sharing it).
@@ -310,7 +313,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     if (!run.export_path.empty() && stopped_by == 0) {
       trainer.require_finite_state();
       trainer.export_to(run.export_path);
-      if (leader) out << fmt::format("export   {} (safetensors, step {})\n", run.export_path, trainer.steps_done());
+      if (leader) {
+        out << fmt::format("export   {} ({}, step {})\n", run.export_path,
+                           run.export_format == "hf" ? "Hugging Face model directory" : "safetensors",
+                           trainer.steps_done());
+      }
     }
 
     if (distributed.tracer) tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world, files.trace);

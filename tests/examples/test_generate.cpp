@@ -271,6 +271,7 @@ TEST_CASE("train config JSON records the run's settings") {
   config.clip = 0.5;
   config.seed = std::numeric_limits<uint64_t>::max();
   config.data = "/tmp/tokens.bin";
+  config.tokenizer = "/tmp/tokenizer.json";
   config.nproc = 4;
   config.hsdp = 2;
   config.reshard_after_forward = tessera::fsdp::ReshardAfterForward::to_group_of(2);
@@ -289,6 +290,8 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"clip", 0.5},
                          {"seed", std::numeric_limits<uint64_t>::max()},
                          {"data", "/tmp/tokens.bin"},
+                         {"tokenizer", "/tmp/tokenizer.json"},
+                         {"init_from", ""},
                          {"nproc", 4},
                          {"hsdp", 2},
                          {"reshard_after_forward", 2},

@@ -281,7 +281,7 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--resume"}, "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR"},
       {{"--ckpt-every", "5"}, "need --ckpt-dir DIR"},
       {{"--ckpt-dir", "d", "--keep", "-2"}, "--keep: must be in [0, 1000000], got -2"},
-      {{"--ckpt-dir", "d", "--resume", "--init-from", "m.safetensors"}, "--resume and --init-from both set the weights"},
+      {{"--format", "hf"}, "--format hf is the format of --export DIR: pass --export too"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);
