@@ -18,7 +18,8 @@ namespace tessera::checkpoint {
 inline constexpr const char* kSingleSafetensorsFile = "model.safetensors";
 inline constexpr const char* kSafetensorsIndexFile = "model.safetensors.index.json";
 
-// One stored tensor: the file that holds it, that file's header and its entry.
+// One stored tensor: the file that holds it, that file's header and its
+// entry (pointers into the SafetensorsIndex: valid while it lives).
 struct StoredTensor {
   std::string path;
   const SafetensorsHeader* header = nullptr;

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 
 #include "dist/launch.h"
@@ -130,14 +129,6 @@ ModelConfig model_from_hf_dir(const std::string& dir, const std::optional<ModelF
     gpt->vocab_padding_multiple = *flags.vocab_padding;
   }
   return config;
-}
-
-// Whether `dir` holds a tokenizer that Tokenizer::load reads from a directory.
-bool holds_tokenizer(const std::string& dir) {
-  const std::filesystem::path root(dir);
-  std::error_code error;
-  return std::filesystem::exists(root / "tokenizer.json", error) ||
-         (std::filesystem::exists(root / "vocab.json", error) && std::filesystem::exists(root / "merges.txt", error));
 }
 
 // The vocabulary of --tokenizer: its ids.

@@ -211,9 +211,9 @@ TEST_CASE("hf export: the files transformers saved, and back bitwise (one file, 
     std::map<std::string, tessera::Shape> expected_files = stored_shapes(golden);
     if (info.tied_head) expected_files["lm_head.weight"] = expected_files.at("model.embed_tokens.weight");  // untied
     CHECK(stored_shapes(out) == expected_files);
-    for (const auto& [file_name, shape] : stored_shapes(out)) {
-      const checkpoint::StoredTensor stored = checkpoint::SafetensorsIndex::open(out).at(file_name);
-      CHECK(stored.header->metadata.at("format") == "pt");
+    const checkpoint::SafetensorsIndex exported = checkpoint::SafetensorsIndex::open(out);
+    for (const std::string& file_name : exported.names()) {
+      CHECK(exported.at(file_name).header->metadata.at("format") == "pt");
     }
 
     const auto reloaded = load_whole(out);

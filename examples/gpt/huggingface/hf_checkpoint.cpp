@@ -126,6 +126,13 @@ bool is_hf_model_dir(const std::string& path) {
   return fs::is_directory(path, error) && fs::exists(fs::path(path) / kHfConfigFile, error);
 }
 
+bool holds_tokenizer(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code error;
+  return fs::exists(root / "tokenizer.json", error) ||
+         (fs::exists(root / "vocab.json", error) && fs::exists(root / "merges.txt", error));
+}
+
 HfModelInfo read_hf_model_info(const std::string& dir) {
   const std::string path = (fs::path(dir) / kHfConfigFile).string();
   nlohmann::json json;

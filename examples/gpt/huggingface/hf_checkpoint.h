@@ -25,6 +25,10 @@ inline constexpr const char* kHfConfigFile = "config.json";
 // Whether `path` is a directory holding a config.json (then --init-from reads it as a Hugging Face model).
 bool is_hf_model_dir(const std::string& path);
 
+// Whether the model directory holds a tokenizer gpt::Tokenizer::load reads
+// from a directory: tokenizer.json, or GPT-2's vocab.json with merges.txt.
+bool holds_tokenizer(const std::string& dir);
+
 // DIR/config.json, mapped; throws tessera::Error naming the file and key.
 HfModelInfo read_hf_model_info(const std::string& dir);
 
