@@ -21,8 +21,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t embed_dim, int64_t num_heads, A
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  TESSERA_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, "CausalSelfAttention: expected input [B, T, {}], got {}",
-                embed_dim_, x.sizes());
+  check_input(x);
   const int64_t B = x.size(0), T = x.size(1), C = embed_dim_, H = num_heads_, D = C / H;
   const Tensor qkv = (*qkv_)(x);  // [B, T, 3C]
   const std::vector<Tensor> parts = tessera::split(qkv, C, 2);
@@ -32,6 +31,33 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // [B, H, T, D] -> [B, T, H, D] -> [B, T, C]
   const Tensor merged = tessera::reshape(tessera::transpose(y, 1, 2), {B, T, C});
   return (*drop_)((*proj_)(merged));
+}
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step) {
+  check_no_forward_hooks(*this, "CausalSelfAttention::forward_cached");
+  check_input(x);
+  const int64_t B = x.size(0), T = x.size(1), C = embed_dim_, H = num_heads_, D = C / H;
+  const std::vector<Tensor> parts = tessera::split((*qkv_)(x), C, 2);  // [B, T, 3C] -> 3 x [B, T, C]
+  // [B, T, C] -> [B, T, H, D]
+  auto heads = [&](const Tensor& t) { return tessera::view(t, {B, T, H, D}); };
+  const Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  cache.store(layer, step, k, v);
+  Tensor merged;
+  if (step.causal_prefill) {
+    // forward's own ops: [B, H, T, D] -> [B, T, H, D] -> [B, T, C]
+    const Tensor y = tessera::scaled_dot_product_attention(tessera::transpose(q, 1, 2), tessera::transpose(k, 1, 2),
+                                                           tessera::transpose(v, 1, 2));
+    merged = tessera::reshape(tessera::transpose(y, 1, 2), {B, T, C});
+  } else {
+    merged = tessera::reshape(cache.attend(layer, step, q), {B, T, C});
+  }
+  return (*drop_)((*proj_)(merged));
+}
+
+void CausalSelfAttention::check_input(const Tensor& x) const {
+  TESSERA_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_,
+                "CausalSelfAttention: expected input [B, T, {}], got {}", embed_dim_,
+                x.defined() ? x.sizes() : Shape{});
 }
 
 }  // namespace tessera::nn

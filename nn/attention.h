@@ -4,6 +4,7 @@
 //   causal scaled-dot-product attention -> merge heads [B, T, C] -> proj
 //   Linear -> dropout. (Dropout applies to the output only, not the attention
 //   weights.)
+// forward_cached: the same for a KVCache step's new tokens (nn/kv_cache.h).
 // For separate projections, fewer key/value heads or rotary positions see
 // nn::GroupedQueryAttention.
 #pragma once
@@ -12,6 +13,7 @@
 #include <optional>
 
 #include "nn/dropout.h"
+#include "nn/kv_cache.h"
 #include "nn/linear.h"
 
 namespace tessera::nn {
@@ -35,6 +37,9 @@ class CausalSelfAttention : public Module {
 
   // x: [B, T, C] -> [B, T, C]
   Tensor forward(const Tensor& x) override;
+  // The step's new tokens x: [B, T, C] -> [B, T, C], attending over layer
+  // `layer` of the cache (their keys and values stored into it first).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step);
 
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
@@ -42,6 +47,8 @@ class CausalSelfAttention : public Module {
   Linear& proj() const { return *proj_; }
 
  private:
+  void check_input(const Tensor& x) const;
+
   int64_t embed_dim_;
   int64_t num_heads_;
   std::shared_ptr<Linear> qkv_;

@@ -6,11 +6,14 @@
 //   reads kv head j / (H / Hkv)) -> causal attention [B, H, T, D]
 //   -> merge heads [B, T, H*D] -> wo: [B, T, C].
 // Hkv = H is multi-head attention; Hkv = 1 is multi-query attention.
+// forward_cached: the same for a KVCache step's new tokens (nn/kv_cache.h),
+// RoPE at their positions; the cache holds Hkv heads, not H.
 #pragma once
 
 #include <memory>
 #include <optional>
 
+#include "nn/kv_cache.h"
 #include "nn/linear.h"
 #include "nn/rotary_embedding.h"
 
@@ -39,6 +42,9 @@ class GroupedQueryAttention : public Module {
 
   // x: [B, T, C] -> [B, T, C]
   Tensor forward(const Tensor& x) override;
+  // The step's new tokens x: [B, T, C] -> [B, T, C], attending over layer
+  // `layer` of the cache (their keys and values stored into it first).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step);
 
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
@@ -51,6 +57,7 @@ class GroupedQueryAttention : public Module {
   RotaryEmbedding* rope() const { return rope_.get(); }  // null without
 
  private:
+  void check_input(const Tensor& x) const;
   // [B, T, Hkv, D] -> [B, H, T, D], each kv head repeated H / Hkv times in place.
   Tensor expand_kv_heads(const Tensor& kv) const;
 

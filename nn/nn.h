@@ -11,6 +11,7 @@
 #include "nn/embedding.h"
 #include "nn/grouped_query_attention.h"
 #include "nn/init.h"
+#include "nn/kv_cache.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/models/causal_lm.h"

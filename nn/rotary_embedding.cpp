@@ -45,13 +45,36 @@ void RotaryEmbedding::compute_own_buffers() {
 Tensor RotaryEmbedding::forward(const Tensor& x) {
   TESSERA_CHECK(x.dim() == 4 && x.size(3) == head_dim_ && x.size(1) <= max_seq_len_,
                 "RotaryEmbedding: expected input [B, T <= {}, H, {}], got {}", max_seq_len_, head_dim_, x.sizes());
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), pairs = head_dim_ / 2;
+  const int64_t T = x.size(1), pairs = head_dim_ / 2;
   // [max_seq_len, D/2] -> [T, 1, D/2], broadcast over batch and heads.
   auto table = [&](const char* name) {
     const Tensor rows = ops::narrow(buffer(name), 0, 0, T);
     return ops::view(ops::to(ops::contiguous(rows), x.dtype()), {T, 1, pairs});
   };
-  const Tensor cos = table("cos"), sin = table("sin");
+  return rotate(x, table("cos"), table("sin"));
+}
+
+Tensor RotaryEmbedding::forward_at(const Tensor& x, const Tensor& positions) {
+  TESSERA_CHECK(x.dim() == 4 && x.size(3) == head_dim_, "RotaryEmbedding: expected input [B, T, H, {}], got {}",
+                head_dim_, x.sizes());
+  const int64_t B = x.size(0), T = x.size(1), pairs = head_dim_ / 2;
+  TESSERA_CHECK(positions.defined() && positions.sizes() == Shape({B, T}) &&
+                    (positions.dtype() == DType::i64 || positions.dtype() == DType::i32),
+                "RotaryEmbedding: positions must be [B, T] = [{}, {}] i32/i64, got {} {}", B, T,
+                positions.defined() ? positions.sizes() : Shape{},
+                positions.defined() ? dtype_name(positions.dtype()) : "undefined");
+  // [max_seq_len, D/2] -> the rows of the positions [B*T, D/2] -> [B, T, 1, D/2],
+  // broadcast over heads (index_select refuses a position outside the table).
+  const Tensor flat_positions = ops::reshape(positions, {B * T});
+  auto table = [&](const char* name) {
+    const Tensor rows = ops::index_select(buffer(name), 0, flat_positions);
+    return ops::view(ops::to(rows, x.dtype()), {B, T, 1, pairs});
+  };
+  return rotate(x, table("cos"), table("sin"));
+}
+
+Tensor RotaryEmbedding::rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) const {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), pairs = head_dim_ / 2;
   // [B, T, H, D] -> [B, T, H, D/2, 2]: the pairs.
   const Tensor pairs_view = tessera::reshape(x, {B, T, H, pairs, 2});
   const Tensor even = tessera::select(pairs_view, 4, 0);  // [B, T, H, D/2]

@@ -25,6 +25,10 @@ class RotaryEmbedding : public Module {
 
   // x: [B, T, H, D] with T <= max_seq_len, positions 0..T-1 -> [B, T, H, D]
   Tensor forward(const Tensor& x) override;
+  // x: [B, T, H, D] at positions [B, T] (i32/i64, each in [0, max_seq_len),
+  // on x's device): a cached forward's new tokens, or a left-padded batch.
+  // The same bits as forward where the positions are 0..T-1.
+  Tensor forward_at(const Tensor& x, const Tensor& positions);
 
   int64_t head_dim() const { return head_dim_; }
   int64_t max_seq_len() const { return max_seq_len_; }
@@ -34,6 +38,10 @@ class RotaryEmbedding : public Module {
   void compute_own_buffers() override;
 
  private:
+  // x: [B, T, H, D] rotated by the angle tables cos, sin: [T or B*T rows, D/2]
+  // viewed to broadcast against x's [B, T, H, D/2] pairs.
+  Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) const;
+
   int64_t head_dim_;
   int64_t max_seq_len_;
   double theta_;

@@ -35,8 +35,14 @@ TransformerBlock::TransformerBlock(int64_t embed_dim, int64_t num_heads, Transfo
 // only a call of ln2 runs: FSDP's, were ln2 sharded on its own, or a user's.
 bool TransformerBlock::fuses_residual_norm() const { return !ln2_->has_forward_hooks(); }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor attended = (*attn_)((*ln1_)(x));  // [B, T, C]
+Tensor TransformerBlock::forward(const Tensor& x) { return residual_and_mlp(x, (*attn_)((*ln1_)(x))); }
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step) {
+  check_no_forward_hooks(*this, "TransformerBlock::forward_cached");
+  return residual_and_mlp(x, attn_->forward_cached((*ln1_)(x), cache, layer, step));
+}
+
+Tensor TransformerBlock::residual_and_mlp(const Tensor& x, const Tensor& attended) {  // [B, T, C] each
   if (!fuses_residual_norm()) {
     const Tensor h = tessera::add(x, attended);
     return tessera::add(h, (*mlp_)((*ln2_)(h)));

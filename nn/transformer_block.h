@@ -36,6 +36,9 @@ class TransformerBlock : public Module {
 
   // x: [B, T, C] -> [B, T, C]
   Tensor forward(const Tensor& x) override;
+  // The same for a KVCache step's new tokens, attention over layer `layer`
+  // of the cache (nn/kv_cache.h).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step);
 
   LayerNorm& ln1() const { return *ln1_; }
   CausalSelfAttention& attn() const { return *attn_; }
@@ -45,6 +48,8 @@ class TransformerBlock : public Module {
  private:
   // Whether forward may run h = x + attn(...) and ln2(h) as add_layer_norm.
   bool fuses_residual_norm() const;
+  // x + attended, then the MLP's residual: the block after its attention.
+  Tensor residual_and_mlp(const Tensor& x, const Tensor& attended);
 
   std::shared_ptr<LayerNorm> ln1_;
   std::shared_ptr<CausalSelfAttention> attn_;

@@ -10,14 +10,14 @@
 
 namespace gpt {
 
-std::vector<uint16_t> text_to_byte_tokens(std::string_view text) {
-  std::vector<uint16_t> tokens;
+std::vector<uint32_t> text_to_byte_tokens(std::string_view text) {
+  std::vector<uint32_t> tokens;
   tokens.reserve(text.size());
   for (const char c : text) tokens.push_back(static_cast<uint8_t>(c));
   return tokens;
 }
 
-std::string byte_tokens_to_bytes(std::span<const uint16_t> tokens) {
+std::string byte_tokens_to_bytes(std::span<const uint32_t> tokens) {
   std::string bytes;
   bytes.reserve(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -52,7 +52,7 @@ std::string bytes_to_printable(std::string_view bytes) {
   return text;
 }
 
-std::string byte_tokens_to_printable(std::span<const uint16_t> tokens) {
+std::string byte_tokens_to_printable(std::span<const uint32_t> tokens) {
   return bytes_to_printable(byte_tokens_to_bytes(tokens));
 }
 

@@ -14,11 +14,11 @@ namespace gpt {
 inline constexpr int64_t kByteVocab = 256;
 
 // Each byte of `text` as a token in [0, 256).
-std::vector<uint16_t> text_to_byte_tokens(std::string_view text);
+std::vector<uint32_t> text_to_byte_tokens(std::string_view text);
 
 // The bytes the tokens stand for, unchanged (what `generate` writes when its
 // output is not a terminal). Throws tessera::Error for a token >= 256.
-std::string byte_tokens_to_bytes(std::span<const uint16_t> tokens);
+std::string byte_tokens_to_bytes(std::span<const uint32_t> tokens);
 
 // `bytes`, printable and reversible: ASCII from space to '~' (but the
 // backslash), newline, tab and complete UTF-8 sequences of printable
@@ -28,7 +28,7 @@ std::string bytes_to_printable(std::string_view bytes);
 
 // bytes_to_printable of the bytes the tokens stand for. Throws
 // tessera::Error for a token >= 256.
-std::string byte_tokens_to_printable(std::span<const uint16_t> tokens);
+std::string byte_tokens_to_printable(std::span<const uint32_t> tokens);
 
 // The inverse of byte_tokens_to_printable. Throws tessera::Error naming the
 // position of a backslash that starts no escape.

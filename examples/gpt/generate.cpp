@@ -3,14 +3,18 @@
 // the prompt encoded, the tokens decoded back to bytes). The model comes from
 // a checkpoint that `train` saved (--ckpt: one checkpoint, or a root of
 // step-N checkpoints, then the newest; saved on any number of ranks, it loads
-// whole here) or from an exported .safetensors file (--init-from). Writes the
-// prompt and its continuation to stdout: the bytes unchanged when stdout is
-// not a terminal (a file or a pipe gets exactly the model's bytes), escaped
-// when it is one or with --escape (a backslash as \\, bytes that are not
-// printable as \xHH: byte_text.h, reversible). Where the model came from and
-// the speed go to stderr. --max-new-tokens is refused, before the model
-// loads, when its buffers would not fit in half the available memory
-// (resource_limits.h). Exit status: 0 generated, 1 failed (a model that
+// whole here) or from an exported .safetensors file (--init-from). Decodes
+// with a KV cache (generation.h; --no-kv-cache runs the whole context every
+// step). One prompt (--prompt, --prompt-file): writes the prompt and its
+// continuation to stdout, the bytes unchanged when stdout is not a terminal
+// (a file or a pipe gets exactly the model's bytes), escaped when it is one
+// or with --escape (a backslash as \\, bytes that are not printable as \xHH:
+// byte_text.h, reversible). A batch (--prompts-file: one escaped prompt a
+// line): one escaped line per prompt, newlines as \x0a. --stop ends a
+// sequence at a token (escaped text of one token, or --stop-id). Where the
+// model came from and the speed go to stderr. --max-new-tokens is refused,
+// before the model loads, when its buffers would not fit in half the
+// available memory (resource_limits.h). Exit status: 0 generated, 1 failed (a model that
 // cannot be loaded, say), 2 bad flags. Flags: generate --help.
 #include <fmt/format.h>
 
@@ -29,10 +33,10 @@
 #include "checkpoint/file_roles.h"
 #include "examples/gpt/byte_text.h"
 #include "examples/gpt/flag_checks.h"
+#include "examples/gpt/huggingface/hf_checkpoint.h"
+#include "examples/gpt/generation.h"
 #include "examples/gpt/model_loader.h"
 #include "examples/gpt/resource_limits.h"
-#include "examples/gpt/sampling.h"
-#include "examples/gpt/token_cache.h"
 #include "examples/gpt/tokenizer/tokenizer.h"
 #include "tensor/error.h"
 #include "tensor/parallel.h"
@@ -43,13 +47,18 @@ struct GenerateConfig {
   std::string checkpoint;   // --ckpt
   std::string safetensors;  // --init-from
   std::string prompt = "\n";
-  std::string prompt_file;  // --prompt-file: the prompt's bytes from a file (any bytes, NUL included)
-  std::string tokenizer;    // --tokenizer: "" = one token per byte
-  bool escape = false;      // --escape: escaped output even when stdout is not a terminal
+  std::string prompt_file;   // --prompt-file: the prompt's bytes from a file (any bytes, NUL included)
+  std::string prompts_file;  // --prompts-file: a batch, one escaped prompt a line
+  std::string tokenizer;     // --tokenizer: "" = one token per byte
+  bool escape = false;       // --escape: escaped output even when stdout is not a terminal
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 40;
   bool top_k_given = false;
+  double top_p = 1.0;
+  std::vector<std::string> stop_texts;  // --stop: escaped text of one token each
+  std::vector<int64_t> stop_ids;        // --stop-id
+  bool no_kv_cache = false;
   uint64_t seed = 1337;
   int threads = 0;  // 0: tessera's default (every core)
   std::string device = "cpu";
@@ -58,7 +67,8 @@ struct GenerateConfig {
 // The ranges of the number flags (flag_checks.h).
 constexpr int64_t kMaxNewTokens = int64_t{1} << 40;  // memory bounds it further (check_generation_length)
 constexpr double kMaxTemperature = 100.0;
-constexpr int64_t kMaxTopK = 65536;
+constexpr int64_t kMaxTopK = int64_t{1} << 20;  // above any vocabulary; the model's bounds it further
+constexpr int64_t kMaxTokenId = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kMaxThreads = 4096;
 
 // Returns the exit code when the program should stop (help, or a bad flag).
@@ -74,8 +84,15 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
   safetensors_flag->check(gpt::non_empty_path());
   auto* prompt_flag =
       app.add_option("--prompt", config.prompt, "Text to continue (its bytes are the tokens)")->default_str("\\n");
-  app.add_option("--prompt-file", config.prompt_file, "Continue the bytes of this file (any bytes, NUL included)")
+  auto* prompt_file_flag =
+      app.add_option("--prompt-file", config.prompt_file, "Continue the bytes of this file (any bytes, NUL included)")
+          ->excludes(prompt_flag)
+          ->check(gpt::non_empty_path());
+  app.add_option("--prompts-file", config.prompts_file,
+                 "A batch: one prompt a line, escaped as the output is (\\\\ for a backslash, \\xHH for any byte); "
+                 "prints one escaped line per prompt, in order")
       ->excludes(prompt_flag)
+      ->excludes(prompt_file_flag)
       ->check(gpt::non_empty_path());
   app.add_option("--tokenizer", config.tokenizer,
                  "The BPE tokenizer the model was trained with (train --tokenizer): encodes the prompt, decodes the "
@@ -84,14 +101,28 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
       ->default_str("bytes");
   app.add_flag("--escape", config.escape,
                "Escape the output (\\\\ and \\xHH) even when stdout is not a terminal; on a terminal it always is");
-  app.add_option("--max-new-tokens", config.max_new_tokens, "Tokens to sample")
+  app.add_option("--max-new-tokens", config.max_new_tokens, "Tokens to sample (per prompt)")
       ->check(gpt::integer_in(0, kMaxNewTokens));
   app.add_option("--temperature", config.temperature, "Softmax temperature (0 = greedy)")
       ->check(gpt::number_in(0.0, kMaxTemperature));
   auto* top_k_flag = app.add_option("--top-k", config.top_k, "Sample among the K most likely tokens (0 = all)")
                          ->check(gpt::integer_in(0, kMaxTopK))
                          ->default_str("40, at most the vocabulary");
-  app.add_option("--seed", config.seed, "Seed of the sampling draws")->check(gpt::any_uint64());
+  app.add_option("--top-p", config.top_p,
+                 "Nucleus sampling: of those, the fewest most likely tokens whose probability reaches P (1 = all)")
+      ->check(gpt::number_in(0.0, 1.0, /*min_exclusive=*/true));
+  app.add_option("--stop", config.stop_texts,
+                 "End a sequence when it samples this token (kept in the output): text of exactly one token, escaped "
+                 "as the output is (--stop '\\x0a' for a newline); repeatable")
+      ->default_str("none");
+  app.add_option("--stop-id", config.stop_ids, "End a sequence at this token id (kept in the output); repeatable")
+      ->check(gpt::integer_in(0, kMaxTokenId))
+      ->default_str("none");
+  app.add_flag("--no-kv-cache", config.no_kv_cache,
+               "Run the whole context through the model for every token instead of caching keys and values (the "
+               "reference the cache is checked against; slower)");
+  app.add_option("--seed", config.seed, "Seed of the sampling draws (prompt b of a batch draws from stream b)")
+      ->check(gpt::any_uint64());
   app.add_option("--threads", config.threads, "CPU threads (0 = all cores; 1 is fastest for tiny models)")
       ->check(gpt::integer_in(0, kMaxThreads));
   app.add_option("--device", config.device, "Where the model runs: cpu, or cuda (the SIMT simulator or the GPU, as built)")
@@ -115,46 +146,115 @@ void check_files(const GenerateConfig& config) {
   if (!config.checkpoint.empty()) roles.add_input("--ckpt", config.checkpoint);
   if (!config.safetensors.empty()) roles.add_input("--init-from", config.safetensors);
   if (!config.prompt_file.empty()) roles.add_input("--prompt-file", config.prompt_file);
+  if (!config.prompts_file.empty()) roles.add_input("--prompts-file", config.prompts_file);
   if (!config.tokenizer.empty()) roles.add_input("--tokenizer", config.tokenizer);
   roles.add_output_stream("standard output", STDOUT_FILENO);
   roles.check();
 }
 
-// The prompt's tokens: its bytes, or its BPE ids.
-std::vector<uint16_t> prompt_tokens(const std::string& text, std::optional<gpt::Tokenizer>& tokenizer) {
-  if (!tokenizer) return gpt::text_to_byte_tokens(text);
-  gpt::checked_token_vocab(*tokenizer);
-  const std::vector<uint32_t> ids = tokenizer->encode(text);
-  return std::vector<uint16_t>(ids.begin(), ids.end());  // every id < vocab_size() <= 65536
+// The tokens of some text: its bytes, or its BPE ids.
+std::vector<uint32_t> text_tokens(const std::string& text, std::optional<gpt::Tokenizer>& tokenizer) {
+  return tokenizer ? tokenizer->encode(text) : gpt::text_to_byte_tokens(text);
 }
 
-// The prompt's tokens, once the files and the length are proven usable
-// (before the model is loaded: a length whose buffers cannot fit is refused
-// at once). A refusal is a usage error.
-std::vector<uint16_t> checked_prompt(const GenerateConfig& config, std::optional<gpt::Tokenizer>& tokenizer) {
+// The prompts of --prompts-file: each line's bytes, unescaped (byte_text.h).
+// A final newline ends the last line; an empty line is refused.
+std::vector<std::string> prompts_of_file(const std::string& path) {
+  const std::string text = tessera::checkpoint::read_file_text(path);
+  std::vector<std::string> prompts;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    const std::string line = text.substr(begin, end - begin);
+    const size_t line_number = prompts.size() + 1;
+    TESSERA_CHECK(!line.empty(), "--prompts-file {}: line {} is empty (every prompt needs a token)", path,
+                  line_number);
+    try {
+      prompts.push_back(gpt::printable_to_bytes(line));
+    } catch (const tessera::Error& error) {
+      tessera::fail("--prompts-file {}: line {}: {}", path, line_number, error.what());
+    }
+    begin = end + 1;
+  }
+  TESSERA_CHECK(!prompts.empty(), "--prompts-file {} holds no prompt", path);
+  return prompts;
+}
+
+// The stop tokens: each --stop text encodes to exactly one token.
+std::vector<uint32_t> stop_tokens(const GenerateConfig& config, std::optional<gpt::Tokenizer>& tokenizer) {
+  std::vector<uint32_t> tokens(config.stop_ids.begin(), config.stop_ids.end());
+  for (const std::string& escaped : config.stop_texts) {
+    const std::vector<uint32_t> ids = text_tokens(gpt::printable_to_bytes(escaped), tokenizer);
+    TESSERA_CHECK(ids.size() == 1,
+                  "--stop '{}' is {} tokens {}, not one (a stop is a single token: give its text as the tokenizer "
+                  "splits it, or its id with --stop-id)",
+                  escaped, ids.size(), ids);
+    tokens.push_back(ids.front());
+  }
+  return tokens;
+}
+
+// What the command line asks for, once the files and the length are proven
+// usable (before the model is loaded: a length whose buffers cannot fit is
+// refused at once). A refusal is a usage error.
+struct GenerationRequest {
+  std::vector<std::vector<uint32_t>> prompts;
+  std::vector<uint32_t> stop_tokens;
+};
+
+GenerationRequest checked_request(const GenerateConfig& config, std::optional<gpt::Tokenizer>& tokenizer) {
   try {
     check_files(config);
     if (!config.tokenizer.empty()) tokenizer.emplace(gpt::Tokenizer::load(config.tokenizer));
-    const std::vector<uint16_t> prompt = prompt_tokens(
-        config.prompt_file.empty() ? config.prompt : tessera::checkpoint::read_file_text(config.prompt_file),
-        tokenizer);
-    gpt::check_generation_length(static_cast<int64_t>(prompt.size()), config.max_new_tokens,
-                                 gpt::machine_resources());
-    return prompt;
+    std::vector<std::string> texts;
+    if (!config.prompts_file.empty()) {
+      texts = prompts_of_file(config.prompts_file);
+    } else {
+      texts.push_back(config.prompt_file.empty() ? config.prompt
+                                                 : tessera::checkpoint::read_file_text(config.prompt_file));
+    }
+    GenerationRequest request;
+    int64_t prompt_tokens = 0;
+    for (const std::string& text : texts) {
+      request.prompts.push_back(text_tokens(text, tokenizer));
+      prompt_tokens += static_cast<int64_t>(request.prompts.back().size());
+    }
+    request.stop_tokens = stop_tokens(config, tokenizer);
+    gpt::check_generation_length(prompt_tokens, config.max_new_tokens, gpt::machine_resources(),
+                                 static_cast<int64_t>(texts.size()));
+    return request;
   } catch (const tessera::Error& error) {
     throw gpt::UsageError(error.what());
   }
 }
 
 // The bytes the tokens stand for.
-std::string output_bytes(const std::vector<uint16_t>& tokens, const std::optional<gpt::Tokenizer>& tokenizer) {
+std::string output_bytes(const std::vector<uint32_t>& tokens, const std::optional<gpt::Tokenizer>& tokenizer) {
   if (!tokenizer) return gpt::byte_tokens_to_bytes(tokens);
-  return tokenizer->decode(std::vector<uint32_t>(tokens.begin(), tokens.end()));
+  return tokenizer->decode(tokens);
+}
+
+// One prompt: its bytes as they are, or escaped; a batch: one escaped line per sequence.
+void write_output(const std::vector<gpt::GeneratedSequence>& sequences, const std::optional<gpt::Tokenizer>& tokenizer,
+                  const GenerateConfig& config) {
+  const bool escaped = config.escape || ::isatty(STDOUT_FILENO) == 1;
+  if (config.prompts_file.empty()) {
+    const std::string bytes = output_bytes(sequences.front().tokens, tokenizer);
+    std::cout << (escaped ? gpt::bytes_to_printable(bytes) + '\n' : bytes);
+  } else {
+    for (const gpt::GeneratedSequence& sequence : sequences) {
+      std::string line = gpt::bytes_to_printable(output_bytes(sequence.tokens, tokenizer));
+      for (size_t at = line.find('\n'); at != std::string::npos; at = line.find('\n', at)) line.replace(at, 1, "\\x0a");
+      std::cout << line << '\n';
+    }
+  }
+  std::cout << std::flush;
+  TESSERA_CHECK(std::cout.good(), "writing the text to standard output failed");
 }
 
 int run(const GenerateConfig& config) {
   std::optional<gpt::Tokenizer> tokenizer;
-  const std::vector<uint16_t> prompt = checked_prompt(config, tokenizer);
+  const GenerationRequest request = checked_request(config, tokenizer);
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const tessera::Device device = tessera::Device::parse(config.device);
   const std::string device_description = tessera::describe_device(device);  // a build without cuda refuses here
@@ -173,30 +273,38 @@ int run(const GenerateConfig& config) {
                   "other tokens needs their tokenizer (--tokenizer)",
                   loaded.source, vocab_size, gpt::kByteVocab);
   }
+  for (const uint32_t token : request.stop_tokens) {
+    if (token >= vocab_size) {
+      throw gpt::UsageError(fmt::format("--stop-id {}: the model's vocabulary is [0, {})", token, vocab_size));
+    }
+  }
 
-  gpt::SamplingOptions options;
-  options.temperature = config.temperature;
-  options.top_k = config.top_k_given ? config.top_k : std::min(config.top_k, vocab_size);
-  options.key = tessera::PhiloxKey{config.seed, 0};
+  gpt::GenerationOptions options;
+  options.max_new_tokens = config.max_new_tokens;
+  options.sampling.temperature = config.temperature;
+  options.sampling.top_k = config.top_k_given ? config.top_k : std::min(config.top_k, vocab_size);
+  options.sampling.top_p = config.top_p;
+  options.sampling.key = tessera::PhiloxKey{config.seed, 0};
+  options.stop_tokens = request.stop_tokens;
+  options.kv_cache = !config.no_kv_cache;
 
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<uint16_t> tokens =
-      gpt::generate_tokens(*loaded.model, prompt, config.max_new_tokens, options);
+  const std::vector<gpt::GeneratedSequence> sequences = gpt::generate(*loaded.model, request.prompts, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  write_output(sequences, tokenizer, config);
 
-  const std::string bytes = output_bytes(tokens, tokenizer);
-  if (config.escape || ::isatty(STDOUT_FILENO) == 1) {
-    std::cout << gpt::bytes_to_printable(bytes) << '\n';
-  } else {
-    std::cout << bytes;
+  int64_t new_tokens = 0;
+  for (const gpt::GeneratedSequence& sequence : sequences) {
+    new_tokens += static_cast<int64_t>(sequence.tokens.size()) - sequence.prompt_length;
   }
-  std::cout << std::flush;
-  TESSERA_CHECK(std::cout.good(), "writing the text to standard output failed");
   const std::string step = loaded.step ? fmt::format("step {}", *loaded.step) : "step unknown";
-  std::cerr << fmt::format("generate: {} ({}, {:.3f} M parameters) on {}: {} tokens in {:.2f} s, {:.1f} tokens/s\n",
-                           loaded.source, step, static_cast<double>(gpt::num_parameters(loaded.config)) / 1e6,
-                           device_description, config.max_new_tokens, seconds,
-                           seconds > 0.0 ? static_cast<double>(config.max_new_tokens) / seconds : 0.0);
+  const std::string batch =
+      sequences.size() > 1 ? fmt::format(" for {} prompts", sequences.size()) : std::string();
+  std::cerr << fmt::format(
+      "generate: {} ({}, {:.3f} M parameters) on {}: {} tokens{} in {:.2f} s, {:.1f} tokens/s ({})\n", loaded.source,
+      step, static_cast<double>(gpt::num_parameters(loaded.config)) / 1e6, device_description, new_tokens, batch,
+      seconds, seconds > 0.0 ? static_cast<double>(new_tokens) / seconds : 0.0,
+      options.kv_cache ? "KV cache" : "no KV cache");
   return 0;
 }
 
@@ -205,6 +313,11 @@ int run(const GenerateConfig& config) {
 int main(int argc, char** argv) {
   GenerateConfig config;
   if (auto exit_code = parse_command_line(argc, argv, config)) return *exit_code;
+  // A Hugging Face model directory's own tokenizer, unless --tokenizer names one.
+  if (config.tokenizer.empty() && !config.safetensors.empty() && gpt::is_hf_model_dir(config.safetensors) &&
+      gpt::holds_tokenizer(config.safetensors)) {
+    config.tokenizer = config.safetensors;
+  }
   try {
     return run(config);
   } catch (const gpt::UsageError& error) {

@@ -424,22 +424,28 @@ std::string describe_memory(const RankMemoryEstimate& estimate, int ranks_on_mac
 
 // ---- generation ------------------------------------------------------------------------------------------
 
-int64_t max_new_tokens_allowed(int64_t prompt_tokens, const MachineResources& machine) {
+int64_t max_new_tokens_allowed(int64_t prompt_tokens, const MachineResources& machine, int64_t sequences) {
   const double budget = machine.available_memory_bytes
                             ? kGenerateMemoryFraction * static_cast<double>(*machine.available_memory_bytes)
                             : static_cast<double>(std::numeric_limits<int64_t>::max());
-  const double tokens = std::floor(budget / kGenerateBytesPerToken) - static_cast<double>(prompt_tokens);
-  return tokens <= 0.0 ? 0 : static_cast<int64_t>(tokens);
+  const double tokens = std::floor(
+      (std::floor(budget / kGenerateBytesPerToken) - static_cast<double>(prompt_tokens)) /
+      static_cast<double>(std::max<int64_t>(sequences, 1)));
+  return tokens <= 0.0 ? 0 : static_cast<int64_t>(std::min(tokens, 9.2e18));
 }
 
-void check_generation_length(int64_t prompt_tokens, int64_t max_new_tokens, const MachineResources& machine) {
-  const int64_t allowed = max_new_tokens_allowed(prompt_tokens, machine);
-  const double bytes =
-      (static_cast<double>(max_new_tokens) + static_cast<double>(prompt_tokens)) * kGenerateBytesPerToken;
+void check_generation_length(int64_t prompt_tokens, int64_t max_new_tokens, const MachineResources& machine,
+                             int64_t sequences) {
+  const int64_t allowed = max_new_tokens_allowed(prompt_tokens, machine, sequences);
+  const double bytes = (static_cast<double>(max_new_tokens) * static_cast<double>(std::max<int64_t>(sequences, 1)) +
+                        static_cast<double>(prompt_tokens)) *
+                       kGenerateBytesPerToken;
   TESSERA_CHECK(max_new_tokens <= allowed,
-                "--max-new-tokens {}: the tokens and their printed text need about {} ({} bytes a token), more than "
+                "--max-new-tokens {}: the tokens and their printed text need about {} ({} bytes a token{}), more than "
                 "{:.0f}% of the {} this machine has available ({}); this machine allows at most --max-new-tokens {}",
-                max_new_tokens, bytes_text(capped(bytes)), kGenerateBytesPerToken, 100.0 * kGenerateMemoryFraction,
+                max_new_tokens, bytes_text(capped(bytes)), kGenerateBytesPerToken,
+                sequences > 1 ? fmt::format(", {} sequences", sequences) : std::string(),
+                100.0 * kGenerateMemoryFraction,
                 machine.available_memory_bytes ? bytes_text(*machine.available_memory_bytes) : std::string("memory"),
                 machine.memory_source, allowed);
 }

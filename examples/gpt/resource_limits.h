@@ -94,18 +94,20 @@ std::string describe_memory(const RankMemoryEstimate& estimate, int ranks_on_mac
 
 // ---- generation ------------------------------------------------------------------------------------
 
-// generate holds every token (uint16) and then prints them as text, up to 4
+// generate holds every token (uint32) and then prints them as text, up to 4
 // bytes a token (\xHH for a byte that is not printable).
-inline constexpr int64_t kGenerateBytesPerToken = 6;
+inline constexpr int64_t kGenerateBytesPerToken = 8;
 // The share of the available memory those buffers may take; the model and
 // its activations need the rest.
 inline constexpr double kGenerateMemoryFraction = 0.5;
 
 // The largest --max-new-tokens whose buffers fit kGenerateMemoryFraction of
-// the available memory after a prompt of `prompt_tokens`.
-int64_t max_new_tokens_allowed(int64_t prompt_tokens, const MachineResources& machine);
+// the available memory after prompts of `prompt_tokens` in all, each of the
+// `sequences` prompts continued by that many tokens.
+int64_t max_new_tokens_allowed(int64_t prompt_tokens, const MachineResources& machine, int64_t sequences = 1);
 // Throws tessera::Error naming --max-new-tokens, its bytes and the largest
 // value this machine allows, when max_new_tokens is above that.
-void check_generation_length(int64_t prompt_tokens, int64_t max_new_tokens, const MachineResources& machine);
+void check_generation_length(int64_t prompt_tokens, int64_t max_new_tokens, const MachineResources& machine,
+                             int64_t sequences = 1);
 
 }  // namespace gpt

@@ -16,7 +16,8 @@
 namespace gpt {
 
 // tokenizer.vocab_size(), once checked to fit the uint16 tokens of TokenData
-// and `generate` (kMaxTokenVocab); throws tessera::Error naming the tokenizer.
+// (kMaxTokenVocab; `generate` holds uint32 tokens); throws tessera::Error
+// naming the tokenizer.
 int64_t checked_token_vocab(const Tokenizer& tokenizer);
 
 // The cache file of `text` under `tokenizer` in `directory`.

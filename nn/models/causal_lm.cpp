@@ -2,6 +2,7 @@
 #include "nn/models/causal_lm.h"
 
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
 
 namespace tessera::nn {
 
@@ -28,6 +29,35 @@ Tensor CausalLM::forward_inputs(const TensorList& inputs) {
   // The padded columns go into the loss as padding, not through a narrow: its
   // backward would write a second [B*T, Vp] gradient.
   return tessera::cross_entropy(tessera::view(scores, {B * T, padded}), tessera::reshape(targets, {B * T}), -100, V);
+}
+
+KVCache CausalLM::make_kv_cache(int64_t batch, int64_t capacity, std::vector<int64_t> padding) const {
+  const std::vector<std::shared_ptr<Parameter>> params = parameters();
+  TESSERA_CHECK(!params.empty(), "{}: make_kv_cache needs the model's parameters (none)", type_name());
+  return KVCache(kv_cache_layout(), batch, capacity, params.front()->tensor().device(), std::move(padding));
+}
+
+Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache, CachedLogits which) {
+  check_no_forward_hooks(*this, fmt::format("{}::forward_cached", type_name()));
+  TESSERA_CHECK(idx.defined() && idx.dim() == 2 && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32),
+                "{}::forward_cached: idx must be [B, T] i32/i64, got {} {}", type_name(),
+                idx.defined() ? idx.sizes() : Shape{}, idx.defined() ? dtype_name(idx.dtype()) : "undefined");
+  TESSERA_CHECK(cache.layout() == kv_cache_layout(),
+                "{}::forward_cached: the cache holds {} layers of {} kv heads x {} ({}), the model needs {} of {} x {} "
+                "({}): a cache of another model",
+                type_name(), cache.layout().num_layers, cache.layout().num_kv_heads, cache.layout().head_dim,
+                dtype_name(cache.layout().dtype), kv_cache_layout().num_layers, kv_cache_layout().num_kv_heads,
+                kv_cache_layout().head_dim, dtype_name(kv_cache_layout().dtype));
+  TESSERA_CHECK(idx.size(0) == cache.batch(), "{}::forward_cached: idx has {} sequences, the cache {}", type_name(),
+                idx.size(0), cache.batch());
+  TESSERA_CHECK(idx.device() == cache.device(), "{}::forward_cached: idx is on {}, the cache on {}", type_name(),
+                idx.device().str(), cache.device().str());
+  autograd::NoGradGuard no_grad;
+  const CachedStep step = cache.begin_step(idx.size(1), block_size());
+  const Tensor scores = cached_logits(idx, cache, step, which == CachedLogits::last);  // [B, T or 1, Vp]
+  cache.advance(step);
+  const int64_t V = vocab_size();
+  return padded_vocab_size() == V ? scores : tessera::narrow(scores, 2, 0, V);
 }
 
 }  // namespace tessera::nn

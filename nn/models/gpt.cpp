@@ -56,4 +56,20 @@ Tensor GPT::logits(const Tensor& idx) {
   return (*lm_head_)(x);
 }
 
+KVCacheLayout GPT::kv_cache_layout() const {
+  return {.num_layers = config_.n_layer,
+          .num_kv_heads = config_.n_head,
+          .head_dim = config_.n_embd / config_.n_head,
+          .dtype = config_.dtype};
+}
+
+Tensor GPT::cached_logits(const Tensor& idx, KVCache& cache, const CachedStep& step, bool last_only) {
+  // [B, T, C] + [B, T, C]: each token's embedding at its own position.
+  Tensor x = tessera::add((*wte_)(idx), (*wpe_)(step.positions));
+  x = (*drop_)(x);
+  for (int64_t i = 0; i < config_.n_layer; ++i) x = block(i).forward_cached(x, cache, i, step);
+  if (last_only) x = tessera::narrow(x, 1, x.size(1) - 1, 1);  // [B, 1, C]
+  return (*lm_head_)((*ln_f_)(x));
+}
+
 }  // namespace tessera::nn

@@ -3,6 +3,8 @@
 //   -> logits = lm_head(x) = x @ wte^T: [B, T, Vp]  (lm_head is a TiedLinear
 //      holding wte's Parameter: no copy, and the tie is visible to fsdp)
 //   loss = cross_entropy(logits: [B*T, Vp], targets: [B*T], V classes)   (nn::CausalLM)
+// forward_cached (nn::CausalLM): wpe at the new tokens' positions, each
+// block's attention over its layer of the KVCache.
 // Vp = config.padded_vocab_size(): wte's rows past V are zero padding that
 // only aligns the head's GEMMs (GPTConfig::vocab_padding_multiple).
 // Parameter names: wte.weight, wpe.weight, blocks.{i}.{ln1,attn.qkv,attn.proj,
@@ -36,6 +38,7 @@ class GPT : public CausalLM {
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t padded_vocab_size() const override { return config_.padded_vocab_size(); }
   int64_t block_size() const override { return config_.block_size; }
+  KVCacheLayout kv_cache_layout() const override;
   Embedding& wte() const { return *wte_; }
   Embedding& wpe() const { return *wpe_; }
   TransformerBlock& block(int64_t index) const;
@@ -44,6 +47,7 @@ class GPT : public CausalLM {
 
  protected:
   Tensor logits(const Tensor& idx) override;
+  Tensor cached_logits(const Tensor& idx, KVCache& cache, const CachedStep& step, bool last_only) override;
 
  private:
   GPTConfig config_;

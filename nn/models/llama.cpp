@@ -38,6 +38,12 @@ Tensor LlamaBlock::forward(const Tensor& x) {
   return tessera::add(h, (*feed_forward_)((*ffn_norm_)(h)));
 }
 
+Tensor LlamaBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step) {
+  check_no_forward_hooks(*this, "LlamaBlock::forward_cached");
+  const Tensor h = tessera::add(x, attention_->forward_cached((*attention_norm_)(x), cache, layer, step));
+  return tessera::add(h, (*feed_forward_)((*ffn_norm_)(h)));
+}
+
 Llama::Llama(const LlamaConfig& config, Device device) : CausalLM("Llama"), config_(config) {
   config_.validate();
   tok_embeddings_ = register_module(
@@ -67,6 +73,20 @@ Tensor Llama::logits(const Tensor& idx) {
   Tensor x = (*tok_embeddings_)(idx);  // [B, T, C]
   for (const auto& block : *layers_) x = (*block)(x);
   return (*output_)((*norm_)(x));  // [B, T, V]
+}
+
+KVCacheLayout Llama::kv_cache_layout() const {
+  return {.num_layers = config_.n_layer,
+          .num_kv_heads = config_.n_kv_head,
+          .head_dim = config_.head_dim(),
+          .dtype = config_.dtype};
+}
+
+Tensor Llama::cached_logits(const Tensor& idx, KVCache& cache, const CachedStep& step, bool last_only) {
+  Tensor x = (*tok_embeddings_)(idx);  // [B, T, C]
+  for (int64_t i = 0; i < config_.n_layer; ++i) x = layer(i).forward_cached(x, cache, i, step);
+  if (last_only) x = tessera::narrow(x, 1, x.size(1) - 1, 1);  // [B, 1, C]
+  return (*output_)((*norm_)(x));  // [B, T or 1, V]
 }
 
 }  // namespace tessera::nn

@@ -9,6 +9,8 @@
 //   tok_embeddings.weight, layers.{i}.attention_norm.weight,
 //   layers.{i}.attention.{wq,wk,wv,wo}.weight, layers.{i}.ffn_norm.weight,
 //   layers.{i}.feed_forward.{w1,w2,w3}.weight, norm.weight, output.weight.
+// forward_cached (nn::CausalLM): RoPE at the new tokens' positions, each
+// layer's attention over its layer of the KVCache (Hkv heads).
 // Each attention holds its RoPE tables (non-persistent buffers, rebuilt by
 // to_empty), so a block is a self-contained FSDP unit.
 // Init (torchtitan's choices, untruncated): tok_embeddings N(0, 1); wq, wk,
@@ -35,6 +37,9 @@ class LlamaBlock : public Module {
 
   // x: [B, T, C] -> [B, T, C]
   Tensor forward(const Tensor& x) override;
+  // The same for a KVCache step's new tokens, attention over layer `layer`
+  // of the cache (nn/kv_cache.h).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const CachedStep& step);
 
   RMSNorm& attention_norm() const { return *attention_norm_; }
   GroupedQueryAttention& attention() const { return *attention_; }
@@ -59,6 +64,7 @@ class Llama : public CausalLM {
   ModuleList& blocks() const override { return *layers_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t block_size() const override { return config_.block_size; }
+  KVCacheLayout kv_cache_layout() const override;
   Embedding& tok_embeddings() const { return *tok_embeddings_; }
   LlamaBlock& layer(int64_t index) const;
   RMSNorm& norm() const { return *norm_; }
@@ -66,6 +72,7 @@ class Llama : public CausalLM {
 
  protected:
   Tensor logits(const Tensor& idx) override;
+  Tensor cached_logits(const Tensor& idx, KVCache& cache, const CachedStep& step, bool last_only) override;
 
  private:
   LlamaConfig config_;

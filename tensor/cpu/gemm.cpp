@@ -5,10 +5,12 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <string_view>
+#include <type_traits>
 
 #include "tensor/error.h"
 #include "tensor/gemm_backend.h"
@@ -131,6 +133,42 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b
                 out, N);
   }
 }
+
+// One row of output (m == 1) or one column (n == 1) as a matrix-vector
+// product: OpenBLAS's GEMM (0.3.21) packs the whole matrix operand first,
+// which for x @ W^T with one row x (a decoding step: every linear layer) costs
+// more than the product, where GEMV streams W once. Eigen's product takes
+// the same turn by itself.
+template <typename T>
+void blas_gemv(int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* out) {
+  const auto run = [out](CBLAS_TRANSPOSE trans, int64_t rows, int64_t cols, const T* matrix, int64_t leading,
+                         const T* x, int64_t x_stride) {
+    const int R = static_cast<int>(rows), C = static_cast<int>(cols), ld = static_cast<int>(std::max(leading, cols));
+    const int incx = static_cast<int>(x_stride);
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemv(CblasRowMajor, trans, R, C, 1.0f, matrix, ld, x, incx, 0.0f, out, 1);
+    } else {
+      cblas_dgemv(CblasRowMajor, trans, R, C, 1.0, matrix, ld, x, incx, 0.0, out, 1);
+    }
+  };
+  if (m == 1) {
+    // out [n] = b^T x, x = a's one row. b column-major [k, n] is W [n, k] row-major.
+    const int64_t x_stride = a.col_major ? a.leading : 1;
+    if (b.col_major) {
+      run(CblasNoTrans, n, k, b.data, b.leading, a.data, x_stride);
+    } else {
+      run(CblasTrans, k, n, b.data, b.leading, a.data, x_stride);
+    }
+  } else {
+    // out [m] = a x, x = b's one column. a column-major [m, k] is a row-major [k, m].
+    const int64_t x_stride = b.col_major ? 1 : b.leading;
+    if (a.col_major) {
+      run(CblasTrans, k, m, a.data, a.leading, b.data, x_stride);
+    } else {
+      run(CblasNoTrans, m, k, a.data, a.leading, b.data, x_stride);
+    }
+  }
+}
 #endif
 
 }  // namespace
@@ -139,7 +177,11 @@ template <typename T>
 void gemm(GemmBackend backend, int64_t m, int64_t n, int64_t k, GemmMatrix<T> a, GemmMatrix<T> b, T* out) {
 #if TESSERA_HAVE_BLAS
   if (backend == GemmBackend::blas && fits_blas_int(m, n, k, a.leading, b.leading)) {
-    blas_gemm(m, n, k, a, b, out);
+    if (m == 1 || n == 1) {
+      blas_gemv(m, n, k, a, b, out);
+    } else {
+      blas_gemm(m, n, k, a, b, out);
+    }
     return;
   }
 #endif

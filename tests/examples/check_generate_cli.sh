@@ -12,7 +12,7 @@ missing=/nonexistent/tessera-checkpoint
 program=$generate
 source "$(dirname "$0")/expect_failure.sh"
 
-# The issue's case: 99999999999 tokens need ~559 GiB (this fails only where
+# The issue's case: 99999999999 tokens need ~745 GiB (this fails only where
 # more than twice that is available).
 expect_failure "--max-new-tokens 99999999999: the tokens and their printed text need about" \
   --max-new-tokens 99999999999 --ckpt "$missing"
@@ -21,7 +21,9 @@ expect_failure "--temperature: must be a finite number, got inf" --temperature i
 expect_failure "--temperature: must be a finite number, got nan" --temperature nan --ckpt "$missing"
 expect_failure "--top-k: 'inf' is not an integer" --top-k inf --ckpt "$missing"
 expect_failure "--temperature: must be in [0, 100], got -1" --temperature -1 --ckpt "$missing"
-expect_failure "--top-k: must be in [0, 65536], got 99999999999" --top-k 99999999999 --ckpt "$missing"
+expect_failure "--top-k: must be in [0, 1048576], got 99999999999" --top-k 99999999999 --ckpt "$missing"
+expect_failure "--top-p: must be a finite number, got nan" --top-p nan --ckpt "$missing"
+expect_failure "--stop-id: must be in [0, 4294967295], got -1" --stop-id -1 --ckpt "$missing"
 expect_failure "--max-new-tokens: must be in [0, 1099511627776], got 9223372036854775807" \
   --max-new-tokens 9223372036854775807 --ckpt "$missing"
 

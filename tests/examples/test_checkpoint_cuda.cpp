@@ -22,8 +22,8 @@
 #include "checkpoint/checkpoint_manager.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "examples/gpt/generation.h"
 #include "examples/gpt/model_loader.h"
-#include "examples/gpt/sampling.h"
 #include "examples/gpt/train_config.h"
 #include "examples/gpt/trainer.h"
 #include "examples/gpt/training_run.h"
@@ -219,14 +219,14 @@ TEST_CASE("an export of a cuda run starts a cpu run and a cuda run (--init-from)
   }
 
   // generate --device cuda: the export loaded, moved to the device, greedy tokens as on the cpu.
-  const std::vector<uint16_t> prompt = {'T', 'h', 'e'};
-  gpt::SamplingOptions greedy;
-  greedy.temperature = 0.0;
-  std::vector<std::vector<uint16_t>> tokens;
+  const std::vector<uint32_t> prompt = {'T', 'h', 'e'};
+  gpt::GenerationOptions greedy{.max_new_tokens = 8};
+  greedy.sampling.temperature = 0.0;
+  std::vector<std::vector<uint32_t>> tokens;
   for (const tessera::Device device : {tessera::kCPU, kCuda}) {
     const gpt::LoadedModel loaded = gpt::load_model_from_safetensors(exported);
     loaded.model->to(device);
-    tokens.push_back(gpt::generate_tokens(*loaded.model, prompt, 8, greedy));
+    tokens.push_back(gpt::generate(*loaded.model, {prompt}, greedy).front().tokens);
   }
   CHECK(tokens[1].size() == prompt.size() + 8);
   CHECK(tokens[1] == tokens[0]);

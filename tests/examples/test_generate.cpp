@@ -1,8 +1,9 @@
 // The GPT example's `generate` side: the model config's JSON form round-trips
 // and rejects every malformed field with the source and field named; sampling
 // is greedy at temperature 0, never leaves the top k, matches the softmax
-// frequencies at any temperature and depends only on (key, draw); generation
-// crops its context to block_size; byte tokens print safely; and a model
+// frequencies at any temperature, cuts to the top-p nucleus and depends only
+// on (key, draw); generation crops its context to block_size, takes uint32
+// tokens and refuses bad inputs; byte tokens print safely; and a model
 // comes back bit for bit from a checkpoint saved on 3 FSDP ranks or from a
 // .safetensors file. A Llama's config JSON names its family, and a Llama
 // trained on 2 FSDP ranks comes back from its checkpoint and its export as a
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "autograd/grad_mode.h"
@@ -23,6 +25,7 @@
 #include "examples/gpt/byte_text.h"
 #include "examples/gpt/config_json.h"
 #include "examples/gpt/model_loader.h"
+#include "examples/gpt/generation.h"
 #include "examples/gpt/sampling.h"
 #include "examples/gpt/trainer.h"
 #include "nn/models/gpt.h"
@@ -76,6 +79,11 @@ Tensor logits_of(const std::vector<float>& values) {
   return tessera::ops::from_vector(values, {static_cast<int64_t>(values.size())});
 }
 
+// sample_token with no top-p cut.
+int64_t sample(const Tensor& row, double temperature, int64_t top_k, PhiloxKey key, uint64_t draw) {
+  return gpt::sample_token(row, {.temperature = temperature, .top_k = top_k, .key = key}, draw);
+}
+
 // softmax(logits / temperature) over the k largest logits (no ties in the tests).
 std::vector<double> expected_probabilities(const std::vector<float>& logits, double temperature, int64_t k) {
   std::vector<float> sorted = logits;
@@ -98,7 +106,7 @@ std::vector<double> sampled_frequencies(const std::vector<float>& logits, double
   std::vector<double> frequencies(logits.size(), 0.0);
   int out_of_range = 0;
   for (int draw = 0; draw < draws; ++draw) {
-    const int64_t token = gpt::sample_token(row, temperature, top_k, key, static_cast<uint64_t>(draw));
+    const int64_t token = sample(row, temperature, top_k, key, static_cast<uint64_t>(draw));
     if (token < 0 || token >= static_cast<int64_t>(logits.size())) {
       ++out_of_range;
       continue;
@@ -107,6 +115,12 @@ std::vector<double> sampled_frequencies(const std::vector<float>& logits, double
   }
   CHECK(out_of_range == 0);
   return frequencies;
+}
+
+// One prompt's tokens and continuation (generation.h).
+std::vector<uint32_t> continue_prompt(tessera::nn::CausalLM& model, const std::vector<uint32_t>& prompt,
+                                      int64_t max_new_tokens, const gpt::SamplingOptions& sampling) {
+  return gpt::generate(model, {prompt}, {.max_new_tokens = max_new_tokens, .sampling = sampling}).front().tokens;
 }
 
 // 10 logits, all distinct, largest at index 6.
@@ -121,12 +135,12 @@ std::unique_ptr<tessera::nn::GPT> seeded_model(const GPTConfig& config, uint64_t
 }
 
 // The greedy next token of `model` after `context`, computed directly.
-uint16_t greedy_next(tessera::nn::CausalLM& model, const std::vector<uint16_t>& context) {
+uint32_t greedy_next(tessera::nn::CausalLM& model, const std::vector<uint32_t>& context) {
   tessera::autograd::NoGradGuard no_grad;
   const std::vector<int64_t> idx(context.begin(), context.end());
   const Tensor logits = model(tessera::ops::from_vector(idx, {1, static_cast<int64_t>(idx.size())}));
   const Tensor last = tessera::ops::select(tessera::ops::select(logits, 0, 0), 0, static_cast<int64_t>(idx.size()) - 1);
-  return static_cast<uint16_t>(tessera::ops::argmax(last, 0).item<int64_t>());
+  return static_cast<uint32_t>(tessera::ops::argmax(last, 0).item<int64_t>());
 }
 
 // Every parameter of `a` equals `b`'s bit for bit; returns how many were compared.
@@ -314,24 +328,24 @@ TEST_CASE("train config JSON records the run's settings") {
 TEST_CASE("sample_token: temperature 0 is the argmax, and top_k = 1 is too") {
   const Tensor row = logits_of(kLogits);
   for (uint64_t draw = 0; draw < 50; ++draw) {
-    CHECK(gpt::sample_token(row, 0.0, 0, PhiloxKey{draw, 1}, draw) == 6);
-    CHECK(gpt::sample_token(row, 0.0, 3, PhiloxKey{draw, 1}, draw) == 6);
-    CHECK(gpt::sample_token(row, 1.0, 1, PhiloxKey{draw, 1}, draw) == 6);
-    CHECK(gpt::sample_token(row, 50.0, 1, PhiloxKey{draw, 1}, draw) == 6);
+    CHECK(sample(row, 0.0, 0, PhiloxKey{draw, 1}, draw) == 6);
+    CHECK(sample(row, 0.0, 3, PhiloxKey{draw, 1}, draw) == 6);
+    CHECK(sample(row, 1.0, 1, PhiloxKey{draw, 1}, draw) == 6);
+    CHECK(sample(row, 50.0, 1, PhiloxKey{draw, 1}, draw) == 6);
   }
   // Equal maxima: the lowest index, both ways.
   const Tensor tied = logits_of({1.0f, 3.0f, -2.0f, 3.0f});
-  CHECK(gpt::sample_token(tied, 0.0, 0, PhiloxKey{}, 0) == 1);
-  for (uint64_t draw = 0; draw < 20; ++draw) CHECK(gpt::sample_token(tied, 1.0, 1, PhiloxKey{}, draw) == 1);
+  CHECK(sample(tied, 0.0, 0, PhiloxKey{}, 0) == 1);
+  for (uint64_t draw = 0; draw < 20; ++draw) CHECK(sample(tied, 1.0, 1, PhiloxKey{}, draw) == 1);
   // Random rows: top_k = 1 at any temperature is the argmax.
   for (uint64_t trial = 0; trial < 20; ++trial) {
     const Tensor random_row = tessera::ops::randn({37}, PhiloxKey{trial, 9});
     const int64_t argmax = tessera::ops::argmax(random_row, 0).item<int64_t>();
-    CHECK(gpt::sample_token(random_row, 0.0, 0, PhiloxKey{trial, 2}, trial) == argmax);
-    CHECK(gpt::sample_token(random_row, 0.7, 1, PhiloxKey{trial, 2}, trial) == argmax);
+    CHECK(sample(random_row, 0.0, 0, PhiloxKey{trial, 2}, trial) == argmax);
+    CHECK(sample(random_row, 0.7, 1, PhiloxKey{trial, 2}, trial) == argmax);
   }
   // Other floating dtypes are read as they are.
-  CHECK(gpt::sample_token(tessera::ops::to(row, tessera::DType::bf16), 0.0, 0, PhiloxKey{}, 0) == 6);
+  CHECK(sample(tessera::ops::to(row, tessera::DType::bf16), 0.0, 0, PhiloxKey{}, 0) == 6);
 }
 
 TEST_CASE("sample_token: top-k sampling never leaves the top k and matches softmax frequencies") {
@@ -380,16 +394,87 @@ TEST_CASE("sample_token: the temperature scales the logits before the softmax") 
   CHECK(hot < 0.25);
 }
 
+// softmax(logits / temperature) over the top-p nucleus of the k largest
+// logits: the fewest most likely whose probabilities reach top_p.
+std::vector<double> nucleus_probabilities(const std::vector<float>& logits, double temperature, int64_t k,
+                                          double top_p) {
+  std::vector<double> probabilities = expected_probabilities(logits, temperature, k);
+  std::vector<size_t> order(logits.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return probabilities[a] > probabilities[b]; });
+  double kept = 0.0;  // the probability of the tokens before the next one
+  for (const size_t i : order) {
+    if (kept >= top_p) {
+      probabilities[i] = 0.0;
+    } else {
+      kept += probabilities[i];
+    }
+  }
+  for (double& p : probabilities) p /= kept;
+  return probabilities;
+}
+
+TEST_CASE("sample_token: top-p keeps the fewest most likely tokens whose probability reaches p") {
+  // softmax(kLogits) sorted: 0.383 (6), 0.210 (4), 0.156 (8), 0.085 (2), 0.070 (7), ...
+  const Tensor row = logits_of(kLogits);
+  auto sample_top_p = [&](double temperature, int64_t top_k, double top_p, uint64_t draw) {
+    return gpt::sample_token(row, {.temperature = temperature, .top_k = top_k, .top_p = top_p, .key = {8, 2}}, draw);
+  };
+  // p at most the largest probability: only the argmax, at any temperature.
+  for (uint64_t draw = 0; draw < 200; ++draw) {
+    CHECK(sample_top_p(1.0, 0, 0.3, draw) == 6);
+    CHECK(sample_top_p(1.0, 0, 1e-9, draw) == 6);
+  }
+  // Just past the first: the top two, nothing else.
+  std::set<int64_t> chosen;
+  for (uint64_t draw = 0; draw < 500; ++draw) chosen.insert(sample_top_p(1.0, 0, 0.4, draw));
+  CHECK(chosen == std::set<int64_t>{4, 6});
+  // The frequencies are the renormalised nucleus, with top_k and temperature applied first.
+  constexpr int kDraws = 200000;
+  constexpr double kTolerance = 0.006;  // as in the top-k test
+  struct Case {
+    double temperature;
+    int64_t top_k;
+    double top_p;
+  };
+  const std::vector<Case> cases = {{1.0, 0, 0.6}, {1.0, 0, 0.8}, {2.0, 0, 0.5}, {1.0, 3, 0.9}, {0.5, 0, 0.95}};
+  for (const Case c : cases) {
+    INFO("temperature " << c.temperature << ", top_k " << c.top_k << ", top_p " << c.top_p);
+    const std::vector<double> expected = nucleus_probabilities(kLogits, c.temperature, c.top_k == 0 ? 10 : c.top_k,
+                                                               c.top_p);
+    std::vector<double> frequencies(kLogits.size(), 0.0);
+    for (int draw = 0; draw < kDraws; ++draw) {
+      frequencies[static_cast<size_t>(sample_top_p(c.temperature, c.top_k, c.top_p, static_cast<uint64_t>(draw)))] +=
+          1.0 / kDraws;
+    }
+    for (size_t i = 0; i < kLogits.size(); ++i) {
+      INFO("token " << i << ": sampled " << frequencies[i] << ", nucleus " << expected[i]);
+      if (expected[i] == 0.0) {
+        CHECK(frequencies[i] == 0.0);
+      } else {
+        CHECK(std::abs(frequencies[i] - expected[i]) < kTolerance);
+      }
+    }
+  }
+  // top_p = 1 is no cut: the same tokens as without it.
+  for (uint64_t draw = 0; draw < 100; ++draw) {
+    CHECK(sample_top_p(1.0, 0, 1.0, draw) == sample(row, 1.0, 0, {8, 2}, draw));
+  }
+  for (const double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    CHECK_THROWS_WITH_AS(sample_top_p(1.0, 0, bad, 0), doctest::Contains("top_p must be in (0, 1]"), tessera::Error);
+  }
+}
+
 TEST_CASE("sample_token: a draw depends only on (key, draw); -inf logits are never chosen") {
   const Tensor row = logits_of(kLogits);
   std::vector<int64_t> first, again, other_seed, other_stream;
   for (uint64_t draw = 0; draw < 300; ++draw) {
-    first.push_back(gpt::sample_token(row, 1.5, 0, PhiloxKey{11, 3}, draw));
-    other_seed.push_back(gpt::sample_token(row, 1.5, 0, PhiloxKey{12, 3}, draw));
-    other_stream.push_back(gpt::sample_token(row, 1.5, 0, PhiloxKey{11, 4}, draw));
+    first.push_back(sample(row, 1.5, 0, PhiloxKey{11, 3}, draw));
+    other_seed.push_back(sample(row, 1.5, 0, PhiloxKey{12, 3}, draw));
+    other_stream.push_back(sample(row, 1.5, 0, PhiloxKey{11, 4}, draw));
   }
   for (uint64_t draw = 300; draw-- > 0;)
-    again.insert(again.begin(), gpt::sample_token(row, 1.5, 0, PhiloxKey{11, 3}, draw));
+    again.insert(again.begin(), sample(row, 1.5, 0, PhiloxKey{11, 3}, draw));
   CHECK(first == again);  // any order of calls, the same tokens
   CHECK(first != other_seed);
   CHECK(first != other_stream);
@@ -398,72 +483,72 @@ TEST_CASE("sample_token: a draw depends only on (key, draw); -inf logits are nev
   const float minus_infinity = -std::numeric_limits<float>::infinity();
   const Tensor masked = logits_of({minus_infinity, 0.0f, minus_infinity, 0.0f, minus_infinity});
   std::set<int64_t> chosen;
-  for (uint64_t draw = 0; draw < 200; ++draw) chosen.insert(gpt::sample_token(masked, 3.0, 0, PhiloxKey{1, 1}, draw));
+  for (uint64_t draw = 0; draw < 200; ++draw) chosen.insert(sample(masked, 3.0, 0, PhiloxKey{1, 1}, draw));
   CHECK(chosen == std::set<int64_t>{1, 3});
   // top_k reaching into the -inf logits changes nothing.
   for (uint64_t draw = 0; draw < 50; ++draw) {
-    const int64_t token = gpt::sample_token(masked, 1.0, 4, PhiloxKey{1, 1}, draw);
+    const int64_t token = sample(masked, 1.0, 4, PhiloxKey{1, 1}, draw);
     CHECK((token == 1 || token == 3));
   }
 }
 
 TEST_CASE("sample_token: bad inputs are errors that say what was wrong") {
   const Tensor row = logits_of(kLogits);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(row, -0.1, 0, PhiloxKey{}, 0), doctest::Contains("temperature must be"),
+  CHECK_THROWS_WITH_AS(sample(row, -0.1, 0, PhiloxKey{}, 0), doctest::Contains("temperature must be"),
                        tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(row, std::nan(""), 0, PhiloxKey{}, 0), doctest::Contains("temperature"),
+  CHECK_THROWS_WITH_AS(sample(row, std::nan(""), 0, PhiloxKey{}, 0), doctest::Contains("temperature"),
                        tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(row, std::numeric_limits<double>::infinity(), 0, PhiloxKey{}, 0),
+  CHECK_THROWS_WITH_AS(sample(row, std::numeric_limits<double>::infinity(), 0, PhiloxKey{}, 0),
                        doctest::Contains("temperature"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(row, 1.0, -1, PhiloxKey{}, 0),
+  CHECK_THROWS_WITH_AS(sample(row, 1.0, -1, PhiloxKey{}, 0),
                        doctest::Contains("top_k must be in [0, vocab size 10]"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(row, 1.0, 11, PhiloxKey{}, 0), doctest::Contains("got 11"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(tessera::ops::zeros({2, 5}), 1.0, 0, PhiloxKey{}, 0),
+  CHECK_THROWS_WITH_AS(sample(row, 1.0, 11, PhiloxKey{}, 0), doctest::Contains("got 11"), tessera::Error);
+  CHECK_THROWS_WITH_AS(sample(tessera::ops::zeros({2, 5}), 1.0, 0, PhiloxKey{}, 0),
                        doctest::Contains("1-d floating tensor [V], got [2, 5]"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(tessera::ops::zeros({0}), 1.0, 0, PhiloxKey{}, 0),
+  CHECK_THROWS_WITH_AS(sample(tessera::ops::zeros({0}), 1.0, 0, PhiloxKey{}, 0),
                        doctest::Contains("non-empty"), tessera::Error);
   CHECK_THROWS_WITH_AS(
-      gpt::sample_token(tessera::ops::zeros({4}, {.dtype = tessera::DType::i64}), 1.0, 0, PhiloxKey{}, 0),
+      sample(tessera::ops::zeros({4}, {.dtype = tessera::DType::i64}), 1.0, 0, PhiloxKey{}, 0),
       doctest::Contains("i64"), tessera::Error);
-  CHECK_THROWS_AS(gpt::sample_token(Tensor(), 1.0, 0, PhiloxKey{}, 0), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::sample_token(logits_of({0.0f, std::nanf(""), 1.0f}), 1.0, 0, PhiloxKey{}, 0),
+  CHECK_THROWS_AS(sample(Tensor(), 1.0, 0, PhiloxKey{}, 0), tessera::Error);
+  CHECK_THROWS_WITH_AS(sample(logits_of({0.0f, std::nanf(""), 1.0f}), 1.0, 0, PhiloxKey{}, 0),
                        doctest::Contains("of token 1"), tessera::Error);
   CHECK_THROWS_WITH_AS(
-      gpt::sample_token(logits_of({0.0f, std::numeric_limits<float>::infinity()}), 0.0, 0, PhiloxKey{}, 0),
+      sample(logits_of({0.0f, std::numeric_limits<float>::infinity()}), 0.0, 0, PhiloxKey{}, 0),
       doctest::Contains("of token 1"), tessera::Error);
   const float minus_infinity = -std::numeric_limits<float>::infinity();
-  CHECK_THROWS_WITH_AS(gpt::sample_token(logits_of({minus_infinity, minus_infinity}), 1.0, 0, PhiloxKey{}, 0),
+  CHECK_THROWS_WITH_AS(sample(logits_of({minus_infinity, minus_infinity}), 1.0, 0, PhiloxKey{}, 0),
                        doctest::Contains("all 2 logits are -inf"), tessera::Error);
 }
 
 // ---- generation -------------------------------------------------------------------------------
 
-TEST_CASE("generate_tokens: the prompt plus max_new_tokens tokens, the same for the same key") {
+TEST_CASE("generate: the prompt plus max_new_tokens tokens, the same for the same key") {
   auto model = seeded_model(GPTConfig::preset("nano"), 5);
-  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens("Hello");
+  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("Hello");
   const gpt::SamplingOptions options{.temperature = 1.0, .top_k = 0, .key = PhiloxKey{99, 0}};
-  const std::vector<uint16_t> a = gpt::generate_tokens(*model, prompt, 40, options);
+  const std::vector<uint32_t> a = continue_prompt(*model, prompt, 40, options);
   REQUIRE(a.size() == prompt.size() + 40);
   CHECK(std::equal(prompt.begin(), prompt.end(), a.begin()));
-  CHECK(gpt::generate_tokens(*model, prompt, 40, options) == a);
+  CHECK(continue_prompt(*model, prompt, 40, options) == a);
   gpt::SamplingOptions other = options;
   other.key.seed = 100;
-  CHECK(gpt::generate_tokens(*model, prompt, 40, other) != a);
-  CHECK(gpt::generate_tokens(*model, prompt, 0, options) == prompt);
+  CHECK(continue_prompt(*model, prompt, 40, other) != a);
+  CHECK(continue_prompt(*model, prompt, 0, options) == prompt);
   // New token i always uses draw i: a shorter run is a prefix of a longer one.
-  const std::vector<uint16_t> shorter = gpt::generate_tokens(*model, prompt, 25, options);
+  const std::vector<uint32_t> shorter = continue_prompt(*model, prompt, 25, options);
   CHECK(std::equal(shorter.begin(), shorter.end(), a.begin()));
   CHECK(model->is_training());  // mode restored
 }
 
-TEST_CASE("generate_tokens: beyond block_size the context is the last block_size tokens, in eval mode") {
+TEST_CASE("generate: beyond block_size the context is the last block_size tokens, in eval mode") {
   GPTConfig config = GPTConfig::preset("nano");
   config.block_size = 8;
   config.dropout = 0.5;  // would change every step if generation ran in train mode
   auto model = seeded_model(config, 17);
-  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens("abcde");
+  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("abcde");
   const gpt::SamplingOptions greedy{.temperature = 0.0, .top_k = 0, .key = PhiloxKey{}};
-  const std::vector<uint16_t> tokens = gpt::generate_tokens(*model, prompt, 20, greedy);
+  const std::vector<uint32_t> tokens = continue_prompt(*model, prompt, 20, greedy);
   REQUIRE(tokens.size() == 25);
   CHECK(model->is_training());
 
@@ -471,80 +556,97 @@ TEST_CASE("generate_tokens: beyond block_size the context is the last block_size
   for (size_t position = prompt.size(); position < tokens.size(); ++position) {
     INFO("position " << position);
     const size_t begin = position > 8 ? position - 8 : 0;
-    const std::vector<uint16_t> context(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+    const std::vector<uint32_t> context(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
                                         tokens.begin() + static_cast<std::ptrdiff_t>(position));
     CHECK(tokens[position] == greedy_next(*model, context));
   }
   // A prompt longer than block_size is cropped too.
-  const std::vector<uint16_t> long_prompt = gpt::text_to_byte_tokens("a prompt longer than eight bytes");
-  const std::vector<uint16_t> continued = gpt::generate_tokens(*model, long_prompt, 3, greedy);
+  const std::vector<uint32_t> long_prompt = gpt::text_to_byte_tokens("a prompt longer than eight bytes");
+  const std::vector<uint32_t> continued = continue_prompt(*model, long_prompt, 3, greedy);
   REQUIRE(continued.size() == long_prompt.size() + 3);
-  const std::vector<uint16_t> last_eight(long_prompt.end() - 8, long_prompt.end());
+  const std::vector<uint32_t> last_eight(long_prompt.end() - 8, long_prompt.end());
   CHECK(continued[long_prompt.size()] == greedy_next(*model, last_eight));
   CHECK_FALSE(model->is_training());  // eval stays eval
 }
 
-TEST_CASE("generate_tokens: bad inputs are errors") {
+TEST_CASE("generate: bad inputs are errors") {
   auto model = seeded_model(GPTConfig::preset("nano"), 1);
   const gpt::SamplingOptions options;
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*model, {}, 5, options), doctest::Contains("the prompt is empty"),
+  auto generate = [&](std::vector<std::vector<uint32_t>> prompts, gpt::GenerationOptions generation) {
+    return gpt::generate(*model, prompts, generation);
+  };
+  CHECK_THROWS_WITH_AS(generate({{65}, {}}, {.max_new_tokens = 5}), doctest::Contains("prompt 1 is empty"),
                        tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*model, {65, 256}, 5, options),
-                       doctest::Contains("prompt token 256 at position 1 is outside the model's vocabulary [0, 256)"),
-                       tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*model, {65}, -1, options), doctest::Contains("max_new_tokens"),
-                       tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*model, {65}, 0, {.temperature = -1.0, .top_k = 0, .key = {}}),
+  CHECK_THROWS_WITH_AS(generate({}, {.max_new_tokens = 5}), doctest::Contains("no prompts"), tessera::Error);
+  CHECK_THROWS_WITH_AS(
+      generate({{65, 256}}, {.max_new_tokens = 5}),
+      doctest::Contains("prompt 0: token 256 at position 1 is outside the model's vocabulary [0, 256)"),
+      tessera::Error);
+  CHECK_THROWS_WITH_AS(generate({{65}}, {.max_new_tokens = -1}), doctest::Contains("max_new_tokens"), tessera::Error);
+  CHECK_THROWS_WITH_AS(generate({{65}}, {.max_new_tokens = 0, .sampling = {.temperature = -1.0, .top_k = 0}}),
                        doctest::Contains("temperature must be"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*model, {65}, 0, {.temperature = 1.0, .top_k = 257, .key = {}}),
+  CHECK_THROWS_WITH_AS(generate({{65}}, {.max_new_tokens = 0, .sampling = {.temperature = 1.0, .top_k = 257}}),
                        doctest::Contains("top_k must be in [0, vocab size 256]"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*model, {65}, 0, {.temperature = 1.0, .top_k = -3, .key = {}}),
+  CHECK_THROWS_WITH_AS(generate({{65}}, {.max_new_tokens = 0, .sampling = {.temperature = 1.0, .top_k = -3}}),
                        doctest::Contains("top_k"), tessera::Error);
+  CHECK_THROWS_WITH_AS(generate({{65}}, {.max_new_tokens = 0, .sampling = {.top_p = 0.0}}),
+                       doctest::Contains("top_p must be in (0, 1] (1 = all), got 0"), tessera::Error);
+  CHECK_THROWS_WITH_AS(generate({{65}}, {.max_new_tokens = 1, .stop_tokens = {10, 300}}),
+                       doctest::Contains("stop token 300 is outside the model's vocabulary [0, 256)"), tessera::Error);
+  CHECK(model->is_training());  // untouched
+}
+
+TEST_CASE("generate: tokens are uint32, for vocabularies past 65536 (Llama 3 has 128,256)") {
   GPTConfig wide = GPTConfig::preset("nano");
   wide.vocab_size = 70000;
-  auto wide_model = seeded_model(wide, 1);
-  CHECK_THROWS_WITH_AS(gpt::generate_tokens(*wide_model, {65}, 1, options), doctest::Contains("vocab_size is 70000"),
-                       tessera::Error);
+  auto model = seeded_model(wide, 1);
+  const gpt::SamplingOptions hot{.temperature = 100.0, .top_k = 0, .key = PhiloxKey{5, 0}};
+  const std::vector<uint32_t> tokens = continue_prompt(*model, {69999, 65}, 200, hot);
+  REQUIRE(tokens.size() == 202);
+  CHECK(tokens.front() == 69999);
+  // At this temperature the draws spread over the vocabulary: 6% of it is past 65535.
+  CHECK(std::any_of(tokens.begin() + 2, tokens.end(), [](uint32_t token) { return token > 65535; }));
+  CHECK(std::all_of(tokens.begin(), tokens.end(), [](uint32_t token) { return token < 70000; }));
 }
 
 // ---- byte text --------------------------------------------------------------------------------
 
 TEST_CASE("byte tokens: text in, printable text out") {
   const std::string text = "Fortune: \"a\tb\"\nnaïve €1 \xF0\x9F\x98\x80 ok~";  // 2-, 3- and 4-byte UTF-8
-  const std::vector<uint16_t> tokens = gpt::text_to_byte_tokens(text);
+  const std::vector<uint32_t> tokens = gpt::text_to_byte_tokens(text);
   CHECK(tokens.size() == text.size());
   CHECK(tokens[10] == 'a');
   CHECK(gpt::byte_tokens_to_printable(tokens) == text);
 
   // Control bytes, DEL, C1 controls and broken UTF-8 are escaped byte by byte.
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{'a', 0, 7, '\r', 27, 127, 'b'}) ==
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{'a', 0, 7, '\r', 27, 127, 'b'}) ==
         "a\\x00\\x07\\x0d\\x1b\\x7fb");
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0xC2, 0x85}) == "\\xc2\\x85");  // U+0085 (C1)
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0xC3}) == "\\xc3");             // truncated
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0xC3, 'x'}) == "\\xc3x");
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0xC0, 0x80}) == "\\xc0\\x80");             // overlong NUL
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0xED, 0xA0, 0x80}) == "\\xed\\xa0\\x80");  // surrogate
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0xF4, 0x90, 0x80, 0x80}) ==
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC2, 0x85}) == "\\xc2\\x85");  // U+0085 (C1)
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC3}) == "\\xc3");             // truncated
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC3, 'x'}) == "\\xc3x");
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC0, 0x80}) == "\\xc0\\x80");             // overlong NUL
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xED, 0xA0, 0x80}) == "\\xed\\xa0\\x80");  // surrogate
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xF4, 0x90, 0x80, 0x80}) ==
         "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{0x80, 'z', 0xFF}) == "\\x80z\\xff");
-  CHECK_THROWS_WITH_AS(gpt::byte_tokens_to_printable(std::vector<uint16_t>{'a', 300}),
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0x80, 'z', 0xFF}) == "\\x80z\\xff");
+  CHECK_THROWS_WITH_AS(gpt::byte_tokens_to_printable(std::vector<uint32_t>{'a', 300}),
                        doctest::Contains("token 300 at position 1 is not a byte"), tessera::Error);
 }
 
 TEST_CASE("byte tokens: the escaped text decodes back to every byte, and a backslash is told from an escape") {
   // The text "\xff" and the byte 0xff print differently.
   CHECK(gpt::byte_tokens_to_printable(gpt::text_to_byte_tokens("a\\xff")) == "a\\\\xff");
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint16_t>{'a', 0xFF}) == "a\\xff");
+  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{'a', 0xFF}) == "a\\xff");
   // All 256 values alone, in order, and every pair (which covers the starts of UTF-8 sequences).
-  std::vector<uint16_t> all(256);
-  for (uint16_t value = 0; value < 256; ++value) all[value] = value;
+  std::vector<uint32_t> all(256);
+  for (uint32_t value = 0; value < 256; ++value) all[value] = value;
   const std::string bytes = gpt::byte_tokens_to_bytes(all);
   REQUIRE(bytes.size() == 256);
   for (size_t i = 0; i < 256; ++i) CHECK(static_cast<uint8_t>(bytes[i]) == i);
   CHECK(gpt::printable_to_bytes(gpt::byte_tokens_to_printable(all)) == bytes);
-  for (uint16_t first = 0; first < 256; ++first) {
-    for (uint16_t second = 0; second < 256; ++second) {
-      const std::vector<uint16_t> pair = {first, second};
+  for (uint32_t first = 0; first < 256; ++first) {
+    for (uint32_t second = 0; second < 256; ++second) {
+      const std::vector<uint32_t> pair = {first, second};
       if (gpt::printable_to_bytes(gpt::byte_tokens_to_printable(pair)) != gpt::byte_tokens_to_bytes(pair)) {
         FAIL("the pair " << first << ", " << second << " does not round-trip");
       }
@@ -613,9 +715,9 @@ TEST_CASE("a checkpoint saved on 3 FSDP ranks loads whole in one process; a root
 
   // What generate prints comes from exactly those weights.
   const gpt::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
-  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens("The ");
-  CHECK(gpt::generate_tokens(*latest.model, prompt, 30, options) ==
-        gpt::generate_tokens(*reference, prompt, 30, options));
+  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("The ");
+  CHECK(continue_prompt(*latest.model, prompt, 30, options) ==
+        continue_prompt(*reference, prompt, 30, options));
 }
 
 TEST_CASE("loading a checkpoint: a config that does not match the weights, or none, is an error") {
@@ -854,8 +956,8 @@ TEST_CASE("a Llama trained on 2 FSDP ranks comes back from its checkpoint and it
   }
   CHECK(check_same_parameters(*from_checkpoint.model, *from_export.model) == 2 + 9 + 1);  // nano: 1 block
   const gpt::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
-  const std::vector<uint16_t> prompt = gpt::text_to_byte_tokens("The ");
-  const std::vector<uint16_t> text = gpt::generate_tokens(*from_export.model, prompt, 40, options);
+  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("The ");
+  const std::vector<uint32_t> text = continue_prompt(*from_export.model, prompt, 40, options);
   CHECK(text.size() == prompt.size() + 40);
-  CHECK(gpt::generate_tokens(*from_checkpoint.model, prompt, 40, options) == text);
+  CHECK(continue_prompt(*from_checkpoint.model, prompt, 40, options) == text);
 }

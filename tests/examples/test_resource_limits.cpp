@@ -340,16 +340,22 @@ TEST_CASE("the banner line names the parts, the ranks and the available memory")
 TEST_CASE("generation length: the buffers must fit half the available memory") {
   const MachineResources machine = small_machine();
   const int64_t allowed = gpt::max_new_tokens_allowed(10, machine);
-  CHECK(allowed == kGiB / 2 / 6 - 10);
+  CHECK(allowed == kGiB / 2 / 8 - 10);
   CHECK_NOTHROW(gpt::check_generation_length(10, allowed, machine));
   const std::string limit = fmt::format("this machine allows at most --max-new-tokens {}", allowed);
   CHECK_THROWS_WITH_AS(gpt::check_generation_length(10, allowed + 1, machine), doctest::Contains(limit.c_str()),
                        tessera::Error);
   CHECK_THROWS_WITH_AS(gpt::check_generation_length(1, 99999999999, machine),
                        doctest::Contains("--max-new-tokens 99999999999: the tokens and their printed text need about "
-                                         "558.8 GiB"),
+                                         "745.1 GiB (8 bytes a token)"),
                        tessera::Error);
   CHECK(gpt::max_new_tokens_allowed(kGiB, machine) == 0);  // a prompt that alone exceeds the budget
+  // A batch: each of the prompts gets that many tokens.
+  const int64_t per_prompt = gpt::max_new_tokens_allowed(30, machine, 3);
+  CHECK(per_prompt == (kGiB / 2 / 8 - 30) / 3);
+  CHECK_NOTHROW(gpt::check_generation_length(30, per_prompt, machine, 3));
+  CHECK_THROWS_WITH_AS(gpt::check_generation_length(30, per_prompt + 1, machine, 3),
+                       doctest::Contains("(8 bytes a token, 3 sequences)"), tessera::Error);
 
   const MachineResources unknown{.cores = 2, .available_memory_bytes = std::nullopt, .memory_source = "unknown"};
   CHECK_NOTHROW(gpt::check_generation_length(1, 99999999999, unknown));
