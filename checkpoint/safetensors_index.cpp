@@ -68,8 +68,8 @@ SafetensorsIndex SafetensorsIndex::open(const std::string& dir) {
       if (index.metadata_.empty()) index.metadata_ = index.headers_.at(file).metadata;
     }
     const SafetensorsHeader& header = index.headers_.at(file);
-    const bool present =
-        std::any_of(header.entries.begin(), header.entries.end(), [&](const auto& entry) { return entry.name == name; });
+    const bool present = std::any_of(header.entries.begin(), header.entries.end(),
+                                     [&](const auto& entry) { return entry.name == name; });
     TESSERA_CHECK(present, "{}: {} does not hold '{}', which {} puts there", dir, file, name, kSafetensorsIndexFile);
   }
   return index;

@@ -79,7 +79,9 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
                                          "A checkpoint directory, or a directory of step-N checkpoints (the newest "
                                          "is used)");
   auto* safetensors_flag =
-      app.add_option("--init-from", config.safetensors, "An exported model (.safetensors with tessera.gpt_config), or a Hugging Face GPT-2 or Llama directory");
+      app.add_option("--init-from", config.safetensors,
+                     "An exported model (.safetensors with tessera.gpt_config), or a Hugging Face GPT-2 or Llama "
+                     "directory");
   checkpoint_flag->excludes(safetensors_flag)->check(gpt::non_empty_path());
   safetensors_flag->check(gpt::non_empty_path());
   auto* prompt_flag =

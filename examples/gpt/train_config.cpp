@@ -214,7 +214,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.option_defaults()->always_capture_default();
 
   std::string family = "gpt";
-  auto* family_option = app.add_option("--model", family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama (RMSNorm, "
+  auto* family_option =
+      app.add_option("--model", family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama (RMSNorm, "
                  "rotary grouped-query attention, SwiGLU)")
       ->check(CLI::IsMember(family_names()));
   auto* preset_flag = app.add_option("--preset", config.preset, "Model shape preset of the --model family")
@@ -369,7 +370,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   try {
     const bool from_hf = !config.init_from.empty() && is_hf_model_dir(config.init_from);
     // A Hugging Face model's own tokenizer, when --tokenizer is not given.
-    if (from_hf && tokenizer_flag->count() == 0 && holds_tokenizer(config.init_from)) config.tokenizer = config.init_from;
+    if (from_hf && tokenizer_flag->count() == 0 && holds_tokenizer(config.init_from)) {
+      config.tokenizer = config.init_from;
+    }
     const std::optional<ModelFamily> family_flag =
         family_option->count() > 0 ? std::optional(family_from_name(family)) : std::nullopt;
     const ModelFamily model_family = family_from_name(family);
@@ -386,8 +389,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                            .n_kv_head = given(n_kv_head_flag, n_kv_head),
                            .ffn_hidden = given(ffn_hidden_flag, ffn_hidden),
                            .vocab_padding = given(vocab_padding_flag, vocab_padding)};
-    const ModelConfig model = from_hf ? model_from_hf_dir(config.init_from, family_flag, preset_flag->count() > 0, shape)
-                                      : model_from_flags(model_family, config.preset, shape);
+    const ModelConfig model = from_hf
+                                  ? model_from_hf_dir(config.init_from, family_flag, preset_flag->count() > 0, shape)
+                                  : model_from_flags(model_family, config.preset, shape);
     if (from_hf) {
       config.preset = config.init_from;
       if (tokenizer_given) {

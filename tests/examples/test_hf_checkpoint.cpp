@@ -317,7 +317,8 @@ TEST_CASE("hf tensor map: rotary rows round-trip, and a shard's rows come from w
   const Tensor tessera_rows = ops::reshape(ops::arange(0, 256, 1), {16, 16});
   const Tensor hf_rows = gpt::to_hf_layout(wq, tessera_rows);
   // HF row h*D + j*D/2 + i holds tessera's row h*D + 2i + j.
-  CHECK(ops::select(hf_rows, 0, 8 + 4 + 1).to_vector<float>() == ops::select(tessera_rows, 0, 8 + 3).to_vector<float>());
+  CHECK(ops::select(hf_rows, 0, 8 + 4 + 1).to_vector<float>() ==
+        ops::select(tessera_rows, 0, 8 + 3).to_vector<float>());
   // Rows 5..11 (across both heads) read from HF's layout.
   Tensor piece = ops::zeros({7, 16});
   gpt::read_in_tessera_layout(wq, piece, {5, 0}, [&](const Tensor& box, const tessera::Shape& offsets) {

@@ -38,7 +38,8 @@ HfModelInfo read_hf_model_info(const std::string& dir);
 // a parameter missing from the files, a shape or dtype that differs, and a
 // stored tensor tessera has no parameter for (the buffers
 // is_ignored_hf_tensor names aside). Not collective.
-void load_hf_weights(const std::string& dir, const HfModelInfo& info, const tessera::checkpoint::DistributedStateDict& state);
+void load_hf_weights(const std::string& dir, const HfModelInfo& info,
+                     const tessera::checkpoint::DistributedStateDict& state);
 
 struct HfExportOptions {
   tessera::dist::ProcessGroupPtr group = nullptr;  // null: dist::world(), or this process alone
@@ -51,7 +52,7 @@ struct HfExportOptions {
 // checkpoint's layout, in the parameters' dtype. Everything is written to
 // DIR.tmp first, then DIR.tmp is renamed to DIR; an existing DIR is replaced
 // only after the new one is complete. An error on any rank is raised on every rank.
-void export_hf(const std::string& dir, const ModelConfig& config, const tessera::checkpoint::DistributedStateDict& state,
-               const HfExportOptions& options = {});
+void export_hf(const std::string& dir, const ModelConfig& config,
+               const tessera::checkpoint::DistributedStateDict& state, const HfExportOptions& options = {});
 
 }  // namespace gpt
