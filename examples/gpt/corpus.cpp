@@ -25,11 +25,6 @@ std::vector<char> read_bytes(const fs::path& path) {
   return bytes;
 }
 
-int64_t range_of(const std::vector<uint16_t>& tokens) {
-  if (tokens.empty()) return 0;
-  return static_cast<int64_t>(*std::max_element(tokens.begin(), tokens.end())) + 1;
-}
-
 bool starts_with_llmc_magic(const std::vector<char>& bytes) {
   if (bytes.size() < sizeof(int32_t)) return false;
   int32_t magic = 0;
@@ -37,34 +32,56 @@ bool starts_with_llmc_magic(const std::vector<char>& bytes) {
   return magic == kLlmcMagic;
 }
 
-// bytes: header [256 x int32] then [count x uint16].
+int64_t llmc_header_bytes() { return kLlmcHeaderInts * static_cast<int64_t>(sizeof(int32_t)); }
+
+// The width of a token in llm.c's format `version`; 0 for a version not read.
+int64_t llmc_token_bytes(int32_t version) {
+  if (version == kLlmcVersion) return sizeof(uint16_t);
+  if (version == kLlmcWideVersion) return sizeof(uint32_t);
+  return 0;
+}
+
+template <typename Token>
+TokenStream tokens_from_bytes(const char* bytes, int64_t count) {
+  std::vector<Token> tokens(static_cast<size_t>(count));
+  std::memcpy(tokens.data(), bytes, static_cast<size_t>(count) * sizeof(Token));
+  return TokenStream(std::move(tokens));
+}
+
+// bytes: header [256 x int32] then [count x uint16] (version 1) or [count x uint32] (version 2).
 TokenData parse_llmc(const std::vector<char>& bytes, const fs::path& path) {
-  const int64_t header_bytes = kLlmcHeaderInts * static_cast<int64_t>(sizeof(int32_t));
+  const int64_t header_bytes = llmc_header_bytes();
   TESSERA_CHECK(static_cast<int64_t>(bytes.size()) >= header_bytes,
                 "data: '{}' has llm.c's magic but is {} bytes long, shorter than the {}-byte header", path.string(),
                 bytes.size(), header_bytes);
   std::array<int32_t, kLlmcHeaderInts> header{};
   std::memcpy(header.data(), bytes.data(), header_bytes);
-  TESSERA_CHECK(header[1] == kLlmcVersion, "data: '{}' is an llm.c token file of version {}; only version {} is read",
-                path.string(), header[1], kLlmcVersion);
+  const int64_t token_bytes = llmc_token_bytes(header[1]);
+  TESSERA_CHECK(token_bytes != 0,
+                "data: '{}' is an llm.c token file of version {}; only versions {} (uint16 tokens) and {} (uint32) "
+                "are read",
+                path.string(), header[1], kLlmcVersion, kLlmcWideVersion);
   const int64_t count = header[2];
   const int64_t payload = static_cast<int64_t>(bytes.size()) - header_bytes;
-  TESSERA_CHECK(count > 0 && payload == count * 2,
+  TESSERA_CHECK(count > 0 && payload == count * token_bytes,
                 "data: '{}' header says {} tokens ({} bytes) but {} bytes follow the header", path.string(), count,
-                count * 2, payload);
+                count * token_bytes, payload);
   TokenData data;
-  data.tokens.resize(static_cast<size_t>(count));
-  std::memcpy(data.tokens.data(), bytes.data() + header_bytes, static_cast<size_t>(payload));
-  data.token_range = range_of(data.tokens);
+  const char* first = bytes.data() + header_bytes;
+  data.tokens =
+      token_bytes == 2 ? tokens_from_bytes<uint16_t>(first, count) : tokens_from_bytes<uint32_t>(first, count);
+  data.token_range = data.tokens.range();
   data.description = fmt::format("{} (llm.c token file, {} tokens)", path.string(), count);
   return data;
 }
 
 TokenData bytes_to_tokens(std::string_view bytes, std::string description) {
   TokenData data;
-  data.tokens.reserve(bytes.size());
-  for (char byte : bytes) data.tokens.push_back(static_cast<unsigned char>(byte));
-  data.token_range = range_of(data.tokens);
+  std::vector<uint16_t> tokens(bytes.size());
+  std::transform(bytes.begin(), bytes.end(), tokens.begin(),
+                 [](char byte) { return static_cast<unsigned char>(byte); });
+  data.tokens = TokenStream(std::move(tokens));
+  data.token_range = data.tokens.range();
   data.description = std::move(description);
   return data;
 }
@@ -150,6 +167,10 @@ std::string render_overstrikes(std::string_view text) {
   return out;
 }
 
+int32_t llmc_version_of(const TokenStream& tokens) {
+  return tokens.bytes_per_token() == sizeof(uint16_t) ? kLlmcVersion : kLlmcWideVersion;
+}
+
 TokenData load_token_file(const fs::path& path) {
   std::error_code error;
   TESSERA_CHECK(fs::is_regular_file(path, error),
@@ -161,17 +182,23 @@ TokenData load_token_file(const fs::path& path) {
                          fmt::format("{} (text, {} bytes)", path.string(), bytes.size()));
 }
 
-int64_t token_count_of_file(const fs::path& path) {
+TokenFileSize token_size_of_file(const fs::path& path) {
   std::error_code error;
-  const uintmax_t size = fs::file_size(path, error);
-  if (error) return 0;
+  const auto size = static_cast<int64_t>(fs::file_size(path, error));
+  if (error) return {};
   std::ifstream file(path, std::ios::binary);
-  std::vector<char> magic(sizeof(int32_t));
-  if (!file.read(magic.data(), static_cast<std::streamsize>(magic.size())) || !starts_with_llmc_magic(magic)) {
-    return static_cast<int64_t>(size);  // text: one token per byte
+  std::vector<char> header(static_cast<size_t>(llmc_header_bytes()));
+  file.read(header.data(), static_cast<std::streamsize>(header.size()));
+  header.resize(static_cast<size_t>(file.gcount()));
+  if (!starts_with_llmc_magic(header)) {
+    return {size, size * static_cast<int64_t>(sizeof(uint16_t))};  // text: a token a byte
   }
-  const int64_t header_bytes = kLlmcHeaderInts * static_cast<int64_t>(sizeof(int32_t));
-  return std::max<int64_t>(0, (static_cast<int64_t>(size) - header_bytes) / 2);
+  int32_t version = 0;
+  if (header.size() >= 2 * sizeof(int32_t)) std::memcpy(&version, header.data() + sizeof(int32_t), sizeof(version));
+  const int64_t token_bytes = llmc_token_bytes(version);
+  if (token_bytes == 0) return {};  // loading it will say why
+  const int64_t tokens = std::max<int64_t>(0, (size - llmc_header_bytes()) / token_bytes);
+  return {tokens, tokens * token_bytes};
 }
 
 TokenData load_text_files(const std::vector<fs::path>& files, const std::string& description) {
@@ -237,20 +264,6 @@ int64_t default_corpus_token_count(const CorpusLocations& locations) {
     tokens += static_cast<int64_t>(render_overstrikes(std::string_view(bytes.data(), bytes.size())).size());
   }
   return tokens;
-}
-
-double unigram_entropy(std::span<const uint16_t> tokens) {
-  if (tokens.empty()) return 0.0;
-  std::vector<int64_t> counts(65536, 0);
-  for (uint16_t token : tokens) ++counts[token];
-  const double total = static_cast<double>(tokens.size());
-  double entropy = 0.0;
-  for (int64_t count : counts) {
-    if (count == 0) continue;
-    const double p = static_cast<double>(count) / total;
-    entropy -= p * std::log(p);
-  }
-  return entropy;
 }
 
 }  // namespace gpt

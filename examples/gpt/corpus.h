@@ -5,19 +5,17 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace gpt {
+#include "examples/gpt/token_stream.h"
 
-// Tokens are uint16 (as in llm.c's files): a vocabulary of at most 65536.
-inline constexpr int64_t kMaxTokenVocab = 65536;
+namespace gpt {
 
 // A run's whole token stream, before the train/validation split.
 struct TokenData {
-  std::vector<uint16_t> tokens;
+  TokenStream tokens;
   int64_t token_range = 0;  // largest token + 1: the smallest vocab that covers the data
   std::string description;  // where the tokens came from, for the log and the run's identity
   std::string note;         // for the log only ("" = none): how they were made (token_cache.h)
@@ -30,20 +28,30 @@ struct CorpusText {
 };
 
 // llm.c's token files (`dev/data/*.bin`): a header of 256 int32 (magic,
-// version, token count, then zeros) followed by the tokens as uint16.
+// version, token count, then zeros) followed by the tokens, as uint16 in
+// version 1 (GPT-2) and as uint32 in version 2 (Llama 3), little-endian.
 inline constexpr int32_t kLlmcMagic = 20240520;
-inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int32_t kLlmcVersion = 1;      // uint16 tokens
+inline constexpr int32_t kLlmcWideVersion = 2;  // uint32 tokens
 inline constexpr int64_t kLlmcHeaderInts = 256;
+
+// The version of llm.c's format that stores `tokens` as they are held.
+int32_t llmc_version_of(const TokenStream& tokens);
 
 // Reads `path`: llm.c's format when the file opens with its magic, otherwise
 // the file's bytes as byte-level tokens. Throws tessera::Error when the file
 // cannot be read, is empty, or has a broken llm.c header.
 TokenData load_token_file(const std::filesystem::path& path);
 
-// How many tokens load_token_file(path) would hold, from the file's size and
-// (for llm.c's format) its magic, without reading the tokens: memory
-// estimates need it before anything is loaded. 0 when the file cannot be read.
-int64_t token_count_of_file(const std::filesystem::path& path);
+// How many tokens load_token_file(path) would hold, and the bytes they take,
+// from the file's size and (for llm.c's format) its header, without reading
+// the tokens: memory estimates need it before anything is loaded. Zeros
+// when the file cannot be read.
+struct TokenFileSize {
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+};
+TokenFileSize token_size_of_file(const std::filesystem::path& path);
 
 // The bytes of a text file. Throws tessera::Error when it cannot be read, is
 // empty, or is an llm.c token file (tokens, not text).
@@ -89,10 +97,5 @@ TokenData load_default_corpus(const CorpusLocations& locations = {});
 // How many tokens load_default_corpus(locations) holds (reads the files):
 // fewer than their sizes add up to when they carry overstrikes.
 int64_t default_corpus_token_count(const CorpusLocations& locations = {});
-
-// Entropy in nats of the tokens' frequencies: the loss of the best model that
-// knows only how often each token occurs, and so the bar a trained model must
-// beat by using context.
-double unigram_entropy(std::span<const uint16_t> tokens);
 
 }  // namespace gpt

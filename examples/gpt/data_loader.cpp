@@ -2,6 +2,7 @@
 // (synthetic data).
 #include "examples/gpt/data_loader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -34,7 +35,7 @@ DataLoader::DataLoader(TokenData data, LoaderOptions options, double val_fractio
   check_options(options_);
   TESSERA_CHECK(val_fraction > 0.0 && val_fraction < 1.0, "data: val_fraction must be in (0, 1), got {}",
                 val_fraction);
-  const int64_t total = static_cast<int64_t>(data_->tokens.size());
+  const int64_t total = data_->tokens.size();
   const int64_t val = static_cast<int64_t>(std::ceil(static_cast<double>(total) * val_fraction));
   train_end_ = total - val;
   const int64_t window = options_.seq_len + 1;
@@ -42,7 +43,7 @@ DataLoader::DataLoader(TokenData data, LoaderOptions options, double val_fractio
                 "data: {} holds {} tokens: {} for training and {} for validation, but each split needs at least "
                 "seq_len + 1 = {} tokens; use a larger file or a smaller --seq-len",
                 data_->description, total, train_end_, val, window);
-  unigram_entropy_ = gpt::unigram_entropy(std::span<const uint16_t>(data_->tokens.data(), train_end_));
+  unigram_entropy_ = gpt::unigram_entropy(data_->tokens, train_end_);
 }
 
 DataLoader::DataLoader(LoaderOptions options, int64_t synthetic_vocab)
@@ -58,7 +59,7 @@ DataLoader::DataLoader(LoaderOptions options, int64_t synthetic_vocab)
 DataLoader DataLoader::synthetic(int64_t vocab, LoaderOptions options) { return DataLoader(options, vocab); }
 
 int64_t DataLoader::val_tokens() const {
-  return is_synthetic() ? 0 : static_cast<int64_t>(data_->tokens.size()) - train_end_;
+  return is_synthetic() ? 0 : data_->tokens.size() - train_end_;
 }
 
 Batch DataLoader::train_batch(int64_t micro_batch_index) const {
@@ -70,7 +71,7 @@ Batch DataLoader::train_batch(int64_t micro_batch_index) const {
 Batch DataLoader::val_batch(int64_t index) const {
   TESSERA_CHECK(index >= 0, "data: validation batch index must be >= 0, got {}", index);
   if (is_synthetic()) return synthetic_batch(index, kValStream);
-  return window_batch(index, kValStream, train_end_, static_cast<int64_t>(data_->tokens.size()));
+  return window_batch(index, kValStream, train_end_, data_->tokens.size());
 }
 
 // Row b reads tokens [offset, offset + T] of [begin, end), offset drawn at
@@ -80,13 +81,12 @@ Batch DataLoader::window_batch(int64_t micro_batch_index, uint64_t stream, int64
   const uint64_t offsets = static_cast<uint64_t>(end - begin - T);  // windows of T + 1 tokens that fit
   const tessera::PhiloxKey key{options_.seed, stream};
   std::vector<int64_t> inputs(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+  std::vector<int64_t> window(static_cast<size_t>(T + 1));
   for (int64_t b = 0; b < B; ++b) {
     const uint64_t draw = draw_u64(key, static_cast<uint64_t>(micro_batch_index * B + b));
-    const uint16_t* row = data_->tokens.data() + begin + static_cast<int64_t>(draw % offsets);
-    for (int64_t t = 0; t < T; ++t) {
-      inputs[b * T + t] = row[t];
-      targets[b * T + t] = row[t + 1];
-    }
+    data_->tokens.copy_to(begin + static_cast<int64_t>(draw % offsets), window);
+    std::copy_n(window.begin(), T, inputs.begin() + b * T);
+    std::copy_n(window.begin() + 1, T, targets.begin() + b * T);
   }
   return {tessera::ops::from_vector(inputs, {B, T}), tessera::ops::from_vector(targets, {B, T})};
 }

@@ -215,17 +215,18 @@ double buffer_bytes(const tessera::nn::LlamaConfig& model) {
          static_cast<double>(model.head_dim()) * size_of(model.dtype);
 }
 
-// The tokens the data loader will hold (uint16), from the files' sizes (with
-// --tokenizer at most one token a byte: a bound from above).
+// The bytes of the tokens the data loader will hold (token_stream.h: 2 a
+// token, 4 for ids from 65,536), from the files' sizes. With --tokenizer, at
+// most one token a byte of text, wide when the tokenizer's vocabulary (the
+// model's) is: a bound from above.
 double token_data_bytes(const TrainConfig& config) {
   if (config.data == kSyntheticData) return 0.0;
-  double tokens = 0.0;
-  if (config.data.empty()) {
-    tokens = static_cast<double>(default_corpus_token_count());  // the files as rendered (corpus.h)
-  } else {
-    tokens = static_cast<double>(token_count_of_file(config.data));
+  if (config.data.empty()) {  // the files as rendered (corpus.h), a byte a token
+    return static_cast<double>(default_corpus_token_count()) * sizeof(uint16_t);
   }
-  return tokens * sizeof(uint16_t);
+  const TokenFileSize size = token_size_of_file(config.data);
+  const bool wide_text = !config.tokenizer.empty() && vocab_size(config.model_config()) > kNarrowTokenVocab;
+  return static_cast<double>(wide_text ? size.tokens * int64_t{sizeof(uint32_t)} : size.bytes);
 }
 
 // ---- messages ----

@@ -13,10 +13,11 @@ namespace {
 
 nlohmann::json data_identity(const DataLoader& data) {
   if (data.is_synthetic()) return {{"source", data.description()}, {"tokens", nullptr}, {"crc32c", nullptr}};
-  const std::vector<uint16_t>& tokens = data.token_data()->tokens;
+  // A narrow stream's bytes are those runs before wide streams existed checksummed.
+  const std::span<const std::byte> tokens = data.token_data()->tokens.bytes();
   return {{"source", data.description()},
-          {"tokens", tokens.size()},
-          {"crc32c", tessera::checkpoint::crc32c(tokens.data(), tokens.size() * sizeof(uint16_t))}};
+          {"tokens", data.token_data()->tokens.size()},
+          {"crc32c", tessera::checkpoint::crc32c(tokens.data(), tokens.size())}};
 }
 
 }  // namespace

@@ -21,16 +21,16 @@ namespace {
 // Bumped whenever the tokenizer's output for the same files could change.
 constexpr int kCacheVersion = 1;
 
-void write_llmc_file(const fs::path& path, const std::vector<uint16_t>& tokens) {
+void write_llmc_file(const fs::path& path, const TokenStream& tokens) {
   std::array<int32_t, kLlmcHeaderInts> header{};
   header[0] = kLlmcMagic;
-  header[1] = kLlmcVersion;
+  header[1] = llmc_version_of(tokens);
   header[2] = static_cast<int32_t>(tokens.size());
   const fs::path temporary = path.string() + fmt::format(".tmp-{}", ::getpid());
   try {
     tessera::checkpoint::WriteFile file(temporary.string());
     file.write(header.data(), static_cast<int64_t>(sizeof(header)));
-    file.write(tokens.data(), static_cast<int64_t>(tokens.size() * sizeof(uint16_t)));
+    file.write(tokens.bytes().data(), static_cast<int64_t>(tokens.bytes().size()));
     file.close(/*sync=*/true);
     fs::rename(temporary, path);
   } catch (...) {
@@ -43,19 +43,12 @@ void write_llmc_file(const fs::path& path, const std::vector<uint16_t>& tokens) 
 TokenData encode(const CorpusText& corpus, Tokenizer& tokenizer) {
   const std::vector<uint32_t> ids = tokenizer.encode(corpus.text);
   TokenData data;
-  data.tokens.assign(ids.begin(), ids.end());  // ids < vocab_size() <= kMaxTokenVocab
-  data.token_range = ids.empty() ? 0 : int64_t{*std::max_element(ids.begin(), ids.end())} + 1;
+  data.tokens = TokenStream::of_ids(ids);
+  data.token_range = data.tokens.range();
   return data;
 }
 
 }  // namespace
-
-int64_t checked_token_vocab(const Tokenizer& tokenizer) {
-  TESSERA_CHECK(tokenizer.vocab_size() <= kMaxTokenVocab,
-                "tokenizer {}: {} ids, but tokens are stored as uint16 (llm.c's format): at most {}",
-                tokenizer.source(), tokenizer.vocab_size(), kMaxTokenVocab);
-  return tokenizer.vocab_size();
-}
 
 fs::path token_cache_path(const fs::path& directory, const Tokenizer& tokenizer, const std::string& text) {
   return directory / fmt::format("tokens-v{}-{:08x}-{:08x}-{}.bin", kCacheVersion, tokenizer.content_crc32c(),
@@ -63,7 +56,6 @@ fs::path token_cache_path(const fs::path& directory, const Tokenizer& tokenizer,
 }
 
 TokenData tokenize_corpus(const CorpusText& corpus, Tokenizer& tokenizer, const std::string& cache_directory) {
-  checked_token_vocab(tokenizer);
   TokenData data;
   std::string note;
   const fs::path cache =
@@ -83,7 +75,7 @@ TokenData tokenize_corpus(const CorpusText& corpus, Tokenizer& tokenizer, const 
     TESSERA_CHECK(!data.tokens.empty(), "data: {} gives no tokens", corpus.description);
     if (cache.empty()) {
       note = "tokens not cached (a run with --ckpt-dir caches them there)";
-    } else if (data.tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    } else if (data.tokens.size() > std::numeric_limits<int32_t>::max()) {
       note = "tokens not cached: more than llm.c's format counts";
     } else {
       try {

@@ -15,20 +15,16 @@
 
 namespace gpt {
 
-// tokenizer.vocab_size(), once checked to fit the uint16 tokens of TokenData
-// (kMaxTokenVocab; `generate` holds uint32 tokens); throws tessera::Error
-// naming the tokenizer.
-int64_t checked_token_vocab(const Tokenizer& tokenizer);
-
 // The cache file of `text` under `tokenizer` in `directory`.
 std::filesystem::path token_cache_path(const std::filesystem::path& directory, const Tokenizer& tokenizer,
                                        const std::string& text);
 
 // The tokens of corpus.text: from the cache in `cache_directory` when it
-// holds them, else encoded (and cached there; "" = no cache). The
-// description names the text and the tokenizer (the same on every launch: it
-// is part of the run's identity); the note says what the cache did. Throws
-// tessera::Error as checked_token_vocab does.
+// holds them, else encoded (and cached there; "" = no cache), narrow or wide
+// as their ids need (token_stream.h; the cache file is llm.c's version 1 or
+// 2 accordingly). The description names the text and the tokenizer (the same
+// on every launch: it is part of the run's identity); the note says what the
+// cache did. Throws tessera::Error when the text gives no tokens.
 TokenData tokenize_corpus(const CorpusText& corpus, Tokenizer& tokenizer, const std::string& cache_directory);
 
 }  // namespace gpt

@@ -134,7 +134,7 @@ ModelConfig model_from_hf_dir(const std::string& dir, const std::optional<ModelF
 // The vocabulary of --tokenizer: its ids.
 int64_t tokenizer_vocab(const std::string& path, bool vocab_given) {
   TESSERA_CHECK(!vocab_given, "--vocab and --tokenizer both set the vocabulary; leave --vocab out");
-  return checked_token_vocab(Tokenizer::load(path));
+  return Tokenizer::load(path).vocab_size();
 }
 
 }  // namespace
@@ -395,7 +395,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     if (from_hf) {
       config.preset = config.init_from;
       if (tokenizer_given) {
-        const int64_t ids = checked_token_vocab(Tokenizer::load(config.tokenizer));
+        const int64_t ids = Tokenizer::load(config.tokenizer).vocab_size();
         TESSERA_CHECK(ids <= vocab_size(model), "--tokenizer {} has {} ids, more than the {} of --init-from {}",
                       config.tokenizer, ids, vocab_size(model), config.init_from);
       }

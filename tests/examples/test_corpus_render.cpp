@@ -67,14 +67,16 @@ TEST_CASE("default corpus: read through render_overstrikes, which the banner rep
   std::ofstream(fortunes / "b", std::ios::binary) << "Ring\a.\n%\n";
   const gpt::CorpusLocations locations{fortunes, dir.path / "absent"};
   const gpt::TokenData corpus = gpt::load_default_corpus(locations);
-  CHECK(std::string(corpus.tokens.begin(), corpus.tokens.end()) == "It is *not* so.\n%\nRing.\n%\n");
+  const std::vector<uint32_t> ids = corpus.tokens.ids();
+  CHECK(std::string(ids.begin(), ids.end()) == "It is *not* so.\n%\nRing.\n%\n");
   CHECK(corpus.description.find("2 files, 26 bytes; 7 bytes of backspace overstrikes and bells rendered away") !=
         std::string::npos);
-  CHECK(gpt::default_corpus_token_count(locations) == static_cast<int64_t>(corpus.tokens.size()));
+  CHECK(gpt::default_corpus_token_count(locations) == corpus.tokens.size());
 
   // The real default (fortunes, or the licence texts) holds neither byte.
   const gpt::TokenData real = gpt::load_default_corpus();
-  CHECK(std::count(real.tokens.begin(), real.tokens.end(), uint16_t{'\b'}) == 0);
-  CHECK(std::count(real.tokens.begin(), real.tokens.end(), uint16_t{'\a'}) == 0);
-  CHECK(gpt::default_corpus_token_count() == static_cast<int64_t>(real.tokens.size()));
+  const std::vector<uint32_t> real_ids = real.tokens.ids();
+  CHECK(std::count(real_ids.begin(), real_ids.end(), uint32_t{'\b'}) == 0);
+  CHECK(std::count(real_ids.begin(), real_ids.end(), uint32_t{'\a'}) == 0);
+  CHECK(gpt::default_corpus_token_count() == real.tokens.size());
 }

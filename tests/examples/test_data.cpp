@@ -38,23 +38,34 @@ void write_file(const fs::path& path, const std::string& text) {
   file << text;
 }
 
-// Writes an llm.c token file by hand: header [256 x int32], then uint16 tokens.
-void write_llmc(const fs::path& path, const std::vector<uint16_t>& tokens, int32_t version, int32_t declared_count) {
+// Writes an llm.c token file by hand: header [256 x int32], then the tokens
+// (uint16 or uint32, whatever Token is).
+template <typename Token>
+void write_llmc(const fs::path& path, const std::vector<Token>& tokens, int32_t version, int32_t declared_count) {
   std::vector<int32_t> header(256, 0);
   header[0] = 20240520;
   header[1] = version;
   header[2] = declared_count;
   std::ofstream file(path, std::ios::binary);
   file.write(reinterpret_cast<const char*>(header.data()), 256 * sizeof(int32_t));
-  file.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  file.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * sizeof(Token)));
 }
 
-TokenData counting_tokens(int64_t count) {
+// Tokens (i * 7) % 251 + offset: wide when offset puts them at 65,536 or beyond.
+TokenData counting_tokens(int64_t count, uint32_t offset = 0) {
+  std::vector<uint32_t> ids;
+  for (int64_t i = 0; i < count; ++i) ids.push_back(static_cast<uint32_t>((i * 7) % 251) + offset);
   TokenData data;
-  for (int64_t i = 0; i < count; ++i) data.tokens.push_back(static_cast<uint16_t>((i * 7) % 251));
-  data.token_range = 251;
+  data.tokens = gpt::TokenStream::of_ids(ids);
+  data.token_range = 251 + offset;
   data.description = "counting";
   return data;
+}
+
+std::string text_of(const gpt::TokenStream& tokens) {
+  std::string text;
+  for (const uint32_t id : tokens.ids()) text.push_back(static_cast<char>(id));
+  return text;
 }
 
 std::vector<int64_t> values(const tessera::Tensor& tensor) { return tensor.to_vector<int64_t>(); }
@@ -79,12 +90,27 @@ TEST_CASE("llm.c token files are read by their magic; broken headers are errors"
   const std::vector<uint16_t> tokens = {50256, 15496, 11, 995, 0, 7};
   write_llmc(dir.path / "ok.bin", tokens, 1, 6);
   TokenData data = gpt::load_token_file(dir.path / "ok.bin");
-  CHECK(data.tokens == tokens);
+  CHECK(data.tokens == gpt::TokenStream(tokens));
+  CHECK(data.tokens.bytes_per_token() == 2);
   CHECK(data.token_range == 50257);
   CHECK(data.description.find("llm.c token file, 6 tokens") != std::string::npos);
 
-  write_llmc(dir.path / "v2.bin", tokens, 2, 6);
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "v2.bin"), doctest::Contains("version 2"), tessera::Error);
+  // Version 2 holds uint32 tokens (llm.c's Llama 3 files): ids past 65,535 come back whole.
+  const std::vector<uint32_t> wide = {128000, 9906, 65536, 0, 128255};
+  write_llmc(dir.path / "v2.bin", wide, 2, 5);
+  TokenData wide_data = gpt::load_token_file(dir.path / "v2.bin");
+  CHECK(wide_data.tokens.ids() == wide);
+  CHECK(wide_data.tokens.bytes_per_token() == 4);
+  CHECK(wide_data.token_range == 128256);
+  CHECK(gpt::token_size_of_file(dir.path / "v2.bin").tokens == 5);
+  CHECK(gpt::token_size_of_file(dir.path / "v2.bin").bytes == 20);
+  write_llmc(dir.path / "v2short.bin", wide, 2, 6);
+  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "v2short.bin"),
+                       doctest::Contains("header says 6 tokens (24 bytes) but 20 bytes follow"), tessera::Error);
+  write_llmc(dir.path / "v3.bin", tokens, 3, 6);
+  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "v3.bin"),
+                       doctest::Contains("version 3; only versions 1 (uint16 tokens) and 2 (uint32) are read"),
+                       tessera::Error);
   write_llmc(dir.path / "short.bin", tokens, 1, 9);
   CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "short.bin"),
                        doctest::Contains("header says 9 tokens (18 bytes) but 12 bytes follow"), tessera::Error);
@@ -94,7 +120,9 @@ TEST_CASE("llm.c token files are read by their magic; broken headers are errors"
 
   write_file(dir.path / "text.txt", "hello\n");
   TokenData text = gpt::load_token_file(dir.path / "text.txt");
-  CHECK(text.tokens == std::vector<uint16_t>{'h', 'e', 'l', 'l', 'o', '\n'});
+  CHECK(text.tokens == gpt::TokenStream(std::vector<uint16_t>{'h', 'e', 'l', 'l', 'o', '\n'}));
+  write_file(dir.path / "high.txt", "caf\xC3\xA9");  // bytes above 127 are tokens 128-255, not sign-extended
+  CHECK(gpt::load_token_file(dir.path / "high.txt").tokens.ids() == std::vector<uint32_t>{'c', 'a', 'f', 0xC3, 0xA9});
   CHECK(text.token_range == 'o' + 1);
 
   write_file(dir.path / "empty.txt", "");
@@ -119,7 +147,7 @@ TEST_CASE("default corpus: fortunes' plain files, else the licence texts, else a
   gpt::CorpusLocations locations{fortunes, licenses};
   CHECK(gpt::default_corpus_files(locations) == std::vector<fs::path>{fortunes / "art", fortunes / "zen"});
   TokenData corpus = gpt::load_default_corpus(locations);
-  CHECK(std::string(corpus.tokens.begin(), corpus.tokens.end()) == "a\n%\nb\n%\n");
+  CHECK(text_of(corpus.tokens) == "a\n%\nb\n%\n");
 
   gpt::CorpusLocations no_fortunes{dir.path / "absent", licenses};
   CHECK(gpt::default_corpus_files(no_fortunes) == std::vector<fs::path>{licenses / "MIT"});
@@ -133,12 +161,43 @@ TEST_CASE("default corpus: fortunes' plain files, else the licence texts, else a
   CHECK(gpt::load_default_corpus().tokens.size() > 100000);
 }
 
-TEST_CASE("unigram entropy in nats") {
+TEST_CASE("unigram entropy in nats, of a stream's first tokens, narrow or wide") {
+  auto entropy = [](std::vector<uint32_t> ids) {
+    const gpt::TokenStream tokens = gpt::TokenStream::of_ids(ids);
+    return gpt::unigram_entropy(tokens, tokens.size());
+  };
   // -sum p ln p in f64 over a few symbols: Approx's 1e-5 is far above its rounding.
-  CHECK(gpt::unigram_entropy(std::vector<uint16_t>{3, 3, 3}) == doctest::Approx(0.0));
-  CHECK(gpt::unigram_entropy(std::vector<uint16_t>{0, 1, 2, 3, 3, 2, 1, 0}) == doctest::Approx(std::log(4.0)));
+  CHECK(entropy({3, 3, 3}) == doctest::Approx(0.0));
+  CHECK(entropy({0, 1, 2, 3, 3, 2, 1, 0}) == doctest::Approx(std::log(4.0)));
   // p = (1/2, 1/4, 1/4): H = 1.5 bits.
-  CHECK(gpt::unigram_entropy(std::vector<uint16_t>{9, 9, 4, 5}) == doctest::Approx(1.5 * std::log(2.0)));
+  CHECK(entropy({9, 9, 4, 5}) == doctest::Approx(1.5 * std::log(2.0)));
+  // Wide ids, one up to 2^32 - 1, give the same figure as narrow ids of the same frequencies, bit for bit.
+  CHECK(entropy({4000000000u, 4000000000u, 70000, 4294967295u}) == entropy({9, 9, 4, 5}));
+  const gpt::TokenStream tokens = gpt::TokenStream::of_ids(std::vector<uint32_t>{1, 1, 2, 2});
+  CHECK(gpt::unigram_entropy(tokens, 2) == 0.0);
+  CHECK(gpt::unigram_entropy(tokens, 0) == 0.0);
+  CHECK_THROWS_WITH_AS(gpt::unigram_entropy(tokens, 5), doctest::Contains("5 tokens asked of a stream of 4"),
+                       tessera::Error);
+}
+
+TEST_CASE("token streams: the narrow width while every id fits it, else the wide") {
+  const gpt::TokenStream narrow = gpt::TokenStream::of_ids(std::vector<uint32_t>{0, 65535, 7});
+  CHECK(narrow.bytes_per_token() == 2);
+  CHECK(narrow.bytes().size() == 6);
+  CHECK(narrow.range() == 65536);
+  CHECK(narrow[1] == 65535);
+  const gpt::TokenStream wide = gpt::TokenStream::of_ids(std::vector<uint32_t>{0, 65536, 7});
+  CHECK(wide.bytes_per_token() == 4);
+  CHECK(wide.bytes().size() == 12);
+  CHECK(wide.range() == 65537);
+  CHECK(wide.ids() == std::vector<uint32_t>{0, 65536, 7});
+  CHECK(gpt::TokenStream().range() == 0);
+  CHECK(narrow != gpt::TokenStream::of_ids(std::vector<uint32_t>{0, 65535, 8}));
+  std::vector<int64_t> window(2);
+  wide.copy_to(1, window);
+  CHECK(window == std::vector<int64_t>{65536, 7});
+  CHECK_THROWS_WITH_AS(wide.copy_to(2, window), doctest::Contains("tokens [2, 4) are outside the stream's 3"),
+                       tessera::Error);
 }
 
 TEST_CASE("micro-batches depend only on the seed and the global index, not on the grad_accum split") {
@@ -166,10 +225,25 @@ TEST_CASE("micro-batches depend only on the seed and the global index, not on th
   CHECK(values(loader.val_batch(0).inputs) == values(loader.val_batch(0).inputs));
 }
 
+TEST_CASE("wide tokens make the same windows as narrow ones, ids and all") {
+  const LoaderOptions options{.batch = 3, .seq_len = 8, .seed = 7};
+  const DataLoader narrow(counting_tokens(4000), options);
+  const DataLoader wide(counting_tokens(4000, 100000), options);
+  REQUIRE(wide.token_data()->tokens.bytes_per_token() == 4);
+  CHECK(wide.token_range() == 100251);
+  CHECK(wide.unigram_entropy() == narrow.unigram_entropy());
+  for (int64_t m = 0; m < 5; ++m) {
+    std::vector<int64_t> shifted = values(narrow.train_batch(m).targets);
+    for (int64_t& token : shifted) token += 100000;
+    CHECK(values(wide.train_batch(m).targets) == shifted);
+  }
+}
+
 TEST_CASE("validation batches come from the held-out tail") {
+  std::vector<uint16_t> tokens(1000, 1);
+  std::fill(tokens.begin() + 950, tokens.end(), 2);  // the last 5%
   TokenData data;
-  data.tokens.assign(1000, 1);
-  std::fill(data.tokens.begin() + 950, data.tokens.end(), 2);  // the last 5%
+  data.tokens = gpt::TokenStream(std::move(tokens));
   data.token_range = 3;
   DataLoader loader(std::move(data), {.batch = 4, .seq_len = 16, .seed = 1});
   for (int64_t i = 0; i < 10; ++i) {

@@ -217,12 +217,15 @@ TEST_CASE("the token data is counted once per process, and the loader's copies s
     const std::vector<uint16_t> body(3000, 7);
     file.write(reinterpret_cast<const char*>(body.data()), 6000);
   }
-  CHECK(gpt::token_count_of_file(tokens) == 3000);
-  CHECK(gpt::token_count_of_file(dir.path / "missing") == 0);
+  CHECK(gpt::token_size_of_file(tokens).tokens == 3000);
+  CHECK(gpt::token_size_of_file(tokens).bytes == 6000);
+  config.data = tokens.string();
+  CHECK(gpt::estimate_rank_memory(config).shared_data == 6000);
+  CHECK(gpt::token_size_of_file(dir.path / "missing").tokens == 0);
 
   config.data.clear();  // the default corpus: what load_default_corpus holds
   const gpt::TokenData corpus = gpt::load_default_corpus();
-  CHECK(gpt::estimate_rank_memory(config).shared_data == 2 * static_cast<int64_t>(corpus.tokens.size()));
+  CHECK(gpt::estimate_rank_memory(config).shared_data == 2 * corpus.tokens.size());
 
   const gpt::DataLoader loader(corpus, {.batch = 2, .seq_len = 16, .seed = 3});
   const gpt::DataLoader copy = loader;  // what each local rank's Trainer holds

@@ -2,17 +2,22 @@
 // and refuses what cannot go with it; build_data tokenizes the text, caches
 // the tokens in --ckpt-dir and reads them back on the next launch while the
 // tokenizer's files and the text are the same, and tokenizes again when the
-// cache is damaged or either changed.
+// cache is damaged or either changed. Ids past 65,535 are held and cached
+// wide, and train.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "examples/gpt/flag_checks.h"
 #include "examples/gpt/token_cache.h"
 #include "examples/gpt/train_config.h"
 #include "examples/gpt/trainer.h"
+#include "examples/gpt/training_run.h"
 #include "tests/checkpoint/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -84,7 +89,7 @@ TEST_CASE("train --tokenizer: the text's tokens are cached in --ckpt-dir and rea
 
   const gpt::DataLoader first = gpt::build_data(config);
   CHECK(first.note() == "tokens cached in " + cache.string());
-  CHECK(first.token_data()->tokens == std::vector<uint16_t>(ids.begin(), ids.end()));
+  CHECK(first.token_data()->tokens == gpt::TokenStream(std::vector<uint16_t>(ids.begin(), ids.end())));
   CHECK(first.description().find("tokenized by") != std::string::npos);
   CHECK(fs::is_regular_file(cache));
 
@@ -125,4 +130,62 @@ TEST_CASE("train --tokenizer: token files and a vocabulary other than the tokeni
   config.data = dir / "text.txt";
   config.model.vocab_size = 700;
   CHECK_THROWS_WITH_AS(gpt::build_data(config), doctest::Contains("has 659 ids"), tessera::Error);
+}
+
+TEST_CASE("train --tokenizer with ids past 65,535: wide tokens, cached as llm.c's version 2, and trained") {
+  TempDir dir;
+  // The golden Llama 3-style tokenizer plus a special token at id 70000, as Llama 3's sit at 128,000 and up.
+  nlohmann::json spec = nlohmann::json::parse(
+      std::ifstream(fs::path(TESSERA_TOKENIZER_GOLDEN_DIR) / "llama3" / "tokenizer.json"));
+  spec["added_tokens"].push_back({{"id", 70000},
+                                  {"content", "<|wide|>"},
+                                  {"single_word", false},
+                                  {"lstrip", false},
+                                  {"rstrip", false},
+                                  {"normalized", false},
+                                  {"special", true}});
+  write_file(dir.path / "tokenizer.json", spec.dump());
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "<|wide|>Line " + std::to_string(i) + " of the text, caf\xC3\xA9.\n";
+  write_file(dir.path / "text.txt", text);
+
+  const std::string tokenizer = dir / "tokenizer.json", data = dir / "text.txt", ckpt = dir / "ckpt";
+  gpt::TrainConfig config;
+  REQUIRE(!parse({"--tokenizer", tokenizer.c_str(), "--data", data.c_str(), "--seq-len", "16", "--batch", "2",
+                  "--steps", "3", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--ckpt-dir", ckpt.c_str(),
+                  "--ckpt-every", "0", "--eval-every", "0"},
+                 config)
+               .first);
+  CHECK(gpt::vocab_size(config.model_config()) == 70001);
+
+  gpt::Tokenizer reference = gpt::Tokenizer::load(tokenizer);
+  const std::vector<uint32_t> ids = reference.encode(text);
+  REQUIRE(std::count(ids.begin(), ids.end(), 70000u) == 100);
+  const gpt::DataLoader first = gpt::build_data(config);
+  const gpt::TokenStream& tokens = first.token_data()->tokens;
+  CHECK(tokens.bytes_per_token() == 4);
+  CHECK(tokens.ids() == ids);
+  CHECK(first.token_range() == 70001);
+
+  // The cache is llm.c's version 2 file, and it reads back as the same wide stream.
+  const fs::path cache = gpt::token_cache_path(ckpt, reference, text);
+  REQUIRE(fs::is_regular_file(cache));
+  std::ifstream cached(cache, std::ios::binary);
+  int32_t header[3] = {};
+  cached.read(reinterpret_cast<char*>(header), sizeof(header));
+  CHECK(header[0] == gpt::kLlmcMagic);
+  CHECK(header[1] == gpt::kLlmcWideVersion);
+  CHECK(header[2] == static_cast<int32_t>(ids.size()));
+  CHECK(static_cast<int64_t>(fs::file_size(cache)) == 1024 + 4 * static_cast<int64_t>(ids.size()));
+  const gpt::DataLoader second = gpt::build_data(config);
+  CHECK(second.note() == "tokens read from the cache " + cache.string());
+  CHECK(second.token_data()->tokens == tokens);
+
+  // An untrained model guesses about uniformly over 70,001 ids: ln 70001 = 11.16.
+  std::ostringstream log;
+  const gpt::TrainSummary summary = gpt::train(config, log);
+  INFO("log:\n" << log.str());
+  REQUIRE(summary.losses.size() == 3);
+  CHECK(summary.losses.front() == doctest::Approx(std::log(70001.0)).epsilon(0.02));
+  CHECK(summary.losses.back() < summary.losses.front());
 }
