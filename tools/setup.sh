@@ -10,6 +10,7 @@ packages=(
   libopenblas-openmp-dev            # CPU GEMM: OpenBLAS on tessera's OpenMP team (tensor/gemm_backend.h)
   doctest-dev                       # tests
   libopenmpi-dev openmpi-bin        # the mpi backend and mpirun for its tests
+  iproute2                          # ip: the multi-host test's network namespaces and links
   libfmt-dev libcli11-dev nlohmann-json3-dev  # formatting, flags, JSON-lines logs
   fortunes                          # the GPT example's default text corpus
   clang libclang-rt-dev libomp-dev  # tests/fuzz: clang++, its libFuzzer/sanitizer runtimes, OpenMP for clang
