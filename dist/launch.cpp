@@ -4,9 +4,15 @@
 #include "dist/launch.h"
 
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#include <unistd.h>
+#endif
 
 #include "dist/mpi_backend.h"
 #include "tensor/error.h"
@@ -129,6 +135,21 @@ std::optional<int> slurm_local_size(const EnvironmentLookup& environment) {
   std::abort();
 }
 
+// A rank ends with the launcher's process that started it (mpirun, its
+// daemon on this host, slurmstepd). When a job is torn down after a lost
+// host, that process can exit while a rank of its own host is still winding
+// down (a SIGTERM starts train's graceful stop, whose collectives wait on
+// the lost host until the timeout): the kernel then kills the rank at once,
+// so nothing of the job is left behind. The launchers fork ranks from their
+// main thread, whose exit is the process's.
+void end_with_launcher() {
+#if defined(__linux__)
+  const pid_t launcher = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) std::_Exit(1);  // it was already gone
+#endif
+}
+
 // One rank of a multi-process job: this process joins the MPI world.
 void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
                   const std::function<void(const ProcessGroupPtr& world)>& fn) {
@@ -136,6 +157,7 @@ void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
                 "dist::init: started by {} as rank {} of {}, but this build of tessera has no MPI backend; install "
                 "OpenMPI (libopenmpi-dev) and configure with -Dmpi=enabled",
                 launcher_name(launch.launcher), launch.rank, launch.world_size);
+  end_with_launcher();
   ProcessGroupPtr world = init_mpi_world(options.local.group);
   if (world->size() != launch.world_size || world->rank() != launch.rank) {
     const int mpi_rank = world->rank();

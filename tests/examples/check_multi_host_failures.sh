@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The whole job ends when a host is lost (multi_host_env.sh: hosts as network
+# namespaces, OpenMPI over TCP). Each case trains on 4 ranks over 2 hosts
+# with a 5 s collective timeout, breaks something mid-run and checks that
+# mpirun exits non-zero within the timeout plus a margin, that no process is
+# left on either host, and that the log says what was lost:
+#   - the link to host-b is cut: mpirun names the host it lost, or the ranks'
+#     watchdogs the collective and group that never completed; the run then
+#     resumes on one host from its last committed checkpoint and ends bitwise
+#     where an uninterrupted run ends;
+#   - every process of host-b is killed (the host dies): mpirun says a
+#     daemon was lost, naming host-b when a rank was talking to it;
+#   - one rank of host-b stops (SIGSTOP, a rank stalled inside a collective):
+#     the other ranks' watchdogs name the collective and the group, and
+#     abort the job.
+# Needs root, iproute2's `ip` and mpirun; without them it is skipped (exit 77)
+# with the reason.
+# Usage: check_multi_host_failures.sh path/to/train
+set -uo pipefail
+source "$(dirname "$0")/multi_host_env.sh"
+on_hosts 2 "$0" "$@"
+set -e
+train=$1
+
+timeout_s=5
+# The margin on top of the timeout within which the job must be gone: mpirun
+# notices a lost host in about 5 s (its keepalive), the ranks' watchdogs fire
+# at the timeout, and tearing down takes a second or two on a quiet machine;
+# the rest is room for a busy one. A hanging mpirun would use all of
+# $mpirun_limit (300 s).
+margin_s=45
+export TESSERA_DIST_TIMEOUT_S=$timeout_s
+forwarded_variables=(TESSERA_DIST_TIMEOUT_S)
+# Steps this small take milliseconds: 1500 of them outlast the breakage.
+run=(--deterministic --batch 1 --seq-len 16 --threads 1 --eval-every 0 --steps 1500)
+
+# start_run ARGS...: train over both hosts in the background ($job), its log in $work/log.
+start_run() {
+  mpirun_over "2 2" "$train" --backend mpi "${run[@]}" "$@" >"$work/log" 2>&1 &
+  job=$!
+}
+# wait_for_step N: until the log shows step N or later.
+wait_for_step() {
+  local waited=0
+  until awk -v n="$1" '$1 == "step" && $2 + 0 >= n { found = 1 } END { exit !found }' "$work/log"; do
+    kill -0 "$job" 2>/dev/null || { tail -n 30 "$work/log" >&2; fail "the run ended before step $1"; }
+    sleep 0.1
+    waited=$((waited + 1))
+    [ $waited -lt 3000 ] || fail "no step $1 within 300 s"
+  done
+}
+# job_ends CASE: mpirun exits non-zero within the bound, leaving nothing on the hosts.
+job_ends() {
+  local start=$SECONDS status=0 seconds left
+  wait "$job" || status=$?
+  seconds=$((SECONDS - start))
+  [ $status -ne 0 ] || fail "$1: mpirun exited 0"
+  [ $seconds -le $((timeout_s + margin_s)) ] || fail "$1: the job took $seconds s to end, over $timeout_s + $margin_s"
+  # A rank dies with the launcher process that started it (dist/launch.cpp):
+  # give the kernel a moment to finish what mpirun's exit began.
+  for host in "${hosts[@]}"; do
+    for _ in $(seq 50); do
+      left=$(processes_on "$host")
+      [ -n "$left" ] || break
+      sleep 0.1
+    done
+    [ -z "$left" ] || fail "$1: left on $host 5 s after mpirun exited: $left"
+  done
+  echo "multi-host: $1: the job ended in $seconds s (mpirun exit $status), nothing left on ${hosts[*]}"
+}
+says() {  # CASE PATTERN...: the log holds each extended regular expression
+  local case=$1
+  shift
+  for pattern in "$@"; do
+    grep -qE "$pattern" "$work/log" || { tail -n 40 "$work/log" >&2; fail "$case: the log does not say /$pattern/"; }
+  done
+}
+# mpirun's daemon, or a rank's TCP transport, naming host-b's address.
+lost_host_b='Remote daemon: .* on node 10\.231\.7\.2|Peer host: +10\.231\.7\.2|connect\(\) to 10\.231\.7\.2'
+watchdog="tessera mpi watchdog: #[0-9]+ [a-z_]+\(.*\) on group '[a-z]+' did not complete within the $timeout_s s timeout"
+
+# ---- a host dies ----
+start_run
+wait_for_step 20
+ip netns pids host-b | xargs -r kill -9
+job_ends "killed host"
+# OpenMPI 4.1's mpirun does not always name a host whose daemon died: it
+# may say only that it could not start a daemon (docs/distributed.md).
+says "killed host" "$lost_host_b|ORTE was unable to reliably start one or more daemons"
+
+# ---- a rank stalls ----
+start_run
+wait_for_step 20
+stalled=$(ip netns pids host-b | xargs -r ps -o pid=,comm= -p | awk '$2 == "train" { print $1; exit }')
+[ -n "$stalled" ] || fail "no train process on host-b"
+kill -STOP "$stalled"
+job_ends "stalled rank"
+says "stalled rank" "$watchdog" "Aborting the job"
+
+# ---- a cut link, then a resume (last: the link stays cut) ----
+start_run --ckpt-dir "$work/ckpt" --ckpt-every 25
+wait_for_step 120
+ip link set port-1 down
+job_ends "cut link"
+says "cut link" "$lost_host_b|$watchdog"
+latest=$(ls -d "$work"/ckpt/step-* | sort | tail -n 1)
+mpirun_limit=600 timeout --kill-after=10 600 "$train" "${run[@]}" --nproc 4 --ckpt-dir "$work/ckpt" --resume \
+  --export "$work/resumed.safetensors" >"$work/log" 2>&1 || { tail -n 30 "$work/log" >&2; fail "the resume failed"; }
+says "resume" "$(basename "$latest")"
+timeout --kill-after=10 600 "$train" "${run[@]}" --nproc 4 --export "$work/straight.safetensors" >"$work/log" 2>&1 ||
+  { tail -n 30 "$work/log" >&2; fail "the uninterrupted run failed"; }
+cmp -s "$work/resumed.safetensors" "$work/straight.safetensors" ||
+  fail "resumed from $(basename "$latest") after the cut, the run does not end where an uninterrupted one does"
+echo "multi-host: resumed on one host from $(basename "$latest"): bitwise equal to an uninterrupted run"
