@@ -17,6 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/save_points.h"
 #include "autograd/grad_mode.h"
+#include "dist/fault_injection.h"
 #include "dist/launch.h"
 #include "tensor/ops.h"
 
@@ -48,6 +49,17 @@ std::vector<uint32_t> block_checksums(const Tensor& dense) {
     crcs.push_back(crc32c(bytes + begin, static_cast<size_t>(std::min(kChecksumBlock, dense.nbytes() - begin))));
   }
   return crcs;
+}
+
+// An injected corruption (dist/fault_injection.h): the file's last byte,
+// which is tensor data, flips after its checksum was taken.
+void flip_last_byte(const std::string& path) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(-1, std::ios::end);
+  const char last = static_cast<char>(file.get() ^ 0x5a);
+  file.seekp(-1, std::ios::end);
+  file.put(last);
+  TESSERA_CHECK(file.good(), "checkpoint::save: the injected corruption of '{}' failed", path);
 }
 
 // Writes this rank's file; returns its chunks as JSON (or the error text).
@@ -129,9 +141,18 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
   rethrow_any(gather_json(group, prepared), "save");
 
   nlohmann::json mine;
+  const int world_rank = group ? group->world_ranks()[static_cast<size_t>(rank)] : 0;
   try {
     if (!local_error.empty()) fail("{}", local_error);
+    const std::optional<dist::Fault> fault = dist::fault_at(dist::FaultPoint::checkpoint_write, world_rank);
+    if (fault && fault->action == dist::FaultAction::fail) {
+      fail("checkpoint::save: writing {} in '{}' failed: {} (injected fault {})", rank_file(rank), tmp,
+           dist::describe_errno(fault->error_number), fault->to_string());
+    }
     mine = write_rank_file(tmp, state, rank, options.sync);
+    if (fault && fault->action == dist::FaultAction::corrupt && !mine["file"].is_null()) {
+      flip_last_byte((fs::path(tmp) / mine["file"].get<std::string>()).string());
+    }
   } catch (const std::exception& error) {
     mine = {{"error", error.what()}};
   }
@@ -179,6 +200,9 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
       file.close(options.sync);
       if (options.sync) sync_directory(tmp);
       reach_save_point("metadata_written");
+      if (const std::optional<dist::Fault> fault = dist::fault_at(dist::FaultPoint::checkpoint_commit, world_rank)) {
+        dist::carry_out(*fault, fmt::format("the commit of '{}'", dir), group && group->backend_name() != "local");
+      }
       fs::rename(tmp, dir);
       if (options.sync) sync_directory(fs::absolute(dir).parent_path().string());
       reach_save_point("committed");

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "dist/errors.h"
+#include "dist/fault_injection.h"
 #include "dist/trace.h"
 #include "tensor/ops.h"
 
@@ -204,6 +205,10 @@ Work ProcessGroup::issue(CollectiveSignature signature, std::shared_ptr<void> ke
   auto state = std::make_shared<Work::State>();
   state->description = fmt::format("{} #{} on group '{}'", collective_name(signature.kind), signature.sequence, name_);
   state->keep_alive = std::move(keep_alive);
+  if (const std::optional<Fault> fault = fault_at(FaultPoint::collective, world_ranks_[rank_])) {
+    carry_out(*fault, fmt::format("world rank {}'s {}", world_ranks_[rank_], state->description),
+              backend_name() != "local");
+  }
 
   std::shared_ptr<Stream> stream;
   {

@@ -12,7 +12,9 @@
 #     daemon was lost, naming host-b when a rank was talking to it;
 #   - one rank of host-b stops (SIGSTOP, a rank stalled inside a collective):
 #     the other ranks' watchdogs name the collective and the group, and
-#     abort the job.
+#     abort the job;
+#   - rank 2 dies at its 300th collective (TESSERA_FAULT): it says so, and
+#     mpirun names the signal that ended it.
 # Needs root, iproute2's `ip` and mpirun; without them it is skipped (exit 77)
 # with the reason.
 # Usage: check_multi_host_failures.sh path/to/train
@@ -96,6 +98,17 @@ stalled=$(ip netns pids host-b | xargs -r ps -o pid=,comm= -p | awk '$2 == "trai
 kill -STOP "$stalled"
 job_ends "stalled rank"
 says "stalled rank" "$watchdog" "Aborting the job"
+
+# ---- an injected crash (dist/fault_injection.h) ----
+export TESSERA_FAULT=kill@collective,rank=2,at=300
+forwarded_variables+=(TESSERA_FAULT)
+start_run
+job_ends "injected crash"
+says "injected crash" \
+  "tessera: injected fault kill@collective,rank=2,at=300: killing this process at world rank 2's" \
+  "exited on signal 9"
+unset TESSERA_FAULT
+forwarded_variables=(TESSERA_DIST_TIMEOUT_S)
 
 # ---- a cut link, then a resume (last: the link stays cut) ----
 start_run --ckpt-dir "$work/ckpt" --ckpt-every 25
