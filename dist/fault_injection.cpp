@@ -24,7 +24,8 @@ constexpr std::pair<std::string_view, FaultAction> kActions[] = {
     {"corrupt", FaultAction::corrupt}};
 constexpr std::pair<std::string_view, FaultPoint> kPoints[] = {{"collective", FaultPoint::collective},
                                                                {"checkpoint_write", FaultPoint::checkpoint_write},
-                                                               {"checkpoint_commit", FaultPoint::checkpoint_commit}};
+                                                               {"checkpoint_commit", FaultPoint::checkpoint_commit},
+                                                               {"data", FaultPoint::data}};
 constexpr std::pair<std::string_view, int> kErrnos[] = {
     {"ENOSPC", ENOSPC}, {"EIO", EIO}, {"EDQUOT", EDQUOT}, {"EROFS", EROFS}, {"ENOMEM", ENOMEM}};
 
@@ -60,6 +61,8 @@ bool takes(FaultPoint point, FaultAction action) {
       return action == FaultAction::fail || action == FaultAction::corrupt;
     case FaultPoint::checkpoint_commit:
       return action == FaultAction::kill;
+    case FaultPoint::data:
+      return action == FaultAction::fail;
   }
   return false;
 }

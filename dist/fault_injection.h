@@ -13,6 +13,7 @@
 //                                      rank 1's 3rd checkpoint shard fails to write
 //   corrupt@checkpoint_write,rank=0    one byte of rank 0's 1st shard flips after it is checksummed
 //   kill@checkpoint_commit,at=2        rank 0 dies as it is about to commit the 2nd checkpoint
+//   fail@data,rank=3,at=10,errno=EIO   rank 3's 10th training micro-batch fails to load
 //
 // `rank` is a world rank (any rank when left out); `at` counts that rank's
 // arrivals at the point from 1 (default 1; a fault with no rank counts each
@@ -32,7 +33,7 @@
 
 namespace tessera::dist {
 
-enum class FaultPoint : uint8_t { collective, checkpoint_write, checkpoint_commit };
+enum class FaultPoint : uint8_t { collective, checkpoint_write, checkpoint_commit, data };
 enum class FaultAction : uint8_t { kill, delay, fail, corrupt };
 
 struct Fault {

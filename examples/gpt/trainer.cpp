@@ -18,6 +18,7 @@
 #include "examples/gpt/huggingface/hf_checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "autograd/grad_mode.h"
+#include "dist/fault_injection.h"
 #include "dist/launch.h"
 #include "dist/local_backend.h"
 #include "examples/gpt/config_json.h"
@@ -213,7 +214,12 @@ StepMetrics Trainer::train_step() {
     // FSDP2's accumulation: gradients stay unsharded on this rank until the
     // last micro-batch, whose backward reduce-scatters their sum.
     if (fsdp_root_) fsdp_root_->set_requires_gradient_sync(micro + 1 == micro_batches);
-    Batch batch = data_.train_batch(next_micro_batch_ + micro * ranks + rank());
+    const int64_t micro_batch = next_micro_batch_ + micro * ranks + rank();
+    if (const std::optional<dist::Fault> fault = dist::fault_at(dist::FaultPoint::data, rank())) {
+      tessera::fail("data: reading micro-batch {} of {} failed: {} (injected fault {})", micro_batch,
+                    data_.description(), dist::describe_errno(fault->error_number), fault->to_string());
+    }
+    Batch batch = data_.train_batch(micro_batch);
     Tensor loss = model_->loss(tessera::ops::to(batch.inputs, config_.device),
                                tessera::ops::to(batch.targets, config_.device));
     tessera::autograd::backward(loss);

@@ -28,14 +28,16 @@ struct ClearFaults {
 TEST_CASE("fault plans: each action at the points that take it, written back as parsed") {
   const std::vector<Fault> faults = dist::parse_faults(
       "kill@collective,rank=2,at=57;delay@collective,rank=1,at=12,seconds=0.5;"
-      "fail@checkpoint_write,rank=1,at=3,errno=ENOSPC;corrupt@checkpoint_write,rank=0;kill@checkpoint_commit,at=2;");
-  REQUIRE(faults.size() == 5);
+      "fail@checkpoint_write,rank=1,at=3,errno=ENOSPC;corrupt@checkpoint_write,rank=0;kill@checkpoint_commit,at=2;"
+      "fail@data,rank=3,at=10,errno=EIO");
+  REQUIRE(faults.size() == 6);
   CHECK(faults[0].to_string() == "kill@collective,rank=2,at=57");
   CHECK(faults[1].to_string() == "delay@collective,rank=1,at=12,seconds=0.5");
   CHECK(faults[2].to_string() == "fail@checkpoint_write,rank=1,at=3,errno=ENOSPC");
   CHECK(faults[3].to_string() == "corrupt@checkpoint_write,rank=0,at=1");
   CHECK(faults[4].to_string() == "kill@checkpoint_commit,at=2");
   CHECK(!faults[4].rank);
+  CHECK(faults[5].to_string() == "fail@data,rank=3,at=10,errno=EIO");
   CHECK(dist::parse_faults("").empty());
   CHECK(dist::describe_errno(faults[2].error_number) == "No space left on device (ENOSPC)");
 }
@@ -47,7 +49,8 @@ TEST_CASE("fault plans: a bad one is refused, naming the fault and what is wrong
   };
   refused("kill", "'kill' is not ACTION@POINT[,KEY=VALUE...]");
   refused("explode@collective", "no action 'explode' (kill, delay, fail, corrupt)");
-  refused("kill@network", "no point 'network' (collective, checkpoint_write, checkpoint_commit)");
+  refused("kill@network", "no point 'network' (collective, checkpoint_write, checkpoint_commit, data)");
+  refused("kill@data", "data cannot kill");
   refused("fail@collective,errno=EIO", "collective cannot fail");
   refused("kill@checkpoint_write", "checkpoint_write cannot kill");
   refused("kill@collective,rank=-1", "rank=-1 must be an integer >= 0");

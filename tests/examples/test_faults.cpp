@@ -129,6 +129,14 @@ TEST_CASE("an injected death before a commit loses that checkpoint only; the one
         std::vector<int64_t>{2, 4});
 }
 
+TEST_CASE("an injected failure to load a micro-batch stops the run; the last checkpoint resumes bitwise") {
+  ClearFaults clear;
+  // A micro-batch a step on each of 3 ranks: rank 1's 6th is global micro-batch 5 x 3 + 1, in step 6.
+  CHECK(stops_then_resumes("fail@data,rank=1,at=6,errno=EIO",
+                           {"data: reading micro-batch 16 of synthetic", "Input/output error (EIO)",
+                            "injected fault fail@data,rank=1,at=6,errno=EIO"}) == std::vector<int64_t>{2, 4});
+}
+
 TEST_CASE("an injected corruption after the checksum is found at load, naming the file") {
   ClearFaults clear;
   TempDir dir;
