@@ -12,6 +12,8 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "dist/reduction.h"
@@ -299,6 +302,7 @@ class MpiProcessGroup final : public ProcessGroup {
   void wait_for(MPI_Request& request, const CollectiveSignature& signature) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point start = Clock::now();
+    Clock::time_point answered = start;
     for (int64_t polls = 0;; ++polls) {
       int done = 0;
       {
@@ -307,7 +311,12 @@ class MpiProcessGroup final : public ProcessGroup {
       }
       if (done) return;
       if (polls < 100) continue;
-      const Clock::duration waited = Clock::now() - start;
+      const Clock::time_point now = Clock::now();
+      if (now - answered > std::chrono::milliseconds(1)) {
+        answer_roll_calls(signature.sequence);
+        answered = now;
+      }
+      const Clock::duration waited = now - start;
       if (waited > options().timeout) abort_job_on_timeout(signature);
       if (waited < std::chrono::milliseconds(200)) {
         std::this_thread::yield();
@@ -317,15 +326,102 @@ class MpiProcessGroup final : public ProcessGroup {
     }
   }
 
-  // Under MPI the other ranks cannot be told apart from a slow network, and a
-  // blocked peer cannot be woken: report, then end the whole job.
-  [[noreturn]] void abort_job_on_timeout(const CollectiveSignature& signature) const {
+  // The roll call: a rank whose collective timed out asks every other member
+  // of the group which collective it is waiting in. A member answers while it
+  // waits in one of this group's collectives (wait_for), with its sequence
+  // number; one that does not answer never joined: it is stalled, dead, or
+  // busy outside this group's collectives. Point-to-point messages on comm_
+  // never match its collectives, so this runs beside the stuck one.
+  static constexpr int kRollCallQuery = 0x7e55;
+  static constexpr int kRollCallAnswer = 0x7e56;
+
+  // Answers every roll call that has arrived with `sequence`, the collective this rank waits in.
+  void answer_roll_calls(int64_t sequence) {
+    for (;;) {
+      MpiCallGuard guard;
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kRollCallQuery, comm_, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+      int64_t asker_sequence = 0;
+      MPI_Recv(&asker_sequence, 1, MPI_INT64_T, status.MPI_SOURCE, kRollCallQuery, comm_, MPI_STATUS_IGNORE);
+      MPI_Send(&sequence, 1, MPI_INT64_T, status.MPI_SOURCE, kRollCallAnswer, comm_);  // 8 bytes: sent eagerly
+    }
+  }
+
+  // Asks every other member and waits up to a quarter of the timeout (0.1 to
+  // 2 s) for the answers, answering the others' roll calls meanwhile (their
+  // watchdogs fire at about the same time). Returns each member's sequence,
+  // or nothing for those that did not answer (this rank's is its own).
+  std::vector<std::optional<int64_t>> roll_call(int64_t sequence) {
+    using Clock = std::chrono::steady_clock;
+    std::vector<std::optional<int64_t>> answers(static_cast<size_t>(size()));
+    answers[static_cast<size_t>(rank())] = sequence;
+    std::vector<MPI_Request> queries;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      MpiCallGuard guard;
+      MPI_Request query;
+      if (MPI_Isend(&sequence, 1, MPI_INT64_T, peer, kRollCallQuery, comm_, &query) == MPI_SUCCESS) {
+        queries.push_back(query);
+      }
+    }
+    const Clock::duration grace = std::clamp<Clock::duration>(
+        std::chrono::duration_cast<Clock::duration>(options().timeout / 4), std::chrono::milliseconds(100),
+        std::chrono::seconds(2));
+    const Clock::time_point deadline = Clock::now() + grace;
+    int missing = size() - 1;
+    while (missing > 0 && Clock::now() < deadline) {
+      answer_roll_calls(sequence);
+      {
+        MpiCallGuard guard;
+        int arrived = 0;
+        MPI_Status status;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, kRollCallAnswer, comm_, &arrived, &status) == MPI_SUCCESS && arrived) {
+          int64_t answer = 0;
+          MPI_Recv(&answer, 1, MPI_INT64_T, status.MPI_SOURCE, kRollCallAnswer, comm_, MPI_STATUS_IGNORE);
+          if (!answers[static_cast<size_t>(status.MPI_SOURCE)]) --missing;
+          answers[static_cast<size_t>(status.MPI_SOURCE)] = answer;
+          continue;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return answers;  // the queries to silent members stay posted: the job is about to end
+  }
+
+  // "rank 1 (world rank 1) never answered (stalled, dead, or outside this
+  // group's collectives); rank 3 (world rank 3) waits in #58": every member
+  // that is not in collective `sequence` with this one.
+  std::string absent_members(const std::vector<std::optional<int64_t>>& answers, int64_t sequence) const {
+    std::vector<std::string> silent, elsewhere;
+    for (int peer = 0; peer < size(); ++peer) {
+      const std::optional<int64_t>& answer = answers[static_cast<size_t>(peer)];
+      const std::string who = fmt::format("{} (world rank {})", peer, world_ranks()[static_cast<size_t>(peer)]);
+      if (!answer) {
+        silent.push_back(who);
+      } else if (*answer != sequence) {
+        elsewhere.push_back(fmt::format("{} waits in #{}", who, *answer));
+      }
+    }
+    std::string text;
+    if (!silent.empty()) {
+      text += fmt::format("rank{} {} never answered the roll call (stalled, dead, or outside this group's collectives)",
+                          silent.size() == 1 ? "" : "s", fmt::join(silent, ", "));
+    }
+    if (!elsewhere.empty()) text += fmt::format("{}rank {}", text.empty() ? "" : "; ", fmt::join(elsewhere, ", rank "));
+    return text.empty() ? "every member answered from this collective, so it is the transport that stalled" : text;
+  }
+
+  // Under MPI a blocked peer cannot be woken: report who never joined (the
+  // roll call), then end the whole job.
+  [[noreturn]] void abort_job_on_timeout(const CollectiveSignature& signature) {
+    const std::string absent = absent_members(roll_call(signature.sequence), signature.sequence);
     std::string message = fmt::format(
         "tessera mpi watchdog: {} on group '{}' did not complete within the {:.3g} s timeout on rank {} of {} (world "
-        "rank {}); some rank of the group never joined it. Aborting the job (MPI_Abort). Timeout: "
-        "ProcessGroupOptions::timeout or TESSERA_DIST_TIMEOUT_S.\n",
+        "rank {}); {}. Aborting the job (MPI_Abort). Timeout: ProcessGroupOptions::timeout or "
+        "TESSERA_DIST_TIMEOUT_S.\n",
         signature.to_string(), name(), std::chrono::duration<double>(options().timeout).count(), rank(), size(),
-        world_ranks()[static_cast<size_t>(rank())]);
+        world_ranks()[static_cast<size_t>(rank())], absent);
     std::fputs(message.c_str(), stderr);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);

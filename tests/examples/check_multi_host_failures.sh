@@ -11,8 +11,8 @@
 #   - every process of host-b is killed (the host dies): mpirun says a
 #     daemon was lost, naming host-b when a rank was talking to it;
 #   - one rank of host-b stops (SIGSTOP, a rank stalled inside a collective):
-#     the other ranks' watchdogs name the collective and the group, and
-#     abort the job;
+#     the other ranks' watchdogs name the collective, the group and the
+#     stopped rank (it never answers their roll call), and abort the job;
 #   - rank 2 dies at its 300th collective (TESSERA_FAULT): it says so, and
 #     mpirun names the signal that ended it.
 # Needs root, iproute2's `ip` and mpirun; without them it is skipped (exit 77)
@@ -78,7 +78,8 @@ says() {  # CASE PATTERN...: the log holds each extended regular expression
   done
 }
 # mpirun's daemon, or a rank's TCP transport, naming host-b's address.
-lost_host_b='Remote daemon: .* on node 10\.231\.7\.2|Peer host: +10\.231\.7\.2|connect\(\) to 10\.231\.7\.2'
+host_b='10\.231\.7\.2'
+lost_host_b="Remote daemon: .* on node $host_b|Peer host: +$host_b|connect\\(\\) to $host_b"
 watchdog="tessera mpi watchdog: #[0-9]+ [a-z_]+\(.*\) on group '[a-z]+' did not complete within the $timeout_s s timeout"
 
 # ---- a host dies ----
@@ -93,11 +94,16 @@ says "killed host" "$lost_host_b|ORTE was unable to reliably start one or more d
 # ---- a rank stalls ----
 start_run
 wait_for_step 20
-stalled=$(ip netns pids host-b | xargs -r ps -o pid=,comm= -p | awk '$2 == "train" { print $1; exit }')
+stalled=
+for pid in $(ip netns pids host-b); do  # a rank: a process of the train binary
+  if [ "$(readlink "/proc/$pid/exe")" = "$(readlink -f "$train")" ]; then stalled=$pid; break; fi
+done
 [ -n "$stalled" ] || fail "no train process on host-b"
+stalled_rank=$(tr '\0' '\n' <"/proc/$stalled/environ" | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
 kill -STOP "$stalled"
 job_ends "stalled rank"
-says "stalled rank" "$watchdog" "Aborting the job"
+says "stalled rank" "$watchdog" "Aborting the job" \
+  "rank [0-9]+ \(world rank $stalled_rank\) never answered the roll call"
 
 # ---- an injected crash (dist/fault_injection.h) ----
 export TESSERA_FAULT=kill@collective,rank=2,at=300
