@@ -38,6 +38,7 @@ run=(--deterministic --batch 1 --seq-len 16 --threads 1 --eval-every 0 --steps 1
 
 # start_run ARGS...: train over both hosts in the background ($job), its log in $work/log.
 start_run() {
+  : >"$work/log"  # now, not when the background job gets to it: wait_for_step must not read the last run's log
   mpirun_over "2 2" "$train" --backend mpi "${run[@]}" "$@" >"$work/log" 2>&1 &
   job=$!
 }
