@@ -16,8 +16,10 @@
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "tensor/ops.h"
+#include "tests/nn/tensor_differences.h"
 
 using tessera::Tensor;
+using tessera::testing::max_scaled_difference;
 
 namespace {
 
@@ -27,15 +29,6 @@ const tessera::Device kCuda(tessera::DeviceType::cuda);
 // there): the cuda kernels sum in their own orders, cached or not. The
 // largest difference seen here is 1.9e-7.
 constexpr double kF32Bound = 2e-6;
-
-double max_scaled_difference(const Tensor& actual, const Tensor& expected) {
-  REQUIRE(actual.sizes() == expected.sizes());
-  const std::vector<double> a = actual.to_vector<double>(), e = expected.to_vector<double>();
-  double scale = 1.0, worst = 0.0;
-  for (double value : e) scale = std::max(scale, std::abs(value));
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]));
-  return worst / scale;
-}
 
 // Built on the cpu, then moved: the same weights on either device.
 std::unique_ptr<tessera::nn::CausalLM> small_gpt(tessera::Device device) {

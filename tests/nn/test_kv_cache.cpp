@@ -20,8 +20,10 @@
 #include "nn/models/llama.h"
 #include "nn/rotary_embedding.h"
 #include "tensor/ops.h"
+#include "tests/nn/tensor_differences.h"
 
 using namespace tessera;
+using testing::max_scaled_difference;
 
 namespace {
 
@@ -40,15 +42,6 @@ constexpr double kCachedF32Bound = 2e-6;
 constexpr double kCachedF64Bound = 1e-14;
 
 double bound_for(DType dtype) { return dtype == DType::f64 ? kCachedF64Bound : kCachedF32Bound; }
-
-double max_scaled_difference(const Tensor& actual, const Tensor& expected) {
-  REQUIRE(actual.sizes() == expected.sizes());
-  const std::vector<double> a = actual.to_vector<double>(), e = expected.to_vector<double>();
-  double scale = 1.0, worst = 0.0;
-  for (double value : e) scale = std::max(scale, std::abs(value));
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]));
-  return worst / scale;
-}
 
 std::vector<int64_t> tokens_of(int64_t count, int64_t vocab, int64_t salt) {
   std::vector<int64_t> tokens;

@@ -20,8 +20,11 @@
 #include "nn/rotary_embedding.h"
 #include "nn/swiglu.h"
 #include "tensor/ops.h"
+#include "tests/nn/tensor_differences.h"
 
 using namespace tessera;
+using testing::max_abs_difference;
+using testing::max_scaled_difference;
 
 namespace {
 
@@ -45,24 +48,6 @@ nn::LlamaConfig golden_config(DType dtype) {
   config.norm_eps = std::stod(metadata.at("norm_eps"));
   config.dtype = dtype;
   return config;
-}
-
-double max_abs_difference(const Tensor& actual, const Tensor& expected) {
-  REQUIRE(actual.sizes() == expected.sizes());
-  const std::vector<double> a = actual.to_vector<double>(), e = expected.to_vector<double>();
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]));
-  return worst;
-}
-
-// The worst |actual - expected| over the tensor's scale max(1, max |expected|):
-// rounding error is relative to the magnitudes a result is summed from, not
-// to each element (a logit near 0 is the sum of terms as large as the rest).
-double max_scaled_difference(const Tensor& actual, const Tensor& expected) {
-  const std::vector<double> e = expected.to_vector<double>();
-  double scale = 1.0;
-  for (double value : e) scale = std::max(scale, std::abs(value));
-  return max_abs_difference(actual, expected) / scale;
 }
 
 struct GoldenComparison {
