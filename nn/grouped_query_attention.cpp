@@ -42,48 +42,43 @@ Tensor GroupedQueryAttention::expand_kv_heads(const Tensor& kv) const {
   return tessera::reshape(repeated, {B, num_heads_, T, D});
 }
 
-void GroupedQueryAttention::check_input(const Tensor& x) const {
+GroupedQueryAttention::Heads GroupedQueryAttention::project_heads(const Tensor& x) const {
   TESSERA_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_,
                 "GroupedQueryAttention: expected input [B, T, {}], got {}", embed_dim_,
                 x.defined() ? x.sizes() : Shape{});
+  const int64_t B = x.size(0), T = x.size(1), D = head_dim();
+  return {tessera::view((*wq_)(x), {B, T, num_heads_, D}), tessera::view((*wk_)(x), {B, T, num_kv_heads_, D}),
+          tessera::view((*wv_)(x), {B, T, num_kv_heads_, D})};
+}
+
+Tensor GroupedQueryAttention::attend_causally(const Heads& heads) const {
+  const Tensor y = tessera::scaled_dot_product_attention(tessera::transpose(heads.q, 1, 2), expand_kv_heads(heads.k),
+                                                         expand_kv_heads(heads.v));  // [B, H, T, D]
+  return tessera::transpose(y, 1, 2);
 }
 
 Tensor GroupedQueryAttention::forward(const Tensor& x) {
-  check_input(x);
-  const int64_t B = x.size(0), T = x.size(1), H = num_heads_, Hkv = num_kv_heads_, D = head_dim();
-  Tensor q = tessera::view((*wq_)(x), {B, T, H, D});
-  Tensor k = tessera::view((*wk_)(x), {B, T, Hkv, D});
-  const Tensor v = tessera::view((*wv_)(x), {B, T, Hkv, D});
+  Heads heads = project_heads(x);
   if (rope_) {
-    q = (*rope_)(q);
-    k = (*rope_)(k);
+    heads.q = (*rope_)(heads.q);
+    heads.k = (*rope_)(heads.k);
   }
-  const Tensor y = tessera::scaled_dot_product_attention(tessera::transpose(q, 1, 2), expand_kv_heads(k),
-                                                         expand_kv_heads(v));  // [B, H, T, D]
-  // [B, H, T, D] -> [B, T, H, D] -> [B, T, H*D]
-  return (*wo_)(tessera::reshape(tessera::transpose(y, 1, 2), {B, T, H * D}));
+  // [B, T, H, D] -> [B, T, H*D]
+  return (*wo_)(tessera::reshape(attend_causally(heads), {x.size(0), x.size(1), embed_dim_}));
 }
 
 Tensor GroupedQueryAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t layer,
                                              const CachedStep& step) {
   check_no_forward_hooks(*this, "GroupedQueryAttention::forward_cached");
-  check_input(x);
-  const int64_t B = x.size(0), T = x.size(1), H = num_heads_, Hkv = num_kv_heads_, D = head_dim();
-  Tensor q = tessera::view((*wq_)(x), {B, T, H, D});
-  Tensor k = tessera::view((*wk_)(x), {B, T, Hkv, D});
-  const Tensor v = tessera::view((*wv_)(x), {B, T, Hkv, D});
+  Heads heads = project_heads(x);
   if (rope_) {
-    q = rope_->forward_at(q, step.positions);
-    k = rope_->forward_at(k, step.positions);
+    heads.q = rope_->forward_at(heads.q, step.positions);
+    heads.k = rope_->forward_at(heads.k, step.positions);
   }
-  cache.store(layer, step, k, v);
+  cache.store(layer, step, heads.k, heads.v);
   // [B, T, H, D] from forward's own ops, or from the cache.
-  const Tensor y = step.causal_prefill
-                       ? tessera::transpose(tessera::scaled_dot_product_attention(
-                                                tessera::transpose(q, 1, 2), expand_kv_heads(k), expand_kv_heads(v)),
-                                            1, 2)
-                       : cache.attend(layer, step, q);
-  return (*wo_)(tessera::reshape(y, {B, T, H * D}));
+  const Tensor y = step.causal_prefill ? attend_causally(heads) : cache.attend(layer, step, heads.q);
+  return (*wo_)(tessera::reshape(y, {x.size(0), x.size(1), embed_dim_}));
 }
 
 }  // namespace tessera::nn

@@ -57,9 +57,17 @@ class GroupedQueryAttention : public Module {
   RotaryEmbedding* rope() const { return rope_.get(); }  // null without
 
  private:
-  void check_input(const Tensor& x) const;
+  struct Heads {
+    Tensor q;  // [B, T, H, D]
+    Tensor k;  // [B, T, Hkv, D]
+    Tensor v;  // [B, T, Hkv, D]
+  };
+  // The projections of x [B, T, embed_dim] as heads (views), x checked first.
+  Heads project_heads(const Tensor& x) const;
   // [B, T, Hkv, D] -> [B, H, T, D], each kv head repeated H / Hkv times in place.
   Tensor expand_kv_heads(const Tensor& kv) const;
+  // Causal attention of all T queries over the T keys: [B, T, H, D].
+  Tensor attend_causally(const Heads& heads) const;
 
   int64_t embed_dim_;
   int64_t num_heads_;
