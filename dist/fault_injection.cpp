@@ -2,7 +2,9 @@
 // (point, rank) under one lock, which only runs where a plan exists.
 #include "dist/fault_injection.h"
 
+#include <dirent.h>
 #include <fmt/format.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cerrno>
@@ -21,7 +23,7 @@ namespace {
 
 constexpr std::pair<std::string_view, FaultAction> kActions[] = {
     {"kill", FaultAction::kill}, {"delay", FaultAction::delay}, {"fail", FaultAction::fail},
-    {"corrupt", FaultAction::corrupt}};
+    {"corrupt", FaultAction::corrupt}, {"disconnect", FaultAction::disconnect}};
 constexpr std::pair<std::string_view, FaultPoint> kPoints[] = {{"collective", FaultPoint::collective},
                                                                {"checkpoint_write", FaultPoint::checkpoint_write},
                                                                {"checkpoint_commit", FaultPoint::checkpoint_commit},
@@ -56,7 +58,7 @@ std::string names_of(const std::pair<std::string_view, Value> (&table)[N]) {
 bool takes(FaultPoint point, FaultAction action) {
   switch (point) {
     case FaultPoint::collective:
-      return action == FaultAction::kill || action == FaultAction::delay;
+      return action == FaultAction::kill || action == FaultAction::delay || action == FaultAction::disconnect;
     case FaultPoint::checkpoint_write:
       return action == FaultAction::fail || action == FaultAction::corrupt;
     case FaultPoint::checkpoint_commit:
@@ -142,6 +144,33 @@ Plan& plan() {
 // Whether any fault is planned, without the lock: the common case is none.
 std::atomic<int> g_planned{-1};  // -1: TESSERA_FAULT not read yet
 
+// A host losing its network, as its peers see it: every TCP socket of this
+// process (its MPI links, its launcher's lifeline, a store's) is shut down
+// in both directions; the process goes on with what it has. Returns how many.
+int shut_down_tcp_sockets() {
+  int count = 0;
+  DIR* descriptors = ::opendir("/proc/self/fd");
+  if (descriptors == nullptr) return 0;
+  std::vector<int> fds;
+  while (const dirent* entry = ::readdir(descriptors)) {
+    int fd = -1;
+    const std::string_view name(entry->d_name);
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec == std::errc() && fd != ::dirfd(descriptors)) {
+      fds.push_back(fd);
+    }
+  }
+  ::closedir(descriptors);
+  for (const int fd : fds) {
+    int domain = 0, type = 0;
+    socklen_t length = sizeof domain;
+    if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length) != 0) continue;  // not a socket
+    length = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0) continue;
+    if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM && ::shutdown(fd, SHUT_RDWR) == 0) ++count;
+  }
+  return count;
+}
+
 }  // namespace
 
 std::string Fault::to_string() const {
@@ -196,7 +225,15 @@ void carry_out(const Fault& fault, std::string_view where, bool rank_is_process)
     std::this_thread::sleep_for(std::chrono::duration<double>(fault.seconds));
     return;
   }
-  TESSERA_CHECK(fault.action == FaultAction::kill, "carry_out: {} is the point's own to carry out", fault.to_string());
+  TESSERA_CHECK(fault.action == FaultAction::kill || fault.action == FaultAction::disconnect,
+                "carry_out: {} is the point's own to carry out", fault.to_string());
+  if (fault.action == FaultAction::disconnect && rank_is_process) {
+    const int connections = shut_down_tcp_sockets();
+    std::fprintf(stderr, "tessera: injected fault %s: shut down the %d TCP sockets of this process at %.*s\n",
+                 fault.to_string().c_str(), connections, static_cast<int>(where.size()), where.data());
+    std::fflush(stderr);
+    return;
+  }
   if (rank_is_process) {
     std::fprintf(stderr, "tessera: injected fault %s: killing this process at %.*s\n", fault.to_string().c_str(),
                  static_cast<int>(where.size()), where.data());

@@ -9,6 +9,8 @@
 //   kill@collective,rank=2,at=57       world rank 2 dies as it issues its 57th collective
 //   delay@collective,rank=1,at=12,seconds=5
 //                                      rank 1 issues its 12th collective 5 s late
+//   disconnect@collective,rank=2,at=30 rank 2's network drops as it issues its 30th collective:
+//                                      every TCP connection of its process is shut down
 //   fail@checkpoint_write,rank=1,at=3,errno=ENOSPC
 //                                      rank 1's 3rd checkpoint shard fails to write
 //   corrupt@checkpoint_write,rank=0    one byte of rank 0's 1st shard flips after it is checksummed
@@ -21,6 +23,10 @@
 // any of its groups. A kill ends the process as a crash would (SIGKILL) when
 // each rank is a process; among thread ranks (the local backend) it throws
 // InjectedFault on the rank's thread, which ends the run like a failed rank.
+// A disconnect is what a host's peers see when its network resets: the
+// connections close, the process lives on (a silent cut, where nothing
+// closes, is the multi-host check's `ip link set down`). Thread ranks have no
+// connections to drop: there it is a kill.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +40,7 @@
 namespace tessera::dist {
 
 enum class FaultPoint : uint8_t { collective, checkpoint_write, checkpoint_commit, data };
-enum class FaultAction : uint8_t { kill, delay, fail, corrupt };
+enum class FaultAction : uint8_t { kill, delay, fail, corrupt, disconnect };
 
 struct Fault {
   FaultAction action = FaultAction::kill;
@@ -68,9 +74,11 @@ void set_faults(std::vector<Fault> faults);
 // planned for it, if any.
 std::optional<Fault> fault_at(FaultPoint point, int rank);
 
-// Carries out a kill or delay reached at `where` ("rank 2's collective #57:
-// all_reduce on group 'shard'"): a delay sleeps; a kill raises SIGKILL when
-// `rank_is_process`, else throws InjectedFault naming the fault and `where`.
+// Carries out a kill, delay or disconnect reached at `where` ("rank 2's
+// collective #57: all_reduce on group 'shard'"): a delay sleeps; a kill
+// raises SIGKILL when `rank_is_process`, a disconnect shuts down the
+// process's TCP sockets; among thread ranks both throw InjectedFault naming
+// the fault and `where`.
 void carry_out(const Fault& fault, std::string_view where, bool rank_is_process);
 
 // The text a failed write reports for `error_number` ("No space left on device (ENOSPC)").

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #endif
 
+#include "dist/lifeline.h"
 #include "dist/mpi_backend.h"
 #include "tensor/error.h"
 
@@ -129,6 +130,7 @@ std::optional<int> slurm_local_size(const EnvironmentLookup& environment) {
 [[noreturn]] void abort_mpi_job(const std::string& message) {
   std::fputs(message.c_str(), stderr);
   std::fflush(stderr);
+  report_failure_to_launcher(message);
 #if TESSERA_HAVE_MPI
   MPI_Abort(MPI_COMM_WORLD, 1);
 #endif
@@ -171,6 +173,7 @@ void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
   }
   set_world(world);
   try {
+    open_process_lifeline(world->rank(), world->size());
     fn(world);
     world->synchronize();
   } catch (const std::exception& error) {
@@ -183,6 +186,7 @@ void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
   set_world(nullptr);
   world.reset();
   finalize_mpi();
+  report_clean_end_to_launcher();
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <optional>
 #include <thread>
 
+#include "dist/lifeline.h"
 #include "dist/reduction.h"
 
 namespace tessera::dist {
@@ -424,6 +425,7 @@ class MpiProcessGroup final : public ProcessGroup {
         world_ranks()[static_cast<size_t>(rank())], absent);
     std::fputs(message.c_str(), stderr);
     std::fflush(stderr);
+    report_failure_to_launcher(message);
     MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);
     std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
   }

@@ -29,8 +29,8 @@ TEST_CASE("fault plans: each action at the points that take it, written back as 
   const std::vector<Fault> faults = dist::parse_faults(
       "kill@collective,rank=2,at=57;delay@collective,rank=1,at=12,seconds=0.5;"
       "fail@checkpoint_write,rank=1,at=3,errno=ENOSPC;corrupt@checkpoint_write,rank=0;kill@checkpoint_commit,at=2;"
-      "fail@data,rank=3,at=10,errno=EIO");
-  REQUIRE(faults.size() == 6);
+      "fail@data,rank=3,at=10,errno=EIO;disconnect@collective,rank=2,at=30");
+  REQUIRE(faults.size() == 7);
   CHECK(faults[0].to_string() == "kill@collective,rank=2,at=57");
   CHECK(faults[1].to_string() == "delay@collective,rank=1,at=12,seconds=0.5");
   CHECK(faults[2].to_string() == "fail@checkpoint_write,rank=1,at=3,errno=ENOSPC");
@@ -38,6 +38,7 @@ TEST_CASE("fault plans: each action at the points that take it, written back as 
   CHECK(faults[4].to_string() == "kill@checkpoint_commit,at=2");
   CHECK(!faults[4].rank);
   CHECK(faults[5].to_string() == "fail@data,rank=3,at=10,errno=EIO");
+  CHECK(faults[6].to_string() == "disconnect@collective,rank=2,at=30");
   CHECK(dist::parse_faults("").empty());
   CHECK(dist::describe_errno(faults[2].error_number) == "No space left on device (ENOSPC)");
 }
@@ -48,7 +49,8 @@ TEST_CASE("fault plans: a bad one is refused, naming the fault and what is wrong
     CHECK_THROWS_WITH_AS(dist::parse_faults(text), doctest::Contains(says), Error);
   };
   refused("kill", "'kill' is not ACTION@POINT[,KEY=VALUE...]");
-  refused("explode@collective", "no action 'explode' (kill, delay, fail, corrupt)");
+  refused("explode@collective", "no action 'explode' (kill, delay, fail, corrupt, disconnect)");
+  refused("disconnect@checkpoint_commit", "checkpoint_commit cannot disconnect");
   refused("kill@network", "no point 'network' (collective, checkpoint_write, checkpoint_commit, data)");
   refused("kill@data", "data cannot kill");
   refused("fail@collective,errno=EIO", "collective cannot fail");
@@ -94,6 +96,13 @@ TEST_CASE("a collective fault on thread ranks: a kill ends the run naming it, a 
   CHECK_THROWS_WITH_AS(dist::run_local(3, [&](const dist::ProcessGroupPtr& group) { three_all_reduces(group); }),
                        doctest::Contains("injected fault kill@collective,rank=1,at=3: the rank died at world rank 1's "
                                          "all_reduce #2 on group 'world'"),
+                       dist::InjectedFault);
+
+  // Threads have no connections to drop: a disconnect ends the rank as a kill does.
+  dist::set_faults(dist::parse_faults("disconnect@collective,rank=2,at=1"));
+  CHECK_THROWS_WITH_AS(dist::run_local(3, [&](const dist::ProcessGroupPtr& group) { three_all_reduces(group); }),
+                       doctest::Contains("injected fault disconnect@collective,rank=2,at=1: the rank died at world "
+                                         "rank 2's all_reduce #0 on group 'world'"),
                        dist::InjectedFault);
 
   dist::set_faults(dist::parse_faults("delay@collective,rank=2,at=2,seconds=0.3"));

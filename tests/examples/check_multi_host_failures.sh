@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
 # The whole job ends when a host is lost (multi_host_env.sh: hosts as network
-# namespaces, OpenMPI over TCP). Each case trains on 4 ranks over 2 hosts
-# with a 5 s collective timeout, breaks something mid-run and checks that
-# mpirun exits non-zero within the timeout plus a margin, that no process is
-# left on either host, and that the log says what was lost:
-#   - the link to host-b is cut: mpirun names the host it lost, or the ranks'
-#     watchdogs the collective and group that never completed; the run then
-#     resumes on one host from its last committed checkpoint and ends bitwise
-#     where an uninterrupted run ends;
-#   - every process of host-b is killed (the host dies): mpirun says a
-#     daemon was lost, naming host-b when a rank was talking to it;
+# namespaces, OpenMPI over TCP), and tools/launch names what was lost. Each
+# case trains on 4 ranks over 2 hosts under the launcher, with a 5 s
+# collective timeout, breaks something mid-run and checks that the job
+# exits non-zero within the timeout plus a margin, that no process is left
+# on either host, and that the log says what was lost:
+#   - every process of host-b is killed (the host dies): the launcher names
+#     host-b and both its ranks, lost;
 #   - one rank of host-b stops (SIGSTOP, a rank stalled inside a collective):
-#     the other ranks' watchdogs name the collective, the group and the
-#     stopped rank (it never answers their roll call), and abort the job;
+#     the launcher names it, silent, as the first failure; the other ranks'
+#     watchdogs name the collective, the group and the stopped rank (it
+#     never answers their roll call), and abort the job;
 #   - rank 2 dies at its 300th collective (TESSERA_FAULT): it says so, and
-#     mpirun names the signal that ended it.
+#     the launcher names rank 2 and its host, lost, as the first failure;
+#   - rank 2's TCP connections drop at its 300th collective (TESSERA_FAULT's
+#     disconnect): the same, and the job ends within the bound;
+#   - the link to host-b is cut: the launcher names host-b, silent, and the
+#     ranks' watchdogs (or mpirun) the collective and group that never
+#     completed; the run then resumes on one host from its last committed
+#     checkpoint and ends bitwise where an uninterrupted run ends.
 # Needs root, iproute2's `ip` and mpirun; without them it is skipped (exit 77)
 # with the reason.
-# Usage: check_multi_host_failures.sh path/to/train
+# Usage: check_multi_host_failures.sh path/to/train path/to/launch
 set -uo pipefail
 source "$(dirname "$0")/multi_host_env.sh"
 on_hosts 2 "$0" "$@"
 set -e
 train=$1
+# A silent rank is named after 3 s; a job that does not end 20 s after a
+# rank failed or was lost is torn down by the launcher.
+launcher=("$2" --heartbeat-timeout-s 3 --grace-s 20 --)
 
 timeout_s=5
 # The margin on top of the timeout within which the job must be gone: mpirun
@@ -83,14 +90,18 @@ host_b='10\.231\.7\.2'
 lost_host_b="Remote daemon: .* on node $host_b|Peer host: +$host_b|connect\\(\\) to $host_b"
 watchdog="tessera mpi watchdog: #[0-9]+ [a-z_]+\(.*\) on group '[a-z]+' did not complete within the $timeout_s s timeout"
 
+launch_says="tessera launch:"
+
 # ---- a host dies ----
 start_run
 wait_for_step 20
 ip netns pids host-b | xargs -r kill -9
 job_ends "killed host"
-# OpenMPI 4.1's mpirun does not always name a host whose daemon died: it
-# may say only that it could not start a daemon (docs/distributed.md).
-says "killed host" "$lost_host_b|ORTE was unable to reliably start one or more daemons"
+# OpenMPI 4.1's mpirun does not always name a host whose daemon died (it
+# may say only that it could not start a daemon); the launcher does.
+says "killed host" "$launch_says rank [23] on host-b \(pid [0-9]+\) lost" \
+  "$launch_says host host-b lost: none of its ranks \(2, 3\) can be heard" \
+  "$launch_says first failure: rank [23] on host-b \(pid [0-9]+\) was lost"
 
 # ---- a rank stalls ----
 start_run
@@ -104,7 +115,9 @@ stalled_rank=$(tr '\0' '\n' <"/proc/$stalled/environ" | sed -n 's/^OMPI_COMM_WOR
 kill -STOP "$stalled"
 job_ends "stalled rank"
 says "stalled rank" "$watchdog" "Aborting the job" \
-  "rank [0-9]+ \(world rank $stalled_rank\) never answered the roll call"
+  "rank [0-9]+ \(world rank $stalled_rank\) never answered the roll call" \
+  "$launch_says rank $stalled_rank on host-b \(pid $stalled\) silent: no heartbeat for" \
+  "$launch_says first failure: rank $stalled_rank on host-b \(pid $stalled\) went silent"
 
 # ---- an injected crash (dist/fault_injection.h) ----
 export TESSERA_FAULT=kill@collective,rank=2,at=300
@@ -113,7 +126,16 @@ start_run
 job_ends "injected crash"
 says "injected crash" \
   "tessera: injected fault kill@collective,rank=2,at=300: killing this process at world rank 2's" \
-  "exited on signal 9"
+  "exited on signal 9" \
+  "$launch_says first failure: rank 2 on host-b \(pid [0-9]+\) was lost"
+
+# ---- rank 2's connections drop at its 300th collective (TESSERA_FAULT) ----
+export TESSERA_FAULT=disconnect@collective,rank=2,at=300
+start_run
+job_ends "dropped connections"
+says "dropped connections" \
+  "tessera: injected fault disconnect@collective,rank=2,at=300: shut down the [0-9]+ TCP sockets of this process" \
+  "$launch_says first failure: rank 2 on host-b \(pid [0-9]+\) was lost"
 unset TESSERA_FAULT
 forwarded_variables=(TESSERA_DIST_TIMEOUT_S)
 
@@ -122,7 +144,7 @@ start_run --ckpt-dir "$work/ckpt" --ckpt-every 25
 wait_for_step 120
 ip link set port-1 down
 job_ends "cut link"
-says "cut link" "$lost_host_b|$watchdog"
+says "cut link" "$lost_host_b|$watchdog" "$launch_says host host-b lost: none of its ranks \(2, 3\) can be heard"
 latest=$(ls -d "$work"/ckpt/step-* | sort | tail -n 1)
 mpirun_limit=600 timeout --kill-after=10 600 "$train" "${run[@]}" --nproc 4 --ckpt-dir "$work/ckpt" --resume \
   --export "$work/resumed.safetensors" >"$work/log" 2>&1 || { tail -n 30 "$work/log" >&2; fail "the resume failed"; }

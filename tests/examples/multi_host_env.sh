@@ -88,11 +88,13 @@ multi_host_mpirun_options=(--allow-run-as-root --bind-to none
 # mpirun_over SLOTS COMMAND...: mpirun on host-a runs COMMAND over the first
 # hosts, SLOTS ranks on each (a list: "2 2" is 2 ranks on host-a and 2 on
 # host-b), placed host by host. Environment variables named in
-# $forwarded_variables reach every rank. mpirun is killed after
-# $mpirun_limit seconds, so that a hang fails the check instead of holding
-# it; the limit is far above what the runs take, so a busy machine does not
-# reach it.
+# $forwarded_variables reach every rank; $launcher, when set, is the
+# supervisor mpirun runs under (tools/launch and its flags, ending in --).
+# mpirun is killed after $mpirun_limit seconds, so that a hang fails the
+# check instead of holding it; the limit is far above what the runs take,
+# so a busy machine does not reach it.
 forwarded_variables=()
+launcher=()
 mpirun_limit=300
 mpirun_over() {
   local slots=($1)
@@ -105,7 +107,8 @@ mpirun_over() {
   done
   for i in "${forwarded_variables[@]}"; do forward+=(-x "$i"); done
   ip netns exec host-a unshare --uts sh -c 'hostname host-a; exec "$@"' sh \
-    timeout --kill-after=10 "$mpirun_limit" mpirun "${multi_host_mpirun_options[@]}" --mca plm_rsh_agent "$work/agent.sh" "${forward[@]}" \
+    timeout --kill-after=10 "$mpirun_limit" "${launcher[@]}" \
+    mpirun "${multi_host_mpirun_options[@]}" --mca plm_rsh_agent "$work/agent.sh" "${forward[@]}" \
     -np "$ranks" --hostfile "$hostfile" "$@"
 }
 

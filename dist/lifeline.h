@@ -1,0 +1,89 @@
+// dist::Lifeline: a rank process's line to the tessera launcher that
+// supervises its job (tools/launch, dist/job_supervisor.h). The launcher
+// learns from it which rank runs where, and how each one ended:
+//   hello   once: world rank, world size, pid and host name;
+//   beat    every interval from a thread of its own, so that a stopped
+//           process or a host that went silent shows as silence;
+//   failed  the error a rank ends the job with (sent before MPI_Abort);
+//   done    a clean end of dist::init;
+//   exited  the process exited on its own before that (std::exit in a rank).
+// A lifeline that closes with no result is a process that was killed, or
+// whose host went down: the kernel closes a dead process's sockets, so the
+// launcher hears of a death at once and can name it.
+//
+// The wire format is one text line per message: "hello <rank> <world size>
+// <pid> <host>", "beat", "failed <text>", "done", "exited".
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "dist/launch.h"
+#include "dist/tcp_socket.h"
+
+namespace tessera::dist {
+
+// The variable a launcher sets to host:port; ranks started with it open a lifeline.
+inline constexpr const char* kLauncherVariable = "TESSERA_LAUNCHER";
+
+struct LifelineIdentity {
+  int rank = 0;
+  int world_size = 1;
+  int pid = 0;
+  std::string host;
+};
+
+class Lifeline {
+ public:
+  // Connects to `endpoint` ("host:port", "[v6]:port") within `connect_timeout`
+  // and says hello; a connect that fails is an Error naming the endpoint.
+  Lifeline(const std::string& endpoint, LifelineIdentity identity, std::chrono::milliseconds heartbeat_interval,
+           std::chrono::milliseconds connect_timeout);
+  // Stops the heartbeat and closes the line, saying "exited" if no result
+  // was sent (a killed process never gets here: its line just closes).
+  ~Lifeline();
+  Lifeline(const Lifeline&) = delete;
+  Lifeline& operator=(const Lifeline&) = delete;
+
+  // The rank's error (newlines become " | "); the line stays open, beating,
+  // until the process ends. Only the first result is sent.
+  void report_failure(std::string_view message);
+  // A clean end: the heartbeat stops and the line closes.
+  void report_done();
+
+ private:
+  // Sends one line within a second; false (and the line given up) on failure:
+  // a launcher that went away must not stall a rank.
+  bool send_line(const std::string& line);
+  bool send_locked(const std::string& line);  // send_mutex_ held
+  void beat_until_stopped(std::chrono::milliseconds interval);
+  void stop_heartbeat();
+
+  std::mutex send_mutex_;
+  Socket socket_;
+  bool result_sent_ = false;
+  std::mutex stop_mutex_;
+  std::condition_variable stop_signal_;
+  bool stopping_ = false;
+  std::thread heartbeat_;
+};
+
+// "host:port" or "[v6 address]:port" into its parts; malformed is an Error
+// naming `variable` and the value.
+std::pair<std::string, int> parse_endpoint(std::string_view value, std::string_view variable);
+
+// This process's lifeline: dist::init opens it for a rank of a multi-process
+// job when TESSERA_LAUNCHER is set (heartbeat every second; once, for a
+// process that joins several jobs in turn), and the reports below go to it;
+// without one they do nothing. A failure is sent at once (the job is about
+// to be aborted); a clean end of dist::init is sent as "done" when the
+// process exits, and a later dist::init takes it back.
+void open_process_lifeline(int rank, int world_size, const EnvironmentLookup& environment = process_environment);
+void report_failure_to_launcher(std::string_view message);
+void report_clean_end_to_launcher();
+
+}  // namespace tessera::dist

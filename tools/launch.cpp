@@ -1,0 +1,198 @@
+// `launch`: runs a multi-process tessera job (mpirun, srun or any command
+// that starts ranks) and supervises it through the ranks' lifelines
+// (dist/lifeline.h, dist/job_supervisor.h):
+//   - it names each rank's host and pid as the rank joins, and the first
+//     thing that went wrong: a rank killed, a rank's error, a rank or a
+//     whole host gone silent;
+//   - once a rank has failed or was lost, it gives the job --grace-s to end
+//     by itself (MPI_Abort, mpirun's own teardown), then sends SIGTERM to
+//     the command's process group and, 5 s later, SIGKILL: the job always
+//     ends, also when mpirun would wait for a host it cannot reach;
+//   - it ends with one line per host, saying how each rank ended.
+// Usage: launch [--heartbeat-timeout-s S] [--grace-s S] [--address A] [--port P] -- COMMAND...
+// The ranks find the launcher by TESSERA_LAUNCHER=address:port, which it
+// sets and, for mpirun, forwards with -x. --address is the one the ranks'
+// hosts can reach: by default this host's first IPv4 address that is up
+// and not loopback. Exit status: the command's (128 + N for signal N), or 1
+// when it exited 0 but a rank failed or was lost.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "dist/job_supervisor.h"
+#include "dist/lifeline.h"
+
+namespace {
+
+using tessera::dist::Clock;
+using namespace std::chrono_literals;
+
+std::atomic<int> pending_signal{0};
+void remember_signal(int signal) { pending_signal.store(signal); }
+
+void say(const std::string& line) {
+  std::fprintf(stderr, "tessera launch: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+std::string first_external_ipv4() {
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) return "127.0.0.1";
+  std::string found = "127.0.0.1";
+  for (const ifaddrs* entry = interfaces; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
+    if (!(entry->ifa_flags & IFF_UP) || (entry->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* address = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
+    if (::inet_ntop(AF_INET, &address->sin_addr, text, sizeof text) != nullptr) {
+      found = text;
+      break;
+    }
+  }
+  ::freeifaddrs(interfaces);
+  return found;
+}
+
+// mpirun starts remote ranks with its own environment, not ours: -x names
+// the variable it must pass on. srun and local commands inherit it.
+std::string program_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+std::vector<std::string> with_launcher_forwarded(std::vector<std::string> command) {
+  const std::string program = program_name(command.front());
+  if (program == "mpirun" || program == "mpiexec" || program == "orterun") {
+    command.insert(command.begin() + 1, {"-x", tessera::dist::kLauncherVariable});
+  }
+  return command;
+}
+
+pid_t start(const std::vector<std::string>& command) {
+  std::vector<char*> argv;
+  for (const std::string& word : command) argv.push_back(const_cast<char*>(word.c_str()));
+  argv.push_back(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    say(fmt::format("fork failed: {}", std::strerror(errno)));
+    std::exit(1);
+  }
+  if (child == 0) {
+    ::setpgid(0, 0);  // its own process group, so that teardown reaches all of it
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "tessera launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    std::_Exit(127);
+  }
+  ::setpgid(child, child);  // also here: whichever of the two runs first
+  return child;
+}
+
+int exit_status_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return "ended";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera launch: runs a multi-process job and supervises its ranks (docs/distributed.md)"};
+  double heartbeat_timeout_s = 10;
+  double grace_s = 30;
+  std::string address;
+  int port = 0;
+  std::vector<std::string> command;
+  app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s, "a rank not heard for this long is reported silent")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--grace-s", grace_s, "after a rank failed or was lost, how long the job may take to end itself")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--address", address, "the address ranks reach the launcher at (default: first external IPv4)");
+  app.add_option("--port", port, "the lifelines' port (default: one the system picks)")->check(CLI::Range(0, 65535));
+  app.add_option("command", command, "the job: mpirun ..., srun ..., or a program")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  std::optional<tessera::dist::JobSupervisor> supervisor;
+  try {
+    supervisor.emplace(port, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::duration<double>(heartbeat_timeout_s)));
+  } catch (const std::exception& error) {
+    say(fmt::format("cannot listen for lifelines: {}", error.what()));
+    return 2;
+  }
+  if (address.empty()) address = first_external_ipv4();
+  const std::string endpoint = tessera::dist::endpoint_name(address, supervisor->port());
+  ::setenv(tessera::dist::kLauncherVariable, endpoint.c_str(), 1);
+  ::signal(SIGINT, remember_signal);
+  ::signal(SIGTERM, remember_signal);
+  ::signal(SIGHUP, remember_signal);
+
+  const Clock::time_point started = Clock::now();
+  const pid_t child = start(with_launcher_forwarded(command));
+  say(fmt::format("lifelines at {}; running {}", endpoint, fmt::join(command, " ")));
+
+  std::optional<Clock::time_point> failed_at, terminated_at;
+  bool killed = false;
+  int status = 0;
+  for (;;) {
+    for (const std::string& event : supervisor->poll(100ms)) say(event);
+    if (const int signal = pending_signal.exchange(0)) {
+      // A stop asked of the launcher goes to the job (mpirun passes SIGTERM
+      // on to the ranks, whose graceful stop saves); a second one kills it.
+      say(fmt::format("{}: passing it on to the job", strsignal(signal)));
+      ::kill(terminated_at ? -child : child, terminated_at ? SIGKILL : signal);
+      if (!terminated_at) terminated_at = Clock::now();
+    }
+    if (::waitpid(child, &status, WNOHANG) == child) break;
+    const Clock::time_point now = Clock::now();
+    if (!failed_at && supervisor->job_failed()) failed_at = now;
+    if (failed_at && !terminated_at && now - *failed_at > std::chrono::duration<double>(grace_s)) {
+      say(fmt::format("the job did not end within {:g} s of the failure: SIGTERM to its process group", grace_s));
+      ::kill(-child, SIGTERM);
+      terminated_at = now;
+    }
+    if (terminated_at && !killed && now - *terminated_at > 5s) {
+      say("still running 5 s after SIGTERM: SIGKILL to its process group");
+      ::kill(-child, SIGKILL);
+      killed = true;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  say(fmt::format("{} {} after {:.1f} s", program_name(command.front()), describe_status(status), seconds));
+
+  // The ranks' last words arrive after their launcher ends: read them for a
+  // moment, then take the lines still open and quiet for silent.
+  const Clock::time_point drain_until = Clock::now() + 3s;
+  while (supervisor->open_lifelines() > 0 && Clock::now() < drain_until) {
+    for (const std::string& event : supervisor->poll(100ms)) say(event);
+  }
+  for (const std::string& event : supervisor->settle(2s)) say(event);
+
+  const std::string cause = supervisor->root_cause();
+  if (!cause.empty()) say("first failure: " + cause);
+  for (const std::string& line : supervisor->summary()) say(line);
+  const int exit_status = exit_status_of(status);
+  if (exit_status == 0 && supervisor->job_failed()) return 1;
+  return exit_status;
+}
