@@ -22,7 +22,7 @@ namespace sim = tessera::cuda::sim;
 namespace {
 
 struct DeviceFloats {
-  explicit DeviceFloats(int64_t count) : data(static_cast<float*>(sim::device_malloc(count * 4))) {
+  explicit DeviceFloats(int64_t count) : data(static_cast<float*>(sim::device_malloc(0, count * 4))) {
     for (int64_t i = 0; i < count; ++i) data[i] = static_cast<float>(i % 7);
     sim::mark_device_written(data, count * 4);  // the host filled it, as a copy to the device would
   }

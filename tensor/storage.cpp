@@ -12,9 +12,17 @@ namespace tessera {
 
 namespace {
 
+// One set per cpu and meta, and per cuda device: each rank's GPU is its own.
+constexpr int kCountedCudaDevices = 16;
+
 MemoryCounters& device_counters(Device device) {
   static MemoryCounters counters[kNumDeviceTypes];
-  return counters[static_cast<int>(device.type)];
+  static MemoryCounters cuda_counters[kCountedCudaDevices];
+  if (!device.is_cuda()) return counters[static_cast<int>(device.type)];
+  TESSERA_CHECK(device.index >= 0 && device.index < kCountedCudaDevices,
+                "memory statistics: {} is beyond the {} cuda devices tessera counts", device.str(),
+                kCountedCudaDevices);
+  return cuda_counters[device.index];
 }
 
 thread_local std::shared_ptr<MemoryCounters> current_scope;
@@ -28,7 +36,7 @@ void* allocate_data(Device device, int64_t bytes, const char* what) {
 #if TESSERA_HAVE_CUDA
     // On the allocating thread's current stream, as PyTorch does; the cuda
     // allocator throws its own out-of-memory error with its statistics.
-    return cuda::CachingAllocator::instance().allocate(bytes, current_stream(device));
+    return cuda::CachingAllocator::of(device.index).allocate(bytes, current_stream(device));
 #else
     fail("{}: no allocator for device {} in this build (configure with the CUDA toolkit for the cuda device)", what,
          device.str());
@@ -98,7 +106,7 @@ void Storage::free_data() {
     cpu::free_bytes(data_, static_cast<size_t>(bytes_));
   }
 #if TESSERA_HAVE_CUDA
-  if (device_.is_cuda()) cuda::CachingAllocator::instance().free(data_);
+  if (device_.is_cuda()) cuda::CachingAllocator::of(device_.index).free(data_);
 #endif
   device_counters(device_).on_free(bytes_);
   if (scope_) scope_->on_free(bytes_);
@@ -137,7 +145,7 @@ MemoryStats memory_stats(Device device) {
   if (device.is_cpu()) stats.cached_bytes = cpu::cached_bytes();
 #if TESSERA_HAVE_CUDA
   if (device.is_cuda()) {
-    const cuda::AllocatorStats allocator = cuda::CachingAllocator::instance().stats();
+    const cuda::AllocatorStats allocator = cuda::CachingAllocator::of(device.index).stats();
     stats.cached_bytes = allocator.reserved_bytes - allocator.allocated_bytes;
   }
 #endif
@@ -147,7 +155,7 @@ MemoryStats memory_stats(Device device) {
 void release_cached_memory(Device device) {
   if (device.is_cpu()) cpu::release_cached_blocks();
 #if TESSERA_HAVE_CUDA
-  if (device.is_cuda()) cuda::CachingAllocator::instance().release_cached_memory();
+  if (device.is_cuda()) cuda::CachingAllocator::of(device.index).release_cached_memory();
 #endif
 }
 

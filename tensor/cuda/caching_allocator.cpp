@@ -1,6 +1,8 @@
 #include "tensor/cuda/caching_allocator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <vector>
 
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
@@ -15,9 +17,17 @@ std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<do
 
 }  // namespace
 
-CachingAllocator& CachingAllocator::instance() {
-  static auto* allocator = new CachingAllocator;  // never destroyed: tensors may outlive statics
-  return *allocator;
+CachingAllocator& CachingAllocator::of(int device) {
+  check_device_index(device);
+  // Never destroyed: tensors may outlive statics. Made under a lock, read
+  // without one once made (an allocator's address never changes).
+  static std::mutex mutex;
+  static std::vector<std::atomic<CachingAllocator*>> allocators(static_cast<size_t>(device_count()));
+  std::atomic<CachingAllocator*>& slot = allocators[static_cast<size_t>(device)];
+  if (CachingAllocator* made = slot.load(std::memory_order_acquire)) return *made;
+  std::lock_guard lock(mutex);
+  if (slot.load(std::memory_order_relaxed) == nullptr) slot.store(new CachingAllocator(device), std::memory_order_release);
+  return *slot.load(std::memory_order_relaxed);
 }
 
 CachingAllocator::~CachingAllocator() { release_cached_memory(); }
@@ -52,7 +62,7 @@ CachingAllocator::Block* CachingAllocator::find_free(int64_t bytes, bool small,
 
 CachingAllocator::Block* CachingAllocator::take_segment(int64_t bytes, bool small) {
   const int64_t size = small ? kSmallSegment : round_up(bytes, kLargeRounding);
-  void* data = device_malloc(size);
+  void* data = device_malloc(device_, size);
   if (data == nullptr) return nullptr;
   auto* block = new Block;
   block->data = static_cast<char*>(data);
@@ -85,6 +95,8 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, int64_t bytes) {
 void* CachingAllocator::allocate(int64_t bytes, const std::shared_ptr<Stream>& stream) {
   TESSERA_CHECK(bytes >= 0, "cuda allocator: negative size {} bytes", bytes);
   TESSERA_CHECK(stream != nullptr && stream->device().is_cuda(), "cuda allocator: a block needs a cuda stream");
+  TESSERA_CHECK(stream->device().index == device_, "cuda allocator: a block of cuda:{} for a stream of {}", device_,
+                stream->device().str());
   const int64_t rounded = std::max(kRounding, round_up(bytes, kRounding));
   const bool small = rounded <= kSmallRequest;
   std::lock_guard lock(mutex_);
@@ -190,7 +202,7 @@ void CachingAllocator::release_free_segments() {
       delete block;
       block = next;
     }
-    device_free(base);
+    device_free(device_, base);
     stats_.reserved_bytes -= size;
     stats_.device_frees += 1;
   }
@@ -221,9 +233,9 @@ void CachingAllocator::fail_out_of_memory(int64_t bytes) {
   for (const FreeBlocks* pool : {&free_small_, &free_large_}) {
     if (!pool->empty()) stats.largest_free_block = std::max(stats.largest_free_block, (*pool->rbegin())->bytes);
   }
-  fail("cuda allocator: out of memory allocating {} ({} bytes) on the {} device, after emptying the cache: {} "
+  fail("cuda allocator: out of memory allocating {} ({} bytes) on cuda:{} ({} runtime), after emptying the cache: {} "
        "allocated in {} blocks, {} reserved in segments, {} peak, {} device mallocs, largest free block {}",
-       mib(bytes), bytes, runtime_name(), mib(stats.allocated_bytes), stats.live_blocks, mib(stats.reserved_bytes),
+       mib(bytes), bytes, device_, runtime_name(), mib(stats.allocated_bytes), stats.live_blocks, mib(stats.reserved_bytes),
        mib(stats.peak_allocated_bytes), stats.device_mallocs, mib(stats.largest_free_block));
 }
 

@@ -38,13 +38,17 @@ struct AllocatorStats {
 
 class CachingAllocator {
  public:
-  static CachingAllocator& instance();  // device 0
-  CachingAllocator() = default;
+  // cuda:`device`'s allocator (one per device, made on first use; a device
+  // that does not exist is an Error naming what does).
+  static CachingAllocator& of(int device);
+  explicit CachingAllocator(int device) : device_(device) {}
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // A block of at least `bytes` (256-byte aligned) for use on `stream`.
+  int device() const { return device_; }
+  // A block of at least `bytes` (256-byte aligned) for use on `stream`, a
+  // stream of this allocator's device.
   void* allocate(int64_t bytes, const std::shared_ptr<Stream>& stream);
   // Returns a block; its memory is reused as described above.
   void free(void* pointer);
@@ -97,6 +101,7 @@ class CachingAllocator {
   void merge_free_neighbours(Block* block);
   [[noreturn]] void fail_out_of_memory(int64_t bytes);
 
+  const int device_;
   std::mutex mutex_;
   FreeBlocks free_small_, free_large_;
   std::map<char*, Block*> live_;      // handed out

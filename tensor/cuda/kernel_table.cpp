@@ -46,8 +46,15 @@ void fill_kernel(const Tensor& out, double value) {
 void copy_kernel(const Tensor& dst, const Tensor& src) {
   if (src.device().is_cpu()) return copy_host_to_device(dst, src);
   if (dst.device().is_cpu()) return copy_device_to_host(dst, src);
-  TESSERA_CHECK(src.device() == dst.device(), "copy: between {} and {}; copy through the host", src.device().str(),
-                dst.device().str());
+  if (src.device() != dst.device()) {
+    // Peer access is not modelled (the simulator) or assumed (GPUs without
+    // NVLink): a copy between devices goes through pinned host memory, as
+    // cudaMemcpyPeer does without peer access. Checkpoints and tests use it;
+    // training moves data between devices by collectives.
+    const Tensor staged = pinned_host_empty(src.sizes(), src.dtype());
+    copy_device_to_host(staged, src);
+    return copy_host_to_device(dst, staged);
+  }
   copy(operand(dst), operand(src),
        launch_on_current_stream(dst.device(), {buffer_use("in", src, kRead), buffer_use("out", dst, kWrite)}));
 }

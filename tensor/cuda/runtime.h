@@ -18,11 +18,21 @@ const char* runtime_name();
 // One line on what runs cuda:`index`: the GPU's name, compute capability and
 // memory, or the simulator's target architecture and that it is simulated.
 std::string describe_device(int index);
-// cudaMalloc: a segment of at least `bytes`, or nullptr when the device is
-// out of memory.
-void* device_malloc(int64_t bytes);
-// cudaFree (which also waits for the device to finish with it).
-void device_free(void* pointer);
+// cudaGetDeviceCount: the GPUs this process sees (the simulator's 8).
+int device_count();
+// cuda:`index` is one of them; otherwise an Error naming what exists.
+void check_device_index(int index);
+// cudaSetDevice / cudaGetDevice, per host thread (0 until set): a rank's
+// thread binds to its GPU once (dist's ranks as threads, or one process per
+// GPU by its local rank).
+void set_device(int index);
+int current_device();
+
+// cudaMalloc on cuda:`device`: a segment of at least `bytes`, or nullptr
+// when the device is out of memory.
+void* device_malloc(int device, int64_t bytes);
+// cudaFree on cuda:`device` (which also waits for the device to finish with it).
+void device_free(int device, void* pointer);
 
 // Page-locked host memory for transfers (cudaHostAlloc); the simulator's is
 // ordinary host memory.

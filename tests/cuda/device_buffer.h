@@ -15,7 +15,7 @@ template <typename T>
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t count) : count_(count) {
-    data_ = static_cast<T*>(tessera::cuda::sim::device_malloc(static_cast<int64_t>(count * sizeof(T))));
+    data_ = static_cast<T*>(tessera::cuda::sim::device_malloc(0, static_cast<int64_t>(count * sizeof(T))));
     TESSERA_CHECK(data_ != nullptr, "test: device_malloc of {} elements failed", count);
   }
   explicit DeviceBuffer(const std::vector<T>& values) : DeviceBuffer(values.size()) {

@@ -375,7 +375,7 @@ TEST_CASE("causal attention on cuda moves the tiling's bytes and allocates O(T)"
       return bytes;
     };
     const int64_t forward_bytes = counted([&] { kernels(kCuda).causal_attention(out, lse, q, k, v); });
-    cuda::CachingAllocator& allocator = cuda::CachingAllocator::instance();
+    cuda::CachingAllocator& allocator = cuda::CachingAllocator::of(0);
     const int64_t live = allocator.stats().allocated_bytes;
     allocator.reset_peak();
     const int64_t backward_bytes = counted([&] {

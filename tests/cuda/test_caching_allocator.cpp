@@ -24,7 +24,7 @@ const Device kCuda(DeviceType::cuda);
 
 // Each case starts from an empty cache and its own allocator.
 struct FreshAllocator {
-  CachingAllocator allocator;
+  CachingAllocator allocator{0};
   ~FreshAllocator() { allocator.release_cached_memory(); }
 };
 
@@ -155,8 +155,8 @@ TEST_CASE("out of memory is an error with the statistics, after the cache was em
   FreshAllocator fresh;
   CachingAllocator& allocator = fresh.allocator;
   auto stream = Stream::create(kCuda);
-  const int64_t capacity = cuda::sim::device_capacity();
-  cuda::sim::set_device_capacity(cuda::sim::device_bytes_in_use() + (20 << 20));
+  const int64_t capacity = cuda::sim::device_capacity(0);
+  cuda::sim::set_device_capacity(0, cuda::sim::device_bytes_in_use(0) + (20 << 20));
   void* cached = allocator.allocate(8 << 20, stream);
   allocator.free(cached);  // 8 MiB cached
   void* held = allocator.allocate(6 << 20, stream);  // reuses the cached segment (split)
@@ -180,7 +180,7 @@ TEST_CASE("out of memory is an error with the statistics, after the cache was em
   CHECK_NOTHROW(allocator.free(allocator.allocate(12 << 20, stream)));  // emptying the cache made room
   stream->synchronize();
   allocator.release_cached_memory();
-  cuda::sim::set_device_capacity(capacity);
+  cuda::sim::set_device_capacity(0, capacity);
   auto cpu_stream = Stream::default_stream(kCPU);
   CHECK_THROWS_WITH_AS(allocator.allocate(16, cpu_stream), doctest::Contains("needs a cuda stream"), Error);
 }

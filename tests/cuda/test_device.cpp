@@ -330,17 +330,17 @@ TEST_CASE("host code never touches device memory; devices do not mix; unwritten 
 TEST_CASE("memory: statistics, no device malloc in steady state, and exact bytes moved by the dense kernels") {
   const int64_t count = 1 << 16;
   const Tensor x = ops::to(ops::arange(0.0, static_cast<double>(count), 1.0), kCuda);
-  const cuda::AllocatorStats before = cuda::CachingAllocator::instance().stats();
+  const cuda::AllocatorStats before = cuda::CachingAllocator::of(0).stats();
   const MemoryStats device_stats = memory_stats(kCuda);
   CHECK(device_stats.live_bytes >= count * 4);
   for (int step = 0; step < 5; ++step) {
     const Tensor y = ops::exp(ops::neg(x));
     CHECK(memory_stats(kCuda).live_bytes == device_stats.live_bytes + count * 4);
   }
-  CHECK(cuda::CachingAllocator::instance().stats().device_mallocs <= before.device_mallocs + 1);  // the first step's segment at most
-  const int64_t mallocs = cuda::CachingAllocator::instance().stats().device_mallocs;
+  CHECK(cuda::CachingAllocator::of(0).stats().device_mallocs <= before.device_mallocs + 1);  // the first step's segment at most
+  const int64_t mallocs = cuda::CachingAllocator::of(0).stats().device_mallocs;
   for (int step = 0; step < 5; ++step) ops::exp(ops::neg(x));
-  CHECK(cuda::CachingAllocator::instance().stats().device_mallocs == mallocs);
+  CHECK(cuda::CachingAllocator::of(0).stats().device_mallocs == mallocs);
 
   const std::optional<CountedBytes> counted = counted_bytes([&] { ops::neg(x); });
   if (!counted) return;

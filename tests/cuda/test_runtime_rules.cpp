@@ -54,7 +54,7 @@ TEST_CASE("a CUDA call inside a host function is an error naming the call, as th
   auto other = Stream::create(kCuda);
   Event recorded;
   recorded.record(*other);
-  void* block = cuda::device_malloc(256);
+  void* block = cuda::device_malloc(0, 256);
   std::vector<float> host(n, 1.0f);
   const std::vector<float> untouched = y.read();
 
@@ -65,8 +65,8 @@ TEST_CASE("a CUDA call inside a host function is an error naming the call, as th
       {"cudaLaunchKernel", [&] { simulator_kernels::reverse_in_shared(x.get(), y.get(), n, other.get()); }},
       {"cudaMemcpyAsync",
        [&] { cuda::memcpy_async(y.get(), host.data(), n * 4, cuda::CopyKind::host_to_device, *other); }},
-      {"cudaMalloc", [] { cuda::device_malloc(256); }},
-      {"cudaFree", [&] { cuda::device_free(block); }},
+      {"cudaMalloc", [] { cuda::device_malloc(0, 256); }},
+      {"cudaFree", [&] { cuda::device_free(0, block); }},
       {"cudaEventRecord", [&] { Event().record(*other); }},
       {"cudaEventQuery", [&] { recorded.query(); }},
       {"cudaEventSynchronize", [&] { recorded.synchronize(); }},
@@ -81,7 +81,7 @@ TEST_CASE("a CUDA call inside a host function is an error naming the call, as th
     CHECK(message.find(std::string(c.api) + " inside a host function") != std::string::npos);
     CHECK(message.find("cudaErrorNotPermitted") != std::string::npos);
   }
-  cuda::device_free(block);  // from the host it is allowed
+  cuda::device_free(0, block);  // from the host it is allowed
   other->synchronize();
   CHECK(y.read() == untouched);  // the refused launch and copy never ran
 

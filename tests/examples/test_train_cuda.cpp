@@ -53,11 +53,11 @@ std::vector<StepRecord> run_steps(const TrainConfig& config) {
   gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
     gpt::Trainer trainer(config, gpt::build_data(config), distributed);
     for (int64_t step = 0; step < config.steps; ++step) {
-      const int64_t mallocs = tessera::cuda::CachingAllocator::instance().stats().device_mallocs;
+      const int64_t mallocs = tessera::cuda::CachingAllocator::of(0).stats().device_mallocs;
       const int64_t reads = tessera::cuda::transfer_stats().device_to_host;
       const gpt::StepMetrics metrics = trainer.train_step();
       records.push_back({metrics.loss, metrics.grad_norm,
-                         tessera::cuda::CachingAllocator::instance().stats().device_mallocs - mallocs,
+                         tessera::cuda::CachingAllocator::of(0).stats().device_mallocs - mallocs,
                          tessera::cuda::transfer_stats().device_to_host - reads, metrics.peak_mem_bytes});
     }
   });

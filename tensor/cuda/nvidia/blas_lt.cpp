@@ -185,14 +185,14 @@ void gemm(const GemmDescriptor& g, const std::shared_ptr<Stream>& stream) {
     algo = found->second;
   }
 
-  void* workspace = CachingAllocator::instance().allocate(kWorkspaceBytes, stream);
+  void* workspace = CachingAllocator::of(stream->device().index).allocate(kWorkspaceBytes, stream);
   const float alpha32 = static_cast<float>(g.alpha), beta32 = static_cast<float>(g.beta);
   const void* alpha = f64 ? static_cast<const void*>(&g.alpha) : &alpha32;
   const void* beta = f64 ? static_cast<const void*>(&g.beta) : &beta32;
   const cublasStatus_t status =
       cublasLtMatmul(handle, desc.value, alpha, g.a.data, a.value, g.b.data, b.value, beta, c.data, c_layout.value,
                      const_cast<void*>(g.d.data), d.value, &algo, workspace, kWorkspaceBytes, native);
-  CachingAllocator::instance().free(workspace);
+  CachingAllocator::of(stream->device().index).free(workspace);
   check(status, "cublasLtMatmul");
 }
 

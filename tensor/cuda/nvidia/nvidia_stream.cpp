@@ -9,13 +9,21 @@ void check(cudaError_t status, const char* what) {
   TESSERA_CHECK(status == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status));
 }
 
+// A stream belongs to the device current at its creation: make it on
+// `device`, then give the thread back its own.
 std::shared_ptr<Stream> NvidiaStream::create(Device device, int priority) {
+  int current = 0;
+  check(cudaGetDevice(&current), "cudaGetDevice");
   check(cudaSetDevice(device.index), "cudaSetDevice");
   int least = 0, greatest = 0;
-  check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-  const int clamped = std::min(least, std::max(greatest, priority));
+  cudaError_t status = cudaDeviceGetStreamPriorityRange(&least, &greatest);
   cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, clamped), "cudaStreamCreateWithPriority");
+  if (status == cudaSuccess) {
+    const int clamped = std::min(least, std::max(greatest, priority));
+    status = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, clamped);
+  }
+  if (current != device.index) cudaSetDevice(current);
+  check(status, "cudaStreamCreateWithPriority");
   return std::make_shared<NvidiaStream>(device, priority, stream);
 }
 

@@ -22,7 +22,55 @@ std::string describe_device(int index) {
                      properties.multiProcessorCount);
 }
 
-void* device_malloc(int64_t bytes) {
+namespace {
+
+thread_local int t_current_device = 0;
+
+// Makes cuda:`device` current for one call, then restores the thread's own.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) : restore_(t_current_device) {
+    if (device != restore_) nvidia::check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = 0;
+    if (cudaGetDevice(&now) == cudaSuccess && now != restore_) cudaSetDevice(restore_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int restore_;
+};
+
+}  // namespace
+
+int device_count() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void check_device_index(int index) {
+  const int count = device_count();
+  TESSERA_CHECK(index >= 0 && index < count, "there is no cuda:{}: this process sees {} GPU{}{}", index, count,
+                count == 1 ? "" : "s", count == 0 ? "" : fmt::format(", cuda:0 to cuda:{}", count - 1));
+}
+
+void set_device(int index) {
+  check_device_index(index);
+  nvidia::check(cudaSetDevice(index), "cudaSetDevice");
+  t_current_device = index;
+}
+
+int current_device() { return t_current_device; }
+
+void* device_malloc(int device, int64_t bytes) {
+  const DeviceScope scope(device);
   void* pointer = nullptr;
   const cudaError_t status = cudaMalloc(&pointer, static_cast<size_t>(bytes));
   if (status == cudaErrorMemoryAllocation) {
@@ -33,7 +81,10 @@ void* device_malloc(int64_t bytes) {
   return pointer;
 }
 
-void device_free(void* pointer) { nvidia::check(cudaFree(pointer), "cudaFree"); }
+void device_free(int device, void* pointer) {
+  const DeviceScope scope(device);
+  nvidia::check(cudaFree(pointer), "cudaFree");
+}
 
 void* pinned_host_malloc(int64_t bytes) {
   void* pointer = nullptr;

@@ -444,11 +444,7 @@ void gemm(const GemmDescriptor& descriptor, const std::shared_ptr<Stream>& strea
                 stream == nullptr ? "null" : stream->device().str());
   validate(descriptor);
   const std::vector<BufferUse> buffers = buffers_of(descriptor);
-  for (const BufferUse& buffer : buffers) {
-    TESSERA_CHECK(sim::is_live_device_range(buffer.data, buffer.bytes),
-                  "cuda sim: cublasLtMatmul: {} ({} bytes at {}) is not live device memory: {}", buffer.name,
-                  buffer.bytes, buffer.data, sim::describe_device_address(buffer.data, buffer.bytes));
-  }
+  sim::check_device_buffers("cublasLtMatmul", stream->device().index, buffers);
   sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), "cublasLtMatmul", buffers);
   const GemmBackend backend = gemm_backend();  // read on the host: it may throw
   stream->enqueue([descriptor, backend] {

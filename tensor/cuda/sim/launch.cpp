@@ -69,11 +69,7 @@ void validate(const char* kernel, const LaunchConfig& config) {
                 "{}{}",
                 kernel, shared, limit, arch.name,
                 config.shared_memory_opt_in ? "" : " without opting in (LaunchConfig::shared_memory_opt_in)");
-  for (const BufferUse& buffer : config.buffers) {
-    TESSERA_CHECK(buffer.bytes >= 0 && (buffer.bytes == 0 || is_live_device_range(buffer.data, buffer.bytes)),
-                  "cuda sim: launch of `{}`: buffer `{}` ({} bytes at {}) is not live device memory: {}", kernel,
-                  buffer.name, buffer.bytes, buffer.data, describe_device_address(buffer.data, buffer.bytes));
-  }
+  check_device_buffers(fmt::format("launch of `{}`", kernel), config.stream->device().index, config.buffers);
 }
 
 // This OS thread's copy of the TLS segment of the module holding `code`:

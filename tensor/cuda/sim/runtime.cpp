@@ -20,14 +20,33 @@ std::string describe_device(int index) {
   return fmt::format("the SIMT simulator on the CPU, SIMULATED (no GPU runs this; cuda:{} checked against {}'s limits, "
                      "{:.1f} GiB device heap)",
                      index, sim::target_architecture().name,
-                     static_cast<double>(sim::device_capacity()) / (1 << 30));
+                     static_cast<double>(sim::device_capacity(index)) / (1 << 30));
 }
-void* device_malloc(int64_t bytes) {
+namespace {
+thread_local int t_current_device = 0;
+}  // namespace
+
+int device_count() { return sim::kMaxDevices; }
+void check_device_index(int index) {
+  TESSERA_CHECK(index >= 0 && index < sim::kMaxDevices,
+                "there is no cuda:{}: the simulator has {} devices, cuda:0 to cuda:{}", index, sim::kMaxDevices,
+                sim::kMaxDevices - 1);
+}
+void set_device(int index) {
+  sim::check_not_in_host_function("cudaSetDevice");
+  check_device_index(index);
+  t_current_device = index;
+}
+int current_device() { return t_current_device; }
+
+void* device_malloc(int device, int64_t bytes) {
   sim::check_not_in_host_function("cudaMalloc");
-  return sim::device_malloc(bytes);
+  return sim::device_malloc(device, bytes);
 }
-void device_free(void* pointer) {
+void device_free(int device, void* pointer) {
   sim::check_not_in_host_function("cudaFree");
+  TESSERA_CHECK(sim::device_of_address(pointer) == device, "cuda sim: cudaFree on cuda:{} of {}", device,
+                sim::describe_device_address(pointer, 1));
   sim::device_free(pointer);
 }
 
@@ -44,8 +63,8 @@ void pinned_host_free(void* pointer) {
 
 void* mapped_host_malloc(int64_t bytes) {
   sim::check_not_in_host_function("cudaHostAlloc");
-  void* pointer = sim::device_malloc(bytes);
-  TESSERA_CHECK(pointer != nullptr, "cuda sim: the device is out of memory for a {}-byte mapped record", bytes);
+  void* pointer = sim::mapped_malloc(bytes);
+  TESSERA_CHECK(pointer != nullptr, "cuda sim: out of mapped host memory for a {}-byte record", bytes);
   sim::mark_device_written(pointer, bytes);  // host memory: the host writes it directly, and initcheck is the device's
   return pointer;
 }
@@ -62,10 +81,7 @@ void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stre
   if (kind != CopyKind::device_to_host) device_side.push_back({"destination", dst, bytes, BufferAccess::write});
   if (kind == CopyKind::host_to_device) operation = "memcpy host to device";
   if (kind == CopyKind::device_to_host) operation = "memcpy device to host";
-  for (const BufferUse& buffer : device_side) {
-    TESSERA_CHECK(sim::is_live_device_range(buffer.data, bytes), "cuda sim: {}: the {} is not live device memory: {}",
-                  operation, buffer.name, sim::describe_device_address(buffer.data, bytes));
-  }
+  sim::check_device_buffers(operation, stream.device().index, device_side);
   sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, device_side);
   stream.enqueue([dst, src, bytes, kind] {
     std::memcpy(dst, src, static_cast<size_t>(bytes));

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tensor/cuda/runtime.h"
 #include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/error.h"
 
@@ -91,6 +92,7 @@ void set_stream_jitter(uint64_t seed, int max_microseconds) {
 }
 
 std::shared_ptr<Stream> SimStream::create(Device device, int priority) {
+  check_device_index(device.index);
   StreamOrderChecker& checker = StreamOrderChecker::instance();
   const int id = checker.add_stream(device.str());
   return std::make_shared<SimStream>(device, priority, id);

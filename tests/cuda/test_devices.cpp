@@ -1,0 +1,119 @@
+// Several simulated devices in one process (docs/fsdp_on_gpus.md, piece 1):
+// each with its own memory, capacity, allocator and statistics; a current
+// device per host thread; work on one device refused another's memory; a
+// copy between devices through the host. Simulator only: a GPU machine has
+// the devices it has.
+#include <doctest/doctest.h>
+
+#include <thread>
+#include <vector>
+
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/cuda/sim/device_heap.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/storage.h"
+#include "tensor/stream.h"
+
+using namespace tessera;
+
+namespace {
+
+Device gpu(int index) { return Device(DeviceType::cuda, index); }
+
+Tensor counting(int64_t count, Device device) {
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f - 3.0f;
+  return ops::to(ops::from_vector(values, {count}), device);
+}
+
+}  // namespace
+
+TEST_SUITE("cuda devices") {
+
+TEST_CASE("the simulator has cuda:0 to cuda:7; any other is refused, naming them") {
+  CHECK(cuda::device_count() == 8);
+  for (int index : {8, 100, -1}) {
+    CAPTURE(index);
+    CHECK_THROWS_WITH_AS(Stream::create(gpu(index)), doctest::Contains("the simulator has 8 devices, cuda:0 to cuda:7"),
+                         Error);
+    CHECK_THROWS_WITH_AS(ops::empty({4}, {.device = gpu(index)}), doctest::Contains("cuda:0 to cuda:7"), Error);
+  }
+}
+
+TEST_CASE("each device has its own memory, allocator and statistics") {
+  const MemoryStats before0 = memory_stats(gpu(0)), before1 = memory_stats(gpu(1));
+  const int64_t mallocs1 = cuda::CachingAllocator::of(1).stats().device_mallocs;
+  {
+    const Tensor on1 = ops::empty({1 << 20}, {.device = gpu(1)});
+    CHECK(cuda::sim::device_of_address(on1.cuda_data()) == 1);
+    CHECK(memory_stats(gpu(1)).live_bytes == before1.live_bytes + (4 << 20));
+    CHECK(memory_stats(gpu(0)).live_bytes == before0.live_bytes);
+    CHECK(cuda::CachingAllocator::of(1).stats().device_mallocs >= mallocs1);
+    CHECK(cuda::CachingAllocator::of(1).device() == 1);
+    const Tensor on0 = ops::empty({16}, {.device = gpu(0)});
+    CHECK(cuda::sim::device_of_address(on0.cuda_data()) == 0);
+  }
+  CHECK(memory_stats(gpu(1)).live_bytes == before1.live_bytes);
+}
+
+TEST_CASE("a device's capacity is its own: one out of memory, the next one allocates") {
+  release_cached_memory(gpu(2));
+  const int64_t capacity = cuda::sim::device_capacity(2);
+  cuda::sim::set_device_capacity(2, cuda::sim::device_bytes_in_use(2) + (8 << 20));
+  CHECK_THROWS_WITH_AS(ops::empty({16 << 20}, {.device = gpu(2)}),
+                       doctest::Contains("cuda allocator: out of memory allocating 64.0 MiB (67108864 bytes) on cuda:2"),
+                       Error);
+  const Tensor on3 = ops::empty({16 << 20}, {.device = gpu(3)});
+  CHECK(on3.numel() == 16 << 20);
+  release_cached_memory(gpu(2));
+  cuda::sim::set_device_capacity(2, capacity);
+  CHECK_THROWS_WITH_AS(cuda::sim::set_device_capacity(2, int64_t{64} << 30),
+                       doctest::Contains("cuda:2's capacity of 68719476736 bytes is below the"), Error);
+}
+
+TEST_CASE("the current device is per host thread, as cudaSetDevice") {
+  CHECK(cuda::current_device() == 0);
+  int seen_elsewhere = -1, set_elsewhere = -1;
+  std::thread other([&] {
+    seen_elsewhere = cuda::current_device();
+    cuda::set_device(5);
+    set_elsewhere = cuda::current_device();
+  });
+  other.join();
+  CHECK(seen_elsewhere == 0);
+  CHECK(set_elsewhere == 5);
+  CHECK(cuda::current_device() == 0);
+  CHECK_THROWS_WITH_AS(cuda::set_device(8), doctest::Contains("there is no cuda:8"), Error);
+  CHECK(cuda::current_device() == 0);
+}
+
+TEST_CASE("work on one device refuses another device's memory, naming both") {
+  const Tensor on0 = ops::empty({64}, {.device = gpu(0)});
+  const std::vector<float> host(64, 1.0f);
+  const std::shared_ptr<Stream> stream1 = Stream::create(gpu(1));
+  CHECK_THROWS_WITH_AS(cuda::memcpy_async(on0.cuda_data(), host.data(), 256, cuda::CopyKind::host_to_device, *stream1),
+                       doctest::Contains("memcpy host to device on cuda:1: buffer `destination` (256 bytes at"), Error);
+  CHECK_THROWS_WITH_AS(cuda::memcpy_async(on0.cuda_data(), host.data(), 256, cuda::CopyKind::host_to_device, *stream1),
+                       doctest::Contains("is cuda:0's memory"), Error);
+  // The ops refuse operands on two devices before any kernel runs.
+  const Tensor on1 = ops::empty({64}, {.device = gpu(1)});
+  CHECK_THROWS_WITH_AS(ops::add(on0, on1), doctest::Contains("cuda:0 and cuda:1"), Error);
+}
+
+TEST_CASE("a copy between devices goes through the host and keeps every bit") {
+  const Tensor on2 = counting(1000, gpu(2));
+  const Tensor on5 = ops::to(on2, gpu(5));
+  CHECK(on5.device() == gpu(5));
+  CHECK(cuda::sim::device_of_address(on5.cuda_data()) == 5);
+  CHECK(ops::to(on5, kCPU).to_vector<float>() == ops::to(on2, kCPU).to_vector<float>());
+  // Into a view of another dtype on a third device: broadcast and convert as copy_ does.
+  Tensor into = ops::zeros({2, 1000}, {.dtype = DType::f64, .device = gpu(6)});
+  ops::copy_(into, on2);
+  const std::vector<double> back = ops::to(into, kCPU).to_vector<double>();
+  CHECK(back[1999] == 999 * 0.5 - 3.0);
+  CHECK(back[0] == -3.0);
+}
+
+}  // TEST_SUITE
