@@ -19,6 +19,9 @@
 #include "dist/reduction.h"
 #include "dist/streaming_copy.h"
 #include "tensor/parallel.h"
+#if TESSERA_HAVE_CUDA_SIM
+#include "tensor/cuda/sim/launch.h"
+#endif
 
 namespace tessera::dist {
 
@@ -164,6 +167,77 @@ class LocalProcessGroup final : public ProcessGroup {
     run(signature, nullptr, nullptr, [](std::span<const Contribution>) { return CollectivePlan{}; });
   }
 
+#if TESSERA_HAVE_CUDA_SIM
+  // The simulated NCCL: each member's part runs on its stream of its own
+  // device, and the parts meet at the group's device rendezvous, where the
+  // members share out the copying and reducing exactly as on the host (rank
+  // order, so bitwise equal to the host collectives). The rendezvous returns
+  // once every part is done, so no member reuses a buffer a peer still reads.
+  bool moves_device_tensors() const override { return true; }
+
+  void enqueue_device_collective(const CollectiveSignature& signature, const Tensor& out, const Tensor& in,
+                                 Stream& stream, DeviceFinished finished) override {
+    using cuda::BufferAccess;
+    using cuda::BufferUse;
+    const void* in_data = in.cuda_data();
+    void* out_data = out.cuda_data();
+    std::vector<BufferUse> buffers;
+    Planner planner;
+    switch (signature.kind) {
+      case CollectiveKind::all_gather: {
+        const int64_t bytes_per_rank = in.nbytes();
+        planner = [=](std::span<const Contribution> ranks) { return plan_all_gather(ranks, bytes_per_rank); };
+        buffers = {{"in", in_data, in.nbytes(), BufferAccess::read},
+                   {"out", out_data, out.nbytes(), BufferAccess::write}};
+        break;
+      }
+      case CollectiveKind::reduce_scatter: {
+        const int64_t count_per_rank = out.numel();
+        const DType dtype = out.dtype();
+        const ReduceOp op = signature.op;
+        planner = [=](std::span<const Contribution> ranks) {
+          return plan_reduce_scatter(ranks, count_per_rank, dtype, op);
+        };
+        buffers = {{"in", in_data, in.nbytes(), BufferAccess::read},
+                   {"out", out_data, out.nbytes(), BufferAccess::write}};
+        break;
+      }
+      case CollectiveKind::all_reduce: {
+        const int64_t count = out.numel();
+        const DType dtype = out.dtype();
+        const ReduceOp op = signature.op;
+        planner = [=](std::span<const Contribution> ranks) { return plan_all_reduce(ranks, count, dtype, op); };
+        buffers = {{"tensor", out_data, out.nbytes(), BufferAccess::read_write}};
+        break;
+      }
+      case CollectiveKind::broadcast: {
+        const int64_t bytes = out.nbytes();
+        const int root = signature.root;
+        planner = [=](std::span<const Contribution> ranks) { return plan_broadcast(ranks, bytes, root); };
+        buffers = {{"tensor", out_data, out.nbytes(), rank() == root ? BufferAccess::read : BufferAccess::write}};
+        break;
+      }
+      default: fail("{}: not a device collective", signature.to_string());
+    }
+    job_->claim_device(rendezvous_.get(), rank(), out.device().index);
+    std::shared_ptr<GroupRendezvous> rendezvous = job_->device_rendezvous(rendezvous_.get());
+    const int64_t round = next_device_round_++;
+    const int member = rank();
+    const std::chrono::milliseconds timeout = options().timeout;
+    cuda::sim::launch_collective(
+        fmt::format("{} on group '{}'", signature.to_string(), name()), stream, buffers,
+        [=, finished = std::move(finished)] {
+          try {
+            rendezvous->run(round, member, Contribution{signature, in_data, out_data}, timeout, planner);
+          } catch (...) {
+            finished(std::current_exception());
+            throw;
+          }
+          finished(nullptr);
+        });
+  }
+#endif
+
   std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, const std::string& name) override {
     // ProcessGroup::split has checked that the lists partition the group and hold this rank.
     const auto me = std::find(members.begin(), members.end(), rank());
@@ -185,6 +259,7 @@ class LocalProcessGroup final : public ProcessGroup {
   std::shared_ptr<LocalJob> job_;
   std::shared_ptr<GroupRendezvous> rendezvous_;
   int64_t next_round_ = 0;  // communication thread only
+  int64_t next_device_round_ = 0;  // issuing thread only
   int64_t splits_ = 0;      // caller thread only
 };
 

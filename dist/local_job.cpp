@@ -5,6 +5,8 @@
 // peer ever reads the buffers it is about to release.
 #include "dist/local_job.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -165,6 +167,25 @@ std::shared_ptr<GroupRendezvous> LocalJob::subgroup_rendezvous(const GroupRendez
   return rendezvous;
 }
 
+std::shared_ptr<GroupRendezvous> LocalJob::device_rendezvous(const GroupRendezvous* group) {
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<GroupRendezvous>& rendezvous = device_rendezvous_[group];
+  if (!rendezvous) rendezvous = std::make_shared<GroupRendezvous>(*this, group->name(), group->world_ranks());
+  return rendezvous;
+}
+
+void LocalJob::claim_device(const GroupRendezvous* group, int rank, int device) {
+  std::lock_guard lock(mutex_);
+  std::map<int, int>& devices = devices_[group];
+  for (const auto& [other, other_device] : devices) {
+    TESSERA_CHECK(other == rank || other_device != device,
+                  "device collectives on group '{}': ranks {} and {} are both on cuda:{}; each rank needs a device of "
+                  "its own, as NCCL refuses two ranks on one GPU (cuda:<rank> for ranks as threads)",
+                  group->name(), std::min(other, rank), std::max(other, rank), device);
+  }
+  devices[rank] = device;
+}
+
 void LocalJob::record_failure(int world_rank, std::exception_ptr error) {
   std::vector<std::shared_ptr<GroupRendezvous>> to_wake{world_rendezvous_};
   {
@@ -181,6 +202,7 @@ void LocalJob::record_failure(int world_rank, std::exception_ptr error) {
     root_cause_ = error;
     failed_.store(true);
     for (const auto& entry : subgroups_) to_wake.push_back(entry.second);
+    for (const auto& entry : device_rendezvous_) to_wake.push_back(entry.second);
   }
   for (const auto& rendezvous : to_wake) rendezvous->wake_all();
 }

@@ -63,6 +63,9 @@ class GroupRendezvous {
   // Wakes every waiting member so it sees the job's failure.
   void wake_all();
 
+  const std::string& name() const { return name_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
  private:
   struct Round;
   std::shared_ptr<Round> meet(int64_t index, int rank, const Contribution& mine, std::chrono::milliseconds timeout);
@@ -94,6 +97,17 @@ class LocalJob {
                                                        const std::vector<int>& members, const std::string& name,
                                                        const std::vector<int>& world_ranks);
 
+  // Where the members of the group met at `group` meet for their device
+  // collectives: a rendezvous of its own, as those run on each member's
+  // stream of its device (in the order the streams reach them), not on the
+  // communication threads.
+  std::shared_ptr<GroupRendezvous> device_rendezvous(const GroupRendezvous* group);
+
+  // Group rank `rank` of the group met at `group` does device collectives
+  // on cuda:`device`; a second member on the same device is an Error naming
+  // both (NCCL refuses two ranks on one GPU).
+  void claim_device(const GroupRendezvous* group, int rank, int device);
+
   // Records that a rank's function threw. The first failure is the job's root
   // cause; every waiting rank of every group is woken to see it.
   void record_failure(int world_rank, std::exception_ptr error);
@@ -111,6 +125,8 @@ class LocalJob {
   std::exception_ptr root_cause_;
   using SubgroupKey = std::tuple<const GroupRendezvous*, int64_t, std::vector<int>>;
   std::map<SubgroupKey, std::shared_ptr<GroupRendezvous>> subgroups_;
+  std::map<const GroupRendezvous*, std::shared_ptr<GroupRendezvous>> device_rendezvous_;
+  std::map<const GroupRendezvous*, std::map<int, int>> devices_;  // group -> rank -> cuda index
 };
 
 }  // namespace tessera::dist

@@ -40,13 +40,16 @@ bool is_communicable(DType dtype) {
 }
 
 // A buffer a collective may read or write: materialised, contiguous, of a
-// dtype the wire carries. The transports move host memory; a group of one
-// rank moves nothing, so it takes device tensors too (see run_on_one_device).
-void check_buffer(std::string_view collective, const char* role, const Tensor& tensor, int size) {
+// dtype the wire carries. The host transports move host memory; a group of
+// one rank moves nothing, so it takes device tensors too (see
+// run_on_one_device), and so does a backend with device collectives.
+void check_buffer(std::string_view collective, const char* role, const Tensor& tensor, int size,
+                  bool device_collectives) {
   TESSERA_CHECK(tensor.defined(), "{}: {} is an undefined tensor", collective, role);
-  TESSERA_CHECK(tensor.device().is_cpu() || (tensor.device().is_cuda() && size == 1),
-                "{}: {} is on {}; collectives across {} ranks carry materialised CPU tensors (cuda tensors across "
-                "ranks need the NCCL backend, which tessera does not have yet; a group of one rank takes them)",
+  TESSERA_CHECK(tensor.device().is_cpu() || (tensor.device().is_cuda() && (size == 1 || device_collectives)),
+                "{}: {} is on {}; collectives across {} ranks of this backend carry materialised CPU tensors (cuda "
+                "tensors across ranks need device collectives: the local backend's on the simulator, or NCCL; a "
+                "group of one rank takes them)",
                 collective, role, tensor.device().str(), size);
   TESSERA_CHECK(tensor.is_contiguous(), "{}: {} {} is not contiguous (strides {}); pass a contiguous buffer",
                 collective, role, tensor.sizes(), tensor.strides());
@@ -75,9 +78,9 @@ void check_overlap(std::string_view collective, const Tensor& whole, const Tenso
 // The flat collectives pair a whole buffer with one rank's chunk of it:
 // all-gather fills the whole (out) from chunks (in), reduce-scatter the reverse.
 void check_whole_and_chunk(std::string_view collective, const Tensor& out, const Tensor& in, bool out_is_whole,
-                           int size, int rank) {
-  check_buffer(collective, "out", out, size);
-  check_buffer(collective, "in", in, size);
+                           int size, int rank, bool device_collectives) {
+  check_buffer(collective, "out", out, size, device_collectives);
+  check_buffer(collective, "in", in, size, device_collectives);
   TESSERA_CHECK(out.device() == in.device(), "{}: out is on {} but in on {}", collective, out.device().str(),
                 in.device().str());
   TESSERA_CHECK(out.dtype() == in.dtype(), "{}: out is {} but in is {}", collective, dtype_name(out.dtype()),
@@ -192,11 +195,20 @@ ProcessGroup::~ProcessGroup() { stop_communication(); }
 
 void ProcessGroup::stop_communication() {
   std::shared_ptr<Stream> stream;
+  std::map<int, std::shared_ptr<Stream>> device_streams;
   {
     std::lock_guard lock(stream_mutex_);
     stream = std::move(comm_stream_);
+    device_streams = std::move(device_streams_);
   }
   stream.reset();  // runs what is queued, then joins the thread
+  for (auto& [index, device_stream] : device_streams) {
+    try {
+      device_stream->synchronize();
+    } catch (const std::exception&) {
+      // Reported to the collective's Work and the next collective; the group is going.
+    }
+  }
 }
 
 Work ProcessGroup::issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes,
@@ -313,11 +325,61 @@ Work ProcessGroup::run_on_one_device(CollectiveSignature signature, int64_t byte
   return Work();
 }
 
+void ProcessGroup::enqueue_device_collective(const CollectiveSignature& signature, const Tensor&, const Tensor&,
+                                             Stream&, DeviceFinished) {
+  fail("{} on group '{}': the {} backend has no device collectives", signature.to_string(), name_, backend_name());
+}
+
+Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes, const Tensor& out, const Tensor& in,
+                                   bool async_op) {
+  signature.sequence = next_sequence_++;
+  auto state = std::make_shared<Work::State>();
+  state->description = fmt::format("{} #{} on group '{}'", collective_name(signature.kind), signature.sequence, name_);
+  if (const std::optional<Fault> fault = fault_at(FaultPoint::collective, world_ranks_[rank_])) {
+    carry_out(*fault, fmt::format("world rank {}'s {}", world_ranks_[rank_], state->description),
+              backend_name() != "local");
+  }
+  const Device device = in.device();
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard lock(stream_mutex_);
+    if (device_error_) std::rethrow_exception(device_error_);
+    std::shared_ptr<Stream>& made = device_streams_[device.index];
+    if (!made) made = Stream::create(device);
+    stream = made;
+  }
+  // The group's stream starts the collective once the caller's current
+  // stream has produced its input, as ProcessGroupNCCL's internal stream does.
+  Event ready;
+  ready.record(*current_stream(device));
+  stream->wait_event(ready);
+  const int64_t start_us = Tracer::now_us();
+  enqueue_device_collective(signature, out, in, *stream, [this, state](std::exception_ptr error) {
+    {
+      std::lock_guard lock(stream_mutex_);
+      if (!device_error_) device_error_ = error;
+    }
+    state->complete(error);
+  });
+  // Its buffers are not reused until the group's stream has passed them.
+  record_stream(*out.storage(), stream);
+  if (in.storage() != out.storage()) record_stream(*in.storage(), stream);
+  Event done;
+  done.record(*stream);
+  state->device_done = done;
+  state->device = device;
+  account(signature, bytes, start_us, Tracer::now_us());
+  Work work(state);
+  if (!async_op) work.wait();
+  return work;
+}
+
 Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool async_op) {
-  check_whole_and_chunk("all_gather_into", out, in, /*out_is_whole=*/true, size_, rank_);
+  check_whole_and_chunk("all_gather_into", out, in, /*out_is_whole=*/true, size_, rank_, moves_device_tensors());
   const CollectiveSignature signature{
       .kind = CollectiveKind::all_gather, .dtype = in.dtype(), .in_shape = in.sizes(), .out_shape = out.sizes()};
   const int64_t bytes = in.nbytes();
+  if (!out.device().is_cpu() && size_ > 1) return issue_on_device(signature, bytes, out, in, async_op);
   if (!out.device().is_cpu()) return run_on_one_device(signature, bytes, ops::view(out, in.sizes()), in);
   void* out_data = out.raw_data();
   const void* in_data = in.raw_data();
@@ -328,12 +390,14 @@ Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool asy
 }
 
 Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, ReduceOp op, bool async_op) {
-  check_whole_and_chunk("reduce_scatter_into", out, in, /*out_is_whole=*/false, size_, rank_);
+  check_whole_and_chunk("reduce_scatter_into", out, in, /*out_is_whole=*/false, size_, rank_,
+                        moves_device_tensors());
   const CollectiveSignature signature{.kind = CollectiveKind::reduce_scatter,
                                       .dtype = in.dtype(),
                                       .op = op,
                                       .in_shape = in.sizes(),
                                       .out_shape = out.sizes()};
+  if (!out.device().is_cpu() && size_ > 1) return issue_on_device(signature, out.nbytes(), out, in, async_op);
   if (!out.device().is_cpu()) return run_on_one_device(signature, out.nbytes(), out, ops::view(in, out.sizes()));
   const int64_t count = out.numel();
   const DType dtype = out.dtype();
@@ -347,12 +411,13 @@ Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, Redu
 
 Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) {
   constexpr std::string_view name = "all_reduce";
-  check_buffer(name, "tensor", tensor, size_);
+  check_buffer(name, "tensor", tensor, size_, moves_device_tensors());
   const CollectiveSignature signature{.kind = CollectiveKind::all_reduce,
                                       .dtype = tensor.dtype(),
                                       .op = op,
                                       .in_shape = tensor.sizes(),
                                       .out_shape = tensor.sizes()};
+  if (!tensor.device().is_cpu() && size_ > 1) return issue_on_device(signature, tensor.nbytes(), tensor, tensor, async_op);
   if (!tensor.device().is_cpu()) return run_on_one_device(signature, tensor.nbytes(), Tensor(), tensor);
   const int64_t count = tensor.numel();
   const DType dtype = tensor.dtype();
@@ -365,7 +430,7 @@ Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) 
 
 Work ProcessGroup::broadcast(const Tensor& tensor, int root, bool async_op) {
   constexpr std::string_view name = "broadcast";
-  check_buffer(name, "tensor", tensor, size_);
+  check_buffer(name, "tensor", tensor, size_, moves_device_tensors());
   TESSERA_CHECK(root >= 0 && root < size_, "{}: root {} is not a rank of group '{}' (size {})", name, root, name_,
                 size_);
   const CollectiveSignature signature{.kind = CollectiveKind::broadcast,
@@ -373,6 +438,7 @@ Work ProcessGroup::broadcast(const Tensor& tensor, int root, bool async_op) {
                                       .root = root,
                                       .in_shape = tensor.sizes(),
                                       .out_shape = tensor.sizes()};
+  if (!tensor.device().is_cpu() && size_ > 1) return issue_on_device(signature, tensor.nbytes(), tensor, tensor, async_op);
   if (!tensor.device().is_cpu()) return run_on_one_device(signature, tensor.nbytes(), Tensor(), tensor);
   const int64_t bytes = tensor.nbytes();
   void* data = tensor.raw_data();
@@ -442,11 +508,16 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<int>& member
 
 void ProcessGroup::synchronize() {
   std::shared_ptr<Stream> stream;
+  std::vector<std::shared_ptr<Stream>> device_streams;
   {
     std::lock_guard lock(stream_mutex_);
     stream = comm_stream_;
+    for (const auto& [index, device_stream] : device_streams_) device_streams.push_back(device_stream);
   }
   if (stream) stream->synchronize();
+  for (const std::shared_ptr<Stream>& device_stream : device_streams) device_stream->synchronize();
+  std::lock_guard lock(stream_mutex_);
+  if (device_error_) std::rethrow_exception(device_error_);
 }
 
 CommStats ProcessGroup::stats() const {

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <memory>
 #include <span>
@@ -103,7 +104,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // and the lists of all callers must partition the group.
   std::shared_ptr<ProcessGroup> split(const std::vector<int>& members, const std::string& name);
 
-  // Waits for every collective issued so far (as a barrier-free local flush).
+  // Waits for every collective issued so far (as a barrier-free local flush),
+  // device collectives included; rethrows a device collective's error.
   void synchronize();
 
   CommStats stats() const;
@@ -136,6 +138,21 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Creates the sub-group (collective over this group, called on the caller's thread).
   virtual std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, const std::string& name) = 0;
 
+  // Device collectives: whether this backend moves cuda tensors between
+  // ranks (the local backend on the simulator, NCCL). Without them, cuda
+  // tensors are taken by a group of one rank only.
+  virtual bool moves_device_tensors() const { return false; }
+  // Enqueues this rank's part of a device collective on `stream`, the
+  // group's stream of the tensors' device, already ordered after the
+  // caller's current stream. Called on the issuing thread, in issue order.
+  // `out` and `in` are checked as for the host collectives (the same tensor
+  // for all_reduce and broadcast); the reduction op and root are in the
+  // signature. `finished` must be called on the stream once the collective
+  // has run, with its error or null.
+  using DeviceFinished = std::function<void(std::exception_ptr error)>;
+  virtual void enqueue_device_collective(const CollectiveSignature& signature, const Tensor& out, const Tensor& in,
+                                         Stream& stream, DeviceFinished finished);
+
   // Runs what is queued and stops the communication thread. Every backend's
   // destructor calls it first, so no queued collective reaches a half-destroyed
   // backend.
@@ -148,6 +165,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Work issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes, bool async_op,
              std::function<void(const CollectiveSignature&)> run);
   void account(const CollectiveSignature& signature, int64_t bytes, int64_t start_us, int64_t end_us);
+  // Numbers a device collective, orders the group's stream of the device
+  // after the caller's current stream, enqueues it there, and returns a Work
+  // holding the event after it (waited for at once unless async_op).
+  Work issue_on_device(CollectiveSignature signature, int64_t bytes, const Tensor& out, const Tensor& in,
+                       bool async_op);
   // A collective over one rank on device tensors: nothing crosses a wire, so
   // it is a copy of `in` into `out` (none when `out` is undefined or is `in`),
   // queued on the caller's current stream where the tensors' users run, and
@@ -169,6 +191,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int64_t next_sequence_ = 0;  // the issuing thread's
   std::mutex stream_mutex_;
   std::shared_ptr<Stream> comm_stream_;  // created at the first collective
+  std::map<int, std::shared_ptr<Stream>> device_streams_;  // by cuda index, at the first device collective
+  std::exception_ptr device_error_;  // the first device collective that failed
   mutable std::mutex stats_mutex_;
   CommStats stats_;
   std::shared_ptr<Tracer> tracer_;

@@ -15,6 +15,10 @@ void Work::State::complete(std::exception_ptr failure) {
 
 void Work::wait() const {
   if (!state_) return;
+  if (state_->device_done) {
+    current_stream(state_->device)->wait_event(*state_->device_done);
+    return;
+  }
   std::unique_lock lock(state_->mutex);
   state_->completed_cv.wait(lock, [&] { return state_->completed; });
   if (state_->error) std::rethrow_exception(state_->error);
@@ -22,6 +26,7 @@ void Work::wait() const {
 
 bool Work::is_completed() const {
   if (!state_) return true;
+  if (state_->device_done) return state_->device_done->query();
   std::lock_guard lock(state_->mutex);
   return state_->completed;
 }

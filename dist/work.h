@@ -1,14 +1,25 @@
-// Work: the handle of one issued collective. Collectives run in issue order
-// on their group's communication thread; the caller keeps computing until it
-// calls wait(). A Work keeps the tensors it was given alive until it is done;
-// the caller must not touch their bytes before wait() returns.
+// Work: the handle of one issued collective. Collectives on host tensors
+// run in issue order on their group's communication thread; the caller keeps
+// computing until it calls wait(). A Work keeps the tensors it was given
+// alive until it is done; the caller must not touch their bytes before
+// wait() returns.
+//
+// A collective on device tensors runs on the group's stream of the device,
+// as NCCL's do: its Work holds the event recorded after it, and wait() makes
+// the caller's current stream wait for that event without blocking the host
+// (ProcessGroupNCCL's semantics); its errors surface where the stream's do,
+// at a synchronisation.
 #pragma once
 
 #include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+
+#include "tensor/device.h"
+#include "tensor/stream.h"
 
 namespace tessera::dist {
 
@@ -22,6 +33,9 @@ class Work {
     bool completed = false;
     std::exception_ptr error;
     std::shared_ptr<void> keep_alive;  // the tensors the collective reads or writes
+    // Device collectives: the event after the collective on the group's stream.
+    std::optional<Event> device_done;
+    Device device;
 
     void complete(std::exception_ptr failure);
   };
@@ -29,10 +43,12 @@ class Work {
   Work() = default;  // a completed no-op
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
-  // Blocks until the collective is done; rethrows its error (every time it is
-  // called). Never blocks forever: the collective itself is bounded by the
-  // group's timeout.
+  // Host collectives: blocks until the collective is done and rethrows its
+  // error (every time it is called); never forever: the collective itself
+  // is bounded by the group's timeout. Device collectives: orders the
+  // calling thread's current stream of the device after the collective.
   void wait() const;
+  // Whether the collective has run (a device collective: its event reached).
   bool is_completed() const;
   // "all_gather_into #12 on group 'world'", or "" for a no-op.
   std::string description() const;

@@ -161,6 +161,14 @@ void release_cached_memory(Device device) {
 
 void reset_peak_memory(Device device) { device_counters(device).reset_peak(); }
 
+void record_stream([[maybe_unused]] const Storage& storage, [[maybe_unused]] const std::shared_ptr<Stream>& stream) {
+#if TESSERA_HAVE_CUDA
+  if (storage.device().is_cuda() && storage.data() != nullptr) {
+    cuda::CachingAllocator::of(storage.device().index).record_stream(storage.data(), stream);
+  }
+#endif
+}
+
 const std::shared_ptr<MemoryCounters>& MemoryScope::current() { return current_scope; }
 
 MemoryScope::MemoryScope(std::shared_ptr<MemoryCounters> counters) : previous_(std::move(current_scope)) {

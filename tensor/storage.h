@@ -15,6 +15,10 @@
 #include "tensor/device.h"
 
 namespace tessera {
+class Stream;
+}
+
+namespace tessera {
 
 struct MemoryStats {
   int64_t live_bytes = 0;
@@ -92,6 +96,10 @@ MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);
 // Returns the allocator's cached free blocks to the system.
 void release_cached_memory(Device device);
+// The storage's bytes are also used by work on `stream` (a collective on a
+// group's stream): a cuda block is not reused until that stream has passed
+// this point (the caching allocator's record_stream). Nothing for host memory.
+void record_stream(const Storage& storage, const std::shared_ptr<Stream>& stream);
 
 // Charges allocations made on this thread to `counters` while alive. Scopes
 // nest; the innermost is charged (plus its parents and the device totals).

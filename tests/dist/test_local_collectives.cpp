@@ -376,7 +376,7 @@ TEST_CASE("run_local: bad arguments are errors") {
 }
 
 #if TESSERA_HAVE_CUDA
-TEST_CASE("local: a group of one rank takes cuda tensors (copies on the device); a larger one refuses them") {
+TEST_CASE("local: a group of one rank takes cuda tensors (copies on the device); a larger one needs a device a rank") {
   const Device cuda(DeviceType::cuda);
   run_local(1, [&](const ProcessGroupPtr& world) {
     const Tensor shard = ops::to(ops::arange(0.0, 6.0, 1.0), cuda);
@@ -394,9 +394,21 @@ TEST_CASE("local: a group of one rank takes cuda tensors (copies on the device);
     CHECK_THROWS_WITH_AS(world->all_gather_into(ops::zeros({6}), shard), doctest::Contains("out is on cpu but in on cuda:0"),
                          Error);
   });
+#if TESSERA_HAVE_CUDA_SIM
+  // Device collectives between ranks (test_device_collectives.cpp) want a device each.
+  CHECK_THROWS_WITH_AS(run_local(2,
+                                 [&](const ProcessGroupPtr& world) {
+                                   Tensor tensor = ops::ones({4}, {.device = cuda});
+                                   world->all_reduce(tensor);
+                                   world->synchronize();
+                                 }),
+                       doctest::Contains("ranks 0 and 1 are both on cuda:0; each rank needs a device of its own"),
+                       Error);
+#else
   run_local(2, [&](const ProcessGroupPtr& world) {
     Tensor tensor = ops::ones({4}, {.device = cuda});
-    CHECK_THROWS_WITH_AS(world->all_reduce(tensor), doctest::Contains("need the NCCL backend"), Error);
+    CHECK_THROWS_WITH_AS(world->all_reduce(tensor), doctest::Contains("need device collectives"), Error);
   });
+#endif
 }
 #endif

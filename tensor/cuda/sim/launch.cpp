@@ -185,6 +185,29 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
                           launch_number] { run_launch(name, kernel_address, config, body, launch_number); });
 }
 
+void launch_collective(const std::string& operation, Stream& stream, const std::vector<BufferUse>& buffers,
+                       std::function<void()> body) {
+  const RuntimeCall call("ncclCollective");
+  auto* sim_stream = dynamic_cast<SimStream*>(&stream);
+  TESSERA_CHECK(sim_stream != nullptr, "cuda sim: {} on a {} stream (collectives run on cuda streams)", operation,
+                stream.device().str());
+  check_device_buffers(operation, stream.device().index, buffers);
+  StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, buffers);
+  stream.enqueue([operation, buffers, body = std::move(body)] {
+    for (const BufferUse& buffer : buffers) {
+      if (buffer.access == BufferAccess::write || buffer.bytes == 0) continue;
+      const int64_t unwritten = first_unwritten_device_byte(buffer.data, buffer.bytes);
+      TESSERA_CHECK(unwritten < 0,
+                    "cuda sim initcheck: {} reads buffer `{}` ({} bytes at {}), whose byte {} was never written",
+                    operation, buffer.name, buffer.bytes, buffer.data, unwritten);
+    }
+    body();
+    for (const BufferUse& buffer : buffers) {
+      if (buffer.access != BufferAccess::read && buffer.bytes > 0) mark_device_written(buffer.data, buffer.bytes);
+    }
+  });
+}
+
 void set_block_order_seed(uint64_t seed) {
   block_order_seed.store(seed);
   launches_so_far.store(0);

@@ -9,8 +9,10 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tensor/cuda/launch_config.h"
+#include "tensor/stream.h"
 
 namespace tessera::cuda::sim {
 
@@ -19,6 +21,17 @@ namespace tessera::cuda::sim {
 // __shared__ variables.
 void launch(const char* kernel_name, const void* kernel_address, const LaunchConfig& config,
             std::function<void()> thread_body);
+
+// One rank's part of a collective of the simulated NCCL (dist's device
+// collectives): device work like a kernel. Its buffers must be live memory of
+// the stream's device; they are recorded with the stream-ordering checker
+// under `operation`, so the collective is ordered against the rank's other
+// streams like any kernel. `body` runs on the stream when the stream reaches
+// it (it meets the other ranks' parts there, and may read their devices'
+// memory). Read buffers must be initialised (initcheck); written ones are
+// afterwards. An exception from `body` surfaces at the stream's synchronize.
+void launch_collective(const std::string& operation, Stream& stream, const std::vector<BufferUse>& buffers,
+                       std::function<void()> body);
 
 // The order of blocks in launch n is a permutation drawn from (seed, n);
 // setting the seed restarts n, so a sequence of launches replays exactly.
