@@ -385,8 +385,13 @@ void FSDPParamGroup::finish_reduce_scatter() {
     comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
     count(dist::CollectiveKind::all_reduce,
           pending.output.numel() * static_cast<int64_t>(element_size(reduce_dtype_)), *comm_.replicate);
-    dist::finish_average(pending.output.raw_data(), pending.output.numel(), reduce_dtype_,
-                         comm_.shard->size() * comm_.replicate->size());
+    const int ranks = comm_.shard->size() * comm_.replicate->size();
+    if (pending.output.device().is_cpu()) {
+      dist::finish_average(pending.output.raw_data(), pending.output.numel(), reduce_dtype_, ranks);
+    } else {
+      // The one division of AVG, on the device: IEEE's, in the reduce dtype.
+      pending.output = ops::div(pending.output, static_cast<double>(ranks));
+    }
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   const FlatLayout& layout = shard_layout_;

@@ -171,9 +171,11 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(!plan || loss_plot.empty(), "--loss-plot draws a training run's loss; --plan trains nothing");
   TESSERA_CHECK(backend == "local" || backend == "mpi", "--backend must be local or mpi, got '{}'", backend);
   TESSERA_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu or cuda, got {}", device.str());
-  TESSERA_CHECK(device.is_cpu() || nproc == 1,
-                "--device cuda runs on one rank (--nproc 1): collectives across ranks on cuda need the NCCL backend, "
-                "which tessera does not have yet; got --nproc {}",
+  // Ranks on cuda need device collectives: the local backend's on the
+  // simulator (each rank its own simulated GPU); no NCCL backend yet.
+  TESSERA_CHECK(device.is_cpu() || nproc == 1 || (TESSERA_HAVE_CUDA_SIM && backend == "local"),
+                "--device cuda with --nproc {} needs collectives between GPUs: tessera has them on the simulator's "
+                "ranks as threads (--backend local, in a simulator build), not yet over NCCL",
                 nproc);
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
@@ -441,7 +443,10 @@ std::string describe(const TrainConfig& c) {
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
       tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "",
-      tessera::describe_device(c.device), c.seed);
+      c.device.is_cuda() && c.nproc > 1
+          ? fmt::format("cuda:0 to cuda:{}, one per rank; {}", c.nproc - 1, tessera::describe_device(c.device))
+          : tessera::describe_device(c.device),
+      c.seed);
 }
 
 }  // namespace gpt

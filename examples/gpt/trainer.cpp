@@ -23,6 +23,9 @@
 #include "dist/local_backend.h"
 #include "examples/gpt/config_json.h"
 #include "examples/gpt/graceful_stop.h"
+#if TESSERA_HAVE_CUDA
+#include "tensor/cuda/runtime.h"
+#endif
 #include "examples/gpt/token_cache.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
@@ -50,10 +53,17 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
     }
     Distributed distributed;
     distributed.world = world;
+    // Each rank on a GPU of its own, by its rank on the machine (ranks as
+    // threads: cuda:<rank>), as one process per GPU binds by its local rank.
+    distributed.device = config.device.is_cuda() ? tessera::Device(tessera::DeviceType::cuda, world->local_rank())
+                                                 : config.device;
+#if TESSERA_HAVE_CUDA
+    if (distributed.device.is_cuda()) tessera::cuda::set_device(distributed.device.index);
+#endif
     distributed.mesh = config.hsdp > 1
-                           ? dist::DeviceMesh(world, config.device, {config.hsdp, config.shard_ranks()},
+                           ? dist::DeviceMesh(world, distributed.device, {config.hsdp, config.shard_ranks()},
                                               {"replicate", "shard"})
-                           : dist::DeviceMesh(world, config.device, {config.nproc}, {"shard"});
+                           : dist::DeviceMesh(world, distributed.device, {config.nproc}, {"shard"});
     if (!config.trace.empty()) distributed.tracer = std::make_shared<dist::Tracer>();
     run_rank(distributed);
   };
@@ -164,8 +174,18 @@ int64_t bytes_sent(const std::vector<dist::ProcessGroupPtr>& groups) {
 
 }  // namespace
 
+namespace {
+
+// The config as this rank runs it: on its own device.
+TrainConfig on_rank_device(TrainConfig config, const std::optional<Distributed>& distributed) {
+  if (distributed) config.device = distributed->device;
+  return config;
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainConfig config, DataLoader data, std::optional<Distributed> distributed)
-    : config_(std::move(config)),
+    : config_(on_rank_device(std::move(config), distributed)),
       data_(std::move(data)),
       distributed_(std::move(distributed)),
       model_(build_model_meta(config_, distributed_)),

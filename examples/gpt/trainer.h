@@ -38,6 +38,8 @@ namespace gpt {
 // One rank's view of the job.
 struct Distributed {
   tessera::dist::ProcessGroupPtr world;
+  // This rank's device: --device cpu, or its own GPU, cuda:<local rank>.
+  tessera::Device device;
   tessera::dist::DeviceMesh mesh;                 // ("shard") or ("replicate", "shard") with --hsdp
   std::shared_ptr<tessera::dist::Tracer> tracer;  // null without --trace
 

@@ -14,7 +14,8 @@
 #   - rank 2 dies at its 300th collective (TESSERA_FAULT): it says so, and
 #     the launcher names rank 2 and its host, lost, as the first failure;
 #   - rank 2's TCP connections drop at its 300th collective (TESSERA_FAULT's
-#     disconnect): the same, and the job ends within the bound;
+#     disconnect): the launcher names rank 2, lost, as the first failure,
+#     and the job ends within the bound (even when mpirun crashes on it);
 #   - the link to host-b is cut: the launcher names host-b, silent, and the
 #     ranks' watchdogs (or mpirun) the collective and group that never
 #     completed; the run then resumes on one host from its last committed
@@ -133,9 +134,11 @@ says "injected crash" \
 export TESSERA_FAULT=disconnect@collective,rank=2,at=300
 start_run
 job_ends "dropped connections"
-says "dropped connections" \
-  "tessera: injected fault disconnect@collective,rank=2,at=300: shut down the [0-9]+ TCP sockets of this process" \
-  "$launch_says first failure: rank 2 on host-b \(pid [0-9]+\) was lost"
+# The rank's own line about the fault may never arrive: its output goes
+# through mpirun, which the dropped connections can crash (OpenMPI 4.1's
+# mpirun was seen to segfault in its PMIx server); the launcher's lifeline
+# still names the rank.
+says "dropped connections" "$launch_says first failure: rank 2 on host-b \(pid [0-9]+\) was lost"
 unset TESSERA_FAULT
 forwarded_variables=(TESSERA_DIST_TIMEOUT_S)
 
@@ -145,7 +148,8 @@ wait_for_step 120
 ip link set port-1 down
 job_ends "cut link"
 says "cut link" "$lost_host_b|$watchdog" "$launch_says host host-b lost: none of its ranks \(2, 3\) can be heard"
-latest=$(ls -d "$work"/ckpt/step-* | sort | tail -n 1)
+# The last committed checkpoint (a save the cut interrupted is left as step-N.tmp).
+latest=$(ls -d "$work"/ckpt/step-* | grep -v '\.tmp$' | sort | tail -n 1)
 mpirun_limit=600 timeout --kill-after=10 600 "$train" "${run[@]}" --nproc 4 --ckpt-dir "$work/ckpt" --resume \
   --export "$work/resumed.safetensors" >"$work/log" 2>&1 || { tail -n 30 "$work/log" >&2; fail "the resume failed"; }
 says "resume" "$(basename "$latest")"

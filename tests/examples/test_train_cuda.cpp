@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "examples/gpt/resource_limits.h"
 #include "examples/gpt/train_config.h"
 #include "examples/gpt/trainer.h"
+#include "fsdp/state_dict.h"
+#include "tensor/ops.h"
 #include "tensor/cuda/caching_allocator.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/sim_stream.h"
@@ -138,9 +141,87 @@ TEST_CASE("with every stream operation delayed at random, training on cuda gives
 }
 #endif
 
-TEST_CASE("--device cuda runs on one rank") {
+#if TESSERA_HAVE_CUDA_SIM
+namespace {
+
+// Rank 0's losses and gradient norms (every rank logs the same ones), and
+// with `weights`, every parameter's values after the last step.
+std::vector<std::pair<double, double>> rank0_steps(const TrainConfig& config,
+                                                   std::vector<std::vector<float>>* weights = nullptr) {
+  std::vector<std::pair<double, double>> steps;
+  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
+    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+    for (int64_t step = 0; step < config.steps; ++step) {
+      const gpt::StepMetrics metrics = trainer.train_step();
+      if (distributed.rank() == 0) steps.emplace_back(metrics.loss, metrics.grad_norm);
+    }
+    if (weights == nullptr) return;
+    const tessera::nn::StateDict full = tessera::fsdp::full_state_dict(trainer.model());
+    if (distributed.rank() != 0) return;
+    for (const auto& [name, tensor] : full) {
+      const tessera::Tensor host = tessera::ops::to(tensor, tessera::kCPU);
+      weights->push_back(tessera::ops::to(host, tessera::DType::f32).to_vector<float>());
+    }
+  });
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP on 2 and 3 simulated GPUs and HSDP 2 x 2: the losses of CPU FSDP on the same ranks, within 1e-5") {
+  for (const auto& [nproc, hsdp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{4, 2}}) {
+    CAPTURE(nproc);
+    CAPTURE(hsdp);
+    TrainConfig config = tiny_cuda_config(tessera::kCPU);
+    config.steps = 3;
+    config.warmup = 1;
+    config.nproc = nproc;
+    config.hsdp = hsdp;
+    const std::vector<std::pair<double, double>> cpu = rank0_steps(config);
+    config.device = kCuda;
+    const std::vector<std::pair<double, double>> cuda = rank0_steps(config);
+    REQUIRE(cuda.size() == cpu.size());
+    for (size_t step = 0; step < cpu.size(); ++step) {
+      CAPTURE(step);
+      CHECK(std::abs(cuda[step].first - cpu[step].first) <= 1e-5 * cpu[step].first);
+      CHECK(std::abs(cuda[step].second - cpu[step].second) <= 1e-5 * cpu[step].second);
+    }
+  }
+}
+
+TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of 1 rank with 2 micro-batches, bit for "
+          "bit; jitter changes no bit and no checker speaks") {
+  TrainConfig config = tiny_cuda_config(kCuda);
+  config.steps = 3;
+  config.warmup = 1;
+  config.clip = 0.0;  // clipping sums the norm per shard, which changes its last bits
+  config.deterministic = true;
+  config.nproc = 2;
+  std::vector<std::vector<float>> two_ranks, jittered, one_rank;
+  const std::vector<std::pair<double, double>> logged = rank0_steps(config, &two_ranks);
+  tessera::cuda::sim::set_stream_jitter(5, 200);
+  CHECK(rank0_steps(config, &jittered) == logged);
+  tessera::cuda::sim::set_stream_jitter(0, 0);
+  config.nproc = 1;
+  config.grad_accum = 2;
+  rank0_steps(config, &one_rank);
+  REQUIRE(!two_ranks.empty());
+  CHECK(two_ranks == one_rank);
+  CHECK(jittered == two_ranks);
+}
+#endif
+
+TEST_CASE("--device cuda on several ranks needs device collectives: the simulator's ranks as threads") {
   TrainConfig config = tiny_cuda_config(kCuda);
   config.nproc = 2;
-  CHECK_THROWS_WITH_AS(config.validate(), doctest::Contains("--device cuda runs on one rank (--nproc 1)"),
+  config.backend = "mpi";
+  CHECK_THROWS_WITH_AS(config.validate(),
+                       doctest::Contains("--device cuda with --nproc 2 needs collectives between GPUs"),
                        tessera::Error);
+  config.backend = "local";
+  if (TESSERA_HAVE_CUDA_SIM) {
+    CHECK_NOTHROW(config.validate());
+  } else {
+    CHECK_THROWS_AS(config.validate(), tessera::Error);
+  }
 }
