@@ -160,6 +160,7 @@ bool JobSupervisor::read_from(Connection& connection, std::vector<std::string>& 
 
 void JobSupervisor::handle_line(Connection& connection, const std::string& line, std::vector<std::string>& events) {
   const Clock::time_point now = Clock::now();
+  if (connection.rank < 0 && connection.result) return;  // refused at its first line: nothing more is read into it
   if (connection.rank < 0) {
     // hello <rank> <world size> <pid> <host>
     std::istringstream words(line);

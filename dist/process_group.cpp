@@ -368,6 +368,8 @@ Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes,
   done.record(*stream);
   state->device_done = done;
   state->device = device;
+  // Calls and bytes as for host collectives; the time is the host's to issue
+  // it (the collective's own runs on the device, after).
   account(signature, bytes, start_us, Tracer::now_us());
   Work work(state);
   if (!async_op) work.wait();
