@@ -7,16 +7,19 @@ every block the kernel may be launched with fits.
 
 It reruns each .cu compile from the build's compile_commands.json twice:
 with --resource-usage (ptxas's report per kernel and architecture) and with
--ptx for compute_90 (the .maxntid each __launch_bounds__ leaves). Prints one
-line per kernel and architecture checked; exits 1 on any violation.
+-ptx for compute_90 (the .maxntid each __launch_bounds__ leaves), as many
+files at once as the machine has cores. Prints one line per kernel and
+architecture checked, in the build's order; exits 1 on any violation.
 
     python3 tools/check_cuda_resources.py build-nvidia
 """
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REGISTERS_PER_MULTIPROCESSOR = 65536
@@ -89,11 +92,15 @@ def main():
     commands = [c for c in json.loads((build / "compile_commands.json").read_text()) if c["file"].endswith(".cu")]
     if not commands:
         sys.exit(f"check_cuda_resources: no .cu files in {build}/compile_commands.json (an nvidia build?)")
-    failures, checked = [], 0
-    for command in commands:
+    def measure(command):
         arguments = shlex.split(command["command"])
-        usage = resource_usage(arguments, command["directory"])
-        bounds = launch_bounds(arguments, command["directory"])
+        return resource_usage(arguments, command["directory"]), launch_bounds(arguments, command["directory"])
+
+    # The compiles run as child processes: threads are enough to keep every core busy.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        measured = list(pool.map(measure, commands))
+    failures, checked = [], 0
+    for command, (usage, bounds) in zip(commands, measured):
         for (kernel, arch), resources in sorted(usage.items()):
             checked += 1
             threads = bounds.get(kernel)
