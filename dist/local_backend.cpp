@@ -181,14 +181,15 @@ class LocalProcessGroup final : public ProcessGroup {
     using cuda::BufferUse;
     const void* in_data = in.cuda_data();
     void* out_data = out.cuda_data();
-    std::vector<BufferUse> buffers;
+    // The flat collectives read `in` and write `out`; all-reduce and
+    // broadcast work on one tensor, set below.
+    std::vector<BufferUse> buffers = {{"in", in_data, in.nbytes(), BufferAccess::read},
+                                      {"out", out_data, out.nbytes(), BufferAccess::write}};
     Planner planner;
     switch (signature.kind) {
       case CollectiveKind::all_gather: {
         const int64_t bytes_per_rank = in.nbytes();
         planner = [=](std::span<const Contribution> ranks) { return plan_all_gather(ranks, bytes_per_rank); };
-        buffers = {{"in", in_data, in.nbytes(), BufferAccess::read},
-                   {"out", out_data, out.nbytes(), BufferAccess::write}};
         break;
       }
       case CollectiveKind::reduce_scatter: {
@@ -198,8 +199,6 @@ class LocalProcessGroup final : public ProcessGroup {
         planner = [=](std::span<const Contribution> ranks) {
           return plan_reduce_scatter(ranks, count_per_rank, dtype, op);
         };
-        buffers = {{"in", in_data, in.nbytes(), BufferAccess::read},
-                   {"out", out_data, out.nbytes(), BufferAccess::write}};
         break;
       }
       case CollectiveKind::all_reduce: {

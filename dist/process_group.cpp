@@ -211,16 +211,21 @@ void ProcessGroup::stop_communication() {
   }
 }
 
-Work ProcessGroup::issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes,
-                         bool async_op, std::function<void(const CollectiveSignature&)> run) {
+std::shared_ptr<Work::State> ProcessGroup::number_collective(CollectiveSignature& signature) {
   signature.sequence = next_sequence_++;
   auto state = std::make_shared<Work::State>();
   state->description = fmt::format("{} #{} on group '{}'", collective_name(signature.kind), signature.sequence, name_);
-  state->keep_alive = std::move(keep_alive);
   if (const std::optional<Fault> fault = fault_at(FaultPoint::collective, world_ranks_[rank_])) {
     carry_out(*fault, fmt::format("world rank {}'s {}", world_ranks_[rank_], state->description),
               backend_name() != "local");
   }
+  return state;
+}
+
+Work ProcessGroup::issue(CollectiveSignature signature, std::shared_ptr<void> keep_alive, int64_t bytes,
+                         bool async_op, std::function<void(const CollectiveSignature&)> run) {
+  std::shared_ptr<Work::State> state = number_collective(signature);
+  state->keep_alive = std::move(keep_alive);
 
   std::shared_ptr<Stream> stream;
   {
@@ -332,13 +337,7 @@ void ProcessGroup::enqueue_device_collective(const CollectiveSignature& signatur
 
 Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes, const Tensor& out, const Tensor& in,
                                    bool async_op) {
-  signature.sequence = next_sequence_++;
-  auto state = std::make_shared<Work::State>();
-  state->description = fmt::format("{} #{} on group '{}'", collective_name(signature.kind), signature.sequence, name_);
-  if (const std::optional<Fault> fault = fault_at(FaultPoint::collective, world_ranks_[rank_])) {
-    carry_out(*fault, fmt::format("world rank {}'s {}", world_ranks_[rank_], state->description),
-              backend_name() != "local");
-  }
+  std::shared_ptr<Work::State> state = number_collective(signature);
   const Device device = in.device();
   std::shared_ptr<Stream> stream;
   {
