@@ -16,6 +16,8 @@
 
 #include "dist/lifeline.h"
 #include "dist/mpi_backend.h"
+#include "dist/nccl_backend.h"
+#include "dist/tcp_store.h"
 #include "tensor/error.h"
 
 #if TESSERA_HAVE_MPI
@@ -152,6 +154,68 @@ void end_with_launcher() {
 #endif
 }
 
+// Runs fn on the NCCL world made over `store`, and releases that world
+// before returning (its communicators, then the store, which the world's
+// watchdog posts progress to).
+void run_on_nccl_world(const LaunchInfo& launch, const std::shared_ptr<TcpStore>& store, const InitOptions& options,
+                       const std::function<void(const ProcessGroupPtr& world)>& fn) {
+  ProcessGroupPtr world = init_nccl_world(launch, store, options.local.group);
+  set_world(world);
+  try {
+    fn(world);
+    world->synchronize();
+  } catch (...) {
+    set_world(nullptr);
+    throw;
+  }
+  set_world(nullptr);
+  world.reset();
+  // Rank 0 serves the store: no rank leaves before all are done with it.
+  store->barrier("nccl/world/released", launch.rank, launch.world_size);
+}
+
+// The NCCL world of an MPI job: rank 0 serves the store (at MASTER_ADDR and
+// MASTER_PORT when set, else this host's name and a port the system picks)
+// and the MPI world hands its address to the others.
+void run_nccl_over_mpi(const LaunchInfo& launch, const ProcessGroupPtr& mpi_world, const InitOptions& options,
+                       const std::function<void(const ProcessGroupPtr& world)>& fn) {
+  std::unique_ptr<TcpStoreServer> server;
+  std::string address;
+  if (mpi_world->rank() == 0) {
+    const std::optional<std::string> port = process_environment("MASTER_PORT");
+    server = std::make_unique<TcpStoreServer>(port ? std::stoi(*port) : 0);
+    const std::optional<std::string> host = process_environment("MASTER_ADDR");
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    address = fmt::format("{}:{}", host ? *host : std::string(name), server->port());
+  }
+  const auto addresses = mpi_world->all_gather_bytes(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(address.data()), address.size()));
+  const std::string root(addresses[0].begin(), addresses[0].end());
+  const size_t colon = root.rfind(':');
+  auto store = std::make_shared<TcpStore>(root.substr(0, colon), std::stoi(root.substr(colon + 1)),
+                                          options.local.group.timeout);
+  run_on_nccl_world(launch, store, options, fn);
+}
+
+// A torchrun-style rank over NCCL, or (no launcher) a world of one.
+void run_nccl_rank(const LaunchInfo& launch, const InitOptions& options,
+                   const std::function<void(const ProcessGroupPtr& world)>& fn) {
+  if (launch.launcher == Launcher::local) {
+    TESSERA_CHECK(options.local_ranks == 1,
+                  "dist::init: NCCL with no launcher runs one rank (asked for {}): NCCL takes one process per GPU, "
+                  "so start {} processes with mpirun, srun or torchrun-style variables",
+                  options.local_ranks, options.local_ranks);
+    TcpStoreServer server(0);
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), options.local.group.timeout);
+    return run_on_nccl_world(launch, store, options, fn);
+  }
+  LaunchStore launch_store = connect_launch_store(launch, options.local.group.timeout);
+  open_process_lifeline(launch.rank, launch.world_size);
+  run_on_nccl_world(launch, std::shared_ptr<TcpStore>(std::move(launch_store.store)), options, fn);
+  report_clean_end_to_launcher();
+}
+
 // One rank of a multi-process job: this process joins the MPI world.
 void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
                   const std::function<void(const ProcessGroupPtr& world)>& fn) {
@@ -174,7 +238,11 @@ void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
   set_world(world);
   try {
     open_process_lifeline(world->rank(), world->size());
-    fn(world);
+    if (options.nccl) {
+      run_nccl_over_mpi(launch, world, options, fn);
+    } else {
+      fn(world);
+    }
     world->synchronize();
   } catch (const std::exception& error) {
     abort_mpi_job(fmt::format("tessera: rank {} of {} failed: {}\naborting the job (MPI_Abort)\n", world->rank(),
@@ -233,6 +301,7 @@ void init(const InitOptions& options, const std::function<void(const ProcessGrou
     case Launcher::mpirun:
     case Launcher::slurm: return run_mpi_rank(launch, options, fn);
     case Launcher::torchrun:
+      if (options.nccl) return run_nccl_rank(launch, options, fn);
       // torchrun starts processes that MPI cannot connect: each would be a
       // world of its own. A world of one is just that.
       if (launch.world_size > 1) {
@@ -244,6 +313,7 @@ void init(const InitOptions& options, const std::function<void(const ProcessGrou
       }
       return run_local(1, fn, options.local);
     case Launcher::local:
+      if (options.nccl) return run_nccl_rank(launch, options, fn);
       TESSERA_CHECK(options.local_ranks >= 1, "dist::init: local_ranks must be at least 1, got {}",
                     options.local_ranks);
       return run_local(options.local_ranks, fn, options.local);

@@ -37,7 +37,13 @@ LaunchInfo detect_launch(const EnvironmentLookup& environment = process_environm
 
 struct InitOptions {
   int local_ranks = 1;  // ranks to simulate when no launcher is detected
-  LocalOptions local;   // its group options also apply to the MPI world
+  LocalOptions local;   // its group options also apply to the MPI and NCCL worlds
+  // The world over NCCL (dist/nccl_backend.h), one process per GPU bound by
+  // its local rank: under mpirun/srun (the MPI world then only hands out the
+  // store's address and ends the job on a failure), under torchrun-style
+  // variables (MASTER_ADDR/MASTER_PORT name the store), or, with no launcher,
+  // one rank on cuda:0. Needs an nvidia build with NCCL.
+  bool nccl = false;
 };
 
 // Runs fn on every rank of this process (see above) and rethrows the first error.

@@ -176,7 +176,7 @@ class LocalProcessGroup final : public ProcessGroup {
   bool moves_device_tensors() const override { return true; }
 
   void enqueue_device_collective(const CollectiveSignature& signature, const Tensor& out, const Tensor& in,
-                                 Stream& stream, DeviceFinished finished) override {
+                                 const std::shared_ptr<Stream>& stream, DeviceFinished finished) override {
     using cuda::BufferAccess;
     using cuda::BufferUse;
     const void* in_data = in.cuda_data();
@@ -224,7 +224,7 @@ class LocalProcessGroup final : public ProcessGroup {
     const int member = rank();
     const std::chrono::milliseconds timeout = options().timeout;
     cuda::sim::launch_collective(
-        fmt::format("{} on group '{}'", signature.to_string(), name()), stream, buffers,
+        fmt::format("{} on group '{}'", signature.to_string(), name()), *stream, buffers,
         [=, finished = std::move(finished)] {
           try {
             rendezvous->run(round, member, Contribution{signature, in_data, out_data}, timeout, planner);

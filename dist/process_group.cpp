@@ -318,6 +318,8 @@ void ProcessGroup::check_signatures(const CollectiveSignature& mine) {
   }
 }
 
+bool ProcessGroup::uses_device_collectives() const { return size_ > 1 || one_rank_uses_device_collectives(); }
+
 Work ProcessGroup::run_on_one_device(CollectiveSignature signature, int64_t bytes, const Tensor& out,
                                      const Tensor& in) {
   signature.sequence = next_sequence_++;
@@ -331,7 +333,7 @@ Work ProcessGroup::run_on_one_device(CollectiveSignature signature, int64_t byte
 }
 
 void ProcessGroup::enqueue_device_collective(const CollectiveSignature& signature, const Tensor&, const Tensor&,
-                                             Stream&, DeviceFinished) {
+                                             const std::shared_ptr<Stream>&, DeviceFinished) {
   fail("{} on group '{}': the {} backend has no device collectives", signature.to_string(), name_, backend_name());
 }
 
@@ -353,7 +355,7 @@ Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes,
   ready.record(*current_stream(device));
   stream->wait_event(ready);
   const int64_t start_us = Tracer::now_us();
-  enqueue_device_collective(signature, out, in, *stream, [this, state](std::exception_ptr error) {
+  enqueue_device_collective(signature, out, in, stream, [this, state](std::exception_ptr error) {
     {
       std::lock_guard lock(stream_mutex_);
       if (!device_error_) device_error_ = error;
@@ -380,7 +382,9 @@ Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool asy
   const CollectiveSignature signature{
       .kind = CollectiveKind::all_gather, .dtype = in.dtype(), .in_shape = in.sizes(), .out_shape = out.sizes()};
   const int64_t bytes = in.nbytes();
-  if (!out.device().is_cpu() && size_ > 1) return issue_on_device(signature, bytes, out, in, async_op);
+  if (!out.device().is_cpu() && uses_device_collectives()) {
+    return issue_on_device(signature, bytes, out, in, async_op);
+  }
   if (!out.device().is_cpu()) return run_on_one_device(signature, bytes, ops::view(out, in.sizes()), in);
   void* out_data = out.raw_data();
   const void* in_data = in.raw_data();
@@ -398,7 +402,9 @@ Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, Redu
                                       .op = op,
                                       .in_shape = in.sizes(),
                                       .out_shape = out.sizes()};
-  if (!out.device().is_cpu() && size_ > 1) return issue_on_device(signature, out.nbytes(), out, in, async_op);
+  if (!out.device().is_cpu() && uses_device_collectives()) {
+    return issue_on_device(signature, out.nbytes(), out, in, async_op);
+  }
   if (!out.device().is_cpu()) return run_on_one_device(signature, out.nbytes(), out, ops::view(in, out.sizes()));
   const int64_t count = out.numel();
   const DType dtype = out.dtype();
@@ -418,7 +424,9 @@ Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) 
                                       .op = op,
                                       .in_shape = tensor.sizes(),
                                       .out_shape = tensor.sizes()};
-  if (!tensor.device().is_cpu() && size_ > 1) return issue_on_device(signature, tensor.nbytes(), tensor, tensor, async_op);
+  if (!tensor.device().is_cpu() && uses_device_collectives()) {
+    return issue_on_device(signature, tensor.nbytes(), tensor, tensor, async_op);
+  }
   if (!tensor.device().is_cpu()) return run_on_one_device(signature, tensor.nbytes(), Tensor(), tensor);
   const int64_t count = tensor.numel();
   const DType dtype = tensor.dtype();
@@ -439,7 +447,9 @@ Work ProcessGroup::broadcast(const Tensor& tensor, int root, bool async_op) {
                                       .root = root,
                                       .in_shape = tensor.sizes(),
                                       .out_shape = tensor.sizes()};
-  if (!tensor.device().is_cpu() && size_ > 1) return issue_on_device(signature, tensor.nbytes(), tensor, tensor, async_op);
+  if (!tensor.device().is_cpu() && uses_device_collectives()) {
+    return issue_on_device(signature, tensor.nbytes(), tensor, tensor, async_op);
+  }
   if (!tensor.device().is_cpu()) return run_on_one_device(signature, tensor.nbytes(), Tensor(), tensor);
   const int64_t bytes = tensor.nbytes();
   void* data = tensor.raw_data();

@@ -142,6 +142,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // ranks (the local backend on the simulator, NCCL). Without them, cuda
   // tensors are taken by a group of one rank only.
   virtual bool moves_device_tensors() const { return false; }
+  // Whether a group of one rank still runs device collectives through
+  // enqueue_device_collective (NCCL: the same stream protocol and watchdog
+  // at every size) rather than as a copy on the caller's stream.
+  virtual bool one_rank_uses_device_collectives() const { return false; }
   // Enqueues this rank's part of a device collective on `stream`, the
   // group's stream of the tensors' device, already ordered after the
   // caller's current stream. Called on the issuing thread, in issue order.
@@ -151,7 +155,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // has run, with its error or null.
   using DeviceFinished = std::function<void(std::exception_ptr error)>;
   virtual void enqueue_device_collective(const CollectiveSignature& signature, const Tensor& out, const Tensor& in,
-                                         Stream& stream, DeviceFinished finished);
+                                         const std::shared_ptr<Stream>& stream, DeviceFinished finished);
 
   // Runs what is queued and stops the communication thread. Every backend's
   // destructor calls it first, so no queued collective reaches a half-destroyed
@@ -173,6 +177,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // holding the event after it (waited for at once unless async_op).
   Work issue_on_device(CollectiveSignature signature, int64_t bytes, const Tensor& out, const Tensor& in,
                        bool async_op);
+  // Whether device tensors go through enqueue_device_collective: across
+  // ranks always, on one rank where the backend asks (see above).
+  bool uses_device_collectives() const;
   // A collective over one rank on device tensors: nothing crosses a wire, so
   // it is a copy of `in` into `out` (none when `out` is undefined or is `in`),
   // queued on the caller's current stream where the tensors' users run, and

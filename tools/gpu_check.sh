@@ -8,6 +8,7 @@
 #   3. the nvidia runtime built for this GPU's architecture only;
 #   4. the cuda suite (every kernel against the cpu, on the GPU);
 #   5. the tiny GPT trained on cuda and on cpu in f32: losses within 1e-5;
+#      NCCL's suite (tests/dist/test_nccl) and the tiny GPT over NCCL;
 #   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
 #      the PREDICTED step of bench/gpt2_step_prediction;
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
@@ -29,7 +30,7 @@
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
-#                           [--stages suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
+#                           [--stages suite,tiny,nccl,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
 #                           [--profile-kernels REGEX]
 #
 # --stages runs only those (the build always): a second lease need not
@@ -48,7 +49,7 @@ budget=520
 sim=0
 bundle=.gpu-bundle
 archive=
-default_stages=,suite,tiny,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+default_stages=,suite,tiny,nccl,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
 all_stages=${default_stages}profile,
 stages=$default_stages
 profile_kernels='attention_mma'
@@ -194,10 +195,32 @@ export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_
 
 # ---- 3. the build --------------------------------------------------------------------------------------
 build=build-gpucheck/build
+# NCCL (the nccl stage): the toolkit's own, else the nvidia-nccl wheel that
+# PyTorch brings, whose library has only its versioned name, so a private
+# folder links libnccl.so to it.
+nccl_args=()
+find_nccl() {
+  if [ -f "$CUDA_PATH/include/nccl.h" ]; then
+    nccl_args=(-Dnccl=enabled)
+    return
+  fi
+  local wheel
+  wheel=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) || return
+  [ -f "$wheel/include/nccl.h" ] && [ -f "$wheel/lib/libnccl.so.2" ] || return
+  mkdir -p "$prefix/nccl/lib"
+  ln -sfn "$wheel/include" "$prefix/nccl/include"
+  ln -sf "$wheel/lib/libnccl.so.2" "$prefix/nccl/lib/libnccl.so.2"
+  ln -sf libnccl.so.2 "$prefix/nccl/lib/libnccl.so"
+  nccl_args=(-Dnccl=enabled "-Dnccl_home=$prefix/nccl")
+}
+build_targets=(examples/gpt/train tests/cuda/test_cuda)
 if [ $sim -eq 1 ]; then
   setup_args=(-Dmpi=disabled)
 else
-  setup_args=(-Dgpu_runtime=nvidia "-Dgpu_architectures=$arch" -Dmpi=disabled -Dblas=disabled)
+  find_nccl
+  say "   NCCL: ${nccl_args[*]:-none found (the nccl stage is skipped)}"
+  [ ${#nccl_args[@]} -gt 0 ] && build_targets+=(tests/dist/test_nccl)
+  setup_args=(-Dgpu_runtime=nvidia "-Dgpu_architectures=$arch" -Dmpi=disabled -Dblas=disabled "${nccl_args[@]}")
 fi
 build_tessera() {
   if [ -f "$build/meson-private/coredata.dat" ]; then
@@ -205,7 +228,7 @@ build_tessera() {
   else
     limited meson setup "$build" --buildtype=release "${setup_args[@]}" || return 1
   fi
-  limited ninja -C "$build" examples/gpt/train tests/cuda/test_cuda
+  limited ninja -C "$build" "${build_targets[@]}"
 }
 stage build 300 build_tessera || { say "gpu_check: the build failed; nothing else can run"; exit 1; }
 train=$build/examples/gpt/train
@@ -227,17 +250,42 @@ tiny_run() {  # device
   limited "$train" --device "$1" --data synthetic --steps $tiny_steps --eval-every 0 --threads 4 \
     --log-json "$out_dir/tiny_$1.jsonl" --overwrite
 }
-if wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu; then
-  python3 - "$out_dir/tiny_cuda.jsonl" "$out_dir/tiny_cpu.jsonl" <<'EOF' | tee -a "$report"
+# compare_losses LABEL A B TOLERANCE: two runs' --log-json files (named
+# tiny_A.jsonl, tiny_B.jsonl) step by step; a difference over TOLERANCE
+# counts as a failure.
+compare_losses() {
+  python3 - "$1" "$2" "$3" "$4" "$out_dir" <<'EOF' | tee -a "$report"
 import json, sys
-cuda, cpu = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
-worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(cuda, cpu))
-verdict = "within" if worst <= 1e-5 else "NOT within"
-print(f"   tiny GPT f32, {len(cuda)} steps: largest |loss(cuda) - loss(cpu)| = {worst:.3g}, {verdict} 1e-5;"
-      f" cuda {sorted(r['step_ms'] for r in cuda[2:])[len(cuda[2:]) // 2]:.2f} ms/step (median after 2)")
-sys.exit(0 if worst <= 1e-5 else 1)
+label, a, b, tolerance, out = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+first, second = ([json.loads(line) for line in open(f"{out}/tiny_{name}.jsonl")] for name in (a, b))
+worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(first, second))
+verdict = "within" if worst <= tolerance else "NOT within"
+median = sorted(r["step_ms"] for r in first[2:])[len(first[2:]) // 2]
+print(f"   {label}, {len(first)} steps: largest |loss({a}) - loss({b})| = {worst:.3g}, {verdict} {tolerance:g};"
+      f" {a} {median:.2f} ms/step (median after 2)")
+sys.exit(0 if worst <= tolerance else 1)
 EOF
-  [ "${PIPESTATUS[0]}" -eq 0 ] || failures=$((failures + 1))  # the losses disagree: a failure too
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failures=$((failures + 1))
+}
+if wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu; then
+  compare_losses "tiny GPT f32" cuda cpu 1e-5
+fi
+
+# ---- 5b. NCCL: the backend's suite, and the tiny GPT over NCCL against the local backend ---------------
+if wanted nccl; then
+  if [ ! -x "$build/tests/dist/test_nccl" ]; then
+    say "== nccl: SKIPPED (no NCCL was found to build it)"
+  else
+    stage nccl 90 "$build/tests/dist/test_nccl"
+    grep -E '^\[doctest\] (test cases|assertions)' "$out_dir/nccl.log" | sed 's/^/   /' | tee -a "$report"
+    nccl_train() {
+      limited "$train" --device cuda --backend nccl --data synthetic --steps $tiny_steps --eval-every 0 --threads 4 \
+        --log-json "$out_dir/tiny_nccl.jsonl" --overwrite
+    }
+    if stage nccl_train 60 nccl_train && [ -f "$out_dir/tiny_cuda.jsonl" ]; then
+      compare_losses "tiny GPT over NCCL (1 rank) against the local backend" nccl cuda 1e-6
+    fi
+  fi
 fi
 
 # ---- 6. GPT-2 124M bf16 --------------------------------------------------------------------------------

@@ -319,7 +319,7 @@ RankMemoryEstimate estimate_rank_memory(const TrainConfig& config) {
   estimate.gathered_gradients = capped(gathered_gradient_bytes(config, root, block));
   estimate.activations = capped(activation_bytes(config));
   estimate.shared_data = capped(token_data_bytes(config));
-  estimate.process_per_rank = config.backend == "mpi";
+  estimate.process_per_rank = config.backend != "local";
   return estimate;
 }
 

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "dist/launch.h"
+#include "dist/nccl_backend.h"
 #include "examples/gpt/flag_checks.h"
 #include "examples/gpt/huggingface/hf_checkpoint.h"
 #include "examples/gpt/token_cache.h"
@@ -52,6 +53,10 @@ std::optional<tessera::fsdp::ReshardAfterForward> parse_reshard(const std::strin
   return ReshardAfterForward::to_group_of(count);
 }
 
+constexpr std::string_view kNoNcclBuilt =
+    "--backend nccl: this build has no NCCL backend (build the nvidia runtime, -Dgpu_runtime=nvidia, where NCCL is "
+    "found)";
+
 // --backend mpi takes its world from the launcher; --backend local must not
 // run under one (every process would train alone on its own threads).
 void read_world_size(TrainConfig& config, bool nproc_given) {
@@ -62,6 +67,19 @@ void read_world_size(TrainConfig& config, bool nproc_given) {
     TESSERA_CHECK(!launched || launch.world_size == 1,
                   "--backend local, but {} started this process as rank {} of {}; pass --backend mpi",
                   tessera::dist::launcher_name(launch.launcher), launch.rank, launch.world_size);
+    return;
+  }
+  if (config.backend == "nccl") {
+    TESSERA_CHECK(tessera::dist::nccl_backend_built(), "{}", kNoNcclBuilt);
+    const bool any_launcher = launch.launcher != tessera::dist::Launcher::local;
+    TESSERA_CHECK(any_launcher || !nproc_given || config.nproc == 1,
+                  "--backend nccl --nproc {}: NCCL takes one process per GPU; start {} processes with mpirun, srun or "
+                  "torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)",
+                  config.nproc, config.nproc);
+    TESSERA_CHECK(!any_launcher || !nproc_given || config.nproc == launch.world_size,
+                  "--nproc {} differs from the {} ranks {} started; leave --nproc out under --backend nccl",
+                  config.nproc, launch.world_size, tessera::dist::launcher_name(launch.launcher));
+    config.nproc = launch.world_size;
     return;
   }
   TESSERA_CHECK(launched, "--backend mpi needs a launcher: start it as `mpirun -np N train --backend mpi ...` (or "
@@ -169,13 +187,16 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(eval_every >= 0, "--eval-every must be >= 0 (0 = never), got {}", eval_every);
   TESSERA_CHECK(eval_batches >= 1, "--eval-batches must be >= 1, got {}", eval_batches);
   TESSERA_CHECK(!plan || loss_plot.empty(), "--loss-plot draws a training run's loss; --plan trains nothing");
-  TESSERA_CHECK(backend == "local" || backend == "mpi", "--backend must be local or mpi, got '{}'", backend);
+  TESSERA_CHECK(backend == "local" || backend == "mpi" || backend == "nccl",
+                "--backend must be local, mpi or nccl, got '{}'", backend);
   TESSERA_CHECK(device.is_cpu() || device.is_cuda(), "--device must be cpu or cuda, got {}", device.str());
-  // Ranks on cuda need device collectives: the local backend's on the
-  // simulator (each rank its own simulated GPU); no NCCL backend yet.
-  TESSERA_CHECK(device.is_cpu() || nproc == 1 || (TESSERA_HAVE_CUDA_SIM && backend == "local"),
-                "--device cuda with --nproc {} needs collectives between GPUs: tessera has them on the simulator's "
-                "ranks as threads (--backend local, in a simulator build), not yet over NCCL",
+  TESSERA_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl moves GPU memory: it needs --device cuda");
+  TESSERA_CHECK(backend != "nccl" || tessera::dist::nccl_backend_built(), "{}", kNoNcclBuilt);
+  // Ranks on cuda need device collectives: NCCL's, or the local backend's
+  // on the simulator (each rank its own simulated GPU).
+  TESSERA_CHECK(device.is_cpu() || nproc == 1 || backend == "nccl" || (TESSERA_HAVE_CUDA_SIM && backend == "local"),
+                "--device cuda with --nproc {} needs collectives between GPUs: --backend nccl (one process per GPU), "
+                "or ranks as threads on the simulator (--backend local, in a simulator build)",
                 nproc);
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
@@ -297,8 +318,10 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   auto* nproc_flag = app.add_option("--nproc", config.nproc,
                                     "Ranks, each with its own micro-batches (threads, or the launcher's processes)")
                          ->check(integer_in(1, kMaxRanks));
-  app.add_option("--backend", config.backend, "local (threads in this process) or mpi (under mpirun/srun)")
-      ->check(CLI::IsMember({"local", "mpi"}));
+  app.add_option("--backend", config.backend,
+                 "local (threads in this process), mpi (under mpirun/srun) or nccl (--device cuda, one process per "
+                 "GPU under mpirun, srun or torchrun-style variables; alone, one rank)")
+      ->check(CLI::IsMember({"local", "mpi", "nccl"}));
   std::string reshard_text = "true";
   app.add_option("--reshard-after-forward", reshard_text,
                  "Blocks free their gathered parameters after forward: true, false, or N (keep an N-rank sharding "

@@ -47,7 +47,7 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
                   world->size(), config.nproc);
     // Local ranks get their share of the cores from run_local; MPI ranks on
     // one machine share them out here, or OpenMP teams would oversubscribe it.
-    if (config.backend == "mpi") {
+    if (config.backend != "local") {
       const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       tessera::set_num_threads(config.threads > 0 ? config.threads : std::max(1, cores / world->local_size()));
     }
@@ -72,6 +72,10 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
   options.local.threads_per_rank = config.threads;  // 0: the cores shared out among the ranks
   options.local.group.deterministic = options.local.group.deterministic || config.deterministic;
   if (config.backend == "local") return dist::run_local(config.nproc, start_rank, options.local);
+  if (config.backend == "nccl") {
+    options.nccl = true;
+    return dist::init(options, start_rank);
+  }
   const dist::Launcher launcher = dist::detect_launch().launcher;
   TESSERA_CHECK(launcher == dist::Launcher::mpirun || launcher == dist::Launcher::slurm,
                 "init_distributed: --backend mpi, but no mpirun or srun started this process");

@@ -20,9 +20,11 @@
 #include "dist/local_backend.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tests/dist/error_message.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using tessera::test::message_of;
 namespace ops = tessera::ops;
 
 namespace {
@@ -53,15 +55,6 @@ void check_against_host(int world_size, DType dtype,
     CAPTURE(rank);
     CHECK(device[static_cast<size_t>(rank)] == host[static_cast<size_t>(rank)]);
   }
-}
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

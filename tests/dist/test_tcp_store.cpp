@@ -19,9 +19,11 @@
 
 #include "dist/store_protocol.h"
 #include "dist/tcp_store.h"
+#include "tests/dist/error_message.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using tessera::test::message_of;
 using namespace std::chrono_literals;
 
 namespace {
@@ -31,15 +33,6 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 std::vector<std::byte> bytes_of(const std::string& text) {
   const auto view = std::as_bytes(std::span(text));
   return {view.begin(), view.end()};
-}
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 // A port that was free a moment ago (the system's pick, then released).

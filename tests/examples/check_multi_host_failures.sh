@@ -125,9 +125,11 @@ export TESSERA_FAULT=kill@collective,rank=2,at=300
 forwarded_variables+=(TESSERA_FAULT)
 start_run
 job_ends "injected crash"
+# mpirun's own "exited on signal 9" is not required: on a loaded machine its
+# PMIx server was seen to segfault in the teardown, and the launcher's line
+# is what names the rank.
 says "injected crash" \
   "tessera: injected fault kill@collective,rank=2,at=300: killing this process at world rank 2's" \
-  "exited on signal 9" \
   "$launch_says first failure: rank 2 on host-b \(pid [0-9]+\) was lost"
 
 # ---- rank 2's connections drop at its 300th collective (TESSERA_FAULT) ----

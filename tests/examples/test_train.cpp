@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dist/comm_stats.h"
+#include "dist/nccl_backend.h"
 #include "examples/gpt/config_json.h"
 #include "examples/gpt/flag_checks.h"
 #include "examples/gpt/train_config.h"
@@ -276,7 +277,10 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
        "--reshard-after-forward 4 must divide the shard group size 2"},
       {{"--reshard-after-forward", "yes"}, "expected true, false or a positive rank count, got 'yes'"},
       {{"--param-dtype", "f16x"}, "--param-dtype: f16x not in {f32,bf16}"},
-      {{"--backend", "nccl"}, "--backend: nccl not in"},
+      {{"--backend", "nccl"},
+       tessera::dist::nccl_backend_built() ? "--backend nccl moves GPU memory: it needs --device cuda"
+                                           : "--backend nccl: this build has no NCCL backend"},
+      {{"--backend", "gloo"}, "--backend: gloo not in"},
       {{"--backend", "mpi"}, "--backend mpi needs a launcher"},
       {{"--resume"}, "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR"},
       {{"--ckpt-every", "5"}, "need --ckpt-dir DIR"},
@@ -290,6 +294,12 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
     CHECK(*parsed.exit_code == gpt::kUsageExitCode);  // every usage error, CLI11's own included
     CHECK(parsed.err.find(message) != std::string::npos);
   }
+  // A build without NCCL says so; one with it asks for processes instead of threads.
+  Parsed nccl = parse({"--backend", "nccl", "--device", "cuda", "--nproc", "2"});
+  REQUIRE(nccl.exit_code.has_value());
+  CHECK(nccl.err.find(tessera::dist::nccl_backend_built()
+                          ? "--backend nccl --nproc 2: NCCL takes one process per GPU; start 2 processes"
+                          : "--backend nccl: this build has no NCCL backend") != std::string::npos);
   Parsed help = parse({"--help"});
   REQUIRE(help.exit_code.has_value());
   CHECK(*help.exit_code == 0);
