@@ -154,12 +154,12 @@ void end_with_launcher() {
 #endif
 }
 
-// Runs fn on the NCCL world made over `store`, and releases that world
-// before returning (its communicators, then the store, which the world's
-// watchdog posts progress to).
-void run_on_nccl_world(const LaunchInfo& launch, const std::shared_ptr<TcpStore>& store, const InitOptions& options,
+// Runs fn on the NCCL world made over the job's store, and releases that
+// world (its communicators, then the store, which its watchdog posts
+// progress to) before returning.
+void run_on_nccl_world(const LaunchInfo& launch, LaunchStore& job_store, const InitOptions& options,
                        const std::function<void(const ProcessGroupPtr& world)>& fn) {
-  ProcessGroupPtr world = init_nccl_world(launch, store, options.local.group);
+  ProcessGroupPtr world = init_nccl_world(launch, job_store.store, options.local.group);
   set_world(world);
   try {
     fn(world);
@@ -170,32 +170,7 @@ void run_on_nccl_world(const LaunchInfo& launch, const std::shared_ptr<TcpStore>
   }
   set_world(nullptr);
   world.reset();
-  // Rank 0 serves the store: no rank leaves before all are done with it.
-  store->barrier("nccl/world/released", launch.rank, launch.world_size);
-}
-
-// The NCCL world of an MPI job: rank 0 serves the store (at MASTER_ADDR and
-// MASTER_PORT when set, else this host's name and a port the system picks)
-// and the MPI world hands its address to the others.
-void run_nccl_over_mpi(const LaunchInfo& launch, const ProcessGroupPtr& mpi_world, const InitOptions& options,
-                       const std::function<void(const ProcessGroupPtr& world)>& fn) {
-  std::unique_ptr<TcpStoreServer> server;
-  std::string address;
-  if (mpi_world->rank() == 0) {
-    const std::optional<std::string> port = process_environment("MASTER_PORT");
-    server = std::make_unique<TcpStoreServer>(port ? std::stoi(*port) : 0);
-    const std::optional<std::string> host = process_environment("MASTER_ADDR");
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    address = fmt::format("{}:{}", host ? *host : std::string(name), server->port());
-  }
-  const auto addresses = mpi_world->all_gather_bytes(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(address.data()), address.size()));
-  const std::string root(addresses[0].begin(), addresses[0].end());
-  const size_t colon = root.rfind(':');
-  auto store = std::make_shared<TcpStore>(root.substr(0, colon), std::stoi(root.substr(colon + 1)),
-                                          options.local.group.timeout);
-  run_on_nccl_world(launch, store, options, fn);
+  job_store.leave(launch.rank, launch.world_size);
 }
 
 // A torchrun-style rank over NCCL, or (no launcher) a world of one.
@@ -206,13 +181,14 @@ void run_nccl_rank(const LaunchInfo& launch, const InitOptions& options,
                   "dist::init: NCCL with no launcher runs one rank (asked for {}): NCCL takes one process per GPU, "
                   "so start {} processes with mpirun, srun or torchrun-style variables",
                   options.local_ranks, options.local_ranks);
-    TcpStoreServer server(0);
-    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), options.local.group.timeout);
-    return run_on_nccl_world(launch, store, options, fn);
+    LaunchStore own_store;
+    own_store.server = std::make_unique<TcpStoreServer>(0);
+    own_store.store = std::make_shared<TcpStore>("127.0.0.1", own_store.server->port(), options.local.group.timeout);
+    return run_on_nccl_world(launch, own_store, options, fn);
   }
   LaunchStore launch_store = connect_launch_store(launch, options.local.group.timeout);
   open_process_lifeline(launch.rank, launch.world_size);
-  run_on_nccl_world(launch, std::shared_ptr<TcpStore>(std::move(launch_store.store)), options, fn);
+  run_on_nccl_world(launch, launch_store, options, fn);
   report_clean_end_to_launcher();
 }
 
@@ -239,7 +215,9 @@ void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
   try {
     open_process_lifeline(world->rank(), world->size());
     if (options.nccl) {
-      run_nccl_over_mpi(launch, world, options, fn);
+      // The MPI world hands out the store's address, and ends the job on a failure.
+      LaunchStore job_store = connect_store_through(*world, options.local.group.timeout);
+      run_on_nccl_world(launch, job_store, options, fn);
     } else {
       fn(world);
     }

@@ -5,6 +5,8 @@
 #include <charconv>
 #include <utility>
 
+#include <unistd.h>
+
 #include "dist/store_protocol.h"
 
 namespace tessera::dist {
@@ -148,7 +150,40 @@ LaunchStore connect_launch_store(const LaunchInfo& launch, std::chrono::millisec
   const int port = parse_port(*port_text);
   LaunchStore result;
   if (launch.rank == 0) result.server = std::make_unique<TcpStoreServer>(port);
-  result.store = std::make_unique<TcpStore>(*host, port, timeout);
+  result.store = std::make_shared<TcpStore>(*host, port, timeout);
+  return result;
+}
+
+void LaunchStore::leave(int rank, int world_size) {
+  if (rank != 0) {
+    store->set(fmt::format("left/{}", rank), std::string("1"));
+  } else {
+    for (int other = 1; other < world_size; ++other) store->get(fmt::format("left/{}", other));
+  }
+  store.reset();
+  server.reset();
+}
+
+LaunchStore connect_store_through(ProcessGroup& group, std::chrono::milliseconds timeout,
+                                  const EnvironmentLookup& environment) {
+  LaunchStore result;
+  std::string address;
+  if (group.rank() == 0) {
+    const std::optional<std::string> port = environment("MASTER_PORT");
+    result.server = std::make_unique<TcpStoreServer>(port ? parse_port(*port) : 0);
+    std::optional<std::string> host = environment("MASTER_ADDR");
+    if (!host || host->empty()) {
+      char name[256] = {};
+      TESSERA_CHECK(::gethostname(name, sizeof name - 1) == 0, "dist::connect_store_through: gethostname failed");
+      host = name;
+    }
+    address = fmt::format("{}:{}", *host, result.server->port());
+  }
+  const auto addresses = group.all_gather_bytes(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(address.data()), address.size()));
+  const std::string served(addresses[0].begin(), addresses[0].end());
+  const size_t colon = served.rfind(':');
+  result.store = std::make_shared<TcpStore>(served.substr(0, colon), std::stoi(served.substr(colon + 1)), timeout);
   return result;
 }
 

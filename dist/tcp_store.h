@@ -68,10 +68,23 @@ class TcpStore {
 // the store (they are after the rendezvous they use it for).
 struct LaunchStore {
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
-  std::unique_ptr<TcpStore> store;
+  std::shared_ptr<TcpStore> store;
+
+  // The ranks are done with the store: each other rank says so as its last
+  // operation, and rank 0, which serves it, stops serving once all have
+  // (a server that went first would break a rank's last get).
+  void leave(int rank, int world_size);
 };
 // Missing or malformed variables are an Error naming them.
 LaunchStore connect_launch_store(const LaunchInfo& launch, std::chrono::milliseconds timeout,
                                  const EnvironmentLookup& environment = process_environment);
+
+// A store for the ranks of a group that can already talk (the MPI world
+// under mpirun or srun, which sets no MASTER_ADDR): its rank 0 serves the
+// store, at MASTER_PORT when set, else at a port the system picks, and the
+// group hands the address (MASTER_ADDR when set, else rank 0's host name) to
+// every rank. Collective over the group.
+LaunchStore connect_store_through(ProcessGroup& group, std::chrono::milliseconds timeout,
+                                  const EnvironmentLookup& environment = process_environment);
 
 }  // namespace tessera::dist

@@ -27,6 +27,7 @@
 #include "dist/launch.h"
 #include "dist/local_backend.h"
 #include "dist/mpi_backend.h"
+#include "dist/tcp_store.h"
 #include "tensor/ops.h"
 
 using namespace tessera;
@@ -142,6 +143,18 @@ TEST_CASE("mpi: the world is mpirun's") {
   int provided = 0;
   MPI_Query_thread(&provided);
   CHECK(provided == (application_initialises_mpi() ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE));
+}
+
+// The NCCL world's rendezvous under mpirun: MPI hands out rank 0's store,
+// through which rank 0's ncclUniqueId would travel (tests/dist/test_nccl.cpp
+// runs the rest on a GPU).
+TEST_CASE("mpi: connect_store_through hands every rank rank 0's store") {
+  const ProcessGroupPtr& group = world();
+  LaunchStore launch = connect_store_through(*group, std::chrono::seconds(60));
+  CHECK((launch.server != nullptr) == (group->rank() == 0));
+  if (group->rank() == 0) launch.store->set("nccl/world/id", std::string("0123456789abcdef"));
+  CHECK(launch.store->get_string("nccl/world/id") == "0123456789abcdef");
+  launch.leave(group->rank(), group->size());
 }
 
 TEST_CASE("mpi: all_reduce of every dtype and op gives the exact reduction") {

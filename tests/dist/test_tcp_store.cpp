@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/local_backend.h"
 #include "dist/store_protocol.h"
 #include "dist/tcp_store.h"
 #include "tests/dist/error_message.h"
@@ -311,4 +312,24 @@ TEST_CASE("connect_launch_store: missing or malformed variables are errors namin
     CHECK(message_of([&] { connect_launch_store(rank1, 1s, with("node0", bad)); }) ==
           std::string("dist::connect_launch_store: MASTER_PORT='") + bad + "' is not a port in [1, 65535]");
   }
+}
+
+TEST_CASE("connect_store_through: a group that can talk hands every rank rank 0's store") {
+  const auto environment = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "MASTER_ADDR") return "127.0.0.1";
+    return std::nullopt;  // no MASTER_PORT: rank 0 takes a port the system picks
+  };
+  std::vector<std::string> seen(3);
+  std::vector<bool> serves(3);
+  run_local(3, [&](const ProcessGroupPtr& world) {
+    LaunchStore launch = connect_store_through(*world, 30s, environment);
+    serves[static_cast<size_t>(world->rank())] = launch.server != nullptr;
+    if (world->rank() == 0) launch.store->set("nccl/world/id", std::string("from rank 0"));
+    seen[static_cast<size_t>(world->rank())] = launch.store->get_string("nccl/world/id");
+    launch.leave(world->rank(), world->size());
+    CHECK(launch.store == nullptr);
+    CHECK(launch.server == nullptr);
+  });
+  CHECK(serves == std::vector<bool>{true, false, false});
+  CHECK(seen == std::vector<std::string>(3, "from rank 0"));
 }
