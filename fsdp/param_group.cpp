@@ -132,7 +132,11 @@ void FSDPParamGroup::count(dist::CollectiveKind kind, int64_t bytes, const dist:
 
 void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
                                std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding,
-                               std::function<void()> on_gradient) {
+                               std::shared_ptr<FSDPStreams> streams, std::function<void()> on_gradient) {
+  TESSERA_CHECK(streams != nullptr && streams->device() == device(),
+                "FSDPParamGroup '{}': its shards are on {}, but the root's FSDP streams on {}; every group of a root "
+                "lives on one device", module_fqn_, device().str(), streams ? streams->device().str() : "none");
+  streams_ = std::move(streams);
   unsharded_memory_ = std::move(unsharded_memory);
   outstanding_ = std::move(outstanding);
   on_gradient_ = std::move(on_gradient);
@@ -161,16 +165,25 @@ void FSDPParamGroup::unshard(bool async_op) {
   const FlatLayout& layout = layout_for(group->size());
   const int64_t slot_begin = group->rank() * layout.slot_numel;
 
+  // The copy-in stream starts once compute has written the shards (the
+  // optimizer); the buffer is the copy-in stream's (streams.h).
+  streams_->order_copy_in_after_compute();
+  std::optional<StreamGuard> on_copy_in;
+  if (streams_->separate()) on_copy_in.emplace(streams_->copy_in());
   Tensor gathered;
   {
     MemoryScope scope(unsharded_memory_);
     gathered = ops::empty({layout.world * layout.slot_numel}, {.dtype = param_dtype_, .device = device()});
   }
   Tensor slot = ops::narrow(gathered, 0, slot_begin, layout.slot_numel);
+  Tensor read_from_compute;  // compute's buffer the copy-in reads, held until compute waits for it
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_in", "fsdp", {{"module", module_fqn_}});
     if (from_post_forward) {
       ops::copy_(slot, post_forward_slot_);
+      if (streams_->separate() && protocol_break() != ProtocolBreak::post_forward_slot_freed_at_copy_in) {
+        read_from_compute = std::move(post_forward_slot_);
+      }
       post_forward_slot_ = Tensor();
     } else {
       std::vector<CopySegment> segments;
@@ -181,9 +194,21 @@ void FSDPParamGroup::unshard(bool async_op) {
       ops::copy_segments(segments);
     }
   }
+  on_copy_in.reset();
+  // The all-gather stream issues the collective once the copy-in is done;
+  // the group's own stream then waits for the all-gather stream.
+  streams_->order_all_gather_after_copy_in();
+  std::optional<StreamGuard> on_all_gather;
+  if (streams_->separate()) on_all_gather.emplace(streams_->all_gather());
   dist::Work work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  // What compute waits for besides the Work: a group of one rank copies on
+  // the all-gather stream itself.
+  Event issued;
+  if (streams_->separate()) issued.record(*streams_->all_gather());
+  on_all_gather.reset();
   count(dist::CollectiveKind::all_gather, layout.slot_numel * static_cast<int64_t>(element_size(param_dtype_)), *group);
-  pending_all_gather_ = PendingAllGather{std::move(gathered), std::move(work), layout.world, ++all_gathers_issued_};
+  pending_all_gather_ = PendingAllGather{std::move(gathered), std::move(work), layout.world, ++all_gathers_issued_,
+                                         std::move(read_from_compute), std::move(issued)};
   if (!async_op) wait_for_unshard();
 }
 
@@ -198,6 +223,7 @@ void FSDPParamGroup::wait_for_unshard() {
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "all_gather_wait", "fsdp", {{"module", module_fqn_}});
     pending_all_gather_->work.wait();
+    if (streams_->separate()) current_stream(device())->wait_event(pending_all_gather_->issued);
   }
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_out", "fsdp", {{"module", module_fqn_}});
@@ -236,6 +262,7 @@ void FSDPParamGroup::reshard(ShardState target) {
     // An issued all-gather must complete on every rank; its result is not needed.
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "all_gather_wait", "fsdp", {{"module", module_fqn_}});
     pending_all_gather_->work.wait();
+    if (streams_->separate()) current_stream(device())->wait_event(pending_all_gather_->issued);
     pending_all_gather_.reset();
   }
   const bool to_post_forward = target == ShardState::sharded_post_forward && comm_.post_forward != nullptr;

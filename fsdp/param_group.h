@@ -40,6 +40,7 @@
 #include "fsdp/fsdp_param.h"
 #include "fsdp/mixed_precision.h"
 #include "fsdp/reshard_after_forward.h"
+#include "fsdp/streams.h"
 #include "tensor/storage.h"
 
 namespace tessera::fsdp {
@@ -79,8 +80,10 @@ class FSDPParamGroup {
   // and not yet finished (at most one stays in flight while backward goes on).
   // `on_gradient` runs first in every gradient-accumulation hook (the state
   // makes sure the root's final callback is queued).
+  // `streams` are the root's (FSDP2's side streams on cuda; the caller's on cpu).
   void lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
-                 std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding, std::function<void()> on_gradient);
+                 std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding, std::shared_ptr<FSDPStreams> streams,
+                 std::function<void()> on_gradient);
   // Resolved against the shard group (ReshardAfterForward::resolved), so
   // to_group_of(N) is left only for 1 < N < S; that N must be the size of
   // comm().post_forward.
@@ -171,6 +174,7 @@ class FSDPParamGroup {
   FlatLayout post_forward_layout_;
   std::shared_ptr<MemoryCounters> unsharded_memory_;
   std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_;
+  std::shared_ptr<FSDPStreams> streams_;
 
   ShardState state_ = ShardState::sharded;
   struct PendingAllGather {
@@ -178,6 +182,8 @@ class FSDPParamGroup {
     dist::Work work;
     int world;
     int64_t number;  // counting all-gathers from 1
+    Tensor read_from_compute;  // compute's buffer the copy-in read (post-forward slot)
+    Event issued;              // on the all-gather stream after the issue (cuda)
   };
   int64_t all_gathers_issued_ = 0;
   std::optional<PendingAllGather> pending_all_gather_;

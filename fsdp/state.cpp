@@ -24,6 +24,7 @@ struct FSDPStateContext {
   bool forward_order_recorded = false;
   bool final_callback_queued = false;
   std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_reduce_scatters;
+  std::shared_ptr<FSDPStreams> streams;  // made with the first group, on its device
 };
 
 namespace {
@@ -150,6 +151,7 @@ void FSDPState::lazy_init() {
   for (FSDPState* state : context->states) {
     FSDPParamGroup* group = state->group_.get();
     if (group == nullptr) continue;
+    if (!context->streams) context->streams = std::make_shared<FSDPStreams>(group->params().front()->sharded().device());
     group->set_module_fqn(state->fqn_);
     for (const auto& param : group->params()) {
       const auto& uses = slots[&param->param()];
@@ -168,7 +170,7 @@ void FSDPState::lazy_init() {
     }
     group->set_reshard_after_forward(state->reshard_after_forward_.value_or(
         state->is_root_ ? ReshardAfterForward::never() : ReshardAfterForward::always()));
-    group->lazy_init(state->own_memory_, context->outstanding_reduce_scatters, [state] {
+    group->lazy_init(state->own_memory_, context->outstanding_reduce_scatters, context->streams, [state] {
       if (autograd::in_backward()) state->queue_final_callback();
     });
   }

@@ -1,0 +1,42 @@
+// FSDP2's streams and the events that order them (see streams.h).
+#include "fsdp/streams.h"
+
+#include <atomic>
+
+namespace tessera::fsdp {
+
+namespace {
+std::atomic<ProtocolBreak> current_break{ProtocolBreak::none};
+}  // namespace
+
+void set_protocol_break_for_testing(ProtocolBreak which) { current_break = which; }
+ProtocolBreak protocol_break() { return current_break.load(); }
+
+FSDPStreams::FSDPStreams(Device device) : device_(device), separate_(device.is_cuda()) {
+  if (separate_) {
+    // High priority, as FSDP2's: a collective's copy should not queue behind compute.
+    copy_in_ = Stream::create(device, -1);
+    all_gather_ = Stream::create(device, -1);
+  } else {
+    copy_in_ = current_stream(device);
+    all_gather_ = copy_in_;
+  }
+}
+
+void FSDPStreams::order_copy_in_after_compute() {
+  if (!separate_) return;
+  if (protocol_break() != ProtocolBreak::copy_in_skips_compute_wait) {
+    Event computed;
+    computed.record(*current_stream(device_));
+    copy_in_->wait_event(computed);
+  }
+}
+
+void FSDPStreams::order_all_gather_after_copy_in() {
+  if (!separate_) return;
+  Event copied;
+  copied.record(*copy_in_);
+  all_gather_->wait_event(copied);
+}
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,63 @@
+// fsdp::FSDPStreams: FSDP2's streams on a device that has its own (cuda).
+//
+//   compute    -- the caller's current stream: forward, backward, optimizer
+//   copy_in    -- all-gather copy-in: shards into this rank's slot
+//   all_gather -- issues the all-gathers (the group's stream runs them)
+//
+// unshard: copy_in waits for compute (the optimizer wrote the shards), then
+// allocates the all-gather buffer and copies in; all_gather waits for that
+// and issues the collective, whose own stream waits for all_gather. The
+// compute stream waits for the collective before copy-out.
+//
+// Lifetimes are held by events, not record_stream. The all-gather buffer
+// is copy_in's: a block freed there is reused only by a later allocation on
+// copy_in, and each comes after copy_in waited for compute, so after every
+// copy-out before it; its buffer can go as soon as copy-out is enqueued.
+// Compute's buffers that copy_in reads (the post-forward slot of
+// reshard_after_forward = N) are kept until compute has waited for the
+// all-gather, which waited for copy_in: a block freed earlier could be
+// reused by compute under the copy still reading it.
+//
+// On the cpu every stream is the caller's: the work runs in issue order and
+// nothing is held.
+#pragma once
+
+#include <memory>
+
+#include "tensor/stream.h"
+
+namespace tessera::fsdp {
+
+class FSDPStreams {
+ public:
+  explicit FSDPStreams(Device device);
+
+  // Whether the streams are separate from compute (the device has streams).
+  bool separate() const { return separate_; }
+  Device device() const { return device_; }
+  const std::shared_ptr<Stream>& copy_in() const { return copy_in_; }
+  const std::shared_ptr<Stream>& all_gather() const { return all_gather_; }
+
+  // Makes copy_in wait for compute's work so far.
+  void order_copy_in_after_compute();
+  // Makes all_gather wait for copy_in's work so far.
+  void order_all_gather_after_copy_in();
+
+ private:
+  Device device_;
+  bool separate_;
+  std::shared_ptr<Stream> copy_in_;
+  std::shared_ptr<Stream> all_gather_;
+};
+
+// Test-only switches that break the protocol on purpose, so a test can show
+// the stream-ordering checker catches each break, naming both operations.
+enum class ProtocolBreak {
+  none,
+  copy_in_skips_compute_wait,         // copy_in does not wait for compute
+  post_forward_slot_freed_at_copy_in,  // compute's slot goes once its copy-in is enqueued
+};
+void set_protocol_break_for_testing(ProtocolBreak which);
+ProtocolBreak protocol_break();
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,136 @@
+// FSDP2's stream protocol on simulated GPUs (fsdp/streams.h), proven by the
+// stream-ordering checker: with every stream operation delayed at random
+// (seeded jitter), training on 2, 3 and 4 ranks, HSDP 2 x 2 and 4 ranks
+// resharding to groups of 2 after forward raises no unordered access and ends with the unjittered run's weights bit for bit;
+// with one wait removed or one buffer freed early (test-only switches) the
+// checker stops the run, naming both operations.
+#include <doctest/doctest.h>
+
+#if TESSERA_HAVE_CUDA_SIM
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "dist/device_mesh.h"
+#include "dist/local_backend.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/streams.h"
+#include "nn/optim/adamw.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/cuda/sim/sim_stream.h"
+#include "tensor/ops.h"
+#include "tests/fsdp/layer_stack.h"
+
+using namespace tessera;
+using namespace tessera::fsdp;
+using tessera::fsdp::testing::LayerStack;
+
+namespace {
+
+// Rank 0's weights after `steps` AdamW steps of a stack of Linear layers, each
+// its own FSDP group, on `nproc` simulated GPUs (rank r on cuda:r), as
+// replicate x shard = hsdp x nproc / hsdp.
+std::vector<std::vector<float>> train(int nproc, int hsdp, int steps,
+                                      ReshardAfterForward reshard = ReshardAfterForward::always()) {
+  std::vector<std::vector<float>> weights;
+  dist::run_local(nproc, [&](const dist::ProcessGroupPtr& world) {
+    const Device device(DeviceType::cuda, world->rank());
+    cuda::set_device(device.index);
+    const dist::DeviceMesh mesh = hsdp > 1 ? dist::DeviceMesh(world, device, {hsdp, nproc / hsdp},
+                                                              {"replicate", "shard"})
+                                           : dist::DeviceMesh(world, device, {nproc}, {"shard"});
+    LayerStack model({24, 17, 33, 17, 24});
+    for (const auto& layer : model.layers()) fully_shard(*layer, {.mesh = mesh, .reshard_after_forward = reshard});
+    fully_shard(model, {.mesh = mesh});
+    model.to_empty(device);
+    model.reset_parameters(5);
+    optim::AdamW optimizer(model.named_parameters(), {.lr = 0.01});
+    for (int step = 0; step < steps; ++step) {
+      const Tensor input = ops::to(ops::randn({6, 24}, PhiloxKey{static_cast<uint64_t>(world->rank()),
+                                                                 static_cast<uint64_t>(step)}), device);
+      autograd::backward(model(input));
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    const nn::StateDict full = full_state_dict(model);
+    if (world->rank() != 0) return;
+    for (const auto& [name, tensor] : full) weights.push_back(ops::to(tensor, kCPU).to_vector<float>());
+  });
+  return weights;
+}
+
+// Every stream operation delayed by up to 100 us (seeded) while alive.
+struct Jitter {
+  explicit Jitter(uint64_t seed) { cuda::sim::set_stream_jitter(seed, 100); }
+  ~Jitter() { cuda::sim::set_stream_jitter(0, 0); }
+};
+
+struct Break {
+  explicit Break(ProtocolBreak which) { set_protocol_break_for_testing(which); }
+  ~Break() { set_protocol_break_for_testing(ProtocolBreak::none); }
+};
+
+// Seeds per mesh: TESSERA_STREAM_SEEDS, or 5 (docs/fsdp_on_gpus.md has a run of 100).
+int seeds() {
+  const char* text = std::getenv("TESSERA_STREAM_SEEDS");
+  return text == nullptr ? 5 : std::max(1, std::atoi(text));
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("FSDP2's streams on simulated GPUs: jittered, no unordered access and the same weights, bit for bit") {
+  struct Mesh {
+    int nproc, hsdp, reshard_to;  // reshard_to: 0 for always, else the post-forward group's size
+  };
+  for (const Mesh mesh : {Mesh{2, 1, 0}, Mesh{3, 1, 0}, Mesh{4, 1, 0}, Mesh{4, 2, 0}, Mesh{4, 1, 2}}) {
+    CAPTURE(mesh.nproc);
+    CAPTURE(mesh.hsdp);
+    CAPTURE(mesh.reshard_to);
+    const ReshardAfterForward reshard =
+        mesh.reshard_to == 0 ? ReshardAfterForward::always() : ReshardAfterForward::to_group_of(mesh.reshard_to);
+    const std::vector<std::vector<float>> steady = train(mesh.nproc, mesh.hsdp, 2, reshard);
+    REQUIRE(steady.size() == 8);
+    for (int seed = 1; seed <= seeds(); ++seed) {
+      CAPTURE(seed);
+      const Jitter jitter(static_cast<uint64_t>(seed));
+      CHECK(train(mesh.nproc, mesh.hsdp, 2, reshard) == steady);
+    }
+  }
+}
+
+TEST_CASE("FSDP2's streams: a copy-in that does not wait for compute is caught, naming both operations") {
+  const Break broken(ProtocolBreak::copy_in_skips_compute_wait);
+  // Caught at the first copy-in: it reads a shard the initialisation's
+  // kernel wrote on compute.
+  const std::string message = error_of([] { train(2, 1, 2); });
+  CHECK(message.starts_with("stream-order checker: `copy_segments_kernel` on cuda:0 stream "));
+  CHECK(message.find("which `random_kernel<T>` on cuda:0 stream ") != std::string::npos);
+  CHECK(message.find("with no event or synchronize between them") != std::string::npos);
+}
+
+TEST_CASE("FSDP2's streams: a post-forward slot freed once its copy-in is enqueued is caught, naming both operations") {
+  // reshard_after_forward = 2 on 4 ranks: backward's all-gather copies each
+  // layer in from the slot its forward kept, a buffer of the compute stream.
+  CHECK(train(4, 1, 2, ReshardAfterForward::to_group_of(2)).size() == 8);
+  const Break broken(ProtocolBreak::post_forward_slot_freed_at_copy_in);
+  // Compute reuses the slot's block (a GEMM writes it) under the copy-in
+  // still reading it.
+  const std::string message = error_of([] { train(4, 1, 2, ReshardAfterForward::to_group_of(2)); });
+  CHECK(message.starts_with("stream-order checker: "));
+  CHECK(message.find("`(copy_kernel<To, From>)`") != std::string::npos);
+  CHECK(message.find("with no event or synchronize between them") != std::string::npos);
+}
+
+#endif  // TESSERA_HAVE_CUDA_SIM
