@@ -347,6 +347,13 @@ void FSDPParamGroup::issue_reduce_scatter() {
   const int64_t slot_numel = layout.slot_numel + flags;
   Tensor input;
   std::vector<bool> present_here;
+  std::vector<Tensor> gradients_read;  // compute's, held until compute waits for the copy-in
+  // The reduce-scatter stream starts once compute has written the gradients.
+  std::optional<StreamGuard> on_reduce_scatter;
+  if (streams_->separate()) {
+    streams_->order(*streams_->reduce_scatter(), *current_stream(device()));
+    on_reduce_scatter.emplace(streams_->reduce_scatter());
+  }
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_copy_in", "fsdp", {{"module", module_fqn_}});
     // Every byte is written once: rows, zero padding, and the flags.
@@ -376,7 +383,12 @@ void FSDPParamGroup::issue_reduce_scatter() {
       Tensor unsharded = param->unsharded();
       if (unsharded.grad().defined()) unsharded.set_grad(Tensor());
     }
+    if (streams_->separate() && protocol_break() != ProtocolBreak::gradients_freed_at_copy_in) {
+      gradients_read = std::move(grads);
+    }
   }
+  Event copied_in;
+  if (streams_->separate()) copied_in.record(*streams_->reduce_scatter());
   Tensor output = ops::empty({slot_numel}, {.dtype = reduce_dtype_, .device = device()});
   // HSDP sums over the shard group, then over the replicate group, and
   // divides once; plain FSDP averages in the reduce-scatter itself.
@@ -384,8 +396,10 @@ void FSDPParamGroup::issue_reduce_scatter() {
   dist::Work work = comm_.shard->reduce_scatter_into(output, input, op, /*async_op=*/true);
   count(dist::CollectiveKind::reduce_scatter, slot_numel * static_cast<int64_t>(element_size(reduce_dtype_)),
         *comm_.shard);
-  pending_reduce_scatter_ =
-      PendingReduceScatter{std::move(input), std::move(output), std::move(work), std::move(present_here)};
+  on_reduce_scatter.reset();
+  pending_reduce_scatter_ = PendingReduceScatter{std::move(input),        std::move(output),
+                                                 std::move(work),         std::move(present_here),
+                                                 std::move(gradients_read), std::move(copied_in)};
 
   // One reduce-scatter stays in flight behind the backward pass: finishing the
   // previous one here bounds gradient buffers to two groups.
@@ -402,6 +416,21 @@ void FSDPParamGroup::finish_reduce_scatter() {
   if (!pending_reduce_scatter_) return;
   PendingReduceScatter pending = std::move(*pending_reduce_scatter_);
   pending_reduce_scatter_.reset();
+  // Compute's gradients may go once compute has waited for their copy-in
+  // (long done: the collective came after it on the same stream).
+  if (streams_->separate()) {
+    current_stream(device())->wait_event(pending.copied_in);
+    pending.gradients_read.clear();
+  }
+  // The rest runs on the reduce-scatter stream, off compute (streams.h).
+  // It waits for compute's work so far: the new gradients take blocks of
+  // compute's, whose earlier uses must come before this stream writes them.
+  const std::shared_ptr<Stream> compute = streams_->separate() ? current_stream(device()) : nullptr;
+  std::optional<StreamGuard> on_reduce_scatter;
+  if (streams_->separate()) {
+    streams_->order(*streams_->reduce_scatter(), *compute);
+    on_reduce_scatter.emplace(streams_->reduce_scatter());
+  }
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "reduce_scatter_wait", "fsdp", {{"module", module_fqn_}});
     pending.work.wait();
@@ -409,7 +438,13 @@ void FSDPParamGroup::finish_reduce_scatter() {
   }
   if (comm_.replicate) {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "replicate_all_reduce", "fsdp", {{"module", module_fqn_}});
-    comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
+    streams_->order(*streams_->all_reduce(), *streams_->reduce_scatter());
+    {
+      std::optional<StreamGuard> on_all_reduce;
+      if (streams_->separate()) on_all_reduce.emplace(streams_->all_reduce());
+      comm_.replicate->all_reduce(pending.output, dist::ReduceOp::sum);
+    }
+    streams_->order(*streams_->reduce_scatter(), *streams_->all_reduce());
     count(dist::CollectiveKind::all_reduce,
           pending.output.numel() * static_cast<int64_t>(element_size(reduce_dtype_)), *comm_.replicate);
     const int ranks = comm_.shard->size() * comm_.replicate->size();
@@ -438,7 +473,15 @@ void FSDPParamGroup::finish_reduce_scatter() {
     if (sharded.grad().defined()) {
       ops::add_(sharded.mutable_grad(), piece);
     } else {
-      Tensor grad = ops::empty(piece.sizes(), {.dtype = param.dtype(), .device = piece.device()});
+      Tensor grad;
+      {
+        // A gradient is compute's, like its parameter (the optimizer reads
+        // it there and zero_grad frees it): only its first values come
+        // from this stream, before compute's wait at the end of backward.
+        std::optional<StreamGuard> on_compute;
+        if (compute) on_compute.emplace(compute);
+        grad = ops::empty(piece.sizes(), {.dtype = param.dtype(), .device = piece.device()});
+      }
       casts.push_back({grad, piece});
       sharded.set_grad(std::move(grad));  // written by the casts below, before anything reads it
     }
@@ -452,7 +495,12 @@ void FSDPParamGroup::finish_backward(bool wait_for_reduce_scatter) {
   if (state_ != ShardState::sharded && (reshard_after_backward_ || requires_gradient_sync_)) {
     reshard(ShardState::sharded);
   }
-  if (wait_for_reduce_scatter) finish_reduce_scatter();
+  if (wait_for_reduce_scatter) {
+    finish_reduce_scatter();
+    // The gradients are accumulated on the reduce-scatter stream: compute
+    // (the optimizer, clipping) reads them only after it.
+    streams_->order_compute_after(*streams_->reduce_scatter());
+  }
   gradients_ready_ = 0;
 }
 

@@ -193,6 +193,8 @@ class FSDPParamGroup {
     Tensor output;  // this rank's reduced slot (+ flags)
     dist::Work work;
     std::vector<bool> present_here;  // which parameters this rank's backward gave a gradient
+    std::vector<Tensor> gradients_read;  // compute's unsharded gradients the copy-in read (cuda)
+    Event copied_in;                     // on the reduce-scatter stream after the copy-in (cuda)
   };
   std::optional<PendingReduceScatter> pending_reduce_scatter_;
 

@@ -151,7 +151,9 @@ void FSDPState::lazy_init() {
   for (FSDPState* state : context->states) {
     FSDPParamGroup* group = state->group_.get();
     if (group == nullptr) continue;
-    if (!context->streams) context->streams = std::make_shared<FSDPStreams>(group->params().front()->sharded().device());
+    if (!context->streams) {
+      context->streams = std::make_shared<FSDPStreams>(group->params().front()->sharded().device());
+    }
     group->set_module_fqn(state->fqn_);
     for (const auto& param : group->params()) {
       const auto& uses = slots[&param->param()];

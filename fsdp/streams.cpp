@@ -17,11 +17,24 @@ FSDPStreams::FSDPStreams(Device device) : device_(device), separate_(device.is_c
     // High priority, as FSDP2's: a collective's copy should not queue behind compute.
     copy_in_ = Stream::create(device, -1);
     all_gather_ = Stream::create(device, -1);
+    reduce_scatter_ = Stream::create(device, -1);
+    all_reduce_ = Stream::create(device, -1);
   } else {
     copy_in_ = current_stream(device);
     all_gather_ = copy_in_;
+    reduce_scatter_ = copy_in_;
+    all_reduce_ = copy_in_;
   }
 }
+
+void FSDPStreams::order(Stream& later, Stream& earlier) {
+  if (!separate_) return;
+  Event done;
+  done.record(earlier);
+  later.wait_event(done);
+}
+
+void FSDPStreams::order_compute_after(Stream& stream) { order(*current_stream(device_), stream); }
 
 void FSDPStreams::order_copy_in_after_compute() {
   if (!separate_) return;

@@ -1,8 +1,11 @@
 // fsdp::FSDPStreams: FSDP2's streams on a device that has its own (cuda).
 //
-//   compute    -- the caller's current stream: forward, backward, optimizer
-//   copy_in    -- all-gather copy-in: shards into this rank's slot
-//   all_gather -- issues the all-gathers (the group's stream runs them)
+//   compute        -- the caller's current stream: forward, backward, optimizer
+//   copy_in        -- all-gather copy-in: shards into this rank's slot
+//   all_gather     -- issues the all-gathers (the group's stream runs them)
+//   reduce_scatter -- gradient copy-in, the reduce-scatter's issue, and the
+//                     reduced gradients' accumulation into the shards
+//   all_reduce     -- HSDP's all-reduce over the replicas
 //
 // unshard: copy_in waits for compute (the optimizer wrote the shards), then
 // allocates the all-gather buffer and copies in; all_gather waits for that
@@ -17,6 +20,15 @@
 // reshard_after_forward = N) are kept until compute has waited for the
 // all-gather, which waited for copy_in: a block freed earlier could be
 // reused by compute under the copy still reading it.
+//
+// backward: reduce_scatter waits for compute (the gradients are written),
+// copies them in and issues the collective. The previous group's reduce-
+// scatter is finished there too (at most one in flight): its stream waits
+// for the collective, HSDP's all_reduce stream runs the all-reduce, and the
+// sums are divided and added into the sharded gradients, all off compute.
+// The unsharded gradients the copy-in read are compute's: they are kept
+// until compute has waited for the copy-in's event. At the end of backward
+// compute waits for reduce_scatter, before anything reads the gradients.
 //
 // On the cpu every stream is the caller's: the work runs in issue order and
 // nothing is held.
@@ -42,12 +54,20 @@ class FSDPStreams {
   void order_copy_in_after_compute();
   // Makes all_gather wait for copy_in's work so far.
   void order_all_gather_after_copy_in();
+  const std::shared_ptr<Stream>& reduce_scatter() const { return reduce_scatter_; }
+  const std::shared_ptr<Stream>& all_reduce() const { return all_reduce_; }
+  // Makes `later` wait for `earlier`'s work so far (no-op on the cpu).
+  void order(Stream& later, Stream& earlier);
+  // Makes compute wait for `stream`'s work so far (no-op on the cpu).
+  void order_compute_after(Stream& stream);
 
  private:
   Device device_;
   bool separate_;
   std::shared_ptr<Stream> copy_in_;
   std::shared_ptr<Stream> all_gather_;
+  std::shared_ptr<Stream> reduce_scatter_;
+  std::shared_ptr<Stream> all_reduce_;
 };
 
 // Test-only switches that break the protocol on purpose, so a test can show
@@ -56,6 +76,7 @@ enum class ProtocolBreak {
   none,
   copy_in_skips_compute_wait,         // copy_in does not wait for compute
   post_forward_slot_freed_at_copy_in,  // compute's slot goes once its copy-in is enqueued
+  gradients_freed_at_copy_in,          // the unsharded gradients go once their copy-in is enqueued
 };
 void set_protocol_break_for_testing(ProtocolBreak which);
 ProtocolBreak protocol_break();

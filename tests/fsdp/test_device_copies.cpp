@@ -81,7 +81,7 @@ GroupLaunches group_launches(int layers) {
     }
     result.reduce = launch_counts([&] {
       fsdp_group.post_backward();
-      fsdp_group.finish_reduce_scatter();
+      fsdp_group.finish_backward(/*wait_for_reduce_scatter=*/true);  // compute then waits for the gradients
     });
     for (size_t index = 0; index < grads.size(); ++index) {
       const Tensor sharded_grad = fsdp_group.params()[index]->sharded().grad();
