@@ -90,8 +90,15 @@ if command -v nvcc >/dev/null; then
   # is the host compiler's), so the kernels' registers, spills and local
   # memory checked below are the release build's. tools/gpu_check.sh, which
   # runs on a GPU, builds its own at -O3.
-  if configure "$nvidia" -Dgpu_runtime=nvidia --buildtype=plain -Doptimization=1 -Db_ndebug=true -Dmpi=disabled &&
-    ninja -C "$nvidia" libtessera.a examples/gpt/train tests/cuda/test_cuda &&
+  # With NCCL (the toolkit's), the NCCL backend's GPU suite is compiled and
+  # linked too; it runs on a GPU (tools/gpu_check.sh --stages nccl).
+  nvidia_targets=(libtessera.a examples/gpt/train tests/cuda/test_cuda)
+  configured=0
+  if configure "$nvidia" -Dgpu_runtime=nvidia --buildtype=plain -Doptimization=1 -Db_ndebug=true -Dmpi=disabled; then
+    configured=1
+    ninja -C "$nvidia" -t targets all | grep -q '^tests/dist/test_nccl:' && nvidia_targets+=(tests/dist/test_nccl)
+  fi
+  if [ $configured -eq 1 ] && ninja -C "$nvidia" "${nvidia_targets[@]}" &&
     python3 tools/check_cuda_resources.py "$nvidia" | tail -1; then
     passed=$((passed + 1))
     echo "test: $nvidia built and resource-checked in $((SECONDS - start)) s"
