@@ -320,16 +320,16 @@ TEST_CASE("connect_store_through: a group that can talk hands every rank rank 0'
     return std::nullopt;  // no MASTER_PORT: rank 0 takes a port the system picks
   };
   std::vector<std::string> seen(3);
-  std::vector<bool> serves(3);
+  std::vector<int> serves(3);  // not vector<bool>: ranks write their own element from their threads
   run_local(3, [&](const ProcessGroupPtr& world) {
     LaunchStore launch = connect_store_through(*world, 30s, environment);
-    serves[static_cast<size_t>(world->rank())] = launch.server != nullptr;
+    serves[static_cast<size_t>(world->rank())] = launch.server != nullptr ? 1 : 0;
     if (world->rank() == 0) launch.store->set("nccl/world/id", std::string("from rank 0"));
     seen[static_cast<size_t>(world->rank())] = launch.store->get_string("nccl/world/id");
     launch.leave(world->rank(), world->size());
     CHECK(launch.store == nullptr);
     CHECK(launch.server == nullptr);
   });
-  CHECK(serves == std::vector<bool>{true, false, false});
+  CHECK(serves == std::vector<int>{1, 0, 0});
   CHECK(seen == std::vector<std::string>(3, "from rank 0"));
 }
