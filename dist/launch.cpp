@@ -247,6 +247,12 @@ std::string_view launcher_name(Launcher launcher) {
   return "unknown";
 }
 
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "unknown-host";
+  return name;
+}
+
 std::optional<std::string> process_environment(const std::string& name) {
   const char* value = std::getenv(name.c_str());
   if (value == nullptr) return std::nullopt;

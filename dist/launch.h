@@ -29,6 +29,8 @@ struct LaunchInfo {
 using EnvironmentLookup = std::function<std::optional<std::string>(const std::string& name)>;
 // The process environment (getenv).
 std::optional<std::string> process_environment(const std::string& name);
+// This machine's host name (gethostname), or "unknown-host" when it has none.
+std::string host_name();
 
 // Reads the launcher variables (mpirun first, then Slurm, then torchrun);
 // Launcher::local when none is set. Malformed or inconsistent values (a rank

@@ -28,10 +28,9 @@ std::string one_line(std::string_view text) {
   return line;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "unknown-host";
-  std::string host(name);
+// The host name as the hello line carries it.
+std::string hello_host_name() {
+  std::string host = host_name();
   for (char& c : host) {
     if (c == ' ') c = '_';  // the hello line is space-separated
   }
@@ -153,7 +152,7 @@ void open_process_lifeline(int rank, int world_size, const EnvironmentLookup& en
   process_lifeline.ended_cleanly = false;
   if (process_lifeline.lifeline) return;
   process_lifeline.lifeline = std::make_unique<Lifeline>(
-      *endpoint, LifelineIdentity{.rank = rank, .world_size = world_size, .pid = ::getpid(), .host = host_name()},
+      *endpoint, LifelineIdentity{.rank = rank, .world_size = world_size, .pid = ::getpid(), .host = hello_host_name()},
       std::chrono::seconds(1), std::chrono::seconds(30));
 }
 

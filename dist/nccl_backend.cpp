@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 #include <fmt/ranges.h>
 #include <nccl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -601,9 +600,7 @@ class NcclProcessGroup final : public ProcessGroup {
 std::string gpu_identity(int device) {
   char bus[32] = {};
   check_cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  return fmt::format("host {}, GPU {}", host, bus);
+  return fmt::format("host {}, GPU {}", host_name(), bus);
 }
 
 // "ranks 0 and 1 are both on host h, GPU ...: ...", from what the ranks

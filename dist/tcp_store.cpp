@@ -5,8 +5,6 @@
 #include <charconv>
 #include <utility>
 
-#include <unistd.h>
-
 #include "dist/store_protocol.h"
 
 namespace tessera::dist {
@@ -172,11 +170,7 @@ LaunchStore connect_store_through(ProcessGroup& group, std::chrono::milliseconds
     const std::optional<std::string> port = environment("MASTER_PORT");
     result.server = std::make_unique<TcpStoreServer>(port ? parse_port(*port) : 0);
     std::optional<std::string> host = environment("MASTER_ADDR");
-    if (!host || host->empty()) {
-      char name[256] = {};
-      TESSERA_CHECK(::gethostname(name, sizeof name - 1) == 0, "dist::connect_store_through: gethostname failed");
-      host = name;
-    }
+    if (!host || host->empty()) host = host_name();
     address = fmt::format("{}:{}", *host, result.server->port());
   }
   const auto addresses = group.all_gather_bytes(

@@ -37,19 +37,9 @@ void FSDPStreams::order(Stream& later, Stream& earlier) {
 void FSDPStreams::order_compute_after(Stream& stream) { order(*current_stream(device_), stream); }
 
 void FSDPStreams::order_copy_in_after_compute() {
-  if (!separate_) return;
-  if (protocol_break() != ProtocolBreak::copy_in_skips_compute_wait) {
-    Event computed;
-    computed.record(*current_stream(device_));
-    copy_in_->wait_event(computed);
-  }
+  if (protocol_break() != ProtocolBreak::copy_in_skips_compute_wait) order(*copy_in_, *current_stream(device_));
 }
 
-void FSDPStreams::order_all_gather_after_copy_in() {
-  if (!separate_) return;
-  Event copied;
-  copied.record(*copy_in_);
-  all_gather_->wait_event(copied);
-}
+void FSDPStreams::order_all_gather_after_copy_in() { order(*all_gather_, *copy_in_); }
 
 }  // namespace tessera::fsdp

@@ -49,15 +49,15 @@ class FSDPStreams {
   Device device() const { return device_; }
   const std::shared_ptr<Stream>& copy_in() const { return copy_in_; }
   const std::shared_ptr<Stream>& all_gather() const { return all_gather_; }
+  const std::shared_ptr<Stream>& reduce_scatter() const { return reduce_scatter_; }
+  const std::shared_ptr<Stream>& all_reduce() const { return all_reduce_; }
 
+  // Makes `later` wait for `earlier`'s work so far (no-op on the cpu).
+  void order(Stream& later, Stream& earlier);
   // Makes copy_in wait for compute's work so far.
   void order_copy_in_after_compute();
   // Makes all_gather wait for copy_in's work so far.
   void order_all_gather_after_copy_in();
-  const std::shared_ptr<Stream>& reduce_scatter() const { return reduce_scatter_; }
-  const std::shared_ptr<Stream>& all_reduce() const { return all_reduce_; }
-  // Makes `later` wait for `earlier`'s work so far (no-op on the cpu).
-  void order(Stream& later, Stream& earlier);
   // Makes compute wait for `stream`'s work so far (no-op on the cpu).
   void order_compute_after(Stream& stream);
 
