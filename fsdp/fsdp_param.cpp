@@ -13,7 +13,8 @@ int64_t padded_shard_rows(int64_t rows, int64_t shards) {
   return rows / shards + (rows % shards != 0 ? 1 : 0);  // ceil, without overflow
 }
 
-FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh)
+FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh,
+                     nn::ShardMemory memory)
     : fqn_(std::move(fqn)), param_(std::move(param)), dtype_(param_->tensor().dtype()) {
   const Tensor full = param_->tensor();
   // fully_shard has checked the parameter (floating, dim >= 1) and the mesh (1-D or 2-D).
@@ -32,11 +33,12 @@ FSDPParam::FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, cons
   spec->global_shape = global_shape;
   spec->row_offset = extent.offset;
   spec->padded_rows = padded_shard_rows(rows, shards);
+  spec->memory = memory;
   spec_ = spec;
 
   Shape padded_shape = global_shape;
   padded_shape[0] = spec->padded_rows;
-  Tensor padded = ops::empty(padded_shape, {.dtype = full.dtype(), .device = full.device()});
+  Tensor padded = nn::padded_shard_buffer(padded_shape, full.dtype(), full.device(), memory);
   Tensor local = ops::narrow(padded, 0, 0, extent.length);
   if (!full.is_meta()) {
     autograd::NoGradGuard no_grad;  // the shard is a copy, not a function of the parameter
@@ -53,16 +55,24 @@ int64_t FSDPParam::local_rows() const { return sharded().size(0); }
 
 const Tensor& FSDPParam::sharded() const { return holds_unsharded_ ? sharded_ : param_->tensor(); }
 
+Tensor FSDPParam::padded_sharded() const {
+  const Tensor& shard = sharded();
+  Shape padded_shape = global_shape();
+  padded_shape[0] = padded_rows();
+  return Tensor::make(shard.storage(), padded_shape, contiguous_strides(padded_shape), shard.storage_offset(),
+                      shard.dtype());
+}
+
 dist::DTensor FSDPParam::sharded_dtensor() const {
   return dist::DTensor(sharded().detach(), spec_->mesh, spec_->placements, spec_->global_shape);
 }
 
-void FSDPParam::init_unsharded(DType param_dtype) {
+void FSDPParam::init_unsharded(DType param_dtype, Device device) {
   const Tensor& shard = sharded();
   TESSERA_CHECK(!shard.is_meta(), "fsdp: parameter '{}' is still on meta; call to_empty(device) and "
                 "reset_parameters() after fully_shard and before the first forward", fqn_);
   const Shape& shape = global_shape();
-  auto storage = Storage::released(shard.device(), shape_numel(shape) * static_cast<int64_t>(element_size(param_dtype)));
+  auto storage = Storage::released(device, shape_numel(shape) * static_cast<int64_t>(element_size(param_dtype)));
   unsharded_ = Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, param_dtype);
   if (param_->requires_grad()) unsharded_.set_requires_grad(true);
 }

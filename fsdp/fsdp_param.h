@@ -3,6 +3,7 @@
 //   sharded    - this rank's dim-0 rows of the global tensor in the original
 //                dtype, in a buffer padded to ceil(rows / S) rows (ShardingSpec);
 //                what the optimizer steps and where the sharded gradient lives;
+//                in host memory under CPU offload (ShardMemory);
 //   unsharded  - the whole tensor in param_dtype: one leaf tensor that lives
 //                for the module's lifetime (autograd saves it in forward),
 //                whose bytes are allocated by unshard and released by reshard;
@@ -33,8 +34,10 @@ class FSDPParam {
  public:
   // Shards `param` over `mesh` (1-D: Shard(0); 2-D: Replicate, Shard(0)):
   // the Parameter is left holding this rank's padded shard (on meta when it
-  // was on meta: no bytes allocated).
-  FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh);
+  // was on meta: no bytes allocated), in host memory unless `memory` is
+  // ShardMemory::device.
+  FSDPParam(std::string fqn, std::shared_ptr<nn::Parameter> param, const dist::DeviceMesh& mesh,
+            nn::ShardMemory memory = nn::ShardMemory::device);
 
   const std::string& fqn() const { return fqn_; }
   void set_fqn(std::string fqn) { fqn_ = std::move(fqn); }
@@ -48,17 +51,22 @@ class FSDPParam {
   int64_t padded_rows() const { return spec_->padded_rows; }  // rows of every rank's chunk: padded_shard_rows
   int64_t local_rows() const;
   DType dtype() const { return dtype_; }  // the original (sharded) dtype
+  // Whether the shard lives in host memory (CPU offload) whatever device computes.
+  bool offloaded() const { return spec_->memory != nn::ShardMemory::device; }
 
   // The shard whether or not the Parameter holds it now.
   const Tensor& sharded() const;
+  // The shard with its zero padding rows: the whole padded buffer.
+  Tensor padded_sharded() const;
   dist::DTensor sharded_dtensor() const;
   // The unsharded leaf (created by init_unsharded; its bytes may be released).
   const Tensor& unsharded() const { return unsharded_; }
   bool holds_unsharded() const { return holds_unsharded_; }
 
-  // Creates the unsharded leaf in `param_dtype` with released storage (at the
-  // root's lazy init, once the parameters live on a real device).
-  void init_unsharded(DType param_dtype);
+  // Creates the unsharded leaf in `param_dtype` on `device` (the shard's, or
+  // the computing device under offload) with released storage (at the root's
+  // lazy init, once the parameters live on a real device).
+  void init_unsharded(DType param_dtype, Device device);
   bool has_unsharded() const { return unsharded_.defined(); }
   // Allocates the unsharded bytes (charged to the current memory scope).
   void alloc_unsharded();

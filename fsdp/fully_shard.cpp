@@ -95,6 +95,9 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
 
   // Every check comes before the first parameter is sharded: a failed call
   // leaves the module as it was.
+  TESSERA_CHECK(!options.offload_policy || mesh.device().is_cuda(),
+                "fully_shard({}): CPUOffloadPolicy needs a mesh on the cuda device that computes, got {}; on the cpu "
+                "the shards are in host memory already (leave offload_policy unset)", name, mesh.to_string());
   const dist::ProcessGroupPtr& shard_group = mesh.group(mesh.ndim() - 1);
   const std::optional<ReshardAfterForward> reshard_after_forward =
       resolved(options.reshard_after_forward, shard_group->size(), name);
@@ -125,8 +128,11 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
                   "parameters can be sharded", name, fqn, dtype_name(parameter->tensor().dtype()));
     to_shard.emplace_back(fqn, parameter);
   }
+  const nn::ShardMemory memory = !options.offload_policy           ? nn::ShardMemory::device
+                                 : options.offload_policy->pin_memory ? nn::ShardMemory::pinned_host
+                                                                      : nn::ShardMemory::host;
   std::vector<std::unique_ptr<FSDPParam>> params;
-  for (auto& [fqn, parameter] : to_shard) params.push_back(std::make_unique<FSDPParam>(fqn, parameter, mesh));
+  for (auto& [fqn, parameter] : to_shard) params.push_back(std::make_unique<FSDPParam>(fqn, parameter, mesh, memory));
 
   std::unique_ptr<FSDPParamGroup> group;
   if (!params.empty()) {
@@ -136,8 +142,10 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
         reshard_after_forward ? reshard_after_forward->group_size() : std::nullopt;
     if (post_forward_ranks) comm.post_forward = post_forward_group(shard_group, *post_forward_ranks);
     // The root's default (never) is set at its lazy init, once it is known.
-    group = std::make_unique<FSDPParamGroup>(std::move(params), std::move(comm), options.mp_policy,
-                                             reshard_after_forward.value_or(ReshardAfterForward::always()), "");
+    group = std::make_unique<FSDPParamGroup>(
+        std::move(params), std::move(comm), options.mp_policy,
+        reshard_after_forward.value_or(ReshardAfterForward::always()), "",
+        options.offload_policy ? std::optional<Device>(mesh.device()) : std::nullopt);
   }
   auto state = std::make_shared<FSDPState>(module, std::move(group), mesh, options.mp_policy, reshard_after_forward);
   std::weak_ptr<FSDPState> handle = state;

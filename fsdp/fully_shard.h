@@ -26,6 +26,7 @@
 #include "dist/comm_stats.h"
 #include "dist/device_mesh.h"
 #include "fsdp/mixed_precision.h"
+#include "fsdp/offload_policy.h"
 #include "fsdp/reshard_after_forward.h"
 #include "nn/module.h"
 #include "tensor/storage.h"
@@ -43,6 +44,10 @@ struct FullyShardOptions {
   // here: N must divide the mesh's shard dim.
   std::optional<ReshardAfterForward> reshard_after_forward = std::nullopt;
   MixedPrecisionPolicy mp_policy = {};
+  // Set: the shards, their gradients and the optimizer's state stay in host
+  // memory and the mesh's cuda device computes (fsdp/offload_policy.h);
+  // to_empty puts these shards in host memory whatever device it is given.
+  std::optional<CPUOffloadPolicy> offload_policy = std::nullopt;
   // Left whole and unmanaged (not sharded, not reduced): the caller handles them.
   std::vector<std::shared_ptr<nn::Parameter>> ignored_params = {};
 };

@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "dist/reduction.h"
+#include "tensor/host_staging.h"
 #include "tensor/ops.h"
 
 namespace tessera::fsdp {
@@ -78,9 +79,18 @@ void add_rows_into_chunk(std::vector<CopySegment>& segments, const Tensor& flat,
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, GroupComm comm,
                                const MixedPrecisionPolicy& policy, ReshardAfterForward reshard_after_forward,
-                               std::string module_fqn)
-    : params_(std::move(params)), comm_(std::move(comm)), policy_(policy), module_fqn_(std::move(module_fqn)) {
+                               std::string module_fqn, std::optional<Device> offload_to)
+    : params_(std::move(params)),
+      comm_(std::move(comm)),
+      policy_(policy),
+      module_fqn_(std::move(module_fqn)),
+      offload_to_(offload_to) {
   TESSERA_CHECK(!params_.empty(), "FSDPParamGroup: no parameters");
+  for (const auto& param : params_) {
+    TESSERA_CHECK(param->offloaded() == offload_to_.has_value(), "FSDPParamGroup: parameter '{}' is {}in host memory "
+                  "but the group is {}offloaded; one group's shards live in one place", param->fqn(),
+                  param->offloaded() ? "" : "not ", offload_to_ ? "" : "not ");
+  }
   const DType own = params_.front()->dtype();
   if (!policy_.param_dtype) {
     for (const auto& param : params_) {
@@ -99,6 +109,13 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
   if (comm_.post_forward) post_forward_layout_ = make_layout(params_, comm_.post_forward->size());
   set_reshard_after_forward(reshard_after_forward);
   for (const auto& param : params_) expected_gradients_ += param->param().requires_grad() ? 1 : 0;
+}
+
+FSDPParamGroup::~FSDPParamGroup() {
+  if (streams_ == nullptr || !streams_->separate()) return;
+  const std::shared_ptr<Stream> compute = current_stream(device());
+  if (pending_all_gather_) compute->wait_event(pending_all_gather_->issued);
+  if (pending_reduce_scatter_) compute->wait_event(pending_reduce_scatter_->copied_in);
 }
 
 void FSDPParamGroup::set_reshard_after_forward(ReshardAfterForward reshard_after_forward) {
@@ -142,14 +159,14 @@ void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,
   on_gradient_ = std::move(on_gradient);
   for (const auto& param : params_) {
     if (param->has_unsharded()) continue;
-    param->init_unsharded(param_dtype_);
+    param->init_unsharded(param_dtype_, device());
     if (!param->param().requires_grad()) continue;
     Tensor unsharded = param->unsharded();
     autograd::register_post_accumulate_grad_hook(unsharded, [this](Tensor&) { on_gradient_accumulated(); });
   }
 }
 
-Device FSDPParamGroup::device() const { return params_.front()->sharded().device(); }
+Device FSDPParamGroup::device() const { return offload_to_ ? *offload_to_ : params_.front()->sharded().device(); }
 
 // ---- unshard ---------------------------------------------------------------------------------
 
@@ -186,12 +203,7 @@ void FSDPParamGroup::unshard(bool async_op) {
       }
       post_forward_slot_ = Tensor();
     } else {
-      std::vector<CopySegment> segments;
-      for (size_t index = 0; index < params_.size(); ++index) {
-        const FSDPParam& param = *params_[index];
-        add_rows_into_chunk(segments, slot, layout.offsets[index], layout.chunk_rows[index], param.sharded(), param);
-      }
-      ops::copy_segments(segments);
+      copy_in_shards(slot, layout);
     }
   }
   on_copy_in.reset();
@@ -200,16 +212,39 @@ void FSDPParamGroup::unshard(bool async_op) {
   streams_->order_all_gather_after_copy_in();
   std::optional<StreamGuard> on_all_gather;
   if (streams_->separate()) on_all_gather.emplace(streams_->all_gather());
-  dist::Work work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  // Pending before the issue: should issuing throw, the destructor still
+  // orders the release of the compute buffer the copy-in read.
+  pending_all_gather_ = PendingAllGather{gathered, dist::Work(), layout.world, ++all_gathers_issued_,
+                                         std::move(read_from_compute), Event()};
+  pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
   // What compute waits for besides the Work: a group of one rank copies on
   // the all-gather stream itself.
-  Event issued;
-  if (streams_->separate()) issued.record(*streams_->all_gather());
+  if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
   on_all_gather.reset();
   count(dist::CollectiveKind::all_gather, layout.slot_numel * static_cast<int64_t>(element_size(param_dtype_)), *group);
-  pending_all_gather_ = PendingAllGather{std::move(gathered), std::move(work), layout.world, ++all_gathers_issued_,
-                                         std::move(read_from_compute), std::move(issued)};
   if (!async_op) wait_for_unshard();
+}
+
+void FSDPParamGroup::copy_in_shards(const Tensor& slot, const FlatLayout& layout) {
+  std::vector<CopySegment> segments;
+  for (size_t index = 0; index < params_.size(); ++index) {
+    const FSDPParam& param = *params_[index];
+    if (!param.offloaded()) {
+      add_rows_into_chunk(segments, slot, layout.offsets[index], layout.chunk_rows[index], param.sharded(), param);
+      continue;
+    }
+    // The padded shard is the chunk, padding included (both have
+    // padded_shard_rows rows over the shard group): one copy each, straight
+    // into the slot when the dtypes agree, else through a buffer of the
+    // shard's dtype on this (copy-in) stream, cast with the group's segments.
+    const Tensor host = ops::flatten(param.padded_sharded());
+    Tensor chunk = ops::narrow(slot, 0, layout.offsets[index], layout.chunk_rows[index] * param.row_numel());
+    Tensor landing = host.dtype() == chunk.dtype() ? chunk
+                                                    : ops::empty({host.numel()}, {.dtype = host.dtype(), .device = device()});
+    shards_read_ = copy_from_host_async(landing, host, *current_stream(device()));
+    if (landing.storage() != chunk.storage()) segments.push_back({chunk, landing});
+  }
+  ops::copy_segments(segments);
 }
 
 std::optional<int64_t> FSDPParamGroup::pending_all_gather() const {
@@ -393,13 +428,14 @@ void FSDPParamGroup::issue_reduce_scatter() {
   // HSDP sums over the shard group, then over the replicate group, and
   // divides once; plain FSDP averages in the reduce-scatter itself.
   const dist::ReduceOp op = comm_.replicate ? dist::ReduceOp::sum : dist::ReduceOp::avg;
-  dist::Work work = comm_.shard->reduce_scatter_into(output, input, op, /*async_op=*/true);
+  // Pending before the issue: should issuing throw, the destructor still
+  // orders the release of compute's gradients the copy-in read.
+  pending_reduce_scatter_ = PendingReduceScatter{input, output, dist::Work(), std::move(present_here),
+                                                 std::move(gradients_read), std::move(copied_in)};
+  pending_reduce_scatter_->work = comm_.shard->reduce_scatter_into(output, input, op, /*async_op=*/true);
   count(dist::CollectiveKind::reduce_scatter, slot_numel * static_cast<int64_t>(element_size(reduce_dtype_)),
         *comm_.shard);
   on_reduce_scatter.reset();
-  pending_reduce_scatter_ = PendingReduceScatter{std::move(input),        std::move(output),
-                                                 std::move(work),         std::move(present_here),
-                                                 std::move(gradients_read), std::move(copied_in)};
 
   // One reduce-scatter stays in flight behind the backward pass: finishing the
   // previous one here bounds gradient buffers to two groups.
@@ -414,6 +450,9 @@ void FSDPParamGroup::issue_reduce_scatter() {
 
 void FSDPParamGroup::finish_reduce_scatter() {
   if (!pending_reduce_scatter_) return;
+  // An earlier backward's reduced slot still in the landing buffer (left in
+  // flight by set_is_last_backward(false)) is added before the buffer is reused.
+  finish_host_gradients();
   PendingReduceScatter pending = std::move(*pending_reduce_scatter_);
   pending_reduce_scatter_.reset();
   // Compute's gradients may go once compute has waited for their copy-in
@@ -455,7 +494,39 @@ void FSDPParamGroup::finish_reduce_scatter() {
       pending.output = ops::div(pending.output, static_cast<double>(ranks));
     }
   }
+  if (offloaded()) {
+    // The reduced slot goes to the host now, on this stream; the end of
+    // backward waits for it (finish_host_gradients). The device buffer is this
+    // stream's block: reused only by its later work, after the copy.
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "gradient_to_host", "fsdp", {{"module", module_fqn_}});
+    if (!host_landing_.defined()) host_landing_ = pinned_empty({pending.output.numel()}, reduce_dtype_);
+    pending_host_gradient_ = PendingHostGradient{copy_to_host_async(host_landing_, pending.output, *current_stream(device())),
+                                                 std::move(pending.present_here)};
+    return;
+  }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
+  accumulate_gradients(pending.output, pending.present_here, compute);
+}
+
+void FSDPParamGroup::finish_host_gradients() {
+  if (!pending_host_gradient_) return;
+  PendingHostGradient pending = std::move(*pending_host_gradient_);
+  pending_host_gradient_.reset();
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "gradient_to_host_wait", "fsdp", {{"module", module_fqn_}});
+    if (protocol_break() != ProtocolBreak::host_skips_gradient_wait) pending.landed.synchronize();
+  }
+  dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
+  check_host_access(host_landing_, /*writes=*/false, "fsdp: add the reduced gradients into the host's");
+  accumulate_gradients(host_landing_, pending.present_here, nullptr);
+}
+
+void FSDPParamGroup::wait_for_shard_reads() {
+  if (protocol_break() != ProtocolBreak::host_skips_shard_read_wait) shards_read_.synchronize();
+}
+
+void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
+                                          const std::shared_ptr<Stream>& compute) {
   const FlatLayout& layout = shard_layout_;
   // A parameter has a gradient when any rank's backward gave it one: the
   // reduced flags say so. Alone in its groups, this rank knows without
@@ -463,13 +534,13 @@ void FSDPParamGroup::finish_reduce_scatter() {
   const bool alone = comm_.shard->size() == 1 && !comm_.replicate;
   const std::vector<double> reduced_flags =
       alone ? std::vector<double>()
-            : ops::narrow(pending.output, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
+            : ops::narrow(reduced, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
   std::vector<CopySegment> casts;  // new sharded gradients, cast to the parameters' dtypes
   for (size_t index = 0; index < params_.size(); ++index) {
-    if (alone ? !pending.present_here[index] : reduced_flags[index] == 0.0) continue;
+    if (alone ? !present[index] : reduced_flags[index] == 0.0) continue;
     const FSDPParam& param = *params_[index];
     Tensor sharded = param.sharded();
-    const Tensor piece = chunk_view(pending.output, layout.offsets[index], param.local_rows(), param);
+    const Tensor piece = chunk_view(reduced, layout.offsets[index], param.local_rows(), param);
     if (sharded.grad().defined()) {
       ops::add_(sharded.mutable_grad(), piece);
     } else {
@@ -480,7 +551,7 @@ void FSDPParamGroup::finish_reduce_scatter() {
         // from this stream, before compute's wait at the end of backward.
         std::optional<StreamGuard> on_compute;
         if (compute) on_compute.emplace(compute);
-        grad = ops::empty(piece.sizes(), {.dtype = param.dtype(), .device = piece.device()});
+        grad = ops::empty(piece.sizes(), {.dtype = param.dtype(), .device = sharded.device()});
       }
       casts.push_back({grad, piece});
       sharded.set_grad(std::move(grad));  // written by the casts below, before anything reads it
@@ -497,6 +568,12 @@ void FSDPParamGroup::finish_backward(bool wait_for_reduce_scatter) {
   }
   if (wait_for_reduce_scatter) {
     finish_reduce_scatter();
+    if (offloaded()) {
+      // The optimizer steps the host shards next: every copy to and from
+      // them has run once the host has waited for both.
+      finish_host_gradients();
+      wait_for_shard_reads();
+    }
     // The gradients are accumulated on the reduce-scatter stream: compute
     // (the optimizer, clipping) reads them only after it.
     streams_->order_compute_after(*streams_->reduce_scatter());

@@ -23,6 +23,11 @@
 // keeps its rows of a group-of-N sharding, so the backward all-gather spans N
 // ranks only.
 //
+// Under CPU offload (fsdp/offload_policy.h) the shards and their gradients
+// are in host memory: the copy-in is a host-to-device copy of each padded
+// shard into its chunk, and the reduced slot comes back device-to-host into
+// a page-locked landing buffer, accumulated into the gradients on the host.
+//
 // Internal to the fsdp layer (not installed: tools/install_headers.py); users
 // reach a group through FSDPModule (fsdp/fully_shard.h).
 #pragma once
@@ -39,6 +44,7 @@
 #include "dist/work.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/mixed_precision.h"
+#include "fsdp/offload_policy.h"
 #include "fsdp/reshard_after_forward.h"
 #include "fsdp/streams.h"
 #include "tensor/storage.h"
@@ -69,9 +75,16 @@ struct GroupComm {
 class FSDPParamGroup {
  public:
   // The policy's dtypes and reshard_after_forward are resolved here (see
-  // set_reshard_after_forward).
+  // set_reshard_after_forward). `offload_to`: under CPU offload, the device
+  // that computes (the mesh's); the shards must then be in host memory.
   FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, GroupComm comm, const MixedPrecisionPolicy& policy,
-                 ReshardAfterForward reshard_after_forward, std::string module_fqn);
+                 ReshardAfterForward reshard_after_forward, std::string module_fqn,
+                 std::optional<Device> offload_to = std::nullopt);
+  // Unwinding mid-step (an error), compute's buffers that a side stream
+  // still reads are released only behind compute's wait for that read.
+  ~FSDPParamGroup();
+  FSDPParamGroup(const FSDPParamGroup&) = delete;
+  FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
 
   // ---- set-up (the root's lazy init) -------------------------------------------------
   // Creates the unsharded leaves, hooks their gradient accumulation, and
@@ -118,8 +131,15 @@ class FSDPParamGroup {
   // reduce-scatters the unsharded gradients.
   void post_backward();
   // Waits for the reduce-scatter (+ HSDP all-reduce) and accumulates into the
-  // sharded gradients. No-op when none is pending.
+  // sharded gradients (offloaded: starts their copy to the host, which
+  // finish_host_gradients accumulates). No-op when none is pending.
   void finish_reduce_scatter();
+  // Offloaded: waits for the reduced gradients' copy to the host and adds
+  // them into the host gradients. No-op when none is pending.
+  void finish_host_gradients();
+  // Offloaded: blocks the host until every copy that reads the host shards
+  // has run, so it may write them (load a state dict). No-op otherwise.
+  void wait_for_shard_reads();
   // The end of a backward pass (the root's final callback): post_backward if
   // the group took part and it has not run, and reshard if asked.
   void finish_backward(bool wait_for_reduce_scatter);
@@ -145,6 +165,10 @@ class FSDPParamGroup {
   const FlatLayout& layout() const { return shard_layout_; }
   // Bytes of one all-gather output (all ranks' slots) in param_dtype.
   int64_t unsharded_bytes() const;
+  // Where the collectives and the unsharded parameters live: the shards'
+  // device, or the computing device under CPU offload.
+  Device device() const;
+  bool offloaded() const { return offload_to_.has_value(); }
   // The collectives this group issued since construction or the last reset,
   // counted when issued with dist::collective_volume (the volumes
   // ProcessGroup::stats() counts); `seconds` stays 0: the groups time them.
@@ -153,8 +177,13 @@ class FSDPParamGroup {
 
  private:
   const FlatLayout& layout_for(int world) const;
-  // Where the shards live, and with them every buffer of their collectives.
-  Device device() const;
+  // Copies this rank's shards into its all-gather slot (cast to param_dtype),
+  // from the device's shards or, offloaded, from host memory.
+  void copy_in_shards(const Tensor& slot, const FlatLayout& layout);
+  // Adds `reduced` (this rank's reduced slot, on the device or on the host)
+  // into the sharded gradients, where `present` says a parameter got one.
+  void accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
+                            const std::shared_ptr<Stream>& compute);
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
   void issue_reduce_scatter();
   void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
@@ -175,6 +204,7 @@ class FSDPParamGroup {
   std::shared_ptr<MemoryCounters> unsharded_memory_;
   std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_;
   std::shared_ptr<FSDPStreams> streams_;
+  std::optional<Device> offload_to_;  // the computing device under CPU offload
 
   ShardState state_ = ShardState::sharded;
   struct PendingAllGather {
@@ -197,6 +227,14 @@ class FSDPParamGroup {
     Event copied_in;                     // on the reduce-scatter stream after the copy-in (cuda)
   };
   std::optional<PendingReduceScatter> pending_reduce_scatter_;
+  // Offloaded: the reduced slots' way to the host.
+  Tensor host_landing_;  // page-locked, one reduced slot (+ flags) in reduce_dtype; reused every backward
+  struct PendingHostGradient {
+    Event landed;                    // host_landing_ holds the reduced slot
+    std::vector<bool> present_here;  // as the reduce-scatter's
+  };
+  std::optional<PendingHostGradient> pending_host_gradient_;
+  Event shards_read_;  // offloaded: after the latest host-to-device copy of the shards
 
   // Per backward pass.
   int64_t expected_gradients_ = 0;

@@ -239,7 +239,13 @@ ShardingPlan assemble(std::string model_type, const PlanMesh& mesh, std::vector<
       plan.tensors += 1;
       plan.shard_bytes += param.shard_bytes();
       plan.padding_bytes += bytes_of(param.dtype, param.padding_rows * param.row_numel());
-      if (param.requires_grad) plan.gradient_bytes += bytes_of(param.dtype, param.rank0_rows() * param.row_numel());
+      const int64_t gradient_bytes =
+          param.requires_grad ? bytes_of(param.dtype, param.rank0_rows() * param.row_numel()) : 0;
+      plan.gradient_bytes += gradient_bytes;
+      if (unit.offloaded) {
+        plan.offloaded_shard_bytes += param.shard_bytes();
+        plan.offloaded_gradient_bytes += gradient_bytes;
+      }
     }
     plan.all_groups_unsharded_bytes += unit.unsharded_bytes;
   }
@@ -323,6 +329,7 @@ PlannedUnit unit_of_call(const PlannedCall& call, const std::string& fqn, bool i
   }
   unit.param_dtype = policy.param_dtype.value_or(unit.params.empty() ? DType::f32 : unit.params.front().dtype);
   unit.reduce_dtype = policy.reduce_dtype.value_or(unit.param_dtype);
+  unit.offloaded = call.options.offload_policy.has_value();
   TESSERA_CHECK(is_floating(unit.param_dtype) && is_floating(unit.reduce_dtype),
                 "{}: param_dtype and reduce_dtype must be floating, got {} and {}", where,
                 dtype_name(unit.param_dtype), dtype_name(unit.reduce_dtype));
@@ -387,6 +394,7 @@ PlannedUnit unit_of_state(const FSDPState& state, const PlanMesh& mesh) {
   unit.reshard_after_forward = group->reshard_after_forward();
   unit.param_dtype = group->param_dtype();
   unit.reduce_dtype = group->reduce_dtype();
+  unit.offloaded = group->offloaded();
   lay_out(unit, mesh);
   // One formula for both: the plan's layout is the group's.
   TESSERA_CHECK(unit.slot_numel == group->layout().slot_numel,
@@ -620,6 +628,14 @@ std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& opti
   text += fmt::format("  total                 {} (shards, gradients{}, unsharded peak; activations not included)\n",
                       bytes_text(plan.shard_bytes + plan.gradient_bytes + optimizer_bytes + plan.peak.bytes),
                       optimizer_state.copies > 0 ? ", optimizer state" : "");
+  if (plan.offloaded_shard_bytes > 0) {
+    text += fmt::format("  on the device         {} (CPU offload: the unsharded peak{})\n",
+                        bytes_text(plan.device_bytes(optimizer_state)),
+                        plan.offloaded_shard_bytes == plan.shard_bytes ? "" : ", and what is not offloaded");
+    text += fmt::format("  in host memory        {} (offloaded shards, gradients{}; the shards page-locked)\n",
+                        bytes_text(plan.host_bytes(optimizer_state)),
+                        optimizer_state.copies > 0 ? ", optimizer state" : "");
+  }
 
   const StepCommVolume comm = comm_per_step(plan, 1);
   text += "\ncommunication per training step per rank (forward + backward, gradients synced)\n";
@@ -634,6 +650,14 @@ std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& opti
   }
   text += fmt::format("  total sent      {}\n", bytes_text(comm.total_sent()));
   return text;
+}
+
+int64_t ShardingPlan::host_bytes(const OptimizerStateSize& optimizer_state) const {
+  return offloaded_shard_bytes + offloaded_gradient_bytes * (1 + optimizer_state.copies);
+}
+
+int64_t ShardingPlan::device_bytes(const OptimizerStateSize& optimizer_state) const {
+  return shard_bytes + gradient_bytes * (1 + optimizer_state.copies) + peak.bytes - host_bytes(optimizer_state);
 }
 
 StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches) {

@@ -114,6 +114,7 @@ struct PlannedUnit {
   ReshardAfterForward reshard_after_forward = ReshardAfterForward::always();  // resolved against S
   DType param_dtype = DType::f32;   // of the all-gather and the unsharded parameters
   DType reduce_dtype = DType::f32;  // of the reduce-scatter
+  bool offloaded = false;  // CPUOffloadPolicy: its shards, gradients and optimizer state in host memory
   // The flat layout (param_group.h): one rank's slot is every parameter's
   // padded chunk, one after the other.
   int64_t slot_numel = 0;               // over the shard group
@@ -163,8 +164,20 @@ struct ShardingPlan {
   int64_t shard_bytes = 0;       // parameter shards
   int64_t gradient_bytes = 0;    // rank 0's gradient shards (trainable parameters)
   int64_t padding_bytes = 0;     // zero rows in the shards of one shard group (all ranks, without HSDP)
+  // The part of shard_bytes and gradient_bytes (and so of the optimizer's
+  // state) that CPU offload keeps in host memory.
+  int64_t offloaded_shard_bytes = 0;
+  int64_t offloaded_gradient_bytes = 0;
   int64_t all_groups_unsharded_bytes = 0;  // every group's unsharded parameters at once
   UnshardedPeak peak;
+
+  // What one rank keeps on its device between steps and at the unsharded
+  // peak (activations, reduce-scatter buffers and workspace not included):
+  // the shards, gradients and optimizer state that are not offloaded, and
+  // the unsharded peak, which is always on the device.
+  int64_t device_bytes(const OptimizerStateSize& optimizer_state = {}) const;
+  // The rest: offloaded shards, gradients and optimizer state.
+  int64_t host_bytes(const OptimizerStateSize& optimizer_state = {}) const;
 };
 
 // What fully_shard(module, options) would do, as plan_fully_shard takes it:

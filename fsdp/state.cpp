@@ -152,7 +152,7 @@ void FSDPState::lazy_init() {
     FSDPParamGroup* group = state->group_.get();
     if (group == nullptr) continue;
     if (!context->streams) {
-      context->streams = std::make_shared<FSDPStreams>(group->params().front()->sharded().device());
+      context->streams = std::make_shared<FSDPStreams>(group->device());
     }
     group->set_module_fqn(state->fqn_);
     for (const auto& param : group->params()) {

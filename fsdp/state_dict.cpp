@@ -11,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "fsdp/module_names.h"
 #include "fsdp/state.h"
+#include "tensor/host_staging.h"
 #include "tensor/ops.h"
 
 namespace tessera::fsdp {
@@ -135,6 +136,11 @@ void load_full_state_dict(nn::Module& root, const nn::StateDict& state) {
     fail("load_full_state_dict({}): {}", root.type_name(), fmt::join(problems, "; "));
   }
 
+  // Offloaded shards are written on the host: after every copy still reading them.
+  for (nn::Module* module : root.modules()) {
+    const FSDPState* fsdp_state = module->extension<FSDPState>();
+    if (fsdp_state != nullptr && fsdp_state->group() != nullptr) fsdp_state->group()->wait_for_shard_reads();
+  }
   autograd::NoGradGuard no_grad;
   for (const auto& [name, entry] : entries) {
     const Tensor& full = state.at(name);
@@ -147,6 +153,7 @@ void load_full_state_dict(nn::Module& root, const nn::StateDict& state) {
     Tensor shard = entry.managed->sharded();
     const int64_t rows = shard.size(0);
     if (rows == 0) continue;
+    check_host_access(shard, /*writes=*/true, "load_full_state_dict");
     ops::copy_(shard, ops::narrow(full, 0, entry.managed->spec()->row_offset, rows));
   }
 }

@@ -77,6 +77,11 @@ enum class ProtocolBreak {
   copy_in_skips_compute_wait,         // copy_in does not wait for compute
   post_forward_slot_freed_at_copy_in,  // compute's slot goes once its copy-in is enqueued
   gradients_freed_at_copy_in,          // the unsharded gradients go once their copy-in is enqueued
+  // CPU offload: the host reads the reduced gradients without waiting for
+  // their copy to the host / writes the shards without waiting for their
+  // copies to the device.
+  host_skips_gradient_wait,
+  host_skips_shard_read_wait,
 };
 void set_protocol_break_for_testing(ProtocolBreak which);
 ProtocolBreak protocol_break();

@@ -278,10 +278,10 @@ void Module::to_empty(Device device) {
       continue;
     }
     // A shard gets its padded buffer: the rows it holds, then zero padding,
-    // so the buffer is the same size on every rank.
+    // so the buffer is the same size on every rank; an offloaded one in host memory.
     Shape padded_shape = current.sizes();
     padded_shape[0] = sharding->padded_rows;
-    Tensor padded = ops::empty(padded_shape, {.dtype = current.dtype(), .device = device});
+    Tensor padded = padded_shard_buffer(padded_shape, current.dtype(), device, sharding->memory);
     const int64_t rows = current.size(0);
     if (!device.is_meta() && rows < sharding->padded_rows) {
       Tensor padding = ops::narrow(padded, 0, rows, sharding->padded_rows - rows);

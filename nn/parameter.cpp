@@ -1,7 +1,16 @@
 // nn::Parameter: the leaf tensor behind a registry slot.
 #include "nn/parameter.h"
 
+#include "tensor/host_staging.h"
+#include "tensor/ops.h"
+
 namespace tessera::nn {
+
+Tensor padded_shard_buffer(const Shape& padded_shape, DType dtype, Device device, ShardMemory memory) {
+  if (device.is_meta() || memory == ShardMemory::device) return ops::empty(padded_shape, {.dtype = dtype, .device = device});
+  if (memory == ShardMemory::pinned_host) return pinned_empty(padded_shape, dtype);
+  return ops::empty(padded_shape, {.dtype = dtype, .device = kCPU});
+}
 
 Parameter::Parameter(Tensor tensor, bool requires_grad) : requires_grad_(requires_grad) {
   set_tensor(std::move(tensor));

@@ -19,16 +19,27 @@ namespace tessera::nn {
 // global rows [row_offset, row_offset + local rows), the first rows of a
 // contiguous buffer of padded_rows rows (ceil(rows / shards); the tail is zero
 // padding, so every rank's buffer has the same size for the collectives).
+//
+// Where the padded buffer lives: on the module's device, or (fsdp's
+// CPUOffloadPolicy) in host memory whatever device the module computes on,
+// page-locked when pinned so that copies to the device run asynchronously.
+enum class ShardMemory { device, host, pinned_host };
+
 struct ShardingSpec {
   dist::DeviceMesh mesh;        // 1-D (shard), or 2-D (replicate, shard) for HSDP
   dist::Placements placements;  // per mesh dim: Shard(0) or Replicate()
   Shape global_shape;
   int64_t row_offset = 0;
   int64_t padded_rows = 0;
+  ShardMemory memory = ShardMemory::device;
 
   // The groups whose ranks hold different rows (the mesh dims placed Shard).
   std::vector<dist::ProcessGroupPtr> shard_groups() const;
 };
+
+// An uninitialised padded shard buffer for a module materialised on
+// `device`: there, or in host memory as `memory` says (meta stays meta).
+Tensor padded_shard_buffer(const Shape& padded_shape, DType dtype, Device device, ShardMemory memory);
 
 // Owned by shared_ptr: the same Parameter object registered in two modules is
 // a tied parameter (one tensor, one gradient, listed once by named_parameters).

@@ -1,6 +1,6 @@
 // Device tensors staged into host memory without blocking the host: cpu
-// tensors in page-locked memory, and copies into them enqueued on a stream
-// whose completion is an Event. An asynchronous checkpoint snapshot is made
+// tensors in page-locked memory, and copies into and out of them enqueued on
+// a stream whose completion is an Event. An asynchronous checkpoint snapshot is made
 // of these; ops::to and ops::copy_ remain the blocking way across devices.
 #pragma once
 
@@ -21,5 +21,20 @@ Tensor pinned_empty(const Shape& sizes, DType dtype);
 // The caller orders `stream` after the writes of `device` (Stream::wait_event)
 // and the next writes of `device` after the Event.
 Event copy_to_host_async(const Tensor& host, const Tensor& device, Stream& stream);
+
+// Enqueues device = host on `stream` (a stream of device's device) and
+// returns at once, the way back: `host` a dense cpu tensor (pinned_empty:
+// from pageable memory a GPU stages the copy and the host waits for it),
+// `device` a dense cuda tensor of the same dtype and numel. The returned
+// Event completes once the copy has read `host`; the host must not write
+// `host` before it (the host bytes are kept alive until then).
+Event copy_from_host_async(const Tensor& device, const Tensor& host, Stream& stream);
+
+// The host is about to read (writes: or write) the cpu tensor `host`, which
+// the copies above may use. On the simulator the stream-ordering checker
+// throws, naming `operation` and the copy, unless every such copy that wrote
+// it (for a write: touched it) is known complete to the host; elsewhere it
+// checks nothing.
+void check_host_access(const Tensor& host, bool writes, const char* operation);
 
 }  // namespace tessera

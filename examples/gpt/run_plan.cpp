@@ -97,23 +97,11 @@ double mebibytes(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 
 }  // namespace
 
 std::vector<fsdp::PlannedCall> fully_shard_calls(const TrainConfig& config, tessera::nn::CausalLM& model) {
-  const fsdp::MixedPrecisionPolicy policy{.param_dtype = config.param_dtype,
-                                          .reduce_dtype = config.reduce_dtype,
-                                          .output_dtype = std::nullopt,
-                                          .cast_forward_inputs = true};
   std::vector<fsdp::PlannedCall> calls;
   for (const auto& block : model.blocks()) {
-    calls.push_back({.module = block.get(),
-                     .options = {.mesh = std::nullopt,
-                                 .reshard_after_forward = config.reshard_after_forward,
-                                 .mp_policy = policy,
-                                 .ignored_params = {}}});
+    calls.push_back({.module = block.get(), .options = fully_shard_options(config, /*root=*/false, std::nullopt)});
   }
-  calls.push_back({.module = &model,
-                   .options = {.mesh = std::nullopt,
-                               .reshard_after_forward = std::nullopt,
-                               .mp_policy = policy,
-                               .ignored_params = {}}});
+  calls.push_back({.module = &model, .options = fully_shard_options(config, /*root=*/true, std::nullopt)});
   return calls;
 }
 

@@ -198,6 +198,8 @@ void TrainConfig::validate() const {
                 "--device cuda with --nproc {} needs collectives between GPUs: --backend nccl (one process per GPU), "
                 "or ranks as threads on the simulator (--backend local, in a simulator build)",
                 nproc);
+  TESSERA_CHECK(!cpu_offload || device.is_cuda(), "--cpu-offload keeps the shards in host memory while a GPU "
+                "computes: it needs --device cuda (on the cpu they are in host memory already)");
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
                 hsdp, nproc);
@@ -341,6 +343,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--hsdp", config.hsdp, "HSDP replicate degree R: a R x (nproc / R) (replicate, shard) mesh")
       ->check(integer_in(1, kMaxRanks));
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
+  app.add_flag("--cpu-offload", config.cpu_offload,
+               "With --device cuda: parameter shards, gradients and AdamW's state in pinned host memory (FSDP's "
+               "CPUOffloadPolicy); the GPU holds the gathered blocks, activations and workspace");
   app.add_option("--trace", config.trace,
                  "Write a Chrome/Perfetto trace of every rank to this file (a --resume whose file exists writes a "
                  "new one, named in the banner)")
@@ -465,11 +470,24 @@ std::string describe(const TrainConfig& c) {
       c.nproc, c.tokens_per_step(), c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
-      tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)), c.deterministic ? ", deterministic" : "",
+      tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)),
+      std::string(c.deterministic ? ", deterministic" : "") + (c.cpu_offload ? ", cpu offload" : ""),
       c.device.is_cuda() && c.nproc > 1
           ? fmt::format("cuda:0 to cuda:{}, one per rank; {}", c.nproc - 1, tessera::describe_device(c.device))
           : tessera::describe_device(c.device),
       c.seed);
+}
+
+tessera::fsdp::FullyShardOptions fully_shard_options(const TrainConfig& config, bool root,
+                                                     std::optional<tessera::dist::DeviceMesh> mesh) {
+  return {.mesh = std::move(mesh),
+          .reshard_after_forward = root ? std::nullopt : std::optional(config.reshard_after_forward),
+          .mp_policy = {.param_dtype = config.param_dtype,
+                        .reduce_dtype = config.reduce_dtype,
+                        .output_dtype = std::nullopt,
+                        .cast_forward_inputs = true},
+          .offload_policy = config.cpu_offload ? std::optional(tessera::fsdp::CPUOffloadPolicy{}) : std::nullopt,
+          .ignored_params = {}};
 }
 
 }  // namespace gpt

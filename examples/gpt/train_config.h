@@ -81,6 +81,7 @@ struct TrainConfig {
   tessera::DType param_dtype = tessera::DType::f32;                 // what forward computes on and all-gathers move
   std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype
   bool deterministic = false;  // rank-order reductions (bitwise reproducible)
+  bool cpu_offload = false;    // FSDP's CPUOffloadPolicy: shards, gradients, AdamW in pinned host memory (cuda)
   std::string trace;           // "" = none; else a Chrome/Perfetto trace of every rank
   bool plan = false;           // print the sharding plan and exit (starts no rank: any --nproc, any model)
   bool sweep = false;          // with plan: also plan 1, 2, 4, ..., 1024 ranks, FSDP and HSDP (run_plan.h)
@@ -119,5 +120,12 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
 
 // One line per setting group, for the top of the log.
 std::string describe(const TrainConfig& config);
+
+// fully_shard's options for the model's blocks, or (root) for the model:
+// the run's dtypes, reshard_after_forward (the root keeps FSDP's default for
+// roots: not resharded after forward, as backward needs it first) and CPU
+// offload, on `mesh` (unset: for a plan, whose mesh is its sizes).
+tessera::fsdp::FullyShardOptions fully_shard_options(const TrainConfig& config, bool root,
+                                                     std::optional<tessera::dist::DeviceMesh> mesh);
 
 }  // namespace gpt

@@ -115,23 +115,10 @@ std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& confi
                                                         const std::optional<Distributed>& distributed) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
   if (distributed) {
-    const fsdp::MixedPrecisionPolicy policy{.param_dtype = config.param_dtype,
-                                            .reduce_dtype = config.reduce_dtype,
-                                            .output_dtype = std::nullopt,
-                                            .cast_forward_inputs = true};
     for (const auto& block : model->blocks()) {
-      fsdp::fully_shard(*block, {.mesh = distributed->mesh,
-                                 .reshard_after_forward = config.reshard_after_forward,
-                                 .mp_policy = policy,
-                                 .ignored_params = {}});
+      fsdp::fully_shard(*block, fully_shard_options(config, /*root=*/false, distributed->mesh));
     }
-    // The root (embeddings, final norm, the output head: GPT's tied to its
-    // embedding, Llama's its own) keeps FSDP's default for roots: not
-    // resharded after forward, as backward needs it first.
-    fsdp::fully_shard(*model, {.mesh = distributed->mesh,
-                               .reshard_after_forward = std::nullopt,
-                               .mp_policy = policy,
-                               .ignored_params = {}});
+    fsdp::fully_shard(*model, fully_shard_options(config, /*root=*/true, distributed->mesh));
   }
   return model;
 }

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "tensor/host_staging.h"
 #include "tensor/ops.h"
 
 namespace tessera::optim {
@@ -58,6 +59,10 @@ void Optimizer::step() {
                       "{}: state '{}' of '{}' has shape {}, the parameter {}", name_, key, param_name, value.sizes(),
                       tensor.sizes());
       }
+      // A host step may not touch memory a device copy still uses (CPU
+      // offload's shards and gradients); the simulator checks it.
+      check_host_access(tensor, /*writes=*/true, "optimizer step");
+      check_host_access(grad, /*writes=*/false, "optimizer step");
       updates.push_back(ParamUpdate{&param_name, &tensor, ops::contiguous(grad), &param_state, &group});
     }
   }

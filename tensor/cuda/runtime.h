@@ -48,5 +48,11 @@ enum class CopyKind : uint8_t { host_to_device, device_to_host, device_to_device
 // cudaMemcpyAsync on `stream`. The simulator checks the device side like a
 // kernel's buffers (bounds, and the stream-ordering checker).
 void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream);
+// The host is about to read (writes: or write) `bytes` of host memory at
+// `data`. The simulator's stream-ordering checker throws unless every copy
+// on a stream that wrote them (or, for a write, touched them) is known to
+// the host to have run (a synchronize, or an Event seen complete); the
+// nvidia runtime checks nothing.
+void check_host_access(const void* data, int64_t bytes, bool writes, const char* operation);
 
 }  // namespace tessera::cuda

@@ -93,21 +93,45 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
   kernels(kCPU).copy(dst, staging.host_view(source));
 }
 
-Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& stream) {
-  TESSERA_CHECK(dst.device().is_cpu() && src.device().is_cuda() && dst.is_contiguous() && src.is_contiguous() &&
-                    dst.dtype() == src.dtype() && dst.numel() == src.numel(),
-                "copy_device_to_host_async: needs a dense cpu destination and a dense cuda source of one dtype and "
-                "size, got {} {} {} on {} from {} {} {} on {}",
-                dtype_name(dst.dtype()), dst.sizes(), dst.is_contiguous() ? "dense" : "strided", dst.device().str(),
-                dtype_name(src.dtype()), src.sizes(), src.is_contiguous() ? "dense" : "strided", src.device().str());
-  const int64_t bytes = src.nbytes();
-  device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
-  bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
-  memcpy_async(dst.raw_data(), src.cuda_data(), bytes, CopyKind::device_to_host, stream);
+namespace {
+
+// The checks of both asynchronous copies: dense tensors of one dtype and size,
+// one on the cpu and one on cuda.
+// One asynchronous copy between `host` (dense cpu) and `device` (dense
+// cuda) of one dtype and size, `kind` saying which way, counted and
+// enqueued on `stream`; the Event completes once the copy has run, and the
+// host bytes are kept alive until then, whatever the caller drops.
+Event copy_async(const char* caller, const Tensor& host, const Tensor& device, CopyKind kind, Stream& stream) {
+  TESSERA_CHECK(host.device().is_cpu() && device.device().is_cuda() && host.is_contiguous() &&
+                    device.is_contiguous() && host.dtype() == device.dtype() && host.numel() == device.numel(),
+                "{}: needs a dense cpu tensor and a dense cuda tensor of one dtype and size, got {} {} {} on {} and "
+                "{} {} {} on {}",
+                caller, dtype_name(host.dtype()), host.sizes(), host.is_contiguous() ? "dense" : "strided",
+                host.device().str(), dtype_name(device.dtype()), device.sizes(),
+                device.is_contiguous() ? "dense" : "strided", device.device().str());
+  const int64_t bytes = host.nbytes();
+  const bool to_host = kind == CopyKind::device_to_host;
+  (to_host ? device_to_host_copies : host_to_device_copies).fetch_add(1, std::memory_order_relaxed);
+  (to_host ? bytes_to_host : bytes_to_device).fetch_add(bytes, std::memory_order_relaxed);
+  if (to_host) {
+    memcpy_async(host.raw_data(), device.cuda_data(), bytes, kind, stream);
+  } else {
+    memcpy_async(device.cuda_data(), host.raw_data(), bytes, kind, stream);
+  }
   Event copied;
   copied.record(stream);
-  hold_until(copied, dst.storage());  // the host bytes outlive the copy, whatever the caller drops
+  hold_until(copied, host.storage());
   return copied;
+}
+
+}  // namespace
+
+Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& stream) {
+  return copy_async("copy_device_to_host_async", dst, src, CopyKind::device_to_host, stream);
+}
+
+Event copy_host_to_device_async(const Tensor& dst, const Tensor& src, Stream& stream) {
+  return copy_async("copy_host_to_device_async", src, dst, CopyKind::host_to_device, stream);
 }
 
 Tensor pinned_host_empty(const Shape& sizes, DType dtype) {

@@ -21,6 +21,11 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src);
 // once dst holds the bytes. `stream` must be ordered after src's writes
 // (wait_event), and src must not be written until the Event.
 Event copy_device_to_host_async(const Tensor& dst, const Tensor& src, Stream& stream);
+// dst (cuda, dense) = src (cpu, dense, ideally page-locked; same dtype and
+// numel), enqueued on `stream` without waiting: the returned Event completes
+// once the copy has read src, and src must not be written before it. `stream`
+// must be ordered after dst's earlier uses.
+Event copy_host_to_device_async(const Tensor& dst, const Tensor& src, Stream& stream);
 // `bytes` of page-locked host memory as a dense cpu tensor (cudaHostAlloc).
 Tensor pinned_host_empty(const Shape& sizes, DType dtype);
 

@@ -13,21 +13,15 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "dist/device_mesh.h"
-#include "dist/local_backend.h"
-#include "fsdp/fully_shard.h"
-#include "fsdp/state_dict.h"
-#include "fsdp/streams.h"
-#include "nn/optim/adamw.h"
-#include "tensor/cuda/runtime.h"
-#include "tensor/cuda/sim/sim_stream.h"
-#include "tensor/ops.h"
-#include "tests/fsdp/layer_stack.h"
+#include "tests/fsdp/stack_training.h"
 
 using namespace tessera;
 using namespace tessera::fsdp;
-using tessera::fsdp::testing::LayerStack;
+using tessera::fsdp::testing::error_of;
+using tessera::fsdp::testing::ProtocolBreakScope;
+using tessera::fsdp::testing::StreamJitter;
+using tessera::fsdp::testing::stream_seeds;
+using tessera::fsdp::testing::train_layer_stack;
 
 namespace {
 
@@ -36,57 +30,7 @@ namespace {
 // replicate x shard = hsdp x nproc / hsdp.
 std::vector<std::vector<float>> train(int nproc, int hsdp, int steps,
                                       ReshardAfterForward reshard = ReshardAfterForward::always()) {
-  std::vector<std::vector<float>> weights;
-  dist::run_local(nproc, [&](const dist::ProcessGroupPtr& world) {
-    const Device device(DeviceType::cuda, world->rank());
-    cuda::set_device(device.index);
-    const dist::DeviceMesh mesh = hsdp > 1 ? dist::DeviceMesh(world, device, {hsdp, nproc / hsdp},
-                                                              {"replicate", "shard"})
-                                           : dist::DeviceMesh(world, device, {nproc}, {"shard"});
-    LayerStack model({24, 17, 33, 17, 24});
-    for (const auto& layer : model.layers()) fully_shard(*layer, {.mesh = mesh, .reshard_after_forward = reshard});
-    fully_shard(model, {.mesh = mesh});
-    model.to_empty(device);
-    model.reset_parameters(5);
-    optim::AdamW optimizer(model.named_parameters(), {.lr = 0.01});
-    for (int step = 0; step < steps; ++step) {
-      const Tensor input = ops::to(ops::randn({6, 24}, PhiloxKey{static_cast<uint64_t>(world->rank()),
-                                                                 static_cast<uint64_t>(step)}), device);
-      autograd::backward(model(input));
-      optimizer.step();
-      optimizer.zero_grad();
-    }
-    const nn::StateDict full = full_state_dict(model);
-    if (world->rank() != 0) return;
-    for (const auto& [name, tensor] : full) weights.push_back(ops::to(tensor, kCPU).to_vector<float>());
-  });
-  return weights;
-}
-
-// Every stream operation delayed by up to 100 us (seeded) while alive.
-struct Jitter {
-  explicit Jitter(uint64_t seed) { cuda::sim::set_stream_jitter(seed, 100); }
-  ~Jitter() { cuda::sim::set_stream_jitter(0, 0); }
-};
-
-struct Break {
-  explicit Break(ProtocolBreak which) { set_protocol_break_for_testing(which); }
-  ~Break() { set_protocol_break_for_testing(ProtocolBreak::none); }
-};
-
-// Seeds per mesh: TESSERA_STREAM_SEEDS, or 5 (docs/fsdp_on_gpus.md has a run of 100).
-int seeds() {
-  const char* text = std::getenv("TESSERA_STREAM_SEEDS");
-  return text == nullptr ? 5 : std::max(1, std::atoi(text));
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "(no error)";
+  return train_layer_stack({.nproc = nproc, .hsdp = hsdp, .steps = steps, .reshard = reshard}).weights;
 }
 
 }  // namespace
@@ -103,19 +47,20 @@ TEST_CASE("FSDP2's streams on simulated GPUs: jittered, no unordered access and 
         mesh.reshard_to == 0 ? ReshardAfterForward::always() : ReshardAfterForward::to_group_of(mesh.reshard_to);
     const std::vector<std::vector<float>> steady = train(mesh.nproc, mesh.hsdp, 2, reshard);
     REQUIRE(steady.size() == 8);
-    for (int seed = 1; seed <= seeds(); ++seed) {
+    for (int seed = 1; seed <= stream_seeds(); ++seed) {
       CAPTURE(seed);
-      const Jitter jitter(static_cast<uint64_t>(seed));
+      const StreamJitter jitter(static_cast<uint64_t>(seed));
       CHECK(train(mesh.nproc, mesh.hsdp, 2, reshard) == steady);
     }
   }
 }
 
 TEST_CASE("FSDP2's streams: a copy-in that does not wait for compute is caught, naming both operations") {
-  const Break broken(ProtocolBreak::copy_in_skips_compute_wait);
+  const ProtocolBreakScope broken(ProtocolBreak::copy_in_skips_compute_wait);
   // Caught at the first copy-in: it reads a shard the initialisation's
   // kernel wrote on compute.
   const std::string message = error_of([] { train(2, 1, 2); });
+  CAPTURE(message);
   // (on whichever rank's checker speaks first)
   CHECK(message.starts_with("stream-order checker: `copy_segments_kernel` on cuda:"));
   CHECK(message.find("which `random_kernel<T>` on cuda:") != std::string::npos);
@@ -126,7 +71,7 @@ TEST_CASE("FSDP2's streams: a post-forward slot freed once its copy-in is enqueu
   // reshard_after_forward = 2 on 4 ranks: backward's all-gather copies each
   // layer in from the slot its forward kept, a buffer of the compute stream.
   CHECK(train(4, 1, 2, ReshardAfterForward::to_group_of(2)).size() == 8);
-  const Break broken(ProtocolBreak::post_forward_slot_freed_at_copy_in);
+  const ProtocolBreakScope broken(ProtocolBreak::post_forward_slot_freed_at_copy_in);
   // Compute reuses the slot's block (a GEMM writes it) under the copy-in
   // still reading it.
   const std::string message = error_of([] { train(4, 1, 2, ReshardAfterForward::to_group_of(2)); });
@@ -136,7 +81,7 @@ TEST_CASE("FSDP2's streams: a post-forward slot freed once its copy-in is enqueu
 }
 
 TEST_CASE("FSDP2's streams: unsharded gradients freed once their reduce-scatter copy-in is enqueued are caught") {
-  const Break broken(ProtocolBreak::gradients_freed_at_copy_in);
+  const ProtocolBreakScope broken(ProtocolBreak::gradients_freed_at_copy_in);
   // Compute reuses a gradient's block while the reduce-scatter stream still
   // copies it in.
   const std::string message = error_of([] { train(2, 1, 2); });

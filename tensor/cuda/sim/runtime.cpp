@@ -69,6 +69,11 @@ void* mapped_host_malloc(int64_t bytes) {
   return pointer;
 }
 
+void check_host_access(const void* data, int64_t bytes, bool writes, const char* operation) {
+  sim::StreamOrderChecker::instance().check_host_access(
+      operation, {{"host memory", data, bytes, writes ? BufferAccess::write : BufferAccess::read}});
+}
+
 void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream& stream) {
   const sim::RuntimeCall call("cudaMemcpyAsync");
   auto* sim_stream = dynamic_cast<sim::SimStream*>(&stream);
@@ -82,7 +87,12 @@ void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stre
   if (kind == CopyKind::host_to_device) operation = "memcpy host to device";
   if (kind == CopyKind::device_to_host) operation = "memcpy device to host";
   sim::check_device_buffers(operation, stream.device().index, device_side);
-  sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, device_side);
+  // The host side is recorded too, so that the host's own reads and writes
+  // of it can be checked against the copy (check_host_access).
+  std::vector<BufferUse> both_sides = device_side;
+  if (kind == CopyKind::host_to_device) both_sides.push_back({"host source", src, bytes, BufferAccess::read});
+  if (kind == CopyKind::device_to_host) both_sides.push_back({"host destination", dst, bytes, BufferAccess::write});
+  sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, both_sides);
   stream.enqueue([dst, src, bytes, kind] {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     if (kind == CopyKind::host_to_device) sim::mark_device_written(dst, bytes);

@@ -101,6 +101,38 @@ void StreamOrderChecker::check_and_record(int stream, const std::string& operati
   }
 }
 
+void StreamOrderChecker::check_host_access(const std::string& operation, const std::vector<BufferUse>& buffers) {
+  std::lock_guard lock(mutex_);
+  constexpr int kHost = -1;  // no stream: only what host_ knows is ordered before it
+  for (const BufferUse& buffer : buffers) {
+    const auto begin = reinterpret_cast<uintptr_t>(buffer.data);
+    auto it = ranges_.upper_bound(begin);
+    if (it != ranges_.begin()) --it;
+    // Only ranges a stream touched exist here: look, without splitting.
+    for (; it != ranges_.end() && it->first < begin + buffer.bytes; ++it) {
+      const Range& range = it->second;
+      if (range.end <= begin) continue;
+      if (!ordered(host_, range.last_write, kHost)) {
+        fail_host_unordered(operation, buffer, reads(buffer.access) ? "reads" : "writes", range.last_write);
+      }
+      if (!writes(buffer.access)) continue;
+      for (const Access& read : range.reads) {
+        if (!ordered(host_, read, kHost)) fail_host_unordered(operation, buffer, "writes", read);
+      }
+    }
+  }
+}
+
+void StreamOrderChecker::fail_host_unordered(const std::string& operation, const BufferUse& buffer, const char* what,
+                                             const Access& earlier) const {
+  fail("stream-order checker: `{}` on the host {} {} ({} bytes at {}), which `{}` on {} {} (as `{}`) with no "
+       "synchronize between them: record an Event on {} after `{}` and synchronize it before the host touches the "
+       "memory",
+       operation, what, buffer.name, buffer.bytes, buffer.data, earlier.operation, names_[earlier.stream],
+       std::string(what) == "reads" ? "wrote" : "accessed", earlier.buffer, names_[earlier.stream],
+       earlier.operation);
+}
+
 void StreamOrderChecker::forget(const void* begin, int64_t bytes) {
   std::lock_guard lock(mutex_);
   const auto first = reinterpret_cast<uintptr_t>(begin), last = first + bytes;

@@ -38,6 +38,12 @@ class StreamOrderChecker {
   // The host knows everything in `clock` has run (a synchronize, or an
   // event seen complete): work it enqueues from now on is ordered after it.
   void host_learns(const Clock& clock);
+  // Checks a read or write of host memory by the host itself against the
+  // copies on streams that touched it (memcpy_async records its host side):
+  // each must be known to the host (host_learns). Throws tessera::Error
+  // naming both operations and the stream. Nothing is recorded: whatever the
+  // host enqueues later is ordered after its own accesses.
+  void check_host_access(const std::string& operation, const std::vector<BufferUse>& buffers);
   // cudaFree synchronizes the device: freed memory starts with no history.
   void forget(const void* begin, int64_t bytes);
 
@@ -61,6 +67,8 @@ class StreamOrderChecker {
   bool ordered(const Clock& clock, const Access& earlier, int stream) const;
   [[noreturn]] void fail_unordered(int stream, const std::string& operation, const BufferUse& buffer,
                                    const char* what, const Access& earlier) const;
+  [[noreturn]] void fail_host_unordered(const std::string& operation, const BufferUse& buffer, const char* what,
+                                        const Access& earlier) const;
 
   std::mutex mutex_;
   std::vector<std::string> names_;

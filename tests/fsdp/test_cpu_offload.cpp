@@ -1,0 +1,236 @@
+// CPU offload (fsdp/offload_policy.h): the shards, gradients and AdamW's
+// state in host memory while simulated GPUs compute. Training matches CPU
+// FSDP on the same ranks (within 1e-5: the GPUs' kernels round differently
+// from the cpu's), for odd and even worlds, HSDP, resharding to groups of 2
+// and gradient accumulation; nothing of the model is left on a GPU between
+// steps, as the plan says; jittered streams change no bit and the
+// stream-ordering checker stays silent.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist/device_mesh.h"
+#include "dist/local_backend.h"
+#include "fsdp/plan.h"
+#include "tests/fsdp/layer_stack.h"
+#if TESSERA_HAVE_CUDA_SIM
+#include "autograd/grad_mode.h"
+#include "tests/fsdp/stack_training.h"
+#endif
+
+using namespace tessera;
+using namespace tessera::fsdp;
+using tessera::fsdp::testing::LayerStack;
+
+namespace {
+
+const OptimizerStateSize kAdamW{.description = "AdamW m and v", .copies = 2};
+
+struct Mesh {
+  int nproc, hsdp, reshard_to;  // reshard_to: 0 for always, else the post-forward group's size
+  ReshardAfterForward reshard() const {
+    return reshard_to == 0 ? ReshardAfterForward::always() : ReshardAfterForward::to_group_of(reshard_to);
+  }
+};
+
+// The plan of the LayerStack the training below uses (stack_training.h).
+ShardingPlan stack_plan(const Mesh& mesh, std::optional<CPUOffloadPolicy> offload) {
+  LayerStack model({24, 17, 33, 17, 24});
+  std::vector<PlannedCall> calls;
+  for (const auto& layer : model.layers()) {
+    calls.push_back({.module = layer.get(), .options = {.reshard_after_forward = mesh.reshard(),
+                                                        .offload_policy = offload}});
+  }
+  calls.push_back({.module = &model, .options = {.offload_policy = offload}});
+  return plan_fully_shard(calls, plan_mesh(mesh.nproc, mesh.hsdp));
+}
+
+}  // namespace
+
+TEST_CASE("CPU offload in the plan: the device keeps the unsharded peak, the host the shards, gradients and state") {
+  const ShardingPlan on_device = stack_plan({3, 1, 0}, std::nullopt);
+  const ShardingPlan offloaded = stack_plan({3, 1, 0}, CPUOffloadPolicy{});
+  CHECK(offloaded.shard_bytes == on_device.shard_bytes);
+  CHECK(offloaded.peak.bytes == on_device.peak.bytes);
+  CHECK(on_device.host_bytes(kAdamW) == 0);
+  CHECK(on_device.device_bytes(kAdamW) ==
+        on_device.shard_bytes + 3 * on_device.gradient_bytes + on_device.peak.bytes);
+  CHECK(offloaded.offloaded_shard_bytes == offloaded.shard_bytes);
+  CHECK(offloaded.offloaded_gradient_bytes == offloaded.gradient_bytes);
+  CHECK(offloaded.device_bytes(kAdamW) == offloaded.peak.bytes);
+  CHECK(offloaded.host_bytes(kAdamW) == offloaded.shard_bytes + 3 * offloaded.gradient_bytes);
+  const std::string text = format_plan(offloaded, kAdamW);
+  CHECK(text.find("on the device") != std::string::npos);
+  CHECK(text.find("in host memory") != std::string::npos);
+  CHECK(format_plan(on_device, kAdamW).find("in host memory") == std::string::npos);
+}
+
+#if TESSERA_HAVE_CUDA_SIM
+
+using tessera::fsdp::testing::StackResult;
+using tessera::fsdp::testing::StackRun;
+using tessera::fsdp::testing::error_of;
+using tessera::fsdp::testing::ProtocolBreakScope;
+using tessera::fsdp::testing::StreamJitter;
+using tessera::fsdp::testing::stream_seeds;
+using tessera::fsdp::testing::train_layer_stack;
+
+namespace {
+
+// Every weight of `got` within 1e-5 of `want` (relative to 1 or the value).
+bool close_weights(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  if (got.size() != want.size()) return false;
+  for (size_t tensor = 0; tensor < got.size(); ++tensor) {
+    if (got[tensor].size() != want[tensor].size()) return false;
+    for (size_t i = 0; i < got[tensor].size(); ++i) {
+      const double tolerance = 1e-5 * std::max(1.0, std::abs(static_cast<double>(want[tensor][i])));
+      if (!(std::abs(static_cast<double>(got[tensor][i]) - want[tensor][i]) <= tolerance)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("CPU offload on simulated GPUs trains as CPU FSDP does, and leaves nothing of the model on the GPUs") {
+  for (const Mesh mesh : {Mesh{2, 1, 0}, Mesh{3, 1, 0}, Mesh{4, 2, 0}, Mesh{4, 1, 2}}) {
+    CAPTURE(mesh.nproc);
+    CAPTURE(mesh.hsdp);
+    CAPTURE(mesh.reshard_to);
+    const StackRun base{.nproc = mesh.nproc, .hsdp = mesh.hsdp, .steps = 3, .reshard = mesh.reshard()};
+    StackRun on_cpu = base;
+    on_cpu.device = DeviceType::cpu;
+    const StackResult cpu = train_layer_stack(on_cpu);
+    const StackResult gpu = train_layer_stack(base);
+    for (const bool pinned : {true, false}) {
+      CAPTURE(pinned);
+      StackRun offloaded_run = base;
+      offloaded_run.offload = CPUOffloadPolicy{.pin_memory = pinned};
+      const StackResult offloaded = train_layer_stack(offloaded_run);
+      CHECK(close_weights(offloaded.weights, cpu.weights));
+      for (int rank = 0; rank < mesh.nproc; ++rank) {
+        CAPTURE(rank);
+        const auto at = static_cast<size_t>(rank);
+        CHECK(offloaded.shards_on_host[at]);
+        CHECK_FALSE(gpu.shards_on_host[at]);
+        // Between steps nothing of the model is on the GPU; without offload
+        // the shards and AdamW's m and v are.
+        CHECK(offloaded.device_live_after_bytes[at] == 0);
+        CHECK(gpu.device_live_after_bytes[at] > 0);
+        // The step's peak without them (and the gradient shards held then).
+        CHECK(offloaded.device_peak_bytes[at] <= gpu.device_peak_bytes[at] - gpu.device_live_after_bytes[at]);
+      }
+      // As the plan says: rank 0 holds the most real rows.
+      const ShardingPlan plan = stack_plan(mesh, std::nullopt);
+      CHECK(gpu.device_live_after_bytes[0] == plan.shard_bytes + kAdamW.copies * plan.gradient_bytes);
+      const ShardingPlan offloaded_plan = stack_plan(mesh, CPUOffloadPolicy{});
+      CHECK(offloaded_plan.device_bytes(kAdamW) == offloaded_plan.peak.bytes);
+      CHECK(offloaded.device_peak_bytes[0] >= offloaded_plan.peak.bytes);
+    }
+  }
+}
+
+TEST_CASE("CPU offload under gradient accumulation matches CPU FSDP's accumulation") {
+  const StackRun base{.nproc = 3, .hsdp = 1, .steps = 2, .micro_batches = 3};
+  StackRun on_cpu = base;
+  on_cpu.device = DeviceType::cpu;
+  StackRun offloaded = base;
+  offloaded.offload = CPUOffloadPolicy{};
+  CHECK(close_weights(train_layer_stack(offloaded).weights, train_layer_stack(on_cpu).weights));
+}
+
+TEST_CASE("CPU offload's streams: jittered, no unordered access and the same weights, bit for bit") {
+  for (const Mesh mesh : {Mesh{2, 1, 0}, Mesh{3, 1, 0}, Mesh{4, 2, 0}}) {
+    CAPTURE(mesh.nproc);
+    CAPTURE(mesh.hsdp);
+    const StackRun run{.nproc = mesh.nproc, .hsdp = mesh.hsdp, .steps = 2, .offload = CPUOffloadPolicy{}};
+    const std::vector<std::vector<float>> steady = train_layer_stack(run).weights;
+    for (int seed = 1; seed <= stream_seeds(); ++seed) {
+      CAPTURE(seed);
+      const StreamJitter jitter(static_cast<uint64_t>(seed));
+      CHECK(train_layer_stack(run).weights == steady);
+    }
+  }
+}
+
+namespace {
+
+// The rank's compute stream, drained however the rank ends.
+struct DrainOnExit {
+  explicit DrainOnExit(Device device) : stream(current_stream(device)) {}
+  ~DrainOnExit() {
+    try {
+      stream->synchronize();
+    } catch (const std::exception&) {  // unwinding already: the rank's first error is the one reported
+    }
+  }
+  DrainOnExit(const DrainOnExit&) = delete;
+  DrainOnExit& operator=(const DrainOnExit&) = delete;
+  std::shared_ptr<Stream> stream;
+};
+
+}  // namespace
+
+TEST_CASE("CPU offload: the host reading the reduced gradients before their copy has run is caught") {
+  const ProtocolBreakScope broken(ProtocolBreak::host_skips_gradient_wait);
+  const std::string message =
+      error_of([] { train_layer_stack({.nproc = 2, .steps = 1, .offload = CPUOffloadPolicy{}}); });
+  CHECK(message.starts_with("stream-order checker: `fsdp: add the reduced gradients into the host's` on the host "
+                            "reads host memory"));
+  CHECK(message.find("which `memcpy device to host` on cuda:") != std::string::npos);
+  CHECK(message.find("with no synchronize between them") != std::string::npos);
+}
+
+TEST_CASE("CPU offload: the host writing shards a copy to the device may still read is caught") {
+  // A forward without backward leaves its copies unsynchronised; loading a
+  // state dict then writes the shards on the host. It waits for the copies,
+  // unless the break skips that wait.
+  const auto forward_then_load = [] {
+    dist::run_local(2, [](const dist::ProcessGroupPtr& world) {
+      const Device device(DeviceType::cuda, world->rank());
+      cuda::set_device(device.index);
+      // The rank's compute stream is drained however the rank ends: a later
+      // test's stream may reuse the blocks this one's copies read.
+      const DrainOnExit drain(device);
+      const dist::DeviceMesh mesh(world, device, {2}, {"shard"});
+      LayerStack model({8, 6, 8});
+      for (const auto& layer : model.layers()) fully_shard(*layer, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+      fully_shard(model, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+      model.to_empty(device);
+      model.reset_parameters(1);
+      const nn::StateDict weights = full_state_dict(model);
+      {
+        autograd::NoGradGuard no_grad;
+        model(ops::to(ops::ones({2, 8}), device));
+      }
+      load_full_state_dict(model, weights);
+    });
+  };
+  forward_then_load();
+  const ProtocolBreakScope broken(ProtocolBreak::host_skips_shard_read_wait);
+  const std::string message = error_of(forward_then_load);
+  CHECK(message.starts_with("stream-order checker: `load_full_state_dict` on the host writes host memory"));
+  CHECK(message.find("which `memcpy host to device` on cuda:") != std::string::npos);
+}
+
+#endif  // TESSERA_HAVE_CUDA_SIM
+
+TEST_CASE("CPU offload needs a mesh on the cuda device that computes") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& world) {
+    const dist::DeviceMesh mesh(world, kCPU, {2}, {"shard"});
+    LayerStack model({4, 4});
+    std::string message;
+    try {
+      fully_shard(model.layers()[0], {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+    } catch (const Error& error) {
+      message = error.what();
+    }
+    CHECK(message.starts_with("fully_shard(Linear): CPUOffloadPolicy needs a mesh on the cuda device that computes, "
+                              "got DeviceMesh(cpu"));
+    // A refused call leaves the module unsharded.
+    CHECK_FALSE(model.layers()[0].named_parameters().front().second->is_sharded());
+  });
+}
