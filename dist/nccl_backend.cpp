@@ -314,7 +314,44 @@ class NcclProcessGroup final : public ProcessGroup {
                    .done = Event(),
                    .issued = Clock::now(),
                    .finished = std::move(finished)};
-    entry.done.record(*stream);
+    if (grouped_) {
+      // Inside ncclGroupStart/End nothing has launched yet: the watchdog
+      // gets it, with its event, at the group's end.
+      batched_.push_back(std::move(entry));
+      return;
+    }
+    watch(std::move(entry), *stream);
+  }
+
+  // The coalesced calls' batch as one NCCL group. The deterministic paths
+  // launch kernels of their own between NCCL calls (sums in rank order),
+  // which a group would run before its transfers: they stay one by one.
+  void begin_device_batch() override {
+    if (options().deterministic) return;
+    refuse_if_aborted();
+    const ncclResult_t started = ncclGroupStart();
+    TESSERA_CHECK(started == ncclSuccess, "a coalesced batch on group '{}': ncclGroupStart: {}", name(),
+                  nccl_error(started, comms_.device));
+    grouped_ = true;
+  }
+
+  void end_device_batch(const std::shared_ptr<Stream>& stream) override {
+    if (!grouped_) return;
+    grouped_ = false;
+    std::vector<InFlight> batch = std::move(batched_);
+    batched_.clear();
+    ncclResult_t result = ncclSuccess;
+    const Settled settled = settle(comms_.device, ncclGroupEnd(), Clock::now() + options().timeout, result);
+    TESSERA_CHECK(settled == Settled::done, "a coalesced batch of {} collectives on group '{}': NCCL refused its "
+                  "ncclGroupEnd: {}", batch.size(), name(),
+                  settled == Settled::timed_out ? "it was still being enqueued at the timeout"
+                                                : nccl_error(result, comms_.device));
+    for (InFlight& entry : batch) watch(std::move(entry), *stream);
+  }
+
+  // Hands a launched collective to the watchdog, with the event after it.
+  void watch(InFlight entry, Stream& stream) {
+    entry.done.record(stream);
     {
       std::lock_guard lock(mutex_);
       in_flight_.push_back(std::move(entry));
@@ -586,6 +623,8 @@ class NcclProcessGroup final : public ProcessGroup {
   int split_count_ = 0;
   std::chrono::milliseconds next_delay_{0};
   std::atomic<int64_t> issued_{-1};
+  bool grouped_ = false;          // between ncclGroupStart and ncclGroupEnd (the issuing thread's)
+  std::vector<InFlight> batched_;  // the open group's collectives, not yet watched
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -365,10 +365,16 @@ Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes,
   // Its buffers are not reused until the group's stream has passed them.
   record_stream(*out.storage(), stream);
   if (in.storage() != out.storage()) record_stream(*in.storage(), stream);
-  Event done;
-  done.record(*stream);
-  state->device_done = done;
   state->device = device;
+  if (batching_) {
+    // Launched only at the batch's end: its event comes then (coalesce).
+    batched_.push_back(state);
+    batch_stream_ = stream;
+  } else {
+    Event done;
+    done.record(*stream);
+    state->device_done = done;
+  }
   // Calls and bytes as for host collectives; the time is the host's to issue
   // it (the collective's own runs on the device, after).
   account(signature, bytes, start_us, Tracer::now_us());
@@ -464,6 +470,85 @@ Work ProcessGroup::barrier(bool async_op) {
   signature.kind = CollectiveKind::barrier;
   return issue(signature, nullptr, 0, async_op,
                [this](const CollectiveSignature& numbered) { run_barrier(numbered); });
+}
+
+Work ProcessGroup::coalesce(std::string_view name, size_t count, const std::vector<Tensor>& tensors, bool async_op,
+                           const std::function<Work(size_t)>& issue_one) {
+  TESSERA_CHECK(count > 0, "{}: no tensors to issue", name);
+  const Device device = tensors.front().device();
+  for (const Tensor& tensor : tensors) {
+    TESSERA_CHECK(tensor.device() == device, "{}: every tensor must be on one device, got {} and {}", name,
+                  device.str(), tensor.device().str());
+  }
+  const bool batched = !device.is_cpu() && uses_device_collectives();
+  TESSERA_CHECK(!batching_, "{}: issued inside another coalesced call", name);
+  std::vector<Work> parts;
+  if (batched) {
+    batching_ = true;
+    begin_device_batch();
+  }
+  try {
+    for (size_t index = 0; index < count; ++index) parts.push_back(issue_one(index));
+  } catch (...) {
+    // Only a failure of the backend gets here (the calls were checked):
+    // close the batch so that the group stays usable for the error path.
+    if (batched) {
+      batching_ = false;
+      batched_.clear();
+    }
+    throw;
+  }
+  if (batched) {
+    end_device_batch(batch_stream_);
+    Event done;
+    done.record(*batch_stream_);
+    for (const std::shared_ptr<Work::State>& state : batched_) state->device_done = done;
+    batched_.clear();
+    batching_ = false;
+  }
+  Work work = Work::all_of(std::move(parts));
+  if (!async_op) work.wait();
+  return work;
+}
+
+Work ProcessGroup::coalesce_pairs(std::string_view name, const std::vector<Tensor>& outs,
+                                 const std::vector<Tensor>& ins, bool out_is_whole, bool async_op,
+                                 const std::function<Work(const Tensor& out, const Tensor& in)>& issue_pair) {
+  TESSERA_CHECK(outs.size() == ins.size(), "{}: {} outputs for {} inputs", name, outs.size(), ins.size());
+  for (size_t index = 0; index < outs.size(); ++index) {
+    check_whole_and_chunk(fmt::format("{} (collective {})", name, index), outs[index], ins[index], out_is_whole,
+                          size_, rank_, moves_device_tensors());
+  }
+  std::vector<Tensor> tensors = outs;
+  tensors.insert(tensors.end(), ins.begin(), ins.end());
+  return coalesce(name, outs.size(), tensors, async_op,
+                  [&](size_t index) { return issue_pair(outs[index], ins[index]); });
+}
+
+Work ProcessGroup::all_gather_into_coalesced(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
+                                             bool async_op) {
+  return coalesce_pairs("all_gather_into_coalesced", outs, ins, /*out_is_whole=*/true, async_op,
+                        [this](const Tensor& out, const Tensor& in) {
+                          return all_gather_into(out, in, /*async_op=*/true);
+                        });
+}
+
+Work ProcessGroup::reduce_scatter_into_coalesced(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
+                                                 ReduceOp op, bool async_op) {
+  return coalesce_pairs("reduce_scatter_into_coalesced", outs, ins, /*out_is_whole=*/false, async_op,
+                        [this, op](const Tensor& out, const Tensor& in) {
+                          return reduce_scatter_into(out, in, op, /*async_op=*/true);
+                        });
+}
+
+Work ProcessGroup::all_reduce_coalesced(const std::vector<Tensor>& tensors, ReduceOp op, bool async_op) {
+  constexpr std::string_view name = "all_reduce_coalesced";
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    check_buffer(fmt::format("{} (collective {})", name, index), "tensor", tensors[index], size_,
+                 moves_device_tensors());
+  }
+  return coalesce(name, tensors.size(), tensors, async_op,
+                  [&](size_t index) { return all_reduce(tensors[index], op, /*async_op=*/true); });
 }
 
 std::vector<std::vector<uint8_t>> ProcessGroup::all_gather_bytes(std::span<const uint8_t> bytes) {

@@ -95,6 +95,19 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Work all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum, bool async_op = false);
   Work broadcast(const Tensor& tensor, int root, bool async_op = false);
   Work barrier(bool async_op = false);
+  // Several collectives of one kind issued as one batch, in list order: on
+  // device tensors one NCCL group (ncclGroupStart/End: the transfers launch
+  // together and one event follows them all); on host tensors one after
+  // another on the communication thread. outs[i] and ins[i] are as for the
+  // single call; the lists must be as long, not empty, and on one device, and
+  // every check is made before anything is issued. The Work covers them all
+  // (its wait rethrows the first error). A group's collectives are issued
+  // from one thread.
+  Work all_gather_into_coalesced(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
+                                 bool async_op = false);
+  Work reduce_scatter_into_coalesced(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
+                                     ReduceOp op = ReduceOp::sum, bool async_op = false);
+  Work all_reduce_coalesced(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum, bool async_op = false);
   // Metadata exchange: every rank's bytes (lengths may differ), in rank order.
   std::vector<std::vector<uint8_t>> all_gather_bytes(std::span<const uint8_t> bytes);
 
@@ -157,6 +170,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void enqueue_device_collective(const CollectiveSignature& signature, const Tensor& out, const Tensor& in,
                                          const std::shared_ptr<Stream>& stream, DeviceFinished finished);
 
+  // A batch of device collectives (the coalesced calls): every
+  // enqueue_device_collective between these two calls belongs to it, and
+  // end_device_batch leaves them all launched on `stream` (NCCL: between
+  // ncclGroupStart and ncclGroupEnd). By default each is enqueued as it
+  // comes, which is already in order on the group's one stream.
+  virtual void begin_device_batch() {}
+  virtual void end_device_batch([[maybe_unused]] const std::shared_ptr<Stream>& stream) {}
+
   // Runs what is queued and stops the communication thread. Every backend's
   // destructor calls it first, so no queued collective reaches a half-destroyed
   // backend.
@@ -177,6 +198,16 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // holding the event after it (waited for at once unless async_op).
   Work issue_on_device(CollectiveSignature signature, int64_t bytes, const Tensor& out, const Tensor& in,
                        bool async_op);
+  // The coalesced calls: `count` collectives issued by issue_one(i), as
+  // one device batch when `tensors` are device tensors moved by device
+  // collectives (one event after the batch completes every one's Work).
+  Work coalesce(std::string_view name, size_t count, const std::vector<Tensor>& tensors, bool async_op,
+                const std::function<Work(size_t)>& issue_one);
+  // coalesce for the paired calls: every (out, in) checked as the single
+  // call checks it, then issued by issue_pair.
+  Work coalesce_pairs(std::string_view name, const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
+                      bool out_is_whole, bool async_op,
+                      const std::function<Work(const Tensor& out, const Tensor& in)>& issue_pair);
   // Whether device tensors go through enqueue_device_collective: across
   // ranks always, on one rank where the backend asks (see above).
   bool uses_device_collectives() const;
@@ -203,6 +234,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Stream> comm_stream_;  // created at the first collective
   std::map<int, std::shared_ptr<Stream>> device_streams_;  // by cuda index, at the first device collective
   std::exception_ptr device_error_;  // the first device collective that failed
+  // An open device batch (coalesce, on the issuing thread): its collectives'
+  // states, which get the event after the batch, and their stream.
+  bool batching_ = false;
+  std::vector<std::shared_ptr<Work::State>> batched_;
+  std::shared_ptr<Stream> batch_stream_;
   mutable std::mutex stats_mutex_;
   CommStats stats_;
   std::shared_ptr<Tracer> tracer_;

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tensor/device.h"
 #include "tensor/stream.h"
@@ -36,12 +37,17 @@ class Work {
     // Device collectives: the event after the collective on the group's stream.
     std::optional<Event> device_done;
     Device device;
+    // all_of: the Works this one stands for (no collective of its own).
+    std::vector<Work> parts;
 
     void complete(std::exception_ptr failure);
   };
 
   Work() = default;  // a completed no-op
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // One handle on several: wait() waits for each in order (rethrowing the
+  // first error), is_completed() when all are, the description lists them.
+  static Work all_of(std::vector<Work> parts);
 
   // Host collectives: blocks until the collective is done and rethrows its
   // error (every time it is called); never forever: the collective itself

@@ -239,8 +239,9 @@ void FSDPParamGroup::copy_in_shards(const Tensor& slot, const FlatLayout& layout
     // shard's dtype on this (copy-in) stream, cast with the group's segments.
     const Tensor host = ops::flatten(param.padded_sharded());
     Tensor chunk = ops::narrow(slot, 0, layout.offsets[index], layout.chunk_rows[index] * param.row_numel());
-    Tensor landing = host.dtype() == chunk.dtype() ? chunk
-                                                    : ops::empty({host.numel()}, {.dtype = host.dtype(), .device = device()});
+    Tensor landing = host.dtype() == chunk.dtype()
+                         ? chunk
+                         : ops::empty({host.numel()}, {.dtype = host.dtype(), .device = device()});
     shards_read_ = copy_from_host_async(landing, host, *current_stream(device()));
     if (landing.storage() != chunk.storage()) segments.push_back({chunk, landing});
   }
@@ -500,8 +501,8 @@ void FSDPParamGroup::finish_reduce_scatter() {
     // stream's block: reused only by its later work, after the copy.
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "gradient_to_host", "fsdp", {{"module", module_fqn_}});
     if (!host_landing_.defined()) host_landing_ = pinned_empty({pending.output.numel()}, reduce_dtype_);
-    pending_host_gradient_ = PendingHostGradient{copy_to_host_async(host_landing_, pending.output, *current_stream(device())),
-                                                 std::move(pending.present_here)};
+    const Event landed = copy_to_host_async(host_landing_, pending.output, *current_stream(device()));
+    pending_host_gradient_ = PendingHostGradient{landed, std::move(pending.present_here)};
     return;
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});

@@ -7,7 +7,9 @@
 namespace tessera::nn {
 
 Tensor padded_shard_buffer(const Shape& padded_shape, DType dtype, Device device, ShardMemory memory) {
-  if (device.is_meta() || memory == ShardMemory::device) return ops::empty(padded_shape, {.dtype = dtype, .device = device});
+  if (device.is_meta() || memory == ShardMemory::device) {
+    return ops::empty(padded_shape, {.dtype = dtype, .device = device});
+  }
   if (memory == ShardMemory::pinned_host) return pinned_empty(padded_shape, dtype);
   return ops::empty(padded_shape, {.dtype = dtype, .device = kCPU});
 }

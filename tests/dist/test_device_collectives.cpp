@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/errors.h"
@@ -135,6 +136,46 @@ TEST_CASE("an async device collective: wait() orders the caller's stream; readin
           std::string::npos);
     CHECK(error.find("memcpy device to host") != std::string::npos);
     pending.wait();
+    world->synchronize();
+  });
+}
+
+TEST_CASE("coalesced device collectives: one batch, each equal to the single call, one Work orders them all") {
+  run_local(3, [](const ProcessGroupPtr& world) {
+    const Device device = device_of_rank(world->rank());
+    std::vector<Tensor> ins, outs, singles;
+    for (const auto& [count, dtype] : std::vector<std::pair<int64_t, DType>>{{5, DType::f32}, {700, DType::bf16},
+                                                                              {3, DType::f64}}) {
+      ins.push_back(ops::to(contribution(world->rank(), count, dtype), device));
+      outs.push_back(ops::empty({count * 3}, {.dtype = dtype, .device = device}));
+      singles.push_back(ops::empty({count * 3}, {.dtype = dtype, .device = device}));
+      world->all_gather_into(singles.back(), ins.back());
+    }
+    const int64_t calls = world->stats()[CollectiveKind::all_gather].calls;
+    Work work = world->all_gather_into_coalesced(outs, ins, /*async_op=*/true);
+    // The batch's one event covers its first collective as well as its last.
+    const std::string early = message_of([&] { ops::to(outs[0], kCPU); });
+    CHECK(early.find("stream-order checker") != std::string::npos);
+    CHECK(early.find("all_gather_into(f32, in [5], out [15]) on group 'world'` on cuda:") != std::string::npos);
+    work.wait();
+    for (size_t index = 0; index < ins.size(); ++index) CHECK(as_doubles(outs[index]) == as_doubles(singles[index]));
+    CHECK(world->stats()[CollectiveKind::all_gather].calls == calls + 3);
+
+    std::vector<Tensor> reduced = {ops::empty({100}, {.dtype = DType::bf16, .device = device}),
+                                   ops::empty({1}, {.dtype = DType::f64, .device = device})};
+    world->reduce_scatter_into_coalesced(reduced, {ops::narrow(ins[1], 0, 0, 300), ins[2]}, ReduceOp::avg);
+    Tensor single = ops::empty({100}, {.dtype = DType::bf16, .device = device});
+    world->reduce_scatter_into(single, ops::narrow(ins[1], 0, 0, 300), ReduceOp::avg);
+    CHECK(as_doubles(reduced[0]) == as_doubles(single));
+
+    const std::vector<Tensor> summed = {ops::to(ins[0], DType::f32), ops::to(ins[2], DType::f64)};
+    world->all_reduce_coalesced(summed, ReduceOp::sum);
+    double expected = 0;
+    for (int rank = 0; rank < 3; ++rank) expected += as_doubles(contribution(rank, 3, DType::f64))[1];
+    CHECK(as_doubles(summed[1])[1] == expected);
+
+    CHECK(message_of([&] { world->all_reduce_coalesced({ins[0], ops::ones({2})}); }) ==
+          fmt::format("all_reduce_coalesced: every tensor must be on one device, got cuda:{} and cpu", world->rank()));
     world->synchronize();
   });
 }

@@ -412,3 +412,48 @@ TEST_CASE("local: a group of one rank takes cuda tensors (copies on the device);
 #endif
 }
 #endif
+
+TEST_CASE("coalesced host collectives: one Work for several, each as the single call; misuse refused before any") {
+  run_local(3, [](const ProcessGroupPtr& world) {
+    const std::vector<Tensor> ins = {contribution(world->rank(), 5, DType::f32),
+                                     contribution(world->rank(), 7, DType::bf16),
+                                     contribution(world->rank(), 2, DType::i64)};
+    std::vector<Tensor> outs, singles;
+    for (const Tensor& in : ins) {
+      outs.push_back(ops::empty({in.numel() * 3}, {.dtype = in.dtype()}));
+      singles.push_back(ops::empty({in.numel() * 3}, {.dtype = in.dtype()}));
+      world->all_gather_into(singles.back(), in);
+    }
+    const int64_t calls = world->stats()[CollectiveKind::all_gather].calls;
+    Work work = world->all_gather_into_coalesced(outs, ins, /*async_op=*/true);
+    work.wait();
+    CHECK(work.is_completed());
+    CHECK(world->stats()[CollectiveKind::all_gather].calls == calls + 3);
+    for (size_t index = 0; index < ins.size(); ++index) {
+      CHECK(ops::to(outs[index], DType::f64).to_vector<double>() ==
+            ops::to(singles[index], DType::f64).to_vector<double>());
+    }
+
+    std::vector<Tensor> reduced = {ops::empty({2}), ops::empty({1}, {.dtype = DType::f64})};
+    world->reduce_scatter_into_coalesced(reduced, {contribution(world->rank(), 6, DType::f32),
+                                                   contribution(world->rank(), 3, DType::f64)}, ReduceOp::sum);
+    double expected = 0;
+    for (int rank = 0; rank < 3; ++rank) expected += value_at(rank, world->rank());
+    CHECK(reduced[1].to_vector<double>()[0] == expected);
+    const std::vector<Tensor> summed = {contribution(world->rank(), 4, DType::f32),
+                                        contribution(world->rank(), 1, DType::i32)};
+    world->all_reduce_coalesced(summed, ReduceOp::max);
+    CHECK(summed[1].to_vector<int32_t>()[0] == std::max({value_at(0, 0), value_at(1, 0), value_at(2, 0)}));
+
+    // Refused on every rank, before anything is issued: the group goes on in step.
+    const std::vector<Tensor> two = {ops::empty({6}), ops::empty({6})};
+    CHECK_THROWS_WITH_AS(world->all_gather_into_coalesced(two, {ops::empty({2})}),
+                         "all_gather_into_coalesced: 2 outputs for 1 inputs", Error);
+    CHECK_THROWS_WITH_AS(world->all_reduce_coalesced({}), "all_reduce_coalesced: no tensors to issue", Error);
+    CHECK_THROWS_WITH_AS(world->all_gather_into_coalesced(two, {ops::empty({2}), ops::empty({3})}),
+                         doctest::Contains("all_gather_into_coalesced (collective 1): out must hold 3 ranks x 3 "
+                                           "elements = 9, got 6 elements"),
+                         Error);
+    world->all_reduce(ops::ones({1}));
+  });
+}

@@ -197,7 +197,9 @@ TEST_CASE("CPU offload: the host writing shards a copy to the device may still r
       const DrainOnExit drain(device);
       const dist::DeviceMesh mesh(world, device, {2}, {"shard"});
       LayerStack model({8, 6, 8});
-      for (const auto& layer : model.layers()) fully_shard(*layer, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+      for (const auto& layer : model.layers()) {
+        fully_shard(*layer, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+      }
       fully_shard(model, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
       model.to_empty(device);
       model.reset_parameters(1);
