@@ -7,7 +7,8 @@
 #   2. the bundle's Debian packages unpacked into a private prefix;
 #   3. the nvidia runtime built for this GPU's architecture only;
 #   4. the cuda suite (every kernel against the cpu, on the GPU);
-#   5. the tiny GPT trained on cuda and on cpu in f32: losses within 1e-5;
+#   5. the tiny GPT trained on cuda and on cpu in f32, and on cuda with
+#      --cpu-offload: losses within 1e-5;
 #      NCCL's suite (tests/dist/test_nccl) and the tiny GPT over NCCL;
 #   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
 #      the PREDICTED step of bench/gpt2_step_prediction;
@@ -246,9 +247,10 @@ fi
 # ---- 5. tiny GPT, cuda against cpu ---------------------------------------------------------------------
 tiny_steps=30
 [ $sim -eq 1 ] && tiny_steps=5
-tiny_run() {  # device
+tiny_run() {  # device [name and flags, for the log's name]
+  local name=${2:-$1}
   limited "$train" --device "$1" --data synthetic --steps $tiny_steps --eval-every 0 --threads 4 \
-    --log-json "$out_dir/tiny_$1.jsonl" --overwrite
+    --log-json "$out_dir/tiny_$name.jsonl" --overwrite "${@:3}"
 }
 # compare_losses LABEL A B TOLERANCE: two runs' --log-json files (named
 # tiny_A.jsonl, tiny_B.jsonl) step by step; a difference over TOLERANCE
@@ -269,6 +271,11 @@ EOF
 }
 if wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run cpu; then
   compare_losses "tiny GPT f32" cuda cpu 1e-5
+  # CPU offload: pinned shards copied in on the copy-in stream, gradients
+  # copied out on the reduce-scatter stream, AdamW on the cpu.
+  if stage tiny_offload 60 tiny_run cuda offload --cpu-offload; then
+    compare_losses "tiny GPT f32 with --cpu-offload" offload cpu 1e-5
+  fi
 fi
 
 # ---- 5b. NCCL: the backend's suite, and the tiny GPT over NCCL against the local backend ---------------
