@@ -248,6 +248,9 @@ ShardingPlan assemble(std::string model_type, const PlanMesh& mesh, std::vector<
       }
     }
     plan.all_groups_unsharded_bytes += unit.unsharded_bytes;
+    for (const PlannedParam& param : unit.params) {
+      if (param.requires_grad) plan.accumulated_gradient_bytes += bytes_of(unit.param_dtype, param.numel());
+    }
   }
   plan.units = std::move(units);
   plan.peak = StepReplay(plan.units).run();
@@ -625,6 +628,10 @@ std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& opti
   }
   text += fmt::format("  all groups unsharded  {} (every group's parameters at once, for comparison)\n",
                       bytes_text(plan.all_groups_unsharded_bytes));
+  text += fmt::format("  accumulation          {} between micro-batches (gradient accumulation keeps every group's "
+                      "unsharded gradients, in param dtype {}; none in the reduce dtype)\n",
+                      bytes_text(plan.accumulated_gradient_bytes), dtype_name(plan.units.empty() ? DType::f32 :
+                                                                              plan.units.front().param_dtype));
   text += fmt::format("  total                 {} (shards, gradients{}, unsharded peak; activations not included)\n",
                       bytes_text(plan.shard_bytes + plan.gradient_bytes + optimizer_bytes + plan.peak.bytes),
                       optimizer_state.copies > 0 ? ", optimizer state" : "");

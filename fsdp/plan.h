@@ -169,6 +169,11 @@ struct ShardingPlan {
   int64_t offloaded_shard_bytes = 0;
   int64_t offloaded_gradient_bytes = 0;
   int64_t all_groups_unsharded_bytes = 0;  // every group's unsharded parameters at once
+  // Gradient accumulation (set_requires_gradient_sync(false) before all but
+  // the last micro-batch): every group's unsharded gradients, kept between
+  // micro-batches in param_dtype; none in reduce_dtype (the synced
+  // micro-batch casts group by group, as it reduce-scatters).
+  int64_t accumulated_gradient_bytes = 0;
   UnshardedPeak peak;
 
   // What one rank keeps on its device between steps and at the unsharded

@@ -345,6 +345,28 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
   }
 }
 
+TEST_CASE("plan: gradient accumulation keeps every group's unsharded gradients in param dtype, as allocated") {
+  const FullyShardOptions blocks{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}};
+  nn::GPT meta_model(kAwkward, kMeta);
+  const ShardingPlan plan = plan_fully_shard(gpt_calls(meta_model, blocks), plan_mesh(3));
+  int64_t trainable = 0;
+  for (const auto& param : meta_model.parameters()) trainable += param->requires_grad() ? param->numel() : 0;
+  CHECK(plan.accumulated_gradient_bytes == 2 * trainable);  // bf16, whole: no f32 copy
+  CHECK(format_plan(plan).find("  accumulation  ") != std::string::npos);
+  dist::run_local(3, [&](const dist::ProcessGroupPtr& group) {
+    ShardedGPT sharded = build_sharded_gpt(dist::DeviceMesh(group, kCPU, {3}, {"shard"}), blocks);
+    train_step(*sharded.model, group->rank());  // the first step sets FSDP up
+    for (const auto& param : sharded.model->parameters()) param->tensor().set_grad(Tensor());
+    // An unsynced micro-batch: what it leaves allocated is its gradients.
+    sharded.root->set_requires_gradient_sync(false);
+    const int64_t before = dist::rank_memory_stats().live_bytes;
+    train_step(*sharded.model, group->rank());
+    CHECK(dist::rank_memory_stats().live_bytes - before == plan.accumulated_gradient_bytes);
+    sharded.root->set_requires_gradient_sync(true);
+    train_step(*sharded.model, group->rank());  // the synced one reduces the sum and frees them
+  });
+}
+
 TEST_CASE("plan: bad worlds, meshes and call lists are refused with a clear error") {
   CHECK_THROWS_WITH_AS(plan_mesh(0), "sharding plan: the world size must be in [1, 1048576], got 0", Error);
   CHECK_THROWS_WITH_AS(plan_mesh(kMaxPlanRanks + 1), doctest::Contains("got 1048577"), Error);
