@@ -5,18 +5,25 @@ architecture, at most 255 registers a thread, and registers x the kernel's
 __launch_bounds__ threads within a multiprocessor's 64 Ki registers, so that
 every block the kernel may be launched with fits.
 
-It reruns each .cu compile from the build's compile_commands.json twice:
-with --resource-usage (ptxas's report per kernel and architecture) and with
--ptx for compute_90 (the .maxntid each __launch_bounds__ leaves), as many
-files at once as the machine has cores. Prints one line per kernel and
-architecture checked, in the build's order; exits 1 on any violation.
+Given the output of the ninja run that built the objects, from a build
+configured with -Dgpu_resource_report=true (tools/test.sh saves it), each
+.cu file that run compiled is checked without compiling it again: ptxas's
+report per kernel and architecture from the log, and the .maxntid each
+__launch_bounds__ leaves from each architecture's cubin in the object
+(the .nv.info of the fatbin nvcc embeds). The kernels of the two must be the
+same. Every other .cu file in the build's compile_commands.json (or all of
+them, without a log) is compiled twice more: with --resource-usage, and with
+-ptx for compute_90 for the .maxntid, as many files at once as the machine
+has cores. Prints one line per kernel and architecture checked, in the
+build's order; exits 1 on any violation.
 
-    python3 tools/check_cuda_resources.py build-nvidia
+    python3 tools/check_cuda_resources.py build-nvidia [ninja-output.log]
 """
 import json
 import os
 import re
 import shlex
+import struct
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +31,20 @@ from pathlib import Path
 
 REGISTERS_PER_MULTIPROCESSOR = 65536
 MAX_REGISTERS_PER_THREAD = 255
+
+# nvcc's fatbin, undocumented: a header, then images, each behind its own
+# header (kind at byte 0: 1 PTX, 2 cubin; header size at 4, image size at 8,
+# SM version at 28). A cubin's kernels are its symbols marked as entries;
+# each one's .nv.info records (format, attribute, 16-bit value or payload
+# size) hold the .maxntid as three 32-bit numbers. A misread shows as
+# kernels that differ from ptxas's report, which is an error.
+FATBIN_MAGIC = 0xBA55ED50
+FATBIN_CUBIN = 2
+SHT_SYMTAB = 2
+STT_FUNC = 2
+STO_CUDA_ENTRY = 0x10
+EIFMT_SVAL = 4
+EIATTR_MAX_THREADS = 0x05
 
 
 def without_output(arguments):
@@ -42,14 +63,10 @@ def without_output(arguments):
     return kept
 
 
-def resource_usage(arguments, directory):
-    """{(kernel, arch): {"registers", "stack", "spill_stores", "spill_loads"}} from ptxas."""
-    result = subprocess.run(without_output(arguments) + ["--resource-usage", "-c", "-o", "/dev/null"],
-                            cwd=directory, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"check_cuda_resources: the compile failed:\n{result.stderr}")
+def parse_resource_usage(report):
+    """{(kernel, arch): {"registers", "stack", "spill_stores", "spill_loads"}} from ptxas's report."""
     usage, current = {}, None
-    for line in result.stderr.splitlines():
+    for line in report.splitlines():
         entry = re.search(r"Compiling entry function '(\S+)' for '(sm_\d+)'", line)
         if entry:
             current = entry.groups()
@@ -64,6 +81,15 @@ def resource_usage(arguments, directory):
         if registers:
             usage[current]["registers"] = int(registers[1])
     return usage
+
+
+def resource_usage(arguments, directory):
+    """ptxas's report for one compile, compiled again with --resource-usage."""
+    result = subprocess.run(without_output(arguments) + ["--resource-usage", "-c", "-o", "/dev/null"],
+                            cwd=directory, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"check_cuda_resources: the compile failed:\n{result.stderr}")
+    return parse_resource_usage(result.stderr)
 
 
 def launch_bounds(arguments, directory):
@@ -85,16 +111,125 @@ def launch_bounds(arguments, directory):
     return bounds
 
 
+def reports_in_log(log, objects):
+    """{object: the output of its compile} for each of objects that ninja compiled in log: the lines after
+    the status line ("[3/196] Compiling Cuda object <object>") up to the next one."""
+    reports, current = {}, None
+    for line in log.splitlines():
+        if re.match(r"\[\d+/\d+\] ", line):
+            current = next((word for word in line.split() if word in objects), None)
+            if current:
+                reports[current] = []
+        elif current:
+            reports[current].append(line)
+    return {name: "\n".join(lines) for name, lines in reports.items()}
+
+
+def elf_sections(image):
+    """[(name, type, offset, size, link)] of a little-endian 64-bit ELF image."""
+    table, = struct.unpack_from("<Q", image, 0x28)
+    entry_size, count, names = struct.unpack_from("<HHH", image, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQI", image, table + i * entry_size) for i in range(count)]
+    names_at = headers[names][4]
+    return [(c_string(image, names_at + name), kind, offset, size, link)
+            for name, kind, _, _, offset, size, link in headers]
+
+
+def c_string(image, at):
+    """The NUL-terminated name at offset at."""
+    return image[at:image.index(b"\0", at)].decode()
+
+
+def cubins(path):
+    """[(arch, cubin)] of the fatbin that nvcc embeds in a host object (its .nv_fatbin section)."""
+    data = path.read_bytes()
+    section = next((s for s in elf_sections(data) if s[0] == ".nv_fatbin"), None)
+    if section is None:
+        sys.exit(f"check_cuda_resources: {path} has no .nv_fatbin section")
+    fatbin = data[section[2]:section[2] + section[3]]
+    magic, _, header_size, size = struct.unpack_from("<IHHQ", fatbin, 0)
+    if magic != FATBIN_MAGIC:
+        sys.exit(f"check_cuda_resources: {path}: .nv_fatbin starts with {magic:#x}, not a fatbin's {FATBIN_MAGIC:#x}")
+    images, at = [], header_size
+    while at < header_size + size:
+        kind, _, image_header_size, image_size = struct.unpack_from("<HHIQ", fatbin, at)
+        arch, = struct.unpack_from("<I", fatbin, at + 28)
+        image = fatbin[at + image_header_size:at + image_header_size + image_size]
+        if kind == FATBIN_CUBIN:
+            if image[:4] != b"\x7fELF":
+                sys.exit(f"check_cuda_resources: {path}: the sm_{arch} cubin is compressed (fatbinary -compress-all?)")
+            images.append((f"sm_{arch}", image))
+        at += image_header_size + image_size
+    return images
+
+
+def max_threads(records):
+    """The .maxntid's threads from a kernel's .nv.info records; None without __launch_bounds__."""
+    at = 0
+    while at + 4 <= len(records):
+        record_format, attribute, value = struct.unpack_from("<BBH", records, at)
+        if attribute == EIATTR_MAX_THREADS and record_format == EIFMT_SVAL and value == 12:
+            x, y, z = struct.unpack_from("<III", records, at + 4)
+            return x * y * z
+        at += 4 + (value if record_format == EIFMT_SVAL else 0)
+    return None
+
+
+def cubin_launch_bounds(image):
+    """{kernel: max threads per block or None} for each entry function of a cubin."""
+    sections = elf_sections(image)
+    _, _, symbols_at, symbols_size, strings = next(s for s in sections if s[1] == SHT_SYMTAB)
+    strings_at = sections[strings][2]
+    bounds = {}
+    for at in range(symbols_at, symbols_at + symbols_size, 24):
+        name, info, other = struct.unpack_from("<IBB", image, at)
+        if info & 0xF == STT_FUNC and other & STO_CUDA_ENTRY:
+            bounds[c_string(image, strings_at + name)] = None
+    for name, _, offset, size, _ in sections:
+        kernel = name.removeprefix(".nv.info.")
+        if kernel != name and kernel in bounds:
+            bounds[kernel] = max_threads(image[offset:offset + size])
+    return bounds
+
+
+def object_launch_bounds(path, usage):
+    """{(kernel, arch): max threads per block} from the object's cubins, whose kernels must be usage's."""
+    bounds = {}
+    for arch, image in cubins(path):
+        bounds.update({(kernel, arch): threads for kernel, threads in cubin_launch_bounds(image).items()})
+    if bounds and not usage:
+        sys.exit(f"check_cuda_resources: the log has no ptxas report for {path} (built without "
+                 f"-Dgpu_resource_report=true?)")
+    if bounds.keys() != usage.keys():
+        unreported = sorted(f"{kernel} on {arch}" for kernel, arch in bounds.keys() - usage.keys())
+        unbuilt = sorted(f"{kernel} on {arch}" for kernel, arch in usage.keys() - bounds.keys())
+        sys.exit(f"check_cuda_resources: {path}: the log's ptxas report and the object's cubins hold different "
+                 f"kernels: {len(unreported)} not in the report {unreported[:3]}, {len(unbuilt)} not in the object "
+                 f"{unbuilt[:3]}")
+    return bounds
+
+
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     build = Path(sys.argv[1])
     commands = [c for c in json.loads((build / "compile_commands.json").read_text()) if c["file"].endswith(".cu")]
     if not commands:
         sys.exit(f"check_cuda_resources: no .cu files in {build}/compile_commands.json (an nvidia build?)")
+    objects = {c["output"] for c in commands}
+    reports = reports_in_log(Path(sys.argv[2]).read_text(), objects) if len(sys.argv) == 3 else {}
+    if len(sys.argv) == 3 and len(reports) < len(objects):
+        print(f"check_cuda_resources: {len(objects) - len(reports)} of {len(objects)} .cu files not compiled in "
+              f"{sys.argv[2]}: compiling them again", file=sys.stderr)
+
     def measure(command):
+        if command["output"] in reports:
+            usage = parse_resource_usage(reports[command["output"]])
+            return usage, object_launch_bounds(Path(command["directory"]) / command["output"], usage)
         arguments = shlex.split(command["command"])
-        return resource_usage(arguments, command["directory"]), launch_bounds(arguments, command["directory"])
+        usage = resource_usage(arguments, command["directory"])
+        bounds = launch_bounds(arguments, command["directory"])
+        return usage, {(kernel, arch): bounds.get(kernel) for kernel, arch in usage}
 
     # The compiles run as child processes: threads are enough to keep every core busy.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -103,7 +238,7 @@ def main():
     for command, (usage, bounds) in zip(commands, measured):
         for (kernel, arch), resources in sorted(usage.items()):
             checked += 1
-            threads = bounds.get(kernel)
+            threads = bounds[(kernel, arch)]
             problems = []
             if resources["spill_stores"] or resources["spill_loads"]:
                 problems.append(f"spills {resources['spill_stores']} B stored, {resources['spill_loads']} B loaded")
