@@ -281,6 +281,7 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
        tessera::dist::nccl_backend_built() ? "--backend nccl moves GPU memory: it needs --device cuda"
                                            : "--backend nccl: this build has no NCCL backend"},
       {{"--backend", "gloo"}, "--backend: gloo not in"},
+      {{"--cpu-offload"}, "--cpu-offload keeps the shards in host memory while a GPU computes: it needs --device cuda"},
       {{"--backend", "mpi"}, "--backend mpi needs a launcher"},
       {{"--resume"}, "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR"},
       {{"--ckpt-every", "5"}, "need --ckpt-dir DIR"},
