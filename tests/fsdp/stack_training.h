@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <functional>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -116,15 +114,5 @@ struct ProtocolBreakScope {
   ProtocolBreakScope(const ProtocolBreakScope&) = delete;
   ProtocolBreakScope& operator=(const ProtocolBreakScope&) = delete;
 };
-
-// The message `run` fails with, or "(no error)".
-inline std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace tessera::fsdp::testing

@@ -18,6 +18,7 @@
 #include "tests/fsdp/layer_stack.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "autograd/grad_mode.h"
+#include "tests/dist/error_message.h"
 #include "tests/fsdp/stack_training.h"
 #endif
 
@@ -72,7 +73,7 @@ TEST_CASE("CPU offload in the plan: the device keeps the unsharded peak, the hos
 
 using tessera::fsdp::testing::StackResult;
 using tessera::fsdp::testing::StackRun;
-using tessera::fsdp::testing::error_of;
+using tessera::test::message_of;
 using tessera::fsdp::testing::ProtocolBreakScope;
 using tessera::fsdp::testing::StreamJitter;
 using tessera::fsdp::testing::stream_seeds;
@@ -177,7 +178,7 @@ struct DrainOnExit {
 TEST_CASE("CPU offload: the host reading the reduced gradients before their copy has run is caught") {
   const ProtocolBreakScope broken(ProtocolBreak::host_skips_gradient_wait);
   const std::string message =
-      error_of([] { train_layer_stack({.nproc = 2, .steps = 1, .offload = CPUOffloadPolicy{}}); });
+      message_of([] { train_layer_stack({.nproc = 2, .steps = 1, .offload = CPUOffloadPolicy{}}); });
   CHECK(message.starts_with("stream-order checker: `fsdp: add the reduced gradients into the host's` on the host "
                             "reads host memory"));
   CHECK(message.find("which `memcpy device to host` on cuda:") != std::string::npos);
@@ -213,7 +214,7 @@ TEST_CASE("CPU offload: the host writing shards a copy to the device may still r
   };
   forward_then_load();
   const ProtocolBreakScope broken(ProtocolBreak::host_skips_shard_read_wait);
-  const std::string message = error_of(forward_then_load);
+  const std::string message = message_of(forward_then_load);
   CHECK(message.starts_with("stream-order checker: `load_full_state_dict` on the host writes host memory"));
   CHECK(message.find("which `memcpy host to device` on cuda:") != std::string::npos);
 }

@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/dist/error_message.h"
 #include "tests/fsdp/stack_training.h"
 
 using namespace tessera;
 using namespace tessera::fsdp;
-using tessera::fsdp::testing::error_of;
+using tessera::test::message_of;
 using tessera::fsdp::testing::ProtocolBreakScope;
 using tessera::fsdp::testing::StreamJitter;
 using tessera::fsdp::testing::stream_seeds;
@@ -59,7 +60,7 @@ TEST_CASE("FSDP2's streams: a copy-in that does not wait for compute is caught, 
   const ProtocolBreakScope broken(ProtocolBreak::copy_in_skips_compute_wait);
   // Caught at the first copy-in: it reads a shard the initialisation's
   // kernel wrote on compute.
-  const std::string message = error_of([] { train(2, 1, 2); });
+  const std::string message = message_of([] { train(2, 1, 2); });
   CAPTURE(message);
   // (on whichever rank's checker speaks first)
   CHECK(message.starts_with("stream-order checker: `copy_segments_kernel` on cuda:"));
@@ -74,7 +75,7 @@ TEST_CASE("FSDP2's streams: a post-forward slot freed once its copy-in is enqueu
   const ProtocolBreakScope broken(ProtocolBreak::post_forward_slot_freed_at_copy_in);
   // Compute reuses the slot's block (a GEMM writes it) under the copy-in
   // still reading it.
-  const std::string message = error_of([] { train(4, 1, 2, ReshardAfterForward::to_group_of(2)); });
+  const std::string message = message_of([] { train(4, 1, 2, ReshardAfterForward::to_group_of(2)); });
   CHECK(message.starts_with("stream-order checker: "));
   CHECK(message.find("`(copy_kernel<To, From>)`") != std::string::npos);
   CHECK(message.find("with no event or synchronize between them") != std::string::npos);
@@ -84,7 +85,7 @@ TEST_CASE("FSDP2's streams: unsharded gradients freed once their reduce-scatter 
   const ProtocolBreakScope broken(ProtocolBreak::gradients_freed_at_copy_in);
   // Compute reuses a gradient's block while the reduce-scatter stream still
   // copies it in.
-  const std::string message = error_of([] { train(2, 1, 2); });
+  const std::string message = message_of([] { train(2, 1, 2); });
   // (which compute kernel reuses the block first varies with the ranks' timing)
   CHECK(message.starts_with("stream-order checker: "));
   CHECK(message.find("with no event or synchronize between them") != std::string::npos);
