@@ -223,8 +223,14 @@ class LocalProcessGroup final : public ProcessGroup {
     const int64_t round = next_device_round_++;
     const int member = rank();
     const std::chrono::milliseconds timeout = options().timeout;
+    // The bytes a ring moves are set by the whole buffer: the all-gather's
+    // output, the reduce-scatter's input, the all-reduced or broadcast tensor.
+    const cuda::sim::CollectiveShape shape{
+        .kind = std::string(collective_name(signature.kind)),
+        .bytes = signature.kind == CollectiveKind::reduce_scatter ? in.nbytes() : out.nbytes(),
+        .ranks = size()};
     cuda::sim::launch_collective(
-        fmt::format("{} on group '{}'", signature.to_string(), name()), *stream, buffers,
+        fmt::format("{} on group '{}'", signature.to_string(), name()), shape, *stream, buffers,
         [=, finished = std::move(finished)] {
           try {
             rendezvous->run(round, member, Contribution{signature, in_data, out_data}, timeout, planner);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "tensor/cuda/sim/schedule_recorder.h"
 #include "tensor/cuda/sim/sim_stream.h"
 #include "tensor/stream.h"
 #include "tests/cuda/device_buffer.h"
@@ -138,4 +139,45 @@ TEST_CASE("streams run asynchronously to the host; query, elapsed time and the c
   DeviceBuffer<float> small(8);
   CHECK_THROWS_WITH_AS(simulator_kernels::write_past_end(small.get(), 8, Stream::default_stream(kCPU).get()),
                        doctest::Contains("on a cpu stream"), Error);
+}
+
+TEST_CASE("a ScheduleRecording writes down each stream's work, events and host waits in the host's order") {
+  const int n = 256;
+  DeviceBuffer<float> x(ramp(n)), y(n), z(n);
+  auto producer = Stream::create(kCuda), consumer = Stream::create(kCuda);
+  std::vector<cuda::sim::ScheduledOp> ops;
+  {
+    cuda::sim::ScheduleRecording recording;
+    simulator_kernels::reverse_in_shared(x.get(), y.get(), n, producer.get());
+    Event produced;
+    produced.record(*producer);
+    consumer->wait_event(produced);
+    simulator_kernels::reverse_in_shared(y.get(), z.get(), n, consumer.get());
+    consumer->synchronize();
+    producer->synchronize();
+    ops = recording.device(0);
+    CHECK(recording.device(1).empty());
+    CHECK_THROWS_WITH_AS(cuda::sim::ScheduleRecording(), doctest::Contains("already recording; one at a time"), Error);
+  }
+  using Kind = cuda::sim::ScheduledOp::Kind;
+  REQUIRE(ops.size() == 8);
+  const std::vector<Kind> kinds = {Kind::kernel, Kind::record, Kind::wait,      Kind::kernel,   Kind::record,
+                                   Kind::host_wait, Kind::record, Kind::host_wait};
+  for (size_t i = 0; i < kinds.size(); ++i) CHECK(ops[i].kind == kinds[i]);
+  CHECK(ops[0].name == "reverse_kernel");
+  CHECK(ops[0].stream == 0);
+  CHECK(ops[3].stream == 1);
+  CHECK(ops[2].event == ops[1].event);  // the consumer waits for the producer's record
+  CHECK(ops[5].event == ops[4].event);  // the host waits for the consumer's end
+  CHECK(ops[4].stream == 1);
+  CHECK(ops[6].stream == 0);
+  // What the stream counted when it ran each kernel: n floats read and n written.
+  CHECK(ops[0].device_bytes == 2 * n * 4);
+  CHECK(ops[3].device_bytes == 2 * n * 4);
+  CHECK(ops[0].shared_bytes > 0);
+  // Nothing is recorded once the recording is gone.
+  simulator_kernels::reverse_in_shared(x.get(), y.get(), n, producer.get());
+  producer->synchronize();
+  cuda::sim::ScheduleRecording again;
+  CHECK(again.device(0).empty());
 }

@@ -53,6 +53,7 @@
 #include "tensor/cuda/blas_lt.h"
 #include "tensor/cuda/sim/device_heap.h"
 #include "tensor/cuda/sim/launch.h"
+#include "tensor/cuda/sim/schedule_recorder.h"
 #include "tensor/cuda/sim/sim_stream.h"
 #include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/error.h"
@@ -418,7 +419,7 @@ void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
 
 // What a roofline needs: each operand's bytes once (a broadcast matrix once),
 // and 2 FLOPs per multiply-add.
-void count(const GemmDescriptor& g) {
+void count(const GemmDescriptor& g, int64_t scheduled) {
   const auto matrix_bytes = [&](const GemmMatrix& x) {
     const int64_t copies = x.batch_stride == 0 ? 1 : g.batch_count;
     return copies * x.rows * x.cols * element_bytes(x.dtype);
@@ -433,6 +434,7 @@ void count(const GemmDescriptor& g) {
   if (writes_aux(g.epilogue)) written += d_elements * d_bytes;
   if (g.epilogue == GemmEpilogue::dgelu) read += d_elements * d_bytes;
   sim::count_library_call("cublasLtMatmul", read, written, 2 * g.batch_count * g.m * g.n * g.k);
+  sim::schedule_counts(scheduled, read + written, 0, 2 * g.batch_count * g.m * g.n * g.k);
 }
 
 }  // namespace
@@ -447,13 +449,19 @@ void gemm(const GemmDescriptor& descriptor, const std::shared_ptr<Stream>& strea
   sim::check_device_buffers("cublasLtMatmul", stream->device().index, buffers);
   sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), "cublasLtMatmul", buffers);
   const GemmBackend backend = gemm_backend();  // read on the host: it may throw
-  stream->enqueue([descriptor, backend] {
+  const int64_t scheduled = sim::schedule_op(*stream, {.kind = sim::ScheduledOp::Kind::gemm,
+                                                       .name = "cublasLtMatmul",
+                                                       .m = descriptor.m,
+                                                       .n = descriptor.n,
+                                                       .k = descriptor.k,
+                                                       .batch = descriptor.batch_count});
+  stream->enqueue([descriptor, backend, scheduled] {
     if (descriptor.compute == GemmCompute::f64) {
       run_gemm<double>(descriptor, backend);
     } else {
       run_gemm<float>(descriptor, backend);
     }
-    count(descriptor);
+    count(descriptor, scheduled);
   });
 }
 

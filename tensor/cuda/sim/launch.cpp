@@ -15,6 +15,7 @@
 #include "tensor/cuda/sim/device_heap.h"
 #include "tensor/cuda/sim/fiber_stacks.h"
 #include "tensor/cuda/sim/launch_state.h"
+#include "tensor/cuda/sim/schedule_recorder.h"
 #include "tensor/cuda/sim/sim_stream.h"
 #include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/cuda/sim/thread_block.h"
@@ -123,7 +124,7 @@ std::vector<uint3> block_order(dim3 grid, uint64_t launch_number) {
 }
 
 void run_launch(const std::string& kernel_name, const void* kernel_address, const LaunchConfig& config,
-                const std::function<void()>& thread_body, uint64_t launch_number) {
+                const std::function<void()>& thread_body, uint64_t launch_number, int64_t scheduled) {
   LaunchState launch;
   launch.kernel_name = kernel_name;
   launch.config = &config;
@@ -161,6 +162,8 @@ void run_launch(const std::string& kernel_name, const void* kernel_address, cons
     total.shared_bytes_accessed += launch.counters.shared_bytes_accessed;
     total.flops += launch.counters.flops;
   }
+  schedule_counts(scheduled, launch.counters.device_bytes_read + launch.counters.device_bytes_written,
+                  launch.counters.shared_bytes_accessed, launch.counters.flops);
   if (!launch.reports.empty()) throw Error(launch.reports.text());
 }
 
@@ -181,18 +184,23 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
   TESSERA_CHECK(stream != nullptr, "cuda sim: launch of `{}` on a {} stream (kernels run on cuda streams)",
                 kernel_name, config.stream->device().str());
   StreamOrderChecker::instance().check_and_record(stream->checker_id(), kernel_name, config.buffers);
+  const int64_t scheduled = schedule_op(*config.stream, {.kind = ScheduledOp::Kind::kernel, .name = kernel_name});
   config.stream->enqueue([name = std::string(kernel_name), kernel_address, config, body = std::move(thread_body),
-                          launch_number] { run_launch(name, kernel_address, config, body, launch_number); });
+                          launch_number, scheduled] {
+    run_launch(name, kernel_address, config, body, launch_number, scheduled);
+  });
 }
 
-void launch_collective(const std::string& operation, Stream& stream, const std::vector<BufferUse>& buffers,
-                       std::function<void()> body) {
+void launch_collective(const std::string& operation, const CollectiveShape& shape, Stream& stream,
+                       const std::vector<BufferUse>& buffers, std::function<void()> body) {
   const RuntimeCall call("ncclCollective");
   auto* sim_stream = dynamic_cast<SimStream*>(&stream);
   TESSERA_CHECK(sim_stream != nullptr, "cuda sim: {} on a {} stream (collectives run on cuda streams)", operation,
                 stream.device().str());
   check_device_buffers(operation, stream.device().index, buffers);
   StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, buffers);
+  schedule_op(stream, {.kind = ScheduledOp::Kind::collective, .name = shape.kind, .bytes = shape.bytes,
+                       .ranks = shape.ranks});
   stream.enqueue([operation, buffers, body = std::move(body)] {
     for (const BufferUse& buffer : buffers) {
       if (buffer.access == BufferAccess::write || buffer.bytes == 0) continue;

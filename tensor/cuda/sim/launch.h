@@ -30,8 +30,14 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
 // it (it meets the other ranks' parts there, and may read their devices'
 // memory). Read buffers must be initialised (initcheck); written ones are
 // afterwards. An exception from `body` surfaces at the stream's synchronize.
-void launch_collective(const std::string& operation, Stream& stream, const std::vector<BufferUse>& buffers,
-                       std::function<void()> body);
+// `shape` is what a timing model needs of it (sim/schedule_recorder.h).
+struct CollectiveShape {
+  std::string kind;   // dist::collective_name: "all_gather_into", "reduce_scatter_into", "all_reduce", "broadcast"
+  int64_t bytes = 0;  // the whole buffer: an all-gather's output, a reduce-scatter's input
+  int ranks = 0;      // the group's size
+};
+void launch_collective(const std::string& operation, const CollectiveShape& shape, Stream& stream,
+                       const std::vector<BufferUse>& buffers, std::function<void()> body);
 
 // The order of blocks in launch n is a permutation drawn from (seed, n);
 // setting the seed restarts n, so a sequence of launches replays exactly.

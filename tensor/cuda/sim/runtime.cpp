@@ -8,6 +8,7 @@
 
 #include "tensor/cuda/sim/architecture.h"
 #include "tensor/cuda/sim/device_heap.h"
+#include "tensor/cuda/sim/schedule_recorder.h"
 #include "tensor/cuda/sim/sim_stream.h"
 #include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/error.h"
@@ -93,6 +94,7 @@ void memcpy_async(void* dst, const void* src, int64_t bytes, CopyKind kind, Stre
   if (kind == CopyKind::host_to_device) both_sides.push_back({"host source", src, bytes, BufferAccess::read});
   if (kind == CopyKind::device_to_host) both_sides.push_back({"host destination", dst, bytes, BufferAccess::write});
   sim::StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, both_sides);
+  sim::schedule_op(stream, {.kind = sim::ScheduledOp::Kind::copy, .name = operation, .bytes = bytes});
   stream.enqueue([dst, src, bytes, kind] {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     if (kind == CopyKind::host_to_device) sim::mark_device_written(dst, bytes);

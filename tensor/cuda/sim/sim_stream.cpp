@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tensor/cuda/runtime.h"
+#include "tensor/cuda/sim/schedule_recorder.h"
 #include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/error.h"
 
@@ -22,6 +23,17 @@ std::atomic<int64_t> host_functions{0};
 // and how many RuntimeCalls are open on this thread.
 thread_local const SimStream* running_host_function = nullptr;
 thread_local int open_runtime_calls = 0;
+// Set while a stream's worker waits for another stream's record: a device-side
+// wait (cudaStreamWaitEvent), not the host blocking.
+thread_local bool device_side_wait = false;
+
+class DeviceSideWait {
+ public:
+  DeviceSideWait() { device_side_wait = true; }
+  ~DeviceSideWait() { device_side_wait = false; }
+  DeviceSideWait(const DeviceSideWait&) = delete;
+  DeviceSideWait& operator=(const DeviceSideWait&) = delete;
+};
 
 // Marks the calling worker thread as inside `stream`'s host function.
 class HostFunctionScope {
@@ -61,6 +73,7 @@ class SimStream::Record final : public WorkerStream::Record {
   }
   void wait_until_reached() override {
     check_not_in_host_function("cudaEventSynchronize");
+    if (!device_side_wait) schedule_host_wait(this);
     WorkerStream::Record::wait_until_reached();
   }
   void observed_by_host() override { StreamOrderChecker::instance().host_learns(ordering_clock_); }
@@ -126,7 +139,13 @@ void SimStream::enqueue(std::function<void()> task) {
 void SimStream::wait_event(const Event& event) {
   check_not_in_host_function("cudaStreamWaitEvent");
   const std::shared_ptr<EventRecord> record = event.latest_record();
-  WorkerStream::wait_event(event);
+  if (record) {  // as WorkerStream::wait_event, marked as the device's wait
+    push_task([record] {
+      const DeviceSideWait scope;
+      record->wait_until_reached();
+    });
+  }
+  schedule_wait(*this, record);
   if (const auto* recorded_here = dynamic_cast<const Record*>(record.get())) {
     StreamOrderChecker::instance().stream_waits(checker_id_, recorded_here->ordering_clock());
   }
@@ -137,6 +156,7 @@ int64_t stream_synchronizations() { return synchronizations.load(); }
 void SimStream::synchronize() {
   check_not_in_host_function("cudaStreamSynchronize");
   synchronizations.fetch_add(1, std::memory_order_relaxed);
+  schedule_stream_synchronize(*this);
   const StreamOrderChecker::Clock clock = StreamOrderChecker::instance().clock_of(checker_id_);
   WorkerStream::synchronize();
   StreamOrderChecker::instance().host_learns(clock);
@@ -154,6 +174,7 @@ std::shared_ptr<EventRecord> SimStream::record_event(bool timing) {
   check_not_in_host_function("cudaEventRecord");
   auto record = std::make_shared<Record>(timing, StreamOrderChecker::instance().clock_of(checker_id_));
   complete_in_order(record);
+  schedule_record(*this, record);
   return record;
 }
 

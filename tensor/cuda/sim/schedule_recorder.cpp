@@ -1,0 +1,149 @@
+#include "tensor/cuda/sim/schedule_recorder.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "tensor/error.h"
+#include "tensor/stream.h"
+
+namespace tessera::cuda::sim {
+
+namespace {
+
+struct DeviceSchedule {
+  std::vector<ScheduledOp> ops;
+  std::map<const Stream*, int> streams;  // index in first-use order
+};
+
+// Ops are numbered across devices: number = device * kOpsPerDevice + index.
+constexpr int64_t kOpsPerDevice = int64_t{1} << 40;
+
+struct Recorder {
+  std::mutex mutex;
+  std::map<int, DeviceSchedule> devices;
+  // Records are kept alive while recording, so an address names one record.
+  struct KnownRecord {
+    int64_t event;
+    int device;
+    std::shared_ptr<EventRecord> alive;
+  };
+  std::map<const EventRecord*, KnownRecord> records;
+  int64_t next_event = 0;
+
+  int stream_index(DeviceSchedule& device, const Stream& stream) {
+    return device.streams.try_emplace(&stream, static_cast<int>(device.streams.size())).first->second;
+  }
+  int64_t event_id(const std::shared_ptr<EventRecord>& record, int device) {
+    auto [it, added] = records.try_emplace(record.get(), KnownRecord{next_event, device, record});
+    if (added) ++next_event;
+    return it->second.event;
+  }
+  int64_t append(int device, ScheduledOp op) {
+    DeviceSchedule& schedule = devices[device];
+    schedule.ops.push_back(std::move(op));
+    return device * kOpsPerDevice + static_cast<int64_t>(schedule.ops.size()) - 1;
+  }
+};
+
+// The flag lets hooks skip the mutex when nothing records; what they do
+// under the mutex is checked against `active` again.
+std::atomic<bool> recording{false};
+Recorder* const recorder = new Recorder;  // never destroyed: streams may outlive statics
+bool active = false;                      // guarded by recorder->mutex
+
+}  // namespace
+
+ScheduleRecording::ScheduleRecording() {
+  std::lock_guard lock(recorder->mutex);
+  TESSERA_CHECK(!active, "cuda sim: a ScheduleRecording is already recording; one at a time");
+  active = true;
+  recording.store(true, std::memory_order_release);
+}
+
+ScheduleRecording::~ScheduleRecording() {
+  std::lock_guard lock(recorder->mutex);
+  recording.store(false, std::memory_order_release);
+  active = false;
+  recorder->devices.clear();
+  recorder->records.clear();
+  recorder->next_event = 0;
+}
+
+std::vector<ScheduledOp> ScheduleRecording::device(int index) const {
+  std::lock_guard lock(recorder->mutex);
+  const auto it = recorder->devices.find(index);
+  return it == recorder->devices.end() ? std::vector<ScheduledOp>{} : it->second.ops;
+}
+
+int64_t schedule_op(const Stream& stream, ScheduledOp op) {
+  if (!recording.load(std::memory_order_acquire)) return -1;
+  std::lock_guard lock(recorder->mutex);
+  if (!active) return -1;
+  const int device = stream.device().index;
+  op.stream = recorder->stream_index(recorder->devices[device], stream);
+  return recorder->append(device, std::move(op));
+}
+
+void schedule_counts(int64_t op, int64_t device_bytes, int64_t shared_bytes, int64_t flops) {
+  if (op < 0 || !recording.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(recorder->mutex);
+  if (!active) return;
+  const auto device = recorder->devices.find(static_cast<int>(op / kOpsPerDevice));
+  if (device == recorder->devices.end()) return;
+  ScheduledOp& counted = device->second.ops.at(static_cast<size_t>(op % kOpsPerDevice));
+  counted.device_bytes += device_bytes;
+  counted.shared_bytes += shared_bytes;
+  counted.flops += flops;
+}
+
+void schedule_record(const Stream& stream, const std::shared_ptr<EventRecord>& record) {
+  if (!recording.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(recorder->mutex);
+  if (!active) return;
+  const int device = stream.device().index;
+  ScheduledOp op{.kind = ScheduledOp::Kind::record, .name = "event record"};
+  op.stream = recorder->stream_index(recorder->devices[device], stream);
+  op.event = recorder->event_id(record, device);
+  recorder->append(device, std::move(op));
+}
+
+void schedule_wait(const Stream& stream, const std::shared_ptr<EventRecord>& record) {
+  if (record == nullptr || !recording.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(recorder->mutex);
+  if (!active) return;
+  const auto known = recorder->records.find(record.get());
+  if (known == recorder->records.end()) return;  // recorded before the recording began: already reached
+  const int device = stream.device().index;
+  ScheduledOp op{.kind = ScheduledOp::Kind::wait, .name = "event wait"};
+  op.stream = recorder->stream_index(recorder->devices[device], stream);
+  op.event = known->second.event;
+  recorder->append(device, std::move(op));
+}
+
+void schedule_host_wait(const EventRecord* record) {
+  if (!recording.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(recorder->mutex);
+  if (!active) return;
+  const auto known = recorder->records.find(record);
+  if (known == recorder->records.end()) return;
+  const int64_t event = known->second.event;
+  const int device = known->second.device;
+  recorder->append(device, ScheduledOp{.kind = ScheduledOp::Kind::host_wait, .name = "host wait", .event = event});
+}
+
+void schedule_stream_synchronize(const Stream& stream) {
+  if (!recording.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(recorder->mutex);
+  if (!active) return;
+  // The host waits for an implicit record at the stream's end.
+  const int device = stream.device().index;
+  ScheduledOp end{.kind = ScheduledOp::Kind::record, .name = "stream synchronize"};
+  end.stream = recorder->stream_index(recorder->devices[device], stream);
+  end.event = recorder->next_event++;
+  const int64_t event = end.event;
+  recorder->append(device, std::move(end));
+  recorder->append(device, ScheduledOp{.kind = ScheduledOp::Kind::host_wait, .name = "host wait", .event = event});
+}
+
+}  // namespace tessera::cuda::sim
