@@ -14,6 +14,7 @@ namespace {
 struct DeviceSchedule {
   std::vector<ScheduledOp> ops;
   std::map<const Stream*, int> streams;  // index in first-use order
+  int64_t next_event = 0;                // events are numbered per device: its ranks' order does not change them
 };
 
 // Ops are numbered across devices: number = device * kOpsPerDevice + index.
@@ -29,12 +30,12 @@ struct Recorder {
     std::shared_ptr<EventRecord> alive;
   };
   std::map<const EventRecord*, KnownRecord> records;
-  int64_t next_event = 0;
 
   int stream_index(DeviceSchedule& device, const Stream& stream) {
     return device.streams.try_emplace(&stream, static_cast<int>(device.streams.size())).first->second;
   }
   int64_t event_id(const std::shared_ptr<EventRecord>& record, int device) {
+    int64_t& next_event = devices[device].next_event;
     auto [it, added] = records.try_emplace(record.get(), KnownRecord{next_event, device, record});
     if (added) ++next_event;
     return it->second.event;
@@ -67,7 +68,6 @@ ScheduleRecording::~ScheduleRecording() {
   active = false;
   recorder->devices.clear();
   recorder->records.clear();
-  recorder->next_event = 0;
 }
 
 std::vector<ScheduledOp> ScheduleRecording::device(int index) const {
@@ -140,7 +140,7 @@ void schedule_stream_synchronize(const Stream& stream) {
   const int device = stream.device().index;
   ScheduledOp end{.kind = ScheduledOp::Kind::record, .name = "stream synchronize"};
   end.stream = recorder->stream_index(recorder->devices[device], stream);
-  end.event = recorder->next_event++;
+  end.event = recorder->devices[device].next_event++;
   const int64_t event = end.event;
   recorder->append(device, std::move(end));
   recorder->append(device, ScheduledOp{.kind = ScheduledOp::Kind::host_wait, .name = "host wait", .event = event});
