@@ -37,18 +37,17 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/gpu_roofline.h"
 #include "bench/machine_context.h"
+#include "bench/recorded_step.h"
 #include "bench/step_schedule.h"
 #include "examples/gpt/model_family.h"
 #include "examples/gpt/trainer.h"
 #include "tensor/cuda/attention_mma.h"
 #include "tensor/cuda/sim/schedule_recorder.h"
-#include "tensor/stream.h"
 
 using namespace tessera;
 namespace sim = tessera::cuda::sim;
@@ -94,25 +93,6 @@ gpt::TrainConfig small_run(const Case& c, int64_t batch, int64_t seq) {
   config.param_dtype = c.param_dtype;
   config.reduce_dtype = c.reduce_dtype;
   return config;
-}
-
-// Rank 0's second step, recorded.
-std::vector<ScheduledOp> record_step(const gpt::TrainConfig& config) {
-  std::vector<ScheduledOp> ops;
-  std::optional<sim::ScheduleRecording> recording;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
-    trainer.train_step();
-    current_stream(distributed.device)->synchronize();
-    distributed.world->barrier();  // every rank past step 1: rank 0's recording sees step 2 only
-    if (distributed.rank() == 0) recording.emplace();
-    distributed.world->barrier();
-    trainer.train_step();
-    current_stream(distributed.device)->synchronize();
-    distributed.world->barrier();
-    if (distributed.rank() == 0) ops = recording->device(distributed.device.index);
-  });
-  return ops;
 }
 
 // The four fitting runs and the check, in the basis' order.
@@ -176,8 +156,8 @@ const char* kind_name(ScheduledOp::Kind kind) {
 double target_dimension(const std::vector<int64_t>& per_run, const std::vector<Shape>& shapes, const Shape& target,
                         double w, size_t op) {
   const auto every = [&](auto value_of) {
-    for (size_t r = 0; r < shapes.size(); ++r) {
-      if (per_run[r] != value_of(shapes[r])) return false;
+    for (size_t r = 0; r < per_run.size(); ++r) {
+      if (per_run[r] != value_of(shapes.at(r))) return false;
     }
     return true;
   };
@@ -186,14 +166,15 @@ double target_dimension(const std::vector<int64_t>& per_run, const std::vector<S
   if (every([](const Shape& s) { return s.batch; })) return static_cast<double>(target.batch);
   if (every([&](const Shape&) { return per_run[0]; })) return static_cast<double>(per_run[0]) * w;
   std::string values;
-  for (size_t r = 0; r < shapes.size(); ++r) {
-    values += fmt::format(" {} at (B {}, T {});", per_run[r], shapes[r].batch, shapes[r].seq);
+  for (size_t r = 0; r < per_run.size(); ++r) {
+    values += fmt::format(" {} at (B {}, T {});", per_run[r], shapes.at(r).batch, shapes.at(r).seq);
   }
   tessera::fail("fsdp_step_prediction: GEMM op {} has a dimension that is neither B T, T, B nor fixed:{}", op, values);
 }
 
-std::vector<FittedOp> fit(const std::vector<std::vector<ScheduledOp>>& runs, const std::vector<Shape>& shapes,
-                          const Shape& target, double w) {
+// Every run must give the same sequence of ops (kind, stream, name, event):
+// the fit matches ops by their place in it.
+void require_same_sequence(const std::vector<std::vector<ScheduledOp>>& runs, const std::vector<Shape>& shapes) {
   const std::vector<ScheduledOp>& first = runs[0];
   for (size_t r = 1; r < runs.size(); ++r) {
     const std::vector<ScheduledOp>& other = runs[r];
@@ -213,6 +194,15 @@ std::vector<FittedOp> fit(const std::vector<std::vector<ScheduledOp>>& runs, con
                                      : "the end");
     }
   }
+}
+
+// `runs` and `shapes`: the four fitting runs.
+std::vector<FittedOp> fit(const std::vector<std::vector<ScheduledOp>>& runs, const std::vector<Shape>& shapes,
+                          const Shape& target, double w) {
+  TESSERA_CHECK(runs.size() == 4 && shapes.size() == 4, "fsdp_step_prediction: the fit takes 4 runs, got {}",
+                runs.size());
+  require_same_sequence(runs, shapes);
+  const std::vector<ScheduledOp>& first = runs[0];
   std::array<std::array<double, 4>, 4> rows{};
   for (int r = 0; r < 4; ++r) rows[r] = basis(shapes[r]);
   std::vector<FittedOp> fitted;
@@ -270,14 +260,13 @@ std::vector<bench::StepOp> target_ops(const std::vector<FittedOp>& fitted, const
   std::vector<bench::StepOp> ops;
   for (const FittedOp& f : fitted) {
     const ScheduledOp& op = f.op;
-    bench::StepOp out{.stream = op.stream, .event = op.event, .name = op.name};
+    bench::StepOp out = bench::step_op(op);
     const auto at_target = [&](int q) { return std::max(0.0, evaluate(f.terms[q], target, param_ratio, w)); };
     switch (op.kind) {
-      case ScheduledOp::Kind::record: out.kind = bench::StepOp::Kind::record; break;
-      case ScheduledOp::Kind::wait: out.kind = bench::StepOp::Kind::wait; break;
-      case ScheduledOp::Kind::host_wait: out.kind = bench::StepOp::Kind::host_wait; break;
+      case ScheduledOp::Kind::record:
+      case ScheduledOp::Kind::wait:
+      case ScheduledOp::Kind::host_wait: break;
       case ScheduledOp::Kind::collective:
-        out.engine = bench::Engine::link;
         out.seconds = bench::ring_seconds(link, op.name, static_cast<int64_t>(at_target(kMovedBytes)), op.ranks);
         break;
       case ScheduledOp::Kind::copy: {
@@ -289,7 +278,8 @@ std::vector<bench::StepOp> target_ops(const std::vector<FittedOp>& fitted, const
           out.engine = bench::Engine::device_to_host;
           out.seconds = bytes / link.host_bytes_per_second.value;
         } else {
-          out.seconds = bench::predict_kernel(gpu, {.name = op.name, .launches = 1, .hbm_bytes = 2 * bytes, .gemms = {}}).seconds;
+          const bench::KernelWork copy{.name = op.name, .launches = 1, .hbm_bytes = 2 * bytes, .gemms = {}};
+          out.seconds = bench::predict_kernel(gpu, copy).seconds;
         }
         break;
       }
@@ -349,7 +339,7 @@ Prediction predict(const Case& c, const bench::GpuModel& gpu, const bench::LinkM
   std::vector<std::vector<ScheduledOp>> runs;
   for (const Shape& s : shapes) {
     const auto start = std::chrono::steady_clock::now();
-    runs.push_back(record_step(small_run(c, s.batch, s.seq)));
+    runs.push_back(bench::record_second_step(small_run(c, s.batch, s.seq)));
     fmt::print("  {}: small model at B {} T {}: {} ops recorded in {:.0f} s\n", c.label, s.batch, s.seq,
                runs.back().size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     std::fflush(stdout);
@@ -360,9 +350,9 @@ Prediction predict(const Case& c, const bench::GpuModel& gpu, const bench::LinkM
                              static_cast<double>(gpt::num_parameters(c.small));
   const Shape target{c.batch, c.seq};
   const std::vector<std::vector<ScheduledOp>> fitting(runs.begin(), runs.begin() + 4);
-  const std::vector<FittedOp> fitted = fit(fitting, shapes, target, w);
+  const std::vector<FittedOp> fitted = fit(fitting, {shapes.begin(), shapes.begin() + 4}, target, w);
   Prediction p;
-  (void)fit({runs[0], runs[4]}, {shapes[0], shapes[4]}, target, w);  // the same sequence in the check run too
+  require_same_sequence(runs, shapes);  // the check run's too
   p.check_error = check_fit(fitted, runs[4], shapes[4]);
   const std::vector<bench::StepOp> ops = target_ops(fitted, target, param_ratio, w, gpu, link);
   p.timing = bench::replay(ops, link);

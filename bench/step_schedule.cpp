@@ -15,11 +15,13 @@ LinkModel h100_nvlink() {
   return {
       .bytes_per_second = {450e9, "NVLink 4 on H100 SXM: 18 links x 25 GB/s each way (NVIDIA H100 datasheet: 900 GB/s "
                                   "bidirectional)"},
-      .efficiency = {0.80, "assumption: nccl-tests on 8 x H100 SXM report ring bus bandwidths of about 360-370 GB/s for "
-                           "all-gather and reduce-scatter at hundreds of MB (all-reduce with NVLink SHARP reaches "
-                           "460-480, which a ring does not use); FSDP's per-block messages are tens of MB"},
-      .step_latency = {4e-6, "assumption: NCCL's small-message all-gather on 8 NVLink GPUs takes some 20-30 us, about 4 "
-                             "us per ring step"},
+      .efficiency = {0.80,
+                     "assumption: nccl-tests on 8 x H100 SXM report ring bus bandwidths of about 360-370 GB/s for "
+                     "all-gather and reduce-scatter at hundreds of MB (all-reduce with NVLink SHARP reaches 460-480, "
+                     "which a ring does not use); FSDP's per-block messages are tens of MB"},
+      .step_latency = {4e-6,
+                       "assumption: NCCL's small-message all-gather on 8 NVLink GPUs takes some 20-30 us, about 4 us "
+                       "per ring step"},
       .nccl_sm_fraction = {24.0 / 132.0, "assumption: NCCL runs one CTA per channel, each holding an SM that kernels "
                                          "cannot share (NVIDIA/nccl#689); 16-32 channels on NVSwitch, 24 taken"},
       .host_bytes_per_second = {50e9, "PCIe Gen5 x16: 64 GB/s each way, 80% achievable (assumption)"},

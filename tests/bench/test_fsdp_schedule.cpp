@@ -6,14 +6,11 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <set>
 #include <vector>
 
+#include "bench/recorded_step.h"
 #include "bench/step_schedule.h"
-#include "examples/gpt/trainer.h"
-#include "tensor/cuda/sim/schedule_recorder.h"
-#include "tensor/stream.h"
 
 using namespace tessera;
 namespace sim = tessera::cuda::sim;
@@ -34,21 +31,7 @@ std::vector<ScheduledOp> record_second_step() {
   config.threads = 1;
   config.device = Device(DeviceType::cuda);
   config.nproc = 2;
-  std::vector<ScheduledOp> ops;
-  std::optional<sim::ScheduleRecording> recording;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
-    trainer.train_step();
-    current_stream(distributed.device)->synchronize();
-    distributed.world->barrier();
-    if (distributed.rank() == 0) recording.emplace();
-    distributed.world->barrier();
-    trainer.train_step();
-    current_stream(distributed.device)->synchronize();
-    distributed.world->barrier();
-    if (distributed.rank() == 0) ops = recording->device(distributed.device.index);
-  });
-  return ops;
+  return bench::record_second_step(config);
 }
 
 // Every kernel and GEMM `kernel_us`, every collective `collective_us`.
@@ -56,16 +39,9 @@ std::vector<bench::StepOp> with_times(const std::vector<ScheduledOp>& recorded, 
                                       double collective_us) {
   std::vector<bench::StepOp> ops;
   for (const ScheduledOp& op : recorded) {
-    bench::StepOp out{.stream = op.stream, .event = op.event, .name = op.name};
-    switch (op.kind) {
-      case ScheduledOp::Kind::record: out.kind = bench::StepOp::Kind::record; break;
-      case ScheduledOp::Kind::wait: out.kind = bench::StepOp::Kind::wait; break;
-      case ScheduledOp::Kind::host_wait: out.kind = bench::StepOp::Kind::host_wait; break;
-      case ScheduledOp::Kind::collective:
-        out.engine = bench::Engine::link;
-        out.seconds = collective_us * 1e-6;
-        break;
-      default: out.seconds = kernel_us * 1e-6; break;
+    bench::StepOp out = bench::step_op(op);
+    if (out.kind == bench::StepOp::Kind::work) {
+      out.seconds = (out.engine == bench::Engine::link ? collective_us : kernel_us) * 1e-6;
     }
     ops.push_back(std::move(out));
   }

@@ -27,7 +27,9 @@ StepOp collective(int stream, double ms) {
 StepOp record(int stream, int64_t event) {
   return {.kind = Kind::record, .stream = stream, .event = event, .name = "record"};
 }
-StepOp wait(int stream, int64_t event) { return {.kind = Kind::wait, .stream = stream, .event = event, .name = "wait"}; }
+StepOp wait(int stream, int64_t event) {
+  return {.kind = Kind::wait, .stream = stream, .event = event, .name = "wait"};
+}
 StepOp host_wait(int64_t event) { return {.kind = Kind::host_wait, .event = event, .name = "host wait"}; }
 
 std::string message_of(const std::vector<StepOp>& ops) {
