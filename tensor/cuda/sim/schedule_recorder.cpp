@@ -45,27 +45,32 @@ struct Recorder {
     schedule.ops.push_back(std::move(op));
     return device * kOpsPerDevice + static_cast<int64_t>(schedule.ops.size()) - 1;
   }
+  // An op on `stream`, which gets the stream's index on its device.
+  int64_t append_on(const Stream& stream, ScheduledOp op) {
+    const int device = stream.device().index;
+    op.stream = stream_index(devices[device], stream);
+    return append(device, std::move(op));
+  }
 };
 
-// The flag lets hooks skip the mutex when nothing records; what they do
-// under the mutex is checked against `active` again.
+// Set and cleared under the recorder's mutex. Hooks read it first without
+// the mutex to skip it when nothing records, then again under it.
 std::atomic<bool> recording{false};
 Recorder* const recorder = new Recorder;  // never destroyed: streams may outlive statics
-bool active = false;                      // guarded by recorder->mutex
+
+bool still_recording() { return recording.load(std::memory_order_relaxed); }
 
 }  // namespace
 
 ScheduleRecording::ScheduleRecording() {
   std::lock_guard lock(recorder->mutex);
-  TESSERA_CHECK(!active, "cuda sim: a ScheduleRecording is already recording; one at a time");
-  active = true;
+  TESSERA_CHECK(!still_recording(), "cuda sim: a ScheduleRecording is already recording; one at a time");
   recording.store(true, std::memory_order_release);
 }
 
 ScheduleRecording::~ScheduleRecording() {
   std::lock_guard lock(recorder->mutex);
   recording.store(false, std::memory_order_release);
-  active = false;
   recorder->devices.clear();
   recorder->records.clear();
 }
@@ -79,16 +84,14 @@ std::vector<ScheduledOp> ScheduleRecording::device(int index) const {
 int64_t schedule_op(const Stream& stream, ScheduledOp op) {
   if (!recording.load(std::memory_order_acquire)) return -1;
   std::lock_guard lock(recorder->mutex);
-  if (!active) return -1;
-  const int device = stream.device().index;
-  op.stream = recorder->stream_index(recorder->devices[device], stream);
-  return recorder->append(device, std::move(op));
+  if (!still_recording()) return -1;
+  return recorder->append_on(stream, std::move(op));
 }
 
 void schedule_counts(int64_t op, int64_t device_bytes, int64_t shared_bytes, int64_t flops) {
   if (op < 0 || !recording.load(std::memory_order_acquire)) return;
   std::lock_guard lock(recorder->mutex);
-  if (!active) return;
+  if (!still_recording()) return;
   const auto device = recorder->devices.find(static_cast<int>(op / kOpsPerDevice));
   if (device == recorder->devices.end()) return;
   ScheduledOp& counted = device->second.ops.at(static_cast<size_t>(op % kOpsPerDevice));
@@ -100,31 +103,24 @@ void schedule_counts(int64_t op, int64_t device_bytes, int64_t shared_bytes, int
 void schedule_record(const Stream& stream, const std::shared_ptr<EventRecord>& record) {
   if (!recording.load(std::memory_order_acquire)) return;
   std::lock_guard lock(recorder->mutex);
-  if (!active) return;
-  const int device = stream.device().index;
-  ScheduledOp op{.kind = ScheduledOp::Kind::record, .name = "event record"};
-  op.stream = recorder->stream_index(recorder->devices[device], stream);
-  op.event = recorder->event_id(record, device);
-  recorder->append(device, std::move(op));
+  if (!still_recording()) return;
+  const int64_t event = recorder->event_id(record, stream.device().index);
+  recorder->append_on(stream, {.kind = ScheduledOp::Kind::record, .name = "event record", .event = event});
 }
 
 void schedule_wait(const Stream& stream, const std::shared_ptr<EventRecord>& record) {
   if (record == nullptr || !recording.load(std::memory_order_acquire)) return;
   std::lock_guard lock(recorder->mutex);
-  if (!active) return;
+  if (!still_recording()) return;
   const auto known = recorder->records.find(record.get());
   if (known == recorder->records.end()) return;  // recorded before the recording began: already reached
-  const int device = stream.device().index;
-  ScheduledOp op{.kind = ScheduledOp::Kind::wait, .name = "event wait"};
-  op.stream = recorder->stream_index(recorder->devices[device], stream);
-  op.event = known->second.event;
-  recorder->append(device, std::move(op));
+  recorder->append_on(stream, {.kind = ScheduledOp::Kind::wait, .name = "event wait", .event = known->second.event});
 }
 
 void schedule_host_wait(const EventRecord* record) {
   if (!recording.load(std::memory_order_acquire)) return;
   std::lock_guard lock(recorder->mutex);
-  if (!active) return;
+  if (!still_recording()) return;
   const auto known = recorder->records.find(record);
   if (known == recorder->records.end()) return;
   const int64_t event = known->second.event;
@@ -135,15 +131,12 @@ void schedule_host_wait(const EventRecord* record) {
 void schedule_stream_synchronize(const Stream& stream) {
   if (!recording.load(std::memory_order_acquire)) return;
   std::lock_guard lock(recorder->mutex);
-  if (!active) return;
+  if (!still_recording()) return;
   // The host waits for an implicit record at the stream's end.
   const int device = stream.device().index;
-  ScheduledOp end{.kind = ScheduledOp::Kind::record, .name = "stream synchronize"};
-  end.stream = recorder->stream_index(recorder->devices[device], stream);
-  end.event = recorder->devices[device].next_event++;
-  const int64_t event = end.event;
-  recorder->append(device, std::move(end));
-  recorder->append(device, ScheduledOp{.kind = ScheduledOp::Kind::host_wait, .name = "host wait", .event = event});
+  const int64_t event = recorder->devices[device].next_event++;
+  recorder->append_on(stream, {.kind = ScheduledOp::Kind::record, .name = "stream synchronize", .event = event});
+  recorder->append(device, {.kind = ScheduledOp::Kind::host_wait, .name = "host wait", .event = event});
 }
 
 }  // namespace tessera::cuda::sim
