@@ -35,6 +35,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -448,6 +449,11 @@ int run(int argc, char** argv) {
   app.add_option("--calibration", calibration, "measured H100 figures (bench/data/h100_calibration.json)");
   app.add_option("--prediction-out", out_path, "write the predicted figures to this JSON file");
   CLI11_PARSE(app, argc, argv);
+  // Checked before the minutes of simulation, so a typo cannot cost them or the calibration file.
+  TESSERA_CHECK(out_path.empty() || calibration.empty() || !std::filesystem::exists(out_path) ||
+                    !std::filesystem::equivalent(out_path, calibration),
+                "fsdp_step_prediction: --prediction-out {} is the --calibration file; it would be overwritten",
+                out_path);
   fmt::print("# fsdp_step_prediction: simulated on {} (load {})\n", bench::cpu_model(), bench::load_average());
   bench::GpuModel gpu = bench::h100_sxm();
   if (!calibration.empty()) bench::apply_calibration_file(gpu, calibration);
@@ -458,7 +464,11 @@ int run(int argc, char** argv) {
   for (const std::string& line : bench::describe(link)) fmt::print("  {}\n", line);
   nlohmann::json out = {{"source", "PREDICTED by bench/fsdp_step_prediction for 8 x H100 SXM (NVLink 4)"}};
   for (const Case& c : cases(which)) report(c, predict(c, gpu, link), out);
-  if (!out_path.empty()) std::ofstream(out_path) << out.dump(2) << "\n";
+  if (!out_path.empty()) {
+    std::ofstream file(out_path);
+    file << out.dump(2) << "\n";
+    TESSERA_CHECK(file.good(), "fsdp_step_prediction: cannot write --prediction-out {}", out_path);
+  }
   return 0;
 }
 
