@@ -4,7 +4,6 @@
 // replay finds the overlap that prefetching gives.
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <vector>
