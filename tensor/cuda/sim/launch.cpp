@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -110,6 +111,32 @@ std::vector<unsigned char>& dynamic_shared_buffer(int64_t bytes) {
   return buffer;
 }
 
+// The racecheck shadows of a launch: 48 bytes a byte of each window, and the
+// static window is the kernels' module's whole TLS segment (about 400 KB),
+// so a fresh pair per launch zeroed 20 MB each time. This OS thread keeps a
+// pair between launches instead; their block and epoch stamps make a reused
+// shadow start empty.
+class BorrowedRacechecks {
+ public:
+  BorrowedRacechecks() : pair_(spare() != nullptr ? std::move(spare()) : std::make_unique<Pair>()) {}
+  ~BorrowedRacechecks() { spare() = std::move(pair_); }
+  BorrowedRacechecks(const BorrowedRacechecks&) = delete;
+  BorrowedRacechecks& operator=(const BorrowedRacechecks&) = delete;
+  SharedMemoryRacecheck& static_window() { return pair_->static_window; }
+  SharedMemoryRacecheck& dynamic_window() { return pair_->dynamic_window; }
+
+ private:
+  struct Pair {
+    SharedMemoryRacecheck static_window{true};  // tracks the bytes touched: the footprint, and what to poison
+    SharedMemoryRacecheck dynamic_window{false};
+  };
+  static std::unique_ptr<Pair>& spare() {
+    thread_local std::unique_ptr<Pair> pair;
+    return pair;
+  }
+  std::unique_ptr<Pair> pair_;
+};
+
 std::vector<uint3> block_order(dim3 grid, uint64_t launch_number) {
   std::vector<uint3> blocks;
   blocks.reserve(static_cast<size_t>(grid.x) * grid.y * grid.z);
@@ -133,6 +160,9 @@ void run_launch(const std::string& kernel_name, const void* kernel_address, cons
   std::vector<unsigned char>& dynamic = dynamic_shared_buffer(config.dynamic_shared_bytes);
   launch.dynamic_shared = Window{reinterpret_cast<uintptr_t>(dynamic.data()), static_cast<int64_t>(dynamic.size())};
   launch.dynamic_shared_bytes = config.dynamic_shared_bytes;
+  BorrowedRacechecks racechecks;
+  launch.static_racecheck = &racechecks.static_window();
+  launch.dynamic_racecheck = &racechecks.dynamic_window();
   thread_local FiberStacks stacks;
 
   struct Restore {
@@ -142,13 +172,13 @@ void run_launch(const std::string& kernel_name, const void* kernel_address, cons
   set_current_launch(&launch);
   const std::vector<uint3> blocks = block_order(config.grid, launch_number);
   for (const uint3& index : blocks) {
-    std::memset(dynamic.data(), 0xff, dynamic.size());
-    launch.static_racecheck.reset(launch.static_shared.bytes);
-    launch.dynamic_racecheck.reset(launch.dynamic_shared.bytes);
+    std::memset(dynamic.data(), 0xff, static_cast<size_t>(config.dynamic_shared_bytes + kSharedRedZone));
+    launch.static_racecheck->reset(launch.static_shared.bytes);
+    launch.dynamic_racecheck->reset(launch.dynamic_shared.bytes);
     ThreadBlock block(launch, index, stacks);
     block.run();
     launch.block = nullptr;
-    launch.static_racecheck.poison_touched(reinterpret_cast<unsigned char*>(launch.static_shared.begin));
+    launch.static_racecheck->poison_touched(reinterpret_cast<unsigned char*>(launch.static_shared.begin));
   }
   {
     const dim3 block = config.block;

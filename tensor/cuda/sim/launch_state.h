@@ -86,8 +86,9 @@ struct LaunchState {
   // this window; the rest is a red zone.
   Window dynamic_shared;
   int64_t dynamic_shared_bytes = 0;
-  SharedMemoryRacecheck static_racecheck{true};
-  SharedMemoryRacecheck dynamic_racecheck{false};
+  // Borrowed from this OS thread for the launch (launch.cpp says why).
+  SharedMemoryRacecheck* static_racecheck = nullptr;
+  SharedMemoryRacecheck* dynamic_racecheck = nullptr;
   KernelCounters counters;
   LaunchReports reports;
   PendingWrite pending_write;

@@ -167,7 +167,7 @@ void check_shared_access(LaunchState& launch, SharedMemoryRacecheck& racecheck, 
 // bytes measured as the bytes its block touched (at most the declared size;
 // ptxas checks the declared size in the nvidia build).
 void check_static_shared_footprint(LaunchState& launch) {
-  const int64_t static_bytes = launch.static_racecheck.touched_bytes();
+  const int64_t static_bytes = launch.static_racecheck->touched_bytes();
   const Architecture& arch = target_architecture();
   const bool opted_in = launch.config->shared_memory_opt_in;
   const int64_t limit = opted_in ? arch.max_shared_bytes_per_block : arch.default_shared_bytes;
@@ -260,11 +260,11 @@ void check_access(const void* pointer, int64_t bytes, AccessKind kind, const Cod
                               "bytes the launch configured",
                               who(block, site), verb(kind), bytes, offset, launch->dynamic_shared_bytes));
     }
-    check_shared_access(*launch, launch->dynamic_racecheck,
+    check_shared_access(*launch, *launch->dynamic_racecheck,
                         reinterpret_cast<unsigned char*>(launch->dynamic_shared.begin), "dynamic", offset, bytes, kind,
                         site);
   } else {
-    check_shared_access(*launch, launch->static_racecheck,
+    check_shared_access(*launch, *launch->static_racecheck,
                         reinterpret_cast<unsigned char*>(launch->static_shared.begin), "static",
                         static_cast<int64_t>(address - launch->static_shared.begin), bytes, kind, site);
     check_static_shared_footprint(*launch);

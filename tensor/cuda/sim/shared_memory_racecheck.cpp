@@ -1,7 +1,11 @@
 #include "tensor/cuda/sim/shared_memory_racecheck.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <bit>
+#include <new>
+#include <span>
 
 namespace tessera::cuda::sim {
 
@@ -26,10 +30,18 @@ void WarpOrder::sync(unsigned mask, unsigned lanes) {
   }
 }
 
+void SharedMemoryRacecheck::ZeroedPages::operator()(Shadow* entries) const { munmap(entries, bytes); }
+
 void SharedMemoryRacecheck::reset(int64_t bytes) {
-  if (static_cast<int64_t>(shadow_.size()) < bytes) shadow_.resize(bytes);
+  if (shadow_entries_ < bytes) {
+    const size_t mapped = static_cast<size_t>(bytes) * sizeof(Shadow);
+    void* pages = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (pages == MAP_FAILED) throw std::bad_alloc();
+    shadow_ = std::unique_ptr<Shadow[], ZeroedPages>(static_cast<Shadow*>(pages), ZeroedPages{mapped});
+    shadow_entries_ = bytes;
+  }
   if (epoch_ > UINT32_MAX - 2 || block_ > UINT32_MAX - 2) {  // start the stamps over
-    std::fill(shadow_.begin(), shadow_.end(), Shadow{});
+    std::fill_n(shadow_.get(), shadow_entries_, Shadow{});
     epoch_ = block_ = 1;
   }
   ++epoch_;
@@ -39,7 +51,9 @@ void SharedMemoryRacecheck::reset(int64_t bytes) {
 
 void SharedMemoryRacecheck::next_epoch() {
   if (epoch_ == UINT32_MAX - 1) {  // keep what was written and touched, drop the races
-    for (Shadow& entry : shadow_) entry = Shadow{.block = entry.block, .written = entry.written};
+    for (Shadow& entry : std::span(shadow_.get(), shadow_entries_)) {
+      entry = Shadow{.block = entry.block, .written = entry.written};
+    }
     epoch_ = 1;
   }
   ++epoch_;

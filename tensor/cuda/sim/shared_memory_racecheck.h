@@ -110,8 +110,18 @@ class SharedMemoryRacecheck {
     uintptr_t reader_site = 0;
   };
   static_assert(sizeof(Shadow) == 48);
+  // An all-zero entry is an empty one: its stamps (0) never match the live
+  // ones, which start at 2. So the shadow is pages the kernel hands out
+  // zeroed, resident only where a block touched them: the static window is
+  // the kernels' module's whole TLS segment (400 KB, 19 MB of shadow), and a
+  // block touches one kernel's variables.
+  struct ZeroedPages {
+    void operator()(Shadow* entries) const;
+    size_t bytes;  // what was mapped
+  };
 
-  std::vector<Shadow> shadow_;
+  std::unique_ptr<Shadow[], ZeroedPages> shadow_;
+  int64_t shadow_entries_ = 0;
   std::vector<int64_t> touched_;  // offsets, in the order first touched
   bool track_touched_;
   uint32_t epoch_ = 1;

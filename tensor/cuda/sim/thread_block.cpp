@@ -224,8 +224,8 @@ void ThreadBlock::release_barrier_or_fail() {
       barrier_count_ += thread.barrier_predicate != 0;
       thread.barrier_predicate = 0;
     }
-    launch_.static_racecheck.next_epoch();
-    launch_.dynamic_racecheck.next_epoch();
+    launch_.static_racecheck->next_epoch();
+    launch_.dynamic_racecheck->next_epoch();
     return;
   }
   if (waiting + exited == count && waiting > 0 && one_site) {
