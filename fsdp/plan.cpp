@@ -433,8 +433,10 @@ void add_collective(StepCommVolume& volume, dist::CollectiveKind kind, int64_t b
   }
 }
 
-// One group's collectives for a step of `micro_batches` passes, synced once.
-void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMesh& mesh, int64_t micro_batches) {
+// One group's collectives for a step of `micro_batches` passes, `synced` of
+// them reducing their gradients.
+void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMesh& mesh, int64_t micro_batches,
+                   int64_t synced) {
   const int64_t slot_bytes = bytes_of(unit.param_dtype, unit.slot_numel);
   add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, mesh.shard, micro_batches);
   // Backward's all-gather: none when kept unsharded, over the shard group
@@ -448,8 +450,10 @@ void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMe
   if (!unit.has_trainable_parameters()) return;
   const int64_t flags = static_cast<int64_t>(unit.params.size());
   const int64_t gradient_bytes = bytes_of(unit.reduce_dtype, unit.slot_numel + flags);
-  add_collective(volume, dist::CollectiveKind::reduce_scatter, gradient_bytes, mesh.shard, 1);
-  if (mesh.replicate > 1) add_collective(volume, dist::CollectiveKind::all_reduce, gradient_bytes, mesh.replicate, 1);
+  add_collective(volume, dist::CollectiveKind::reduce_scatter, gradient_bytes, mesh.shard, synced);
+  if (mesh.replicate > 1) {
+    add_collective(volume, dist::CollectiveKind::all_reduce, gradient_bytes, mesh.replicate, synced);
+  }
 }
 
 // ---- text ------------------------------------------------------------------------------------------
@@ -584,11 +588,12 @@ ShardingPlan plan_of(nn::Module& root) {
   return assemble(root.type_name(), mesh, std::move(units));
 }
 
-StepCommVolume comm_per_step(const ShardingPlan& plan, int64_t micro_batches) {
+StepCommVolume comm_per_step(const ShardingPlan& plan, int64_t micro_batches, GradientSync sync) {
   TESSERA_CHECK(micro_batches >= 1, "comm_per_step: micro_batches must be >= 1, got {}", micro_batches);
+  const int64_t synced = sync == GradientSync::every_micro_batch ? micro_batches : 1;
   StepCommVolume volume;
   for (const PlannedUnit& unit : plan.units) {
-    if (unit.has_group()) add_unit_comm(volume, unit, plan.mesh, micro_batches);
+    if (unit.has_group()) add_unit_comm(volume, unit, plan.mesh, micro_batches, synced);
   }
   return volume;
 }
@@ -628,8 +633,9 @@ std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& opti
   }
   text += fmt::format("  all groups unsharded  {} (every group's parameters at once, for comparison)\n",
                       bytes_text(plan.all_groups_unsharded_bytes));
-  text += fmt::format("  accumulation          {} between micro-batches (gradient accumulation keeps every group's "
-                      "unsharded gradients, in param dtype {}; none in the reduce dtype)\n",
+  text += fmt::format("  accumulation          {} between micro-batches (accumulating unsynced keeps every group's "
+                      "unsharded gradients, in param dtype {}, none in the reduce dtype; syncing every micro-batch "
+                      "keeps none)\n",
                       bytes_text(plan.accumulated_gradient_bytes), dtype_name(plan.units.empty() ? DType::f32 :
                                                                               plan.units.front().param_dtype));
   text += fmt::format("  total                 {} (shards, gradients{}, unsharded peak; activations not included)\n",
@@ -667,8 +673,8 @@ int64_t ShardingPlan::device_bytes(const OptimizerStateSize& optimizer_state) co
   return shard_bytes + gradient_bytes * (1 + optimizer_state.copies) + peak.bytes - host_bytes(optimizer_state);
 }
 
-StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches) {
-  return comm_per_step(plan_of(root), micro_batches);
+StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches, GradientSync sync) {
+  return comm_per_step(plan_of(root), micro_batches, sync);
 }
 
 std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_state) {

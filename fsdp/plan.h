@@ -208,19 +208,27 @@ ShardingPlan plan_fully_shard(const std::vector<PlannedCall>& calls, const PlanM
 // forward has yet. No communication.
 ShardingPlan plan_of(nn::Module& root);
 
+// When a step of several micro-batches reduces their gradients. FSDP2's
+// accumulation recipe syncs once, after the last micro-batch
+// (set_requires_gradient_sync(false) before the others): one reduce-scatter
+// a group, but every group's unsharded gradients are kept in between
+// (ShardingPlan::accumulated_gradient_bytes). Syncing every micro-batch
+// reduce-scatters each one into the sharded gradients and keeps none.
+enum class GradientSync { last_micro_batch, every_micro_batch };
+
 // The collectives of one step of `micro_batches` forward + backward passes
-// whose gradients are synced once, after the last
-// (set_requires_gradient_sync(false) before the others, FSDP2's
-// accumulation recipe); 1 = a plain step.
-StepCommVolume comm_per_step(const ShardingPlan& plan, int64_t micro_batches = 1);
+// whose gradients are synced as `sync` says; 1 micro-batch = a plain step.
+StepCommVolume comm_per_step(const ShardingPlan& plan, int64_t micro_batches = 1,
+                             GradientSync sync = GradientSync::last_micro_batch);
 
 // The plan as text: per FSDP module a table of its parameters, then the
 // per-rank memory (with `optimizer_state`'s line when it has copies), the
 // unsharded peak and what makes it, and the bytes of one plain step.
 std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& optimizer_state = {});
 
-// comm_per_step(plan_of(root), micro_batches).
-StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches = 1);
+// comm_per_step(plan_of(root), micro_batches, sync).
+StepCommVolume expected_comm_per_step(nn::Module& root, int64_t micro_batches = 1,
+                                      GradientSync sync = GradientSync::last_micro_batch);
 
 // format_plan(plan_of(root), optimizer_state).
 std::string sharding_plan(nn::Module& root, const OptimizerStateSize& optimizer_state = {});

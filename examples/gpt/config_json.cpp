@@ -182,6 +182,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"seq_len", config.seq_len},
           {"batch", config.batch},
           {"grad_accum", config.grad_accum},
+          {"grad_sync", grad_sync_name(config.grad_sync)},
           {"steps", config.steps},
           {"lr", config.lr},
           {"min_lr_ratio", config.min_lr_ratio},

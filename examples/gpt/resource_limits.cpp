@@ -141,12 +141,15 @@ double gathered_parameter_bytes(const TrainConfig& config, const GroupSize& root
 // the running block's (param_dtype), which its reduce-scatter input
 // (reduce_dtype) replaces one parameter at a time, and that reduce-scatter's
 // output slot plus presence flags. Micro-batches whose gradients are not
-// synced keep every group's unsharded gradients until the last one.
+// synced (--grad-sync last) keep every group's unsharded gradients until the
+// last one.
 double gathered_gradient_bytes(const TrainConfig& config, const GroupSize& root, const GroupSize& block) {
   const double p = size_of(config.param_dtype);
   const double r = size_of(config.reduce_dtype.value_or(config.param_dtype));
   const double layers = static_cast<double>(n_layer(config.model_config()));
-  const double others = config.grad_accum > 1 ? root.numel + (layers - 1) * block.numel : root.numel;
+  const bool accumulates_unsynced =
+      config.grad_accum > 1 && config.grad_sync == tessera::fsdp::GradientSync::last_micro_batch;
+  const double others = accumulates_unsynced ? root.numel + (layers - 1) * block.numel : root.numel;
   return others * p + block.numel * std::max(p, r) + (block.slot + block.params) * r;
 }
 

@@ -44,7 +44,7 @@ SweepPoint sweep_point(const TrainConfig& config, tessera::nn::CausalLM& model, 
                     .optimizer_state_bytes = kAdamWState.copies * plan.gradient_bytes,
                     .peak_unsharded_bytes = plan.peak.bytes,
                     .peak_moment = plan.peak.moment,
-                    .comm = fsdp::comm_per_step(plan, config.grad_accum)};
+                    .comm = fsdp::comm_per_step(plan, config.grad_accum, config.grad_sync)};
 }
 
 // "5.8 GiB" in a column.
@@ -52,9 +52,10 @@ std::string bytes_cell(int64_t bytes) { return tessera::dist::human_bytes(bytes)
 
 void print_sweep(const TrainConfig& config, const Sweep& sweep, std::ostream& out) {
   out << fmt::format("\nsweep: per-rank memory and bytes per step of {} over 1 to {} ranks (AdamW, {} parameters, "
-                     "reshard_after_forward {}, {} micro-batch{} a step)\n",
+                     "reshard_after_forward {}, {} micro-batch{} a step{})\n",
                      config.preset, kSweepMaxRanks, tessera::dtype_name(config.param_dtype),
-                     config.reshard_after_forward.to_string(), config.grad_accum, config.grad_accum == 1 ? "" : "es");
+                     config.reshard_after_forward.to_string(), config.grad_accum, config.grad_accum == 1 ? "" : "es",
+                     config.grad_accum == 1 ? "" : fmt::format(", synced {}", grad_sync_name(config.grad_sync)));
   out << fmt::format("  {:<9} {:>24} {:>6} {:>12} {:>12} {:>12} {:>15} {:>13} {:>14}\n", "series", "mesh", "ranks",
                      "param shards", "grad shards", "AdamW state", "unsharded peak", "memory total", "sent per step");
   for (const SweepPoint& point : sweep.points) {
@@ -157,6 +158,7 @@ nlohmann::json sweep_json(const TrainConfig& config, const Sweep& sweep) {
           {"reshard_after_forward", config.reshard_after_forward.to_string()},
           {"optimizer", kAdamWState.description},
           {"micro_batches_per_step", config.grad_accum},
+          {"grad_sync", grad_sync_name(config.grad_sync)},
           {"points", points},
           {"skipped", sweep.skipped}};
 }
@@ -239,6 +241,14 @@ void print_plan(const TrainConfig& config, std::ostream& out) {
                          ? fmt::format(", and {} of buffers every rank holds whole",
                                        tessera::dist::human_bytes(estimate.buffers))
                          : std::string());
+  if (config.grad_accum > 1) {  // the plan's communication is one micro-batch's
+    const fsdp::StepCommVolume step = fsdp::comm_per_step(plan, config.grad_accum, config.grad_sync);
+    out << fmt::format("a step of {} micro-batches synced {}: {} all-gathers, {} reduce-scatters{}, {} sent per rank\n",
+                       config.grad_accum, grad_sync_name(config.grad_sync), step.all_gather_calls,
+                       step.reduce_scatter_calls,
+                       step.all_reduce_calls > 0 ? fmt::format(", {} all-reduces", step.all_reduce_calls) : "",
+                       tessera::dist::human_bytes(step.total_sent()));
+  }
   out << std::flush;
   if (!config.sweep) return;
 

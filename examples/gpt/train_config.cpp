@@ -277,6 +277,13 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--batch", config.batch, "Sequences per micro-batch")->check(integer_in(1, kMaxBatch));
   app.add_option("--grad-accum", config.grad_accum, "Micro-batches per optimizer step")
       ->check(integer_in(1, kMaxGradAccum));
+  std::string grad_sync = grad_sync_name(config.grad_sync);
+  app.add_option("--grad-sync", grad_sync,
+                 "When --grad-accum's micro-batches reduce-scatter their gradients: last (one reduce-scatter a step; "
+                 "every group's unsharded gradients kept between micro-batches) or every (one a micro-batch; none "
+                 "kept)")
+      ->check(CLI::IsMember({"last", "every"}))
+      ->capture_default_str();
   app.add_option("--steps", config.steps, "Optimizer steps")->check(integer_in(1, kMaxCount));
   app.add_option("--lr", config.lr, "Peak learning rate (cosine decay to lr/10)")->check(number_in(0.0, kMaxLr, true));
   auto* warmup_flag = app.add_option("--warmup", config.warmup, "Linear warmup steps (at most --steps)")
@@ -313,7 +320,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
 
   std::string device = "cpu";
   app.add_option("--device", device,
-                 "Where the model trains: cpu, or cuda (one rank; the SIMT simulator or the GPU, as built)")
+                 "Where the model trains: cpu, or cuda (a device a rank; the SIMT simulator or GPUs, as built)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 
   // Parallelism: FSDP over --nproc ranks.
@@ -442,6 +449,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     config.reshard_after_forward = *parse_reshard(reshard_text);
     config.param_dtype = parse_dtype(param_dtype);
     config.device = tessera::Device::parse(device);
+    config.grad_sync = grad_sync == "every" ? tessera::fsdp::GradientSync::every_micro_batch
+                                            : tessera::fsdp::GradientSync::last_micro_batch;
     if (!reduce_dtype.empty()) config.reduce_dtype = parse_dtype(reduce_dtype);
     read_world_size(config, nproc_flag->count() > 0);
     config.validate();
@@ -450,6 +459,10 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     return kUsageExitCode;
   }
   return std::nullopt;
+}
+
+const char* grad_sync_name(tessera::fsdp::GradientSync sync) {
+  return sync == tessera::fsdp::GradientSync::every_micro_batch ? "every" : "last";
 }
 
 std::string describe(const TrainConfig& c) {
@@ -461,13 +474,13 @@ std::string describe(const TrainConfig& c) {
                                       : fmt::format("shard {}", c.nproc);
   return fmt::format(
       "model    {}: {} ({:.3f} M parameters)\n"
-      "batch    {} x {} tokens x {} micro-batches x {} ranks = {} tokens per step, {} steps\n"
+      "batch    {} x {} tokens x {} micro-batches{} x {} ranks = {} tokens per step, {} steps\n"
       "optim    AdamW lr {:g} (warmup {}, cosine to {:g}), weight decay {:g}, clip {}\n"
       "fsdp     {} on {} {} rank{} (mesh {}), reshard_after_forward {}, param {}, reduce {}{}\n"
       "device   {}\n"
       "seed     {}",
       name, describe_shape(model), static_cast<double>(num_parameters(model)) / 1e6, c.batch, c.seq_len, c.grad_accum,
-      c.nproc, c.tokens_per_step(), c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
+      c.grad_accum > 1 ? fmt::format(" (synced {})", grad_sync_name(c.grad_sync)) : "", c.nproc, c.tokens_per_step(), c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
       tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)),

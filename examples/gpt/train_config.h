@@ -11,6 +11,7 @@
 
 #include "examples/gpt/model_family.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/plan.h"
 #include "nn/models/gpt_config.h"
 #include "nn/models/llama_config.h"
 #include "tensor/device.h"
@@ -40,6 +41,11 @@ struct TrainConfig {
   int64_t seq_len = 64;     // tokens per sequence, <= the model's block_size
   int64_t batch = 32;       // sequences per micro-batch
   int64_t grad_accum = 1;   // micro-batches per optimizer step
+  // When the micro-batches' gradients are reduce-scattered (fsdp/plan.h):
+  // after the last (FSDP2's recipe: fewest collectives, but every group's
+  // unsharded gradients kept in between: 15 GiB a rank at Llama 3 8B in
+  // bf16), or after each (grad_accum times the reduce-scatters, none kept).
+  tessera::fsdp::GradientSync grad_sync = tessera::fsdp::GradientSync::last_micro_batch;
   int64_t steps = 500;      // optimizer steps
   double lr = 3e-3;         // peak; cosine decay to lr * min_lr_ratio
   double min_lr_ratio = 0.1;
@@ -120,6 +126,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
 
 // One line per setting group, for the top of the log.
 std::string describe(const TrainConfig& config);
+
+// --grad-sync's word for `sync`: "last" or "every".
+const char* grad_sync_name(tessera::fsdp::GradientSync sync);
 
 // fully_shard's options for the model's blocks, or (root) for the model:
 // the run's dtypes, reshard_after_forward (the root keeps FSDP's default for

@@ -223,8 +223,12 @@ StepMetrics Trainer::train_step() {
   std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < micro_batches; ++micro) {
     // FSDP2's accumulation: gradients stay unsharded on this rank until the
-    // last micro-batch, whose backward reduce-scatters their sum.
-    if (fsdp_root_) fsdp_root_->set_requires_gradient_sync(micro + 1 == micro_batches);
+    // last micro-batch, whose backward reduce-scatters their sum; or every
+    // micro-batch reduce-scatters its own into the sharded gradients.
+    if (fsdp_root_) {
+      fsdp_root_->set_requires_gradient_sync(micro + 1 == micro_batches ||
+                                             config_.grad_sync == tessera::fsdp::GradientSync::every_micro_batch);
+    }
     const int64_t micro_batch = next_micro_batch_ + micro * ranks + rank();
     if (const std::optional<dist::Fault> fault = dist::fault_at(dist::FaultPoint::data, rank())) {
       tessera::fail("data: reading micro-batch {} of {} failed: {} (injected fault {})", micro_batch,

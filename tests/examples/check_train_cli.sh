@@ -23,6 +23,21 @@ for expected in "model    llama3-8b (llama): n_layer 32, n_head 32, n_kv_head 8,
   grep -qF "$expected" <<<"$plan" || { echo "--model llama --plan output lacks '$expected':"; echo "$plan"; exit 1; }
 done
 
+# Accumulating 4 micro-batches unsynced keeps Llama 3 8B's unsharded bf16
+# gradients (15.0 GiB a rank); syncing each keeps none, for 4x the reduce-scatters.
+for sync in last every; do
+  plan=$("$train" --model llama --preset llama3-8b --plan --nproc 8 --param-dtype bf16 --reduce-dtype f32 \
+    --grad-accum 4 --grad-sync "$sync")
+  if [ "$sync" = last ]; then
+    expected=("15.5 GiB of gradients in flight" "synced last: 260 all-gathers, 33 reduce-scatters")
+  else
+    expected=("2.9 GiB of gradients in flight" "synced every: 260 all-gathers, 132 reduce-scatters")
+  fi
+  for text in "${expected[@]}"; do
+    grep -qF "$text" <<<"$plan" || { echo "--grad-sync $sync --plan output lacks '$text':"; echo "$plan"; exit 1; }
+  done
+done
+
 # Any cluster: GPT-2 XL over 1024 ranks (more than a local run may start), and HSDP.
 plan=$("$train" --preset gpt2-1558m --plan --nproc 1024 --hsdp 8)
 for expected in "FSDP sharding plan of GPT over 1024 ranks, mesh (replicate=8, shard=128)" \
@@ -40,6 +55,7 @@ expect_failure "--reduce-dtype: f64 not in" --reduce-dtype f64
 expect_failure "--reshard-after-forward: expected true, false or a positive rank count, got 'maybe'" \
   --reshard-after-forward maybe
 expect_failure "--nproc: must be in [1, 1048576], got 0" --nproc 0
+expect_failure "--grad-sync: sometimes not in {last,every}" --grad-sync sometimes
 expect_failure "--backend mpi needs a launcher" --backend mpi
 # Numbers must be finite; resources are bounded before anything is allocated.
 expect_failure "--lr: must be a finite number, got inf" --lr inf

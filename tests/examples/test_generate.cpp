@@ -277,6 +277,7 @@ TEST_CASE("train config JSON records the run's settings") {
   config.seq_len = 24;
   config.batch = 3;
   config.grad_accum = 2;
+  config.grad_sync = tessera::fsdp::GradientSync::every_micro_batch;
   config.steps = 11;
   config.lr = 2e-3;
   config.min_lr_ratio = 0.05;
@@ -296,6 +297,7 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"seq_len", 24},
                          {"batch", 3},
                          {"grad_accum", 2},
+                         {"grad_sync", "every"},
                          {"steps", 11},
                          {"lr", 2e-3},
                          {"min_lr_ratio", 0.05},

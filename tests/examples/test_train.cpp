@@ -402,7 +402,7 @@ TEST_CASE("FSDP on 2 and 4 ranks makes bitwise the steps of 1 rank with grad-acc
   for (const int nproc : {2, 4}) check_fsdp_bitwise(small_config(), nproc);
 }
 
-TEST_CASE("FSDP on 2 ranks x 2 micro-batches makes the steps of 1 rank x 4, within f64 rounding") {
+TEST_CASE("FSDP on 2 ranks x 2 micro-batches makes the steps of 1 rank x 4, within f64 rounding, synced last or every") {
   TrainConfig single = small_config();
   single.model.dtype = tessera::DType::f64;
   single.param_dtype = tessera::DType::f64;
@@ -411,6 +411,9 @@ TEST_CASE("FSDP on 2 ranks x 2 micro-batches makes the steps of 1 rank x 4, with
   TrainConfig sharded = single;
   sharded.nproc = 2;
   sharded.grad_accum = 2;
+  check_fsdp_f64(single, sharded);
+  INFO("each micro-batch reduce-scattered (--grad-sync every)");
+  sharded.grad_sync = tessera::fsdp::GradientSync::every_micro_batch;
   check_fsdp_f64(single, sharded);
 }
 
@@ -421,9 +424,12 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
     tessera::fsdp::ReshardAfterForward reshard;
     tessera::DType param_dtype;
     int64_t grad_accum;
+    tessera::fsdp::GradientSync grad_sync = tessera::fsdp::GradientSync::last_micro_batch;
   };
   const std::vector<Case> cases = {
       {"3 ranks, 2 micro-batches (one reduce-scatter)", 3, 1, true, tessera::DType::f32, 2},
+      {"3 ranks, 3 micro-batches, each reduce-scattered", 3, 1, true, tessera::DType::f32, 3,
+       tessera::fsdp::GradientSync::every_micro_batch},
       {"4 ranks, reshard_after_forward 2", 4, 1, tessera::fsdp::ReshardAfterForward::to_group_of(2),
        tessera::DType::f32, 1},
       {"HSDP 2 x 2, bf16 parameters, f32 reduction", 4, 2, false, tessera::DType::bf16, 1},
@@ -438,12 +444,13 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
     config.param_dtype = c.param_dtype;
     config.reduce_dtype = tessera::DType::f32;
     config.grad_accum = c.grad_accum;
+    config.grad_sync = c.grad_sync;
     std::vector<int64_t> measured(static_cast<size_t>(c.nproc)), expected(static_cast<size_t>(c.nproc));
     std::string plan;
     bool plain_plan_has_optimizer_line = true;
     gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
       gpt::Trainer trainer(config, gpt::build_data(config), distributed);
-      const auto volume = tessera::fsdp::expected_comm_per_step(trainer.model(), config.grad_accum);
+      const auto volume = tessera::fsdp::expected_comm_per_step(trainer.model(), config.grad_accum, config.grad_sync);
       // clip_grad_norm_ sums one f64 over the shard group.
       const auto norm = tessera::dist::collective_volume(tessera::dist::CollectiveKind::all_reduce, 8,
                                                          static_cast<int>(config.shard_ranks()), false);
