@@ -52,10 +52,7 @@ CachingAllocator::Block* CachingAllocator::find_free(int64_t bytes, bool small,
     Block* block = *it;
     if (!reusable_on(*block, *stream)) continue;
     pool.erase(it);
-    block->stream = stream;
-    block->other_streams.clear();
-    block->last_uses.clear();
-    return block;
+    return block;  // as it was freed: split's remainder keeps its stream and last uses
   }
   return nullptr;
 }
@@ -111,7 +108,14 @@ void* CachingAllocator::allocate(int64_t bytes, const std::shared_ptr<Stream>& s
     if (block == nullptr) fail_out_of_memory(bytes);
     block->stream = stream;
   }
+  // The rest of a cached block stays its old stream's, with the events of
+  // its last uses: had it taken `stream` and no events, another stream could
+  // take it at once while the old one still read it (a reduce-scatter
+  // stream's copy to the host, under a compute kernel's writes).
   block = split(block, rounded);
+  block->stream = stream;
+  block->other_streams.clear();
+  block->last_uses.clear();
   block->in_use = true;
   block->requested = bytes;
   live_[block->data] = block;

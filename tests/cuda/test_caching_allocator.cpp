@@ -106,6 +106,30 @@ TEST_CASE("a freed block is reused at once on its stream, and on another only af
   allocator.free(later);
 }
 
+TEST_CASE("the rest of a freed block, split on its own stream, keeps the block's last uses for other streams") {
+  FreshAllocator fresh;
+  CachingAllocator& allocator = fresh.allocator;
+  auto first = Stream::create(kCuda), second = Stream::create(kCuda);
+  char* block = nullptr;
+  {
+    StreamGate gate(*first);  // the free's event on `first` stays pending
+    block = static_cast<char*>(allocator.allocate(8192, first));
+    allocator.free(block);  // merges with the rest of its segment: one free block, one pending event
+    void* front = allocator.allocate(4096, first);
+    CHECK(front == block);  // stream order covers the last use
+    // The back half's last use (on `first`) has not run: `second` may not have it.
+    void* other_stream = allocator.allocate(4096, second);
+    CHECK(other_stream != block + 4096);
+    allocator.free(other_stream);
+    allocator.free(front);
+  }
+  first->synchronize();
+  second->synchronize();
+  void* later = allocator.allocate(8192, second);
+  CHECK(later == block);  // every event has completed: reusable anywhere
+  allocator.free(later);
+}
+
 TEST_CASE("a free records its events with no host function; the next allocations poll them") {
   FreshAllocator fresh;
   CachingAllocator& allocator = fresh.allocator;
