@@ -12,7 +12,8 @@
 //               group keeps; the end of backward waits for those copies and
 //               accumulates them into the host gradients;
 //   optimizer   any optim:: optimizer steps the host shards with the cpu
-//               kernels (AdamW's vectorised one).
+//               kernels (AdamW's vectorised one), or, overlapped with the
+//               next forward group by group, offloaded_optimizer_step.h.
 //
 // The host writes a shard only after the end of a backward (the optimizer)
 // or load_full_state_dict, both of which wait for every copy that reads it.

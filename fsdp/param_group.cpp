@@ -3,6 +3,7 @@
 #include "fsdp/param_group.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
@@ -226,6 +227,7 @@ void FSDPParamGroup::unshard(bool async_op) {
 }
 
 void FSDPParamGroup::copy_in_shards(const Tensor& slot, const FlatLayout& layout) {
+  wait_for_host_step();
   std::vector<CopySegment> segments;
   for (size_t index = 0; index < params_.size(); ++index) {
     const FSDPParam& param = *params_[index];
@@ -511,6 +513,7 @@ void FSDPParamGroup::finish_reduce_scatter() {
 
 void FSDPParamGroup::finish_host_gradients() {
   if (!pending_host_gradient_) return;
+  wait_for_host_step();
   PendingHostGradient pending = std::move(*pending_host_gradient_);
   pending_host_gradient_.reset();
   {
@@ -520,6 +523,13 @@ void FSDPParamGroup::finish_host_gradients() {
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   check_host_access(host_landing_, /*writes=*/false, "fsdp: add the reduced gradients into the host's");
   accumulate_gradients(host_landing_, pending.present_here, nullptr);
+}
+
+void FSDPParamGroup::wait_for_host_step() {
+  if (!host_step_.valid()) return;
+  const std::shared_future<void> stepped = std::exchange(host_step_, {});
+  dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "optimizer_wait", "fsdp", {{"module", module_fqn_}});
+  stepped.get();
 }
 
 void FSDPParamGroup::wait_for_shard_reads() {

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -140,6 +141,13 @@ class FSDPParamGroup {
   // Offloaded: blocks the host until every copy that reads the host shards
   // has run, so it may write them (load a state dict). No-op otherwise.
   void wait_for_shard_reads();
+  // Offloaded, with the optimizer step overlapped with the next forward
+  // (offloaded_optimizer_step.h): a host thread steps this group's shards
+  // until `stepped` is ready. The next copy-in, the host gradients'
+  // accumulation and the state dicts wait for it (rethrowing the step's
+  // error) before they touch the shards or gradients.
+  void set_host_step(std::shared_future<void> stepped) { host_step_ = std::move(stepped); }
+  void wait_for_host_step();
   // The end of a backward pass (the root's final callback): post_backward if
   // the group took part and it has not run, and reshard if asked.
   void finish_backward(bool wait_for_reduce_scatter);
@@ -235,6 +243,7 @@ class FSDPParamGroup {
   };
   std::optional<PendingHostGradient> pending_host_gradient_;
   Event shards_read_;  // offloaded: after the latest host-to-device copy of the shards
+  std::shared_future<void> host_step_;  // offloaded: the overlapped optimizer step of the shards, if pending
 
   // Per backward pass.
   int64_t expected_gradients_ = 0;

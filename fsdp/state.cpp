@@ -91,6 +91,15 @@ const std::vector<FSDPState*>& FSDPState::tree() const {
   return context_->states;
 }
 
+std::vector<FSDPState*> FSDPState::forward_order() const {
+  std::vector<FSDPState*> order =
+      context_ != nullptr && context_->forward_order_recorded ? context_->pre_forward_order : std::vector<FSDPState*>{};
+  for (FSDPState* state : tree()) {
+    if (std::find(order.begin(), order.end(), state) == order.end()) order.push_back(state);
+  }
+  return order;
+}
+
 MemoryStats FSDPState::unsharded_memory(bool recurse) const {
   const std::shared_ptr<MemoryCounters>& counters = recurse ? subtree_memory_ : own_memory_;
   return counters ? counters->snapshot() : MemoryStats{};

@@ -58,6 +58,9 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   bool initialized() const { return context_ != nullptr; }
   // Every state of the root's tree, pre-order, the root first (after lazy init).
   const std::vector<FSDPState*>& tree() const;
+  // Every state of the root's tree, those the first forward ran in the order
+  // of their pre-forwards, then the others in tree() order (after lazy init).
+  std::vector<FSDPState*> forward_order() const;
 
   // ---- settings (FSDPModule's setters) ------------------------------------------------------
   // Explicit prefetch targets, replacing the default order (nullopt: default).

@@ -39,6 +39,7 @@ std::map<std::string, Entry> entries_of(nn::Module& root) {
   for (nn::Module* module : root.modules()) {
     const FSDPState* state = module->extension<FSDPState>();
     if (state == nullptr || state->group() == nullptr) continue;
+    state->group()->wait_for_host_step();  // an overlapped optimizer step may still write the shards
     for (const auto& param : state->group()->params()) managed.emplace(&param->param(), param.get());
   }
   std::map<std::string, Entry> entries;

@@ -189,9 +189,16 @@ Trainer::Trainer(TrainConfig config, DataLoader data, std::optional<Distributed>
                 data_.options().seq_len, config_.batch, config_.seq_len);
   TESSERA_CHECK(world_size() == config_.nproc, "Trainer: the config says {} ranks (--nproc) but the world has {}",
                 config_.nproc, world_size());
+  if (fsdp_root_ && config_.cpu_offload) {
+    overlapped_step_ = std::make_unique<tessera::fsdp::OffloadedOptimizerStep>(*model_, *optimizer_);
+  }
   if (!distributed_) return;
   process_groups_ = communication_groups(*distributed_);
   for (const auto& group : process_groups_) group->set_tracer(distributed_->tracer);
+}
+
+void Trainer::settle_optimizer_step() {
+  if (overlapped_step_) overlapped_step_->wait();
 }
 
 double Trainer::sum_over_ranks(double value) const {
@@ -212,8 +219,9 @@ StepMetrics Trainer::train_step() {
   if (!config_.device.is_cpu()) tessera::reset_peak_memory(config_.device);
   const auto start = std::chrono::steady_clock::now();
   const double lr = schedule_.lr(step_);
-  optimizer_->set_lr(lr);
-  optimizer_->zero_grad();
+  // An overlapped optimizer step clears each group's gradients itself, and
+  // may still be stepping the last groups: the lr is set once it is done.
+  if (!overlapped_step_) optimizer_->zero_grad();
 
   const int64_t micro_batches = config_.grad_accum;
   const int64_t ranks = world_size();
@@ -261,6 +269,8 @@ StepMetrics Trainer::train_step() {
   double grad_norm = 0.0, mean_loss = 0.0;
   {
     dist::TraceSpan span(tracer(), rank(), "compute", "optimizer", "train");
+    settle_optimizer_step();  // the previous step's, long done: this step's forward waited for every group
+    optimizer_->set_lr(lr);
     // The sum over micro-batches becomes their mean (the reduce-scatter has
     // already averaged over ranks).
     if (micro_batches > 1) {
@@ -288,7 +298,11 @@ StepMetrics Trainer::train_step() {
                   step_ + 1, mean_loss);
     TESSERA_CHECK(std::isfinite(grad_norm), "train: step {}: the gradient norm is {} (loss {}); lower --lr?",
                   step_ + 1, grad_norm, mean_loss);
-    optimizer_->step();
+    if (overlapped_step_) {
+      overlapped_step_->start();  // returns at once; the next forward overlaps it
+    } else {
+      optimizer_->step();
+    }
   }
   ++step_;
   next_micro_batch_ += micro_batches * ranks;
@@ -336,6 +350,7 @@ int Trainer::agreed_stop_request() const {
 }
 
 double Trainer::evaluate() {
+  settle_optimizer_step();
   dist::TraceSpan span(tracer(), rank(), "compute", "evaluate", "train");
   tessera::autograd::NoGradGuard no_grad;
   model_->eval();
@@ -353,6 +368,7 @@ double Trainer::evaluate() {
 // ---- checkpoints --------------------------------------------------------------------------------
 
 tessera::checkpoint::DistributedStateDict Trainer::state_dict() {
+  settle_optimizer_step();
   return tessera::checkpoint::training_state_dict(*model_, *optimizer_);
 }
 
@@ -379,6 +395,7 @@ void check_same_family(const nlohmann::json& saved_model, const ModelConfig& min
 }  // namespace
 
 void Trainer::require_finite_state() {
+  settle_optimizer_step();
   // One read per device for the whole state (on cuda a read is a
   // synchronisation), not one per tensor.
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<Tensor>>> witnesses;  // by device
@@ -424,6 +441,7 @@ nlohmann::json Trainer::training_state() const {
 }
 
 void Trainer::resume_from(const std::string& dir) {
+  settle_optimizer_step();
   // The settings are checked before any tensor is read.
   const tessera::checkpoint::CheckpointMetadata metadata = tessera::checkpoint::read_metadata(dir);
   const nlohmann::json& state = metadata.training_state;
@@ -463,6 +481,7 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 void Trainer::init_from(const std::string& path) {
+  settle_optimizer_step();
   if (is_hf_model_dir(path)) {  // the run's model was built from its config.json (train_config.cpp)
     load_hf_weights(path, read_hf_model_info(path), tessera::checkpoint::model_state(*model_, ""));
     return;
@@ -485,6 +504,7 @@ void Trainer::init_from(const std::string& path) {
 }
 
 void Trainer::export_to(const std::string& path) {
+  settle_optimizer_step();
   if (config_.export_format == "hf") {
     export_hf(path, config_.model_config(), tessera::checkpoint::model_state(*model_, ""),
               {.group = distributed_ ? distributed_->world : nullptr});

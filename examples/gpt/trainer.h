@@ -29,6 +29,7 @@
 #include "examples/gpt/metrics.h"
 #include "examples/gpt/train_config.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/offloaded_optimizer_step.h"
 #include "nn/models/causal_lm.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/schedule.h"
@@ -130,8 +131,15 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   const TrainConfig& config() const { return config_; }
   const DataLoader& data() const { return data_; }
-  tessera::nn::CausalLM& model() { return *model_; }
-  tessera::optim::AdamW& optimizer() { return *optimizer_; }
+  // Both wait for an overlapped optimizer step first (--cpu-offload).
+  tessera::nn::CausalLM& model() {
+    settle_optimizer_step();
+    return *model_;
+  }
+  tessera::optim::AdamW& optimizer() {
+    settle_optimizer_step();
+    return *optimizer_;
+  }
   const std::optional<Distributed>& distributed() const { return distributed_; }
   // The world and the mesh's groups, each once (FSDP's reshard-after-forward
   // groups trace with the mesh's shard group). comm_bytes is what they carry
@@ -145,6 +153,10 @@ class Trainer {
   double sum_over_ranks(double value) const;
   // The largest stop signal any rank has received (0: none); collective.
   int agreed_stop_request() const;
+  // Returns once the last optimizer step has finished: under --cpu-offload
+  // it runs on a host thread, overlapped with the next forward
+  // (fsdp/offloaded_optimizer_step.h); rethrows its error.
+  void settle_optimizer_step();
 
   TrainConfig config_;
   DataLoader data_;
@@ -159,6 +171,9 @@ class Trainer {
   // Global index of the next step's first micro-batch: the data position.
   int64_t next_micro_batch_ = 0;
   bool interrupted_ = false;  // a step was cut short: its gradients are half accumulated
+  // --cpu-offload under FSDP; declared last, so it is destroyed (its step
+  // joined) before the optimizer and the model it steps.
+  std::unique_ptr<tessera::fsdp::OffloadedOptimizerStep> overlapped_step_;
 };
 
 }  // namespace gpt

@@ -33,9 +33,17 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr, double d
   }
 }
 
-void Optimizer::step() {
+void Optimizer::step() { step_in_parts({}, nullptr); }
+
+void Optimizer::step_in_parts(const std::vector<std::vector<const nn::Parameter*>>& parts,
+                              const std::function<void(size_t part)>& after_part) {
   autograd::NoGradGuard no_grad;
-  std::vector<ParamUpdate> updates;
+  std::unordered_map<const nn::Parameter*, size_t> part_of;
+  for (size_t part = 0; part < parts.size(); ++part) {
+    for (const nn::Parameter* param : parts[part]) part_of.emplace(param, part);
+  }
+  // updates[i]: part i's; the last, the parameters in no part.
+  std::vector<std::vector<ParamUpdate>> updates(parts.size() + 1);
   for (const ParamGroup& group : groups_) {
     for (const auto& [param_name, param] : group.params) {
       Tensor& tensor = param->tensor();
@@ -63,10 +71,15 @@ void Optimizer::step() {
       // offload's shards and gradients); the simulator checks it.
       check_host_access(tensor, /*writes=*/true, "optimizer step");
       check_host_access(grad, /*writes=*/false, "optimizer step");
-      updates.push_back(ParamUpdate{&param_name, &tensor, ops::contiguous(grad), &param_state, &group});
+      const auto found = part_of.find(param.get());
+      updates[found == part_of.end() ? parts.size() : found->second].push_back(
+          ParamUpdate{&param_name, &tensor, ops::contiguous(grad), &param_state, &group});
     }
   }
-  update_all(updates);
+  for (size_t part = 0; part < updates.size(); ++part) {
+    if (!updates[part].empty()) update_all(updates[part]);
+    if (part < parts.size() && after_part) after_part(part);
+  }
   ++step_count_;
 }
 

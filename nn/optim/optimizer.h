@@ -5,6 +5,7 @@
 // and restore it by name.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,6 +42,13 @@ class Optimizer {
 
   // One update of every parameter that has a gradient; others are skipped.
   void step();
+  // The same step, one part of the parameters at a time, in order, calling
+  // `after_part(i)` once part i is updated; parameters in no part go last.
+  // Each parameter's update is the one step() makes. CPU offload overlaps
+  // this with the next forward (fsdp/offloaded_optimizer_step.h): a part
+  // is an FSDP group, whose copy-in may start once it has stepped.
+  void step_in_parts(const std::vector<std::vector<const nn::Parameter*>>& parts,
+                     const std::function<void(size_t part)>& after_part);
   // Sets every gradient to none (undefined), freeing its memory.
   void zero_grad();
 

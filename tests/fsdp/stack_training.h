@@ -12,6 +12,7 @@
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/offloaded_optimizer_step.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/streams.h"
 #include "nn/optim/adamw.h"
@@ -31,6 +32,8 @@ struct StackRun {
   DeviceType device = DeviceType::cuda;  // cuda: rank r on simulated cuda:r
   std::optional<CPUOffloadPolicy> offload = std::nullopt;
   int micro_batches = 1;  // gradients synced on the last only
+  // With offload: fsdp::OffloadedOptimizerStep, each step overlapped with the next forward.
+  bool overlap_optimizer = false;
 };
 
 struct StackResult {
@@ -65,6 +68,8 @@ inline StackResult train_layer_stack(const StackRun& run) {
     model.to_empty(device);
     model.reset_parameters(5);
     optim::AdamW optimizer(model.named_parameters(), {.lr = 0.01});
+    std::optional<OffloadedOptimizerStep> overlapped;
+    if (run.overlap_optimizer) overlapped.emplace(model, optimizer);
     for (int step = 0; step < run.steps; ++step) {
       for (int micro = 0; micro < run.micro_batches; ++micro) {
         root.set_requires_gradient_sync(micro + 1 == run.micro_batches);
@@ -72,9 +77,15 @@ inline StackResult train_layer_stack(const StackRun& run) {
                             static_cast<uint64_t>(step * run.micro_batches + micro)};
         autograd::backward(model(ops::to(ops::randn({6, 24}, key), device)));
       }
+      if (overlapped) {
+        overlapped->wait();
+        overlapped->start();
+        continue;
+      }
       optimizer.step();
       optimizer.zero_grad();
     }
+    if (overlapped) overlapped->wait();
     bool on_host = true;
     for (const auto& [name, parameter] : model.named_parameters()) {
       on_host = on_host && parameter->tensor().device().is_cpu();

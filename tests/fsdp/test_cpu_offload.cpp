@@ -4,11 +4,16 @@
 // from the cpu's), for odd and even worlds, HSDP, resharding to groups of 2
 // and gradient accumulation; nothing of the model is left on a GPU between
 // steps, as the plan says; jittered streams change no bit and the
-// stream-ordering checker stays silent.
+// stream-ordering checker stays silent. The optimizer step overlapped with
+// the next forward (offloaded_optimizer_step.h) gives the same bits, and
+// does overlap.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +23,8 @@
 #include "tests/fsdp/layer_stack.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "autograd/grad_mode.h"
+#include "fsdp/offloaded_optimizer_step.h"
+#include "nn/optim/adamw.h"
 #include "tests/dist/error_message.h"
 #include "tests/fsdp/stack_training.h"
 #endif
@@ -217,6 +224,142 @@ TEST_CASE("CPU offload: the host writing shards a copy to the device may still r
   const std::string message = message_of(forward_then_load);
   CHECK(message.starts_with("stream-order checker: `load_full_state_dict` on the host writes host memory"));
   CHECK(message.find("which `memcpy host to device` on cuda:") != std::string::npos);
+}
+
+TEST_CASE("CPU offload with the optimizer step overlapped with the next forward: the same weights, bit for bit") {
+  for (const Mesh mesh : {Mesh{2, 1, 0}, Mesh{3, 1, 0}, Mesh{4, 2, 0}, Mesh{4, 1, 2}}) {
+    CAPTURE(mesh.nproc);
+    CAPTURE(mesh.hsdp);
+    CAPTURE(mesh.reshard_to);
+    StackRun run{.nproc = mesh.nproc, .hsdp = mesh.hsdp, .steps = 3, .reshard = mesh.reshard(),
+                 .offload = CPUOffloadPolicy{}};
+    const std::vector<std::vector<float>> whole_step = train_layer_stack(run).weights;
+    run.overlap_optimizer = true;
+    CHECK(train_layer_stack(run).weights == whole_step);
+    // Jittered streams: the checker sees each copy-in after its group's step.
+    for (int seed = 1; seed <= stream_seeds(); ++seed) {
+      CAPTURE(seed);
+      const StreamJitter jitter(static_cast<uint64_t>(seed));
+      CHECK(train_layer_stack(run).weights == whole_step);
+    }
+  }
+  const StackRun accumulating{.nproc = 3, .steps = 2, .offload = CPUOffloadPolicy{}, .micro_batches = 3,
+                              .overlap_optimizer = true};
+  StackRun whole = accumulating;
+  whole.overlap_optimizer = false;
+  CHECK(train_layer_stack(accumulating).weights == train_layer_stack(whole).weights);
+}
+
+namespace {
+
+// The rank's simulated GPU, made this thread's current device.
+Device current_rank_device(const dist::ProcessGroupPtr& world) {
+  cuda::set_device(world->rank());
+  return {DeviceType::cuda, world->rank()};
+}
+
+// A LayerStack of 4 Linear groups on `world`'s simulated GPUs, offloaded.
+struct OffloadedStack {
+  explicit OffloadedStack(const dist::ProcessGroupPtr& world)
+      : device(current_rank_device(world)), drain(device), model({8, 6, 8, 6, 8}) {
+    const dist::DeviceMesh mesh(world, device, {world->size()}, {"shard"});
+    for (const auto& layer : model.layers()) fully_shard(*layer, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+    fully_shard(model, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+    model.to_empty(device);
+    model.reset_parameters(3);
+  }
+  void forward_backward() { autograd::backward(model(ops::to(ops::ones({2, 8}), device))); }
+
+  Device device;
+  DrainOnExit drain;
+  LayerStack model;
+};
+
+}  // namespace
+
+TEST_CASE("CPU offload, overlapped step: the next forward runs its first group while the last group steps") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& world) {
+    OffloadedStack stack(world);
+    optim::AdamW optimizer(stack.model.named_parameters(), {.lr = 0.01});
+    OffloadedOptimizerStep step(stack.model, optimizer);
+    // The last group's step holds on until the first layer's forward has run:
+    // a step that did not overlap the forward would never see it.
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool first_layer_ran = false, waited_in_vain = false;
+    const auto hook = stack.model.layers()[0].register_forward_hook(
+        [&](nn::Module&, const nn::TensorList&, const Tensor&) -> std::optional<Tensor> {
+          const std::lock_guard lock(mutex);
+          first_layer_ran = true;
+          changed.notify_all();
+          return std::nullopt;
+        });
+    const size_t groups = stack.model.layers().size();  // the root has no parameters of its own
+    stack.forward_backward();
+    step.set_after_group_for_testing([&](size_t group) {
+      if (group + 1 != groups) return;
+      std::unique_lock lock(mutex);
+      // Only a broken overlap waits this long: the forward is a few ms away.
+      waited_in_vain = !changed.wait_for(lock, std::chrono::minutes(2), [&] { return first_layer_ran; });
+    });
+    step.start();
+    stack.forward_backward();
+    step.wait();
+    CHECK_FALSE(waited_in_vain);
+    CHECK(first_layer_ran);
+  });
+}
+
+TEST_CASE("CPU offload, overlapped step: an optimizer error reaches the next forward and wait(); misuse is refused") {
+  // An optimizer whose every update fails.
+  class FailingOptimizer : public optim::Optimizer {
+   public:
+    explicit FailingOptimizer(std::vector<nn::NamedParameter> params)
+        : Optimizer({optim::ParamGroup{.params = std::move(params)}}, 0.1, 0.0, "FailingOptimizer") {}
+
+   protected:
+    void init_param_state(const Tensor&, optim::ParamState&) const override {}
+    void update(Tensor&, const Tensor&, optim::ParamState&, const optim::ParamGroup&) override {
+      fail("FailingOptimizer: this update fails");
+    }
+  };
+  dist::run_local(2, [](const dist::ProcessGroupPtr& world) {
+    OffloadedStack stack(world);
+    FailingOptimizer optimizer(stack.model.named_parameters());
+    OffloadedOptimizerStep step(stack.model, optimizer);
+    stack.forward_backward();
+    step.start();
+    CHECK_THROWS_WITH_AS(step.start(), doctest::Contains("the previous step is still running; wait() for it first"),
+                         Error);
+    CHECK_THROWS_WITH_AS(stack.forward_backward(), "FailingOptimizer: this update fails", Error);
+    CHECK_THROWS_WITH_AS(step.wait(), "FailingOptimizer: this update fails", Error);
+    step.wait();  // reported once
+  });
+  dist::run_local(1, [](const dist::ProcessGroupPtr& world) {
+    const Device device(DeviceType::cuda, 0);
+    cuda::set_device(0);
+    const dist::DeviceMesh mesh(world, device, {1}, {"shard"});
+    LayerStack plain({4, 4});
+    optim::AdamW plain_optimizer(plain.named_parameters(), {.lr = 0.01});
+    CHECK_THROWS_WITH_AS(OffloadedOptimizerStep(plain, plain_optimizer),
+                         doctest::Contains("this LayerStack is not an FSDP module"), Error);
+    LayerStack on_device({4, 4});
+    fully_shard(on_device.layers()[0], {.mesh = mesh});
+    fully_shard(on_device, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+    on_device.to_empty(device);
+    optim::AdamW optimizer(on_device.named_parameters(), {.lr = 0.01});
+    CHECK_THROWS_WITH_AS(OffloadedOptimizerStep(on_device, optimizer),
+                         doctest::Contains("FSDP module 'layers.0' (Linear) is not offloaded"), Error);
+    LayerStack offloaded({4, 4});
+    fully_shard(offloaded, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
+    offloaded.to_empty(device);
+    LayerStack other({4, 4});
+    optim::AdamW other_optimizer(other.named_parameters(), {.lr = 0.01});
+    CHECK_THROWS_WITH_AS(OffloadedOptimizerStep(offloaded, other_optimizer),
+                         doctest::Contains("the optimizer's parameter 'layers.0.weight' is in no FSDP group of this "
+                                           "LayerStack"),
+                         Error);
+  });
 }
 
 #endif  // TESSERA_HAVE_CUDA_SIM

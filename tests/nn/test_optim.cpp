@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <string>
 #include <vector>
 
 #include "nn/linear.h"
@@ -136,6 +137,36 @@ TEST_CASE("AdamW: a big parameter takes the threaded path and matches a small on
     single.step();
     CHECK(after[i] == values(one)[0]);
   }
+}
+
+TEST_CASE("optimizer: step_in_parts makes step()'s update part by part, in order, the unlisted ones last") {
+  const auto build = [] {
+    std::vector<nn::NamedParameter> named;
+    for (int index = 0; index < 4; ++index) {
+      auto parameter = make_parameter({1.0 + index, -2.0, 0.5 * index});
+      set_grad(parameter, {0.25, -1.0 + index, 3.0});
+      named.emplace_back("p" + std::to_string(index), parameter);
+    }
+    return named;
+  };
+  const std::vector<nn::NamedParameter> whole = build(), in_parts = build();
+  optim::AdamW whole_adamw(whole, {.lr = 0.1, .weight_decay = 0.1});
+  optim::AdamW parts_adamw(in_parts, {.lr = 0.1, .weight_decay = 0.1});
+  whole_adamw.step();
+  // Part 0 is p2, part 1 is p0; p1 and p3 are in none.
+  std::vector<size_t> calls;
+  parts_adamw.step_in_parts({{in_parts[2].second.get()}, {in_parts[0].second.get()}}, [&](size_t part) {
+    calls.push_back(part);
+    // A part is updated before its call; the unlisted ones after the last.
+    CHECK(values(in_parts[part == 0 ? 2 : 0].second) == values(whole[part == 0 ? 2 : 0].second));
+    CHECK(values(in_parts[1].second) == std::vector<double>{2.0, -2.0, 0.5});
+  });
+  CHECK(calls == std::vector<size_t>{0, 1});
+  for (size_t index = 0; index < whole.size(); ++index) {
+    CAPTURE(index);
+    CHECK(values(in_parts[index].second) == values(whole[index].second));
+  }
+  CHECK(parts_adamw.step_count() == 1);
 }
 
 TEST_CASE("optimizer: weight-decay groups skip biases and norms") {
