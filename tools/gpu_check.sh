@@ -10,8 +10,12 @@
 #   5. the tiny GPT trained on cuda and on cpu in f32, and on cuda with
 #      --cpu-offload: losses within 1e-5;
 #      NCCL's suite (tests/dist/test_nccl) and the tiny GPT over NCCL;
+#      on every GPU, one process each (stage `multi`): the collectives
+#      between GPUs, deterministic FSDP bitwise one GPU's, a checkpoint
+#      resumed on one GPU, HSDP and an odd world (one GPU: the launch only);
 #   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
-#      the PREDICTED step of bench/gpt2_step_prediction;
+#      the PREDICTED step of bench/gpt2_step_prediction; B = 16 again with
+#      --cpu-offload (stage `offload`): its step time and device peak;
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
 #      and the GEMM and copy rates the prediction is calibrated with;
 #   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
@@ -31,7 +35,7 @@
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
-#                           [--stages suite,tiny,nccl,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
+#                           [--stages suite,tiny,nccl,multi,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
 #                           [--profile-kernels REGEX]
 #
 # --stages runs only those (the build always): a second lease need not
@@ -50,7 +54,7 @@ budget=520
 sim=0
 bundle=.gpu-bundle
 archive=
-default_stages=,suite,tiny,nccl,gpt2,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+default_stages=,suite,tiny,nccl,multi,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,
 all_stages=${default_stages}profile,
 stages=$default_stages
 profile_kernels='attention_mma'
@@ -295,26 +299,130 @@ if wanted nccl; then
   fi
 fi
 
+# ---- 5c. several GPUs: one process per GPU over NCCL ---------------------------------------------------
+# Each rank is a process bound to cuda:<local rank> by torchrun-style
+# variables, its store on this host. Checked:
+#   - test_nccl's "nccl: " cases on every GPU: each collective, dtype and op
+#     exact against every rank's contribution, deterministic mode bitwise the
+#     rank-order reduction, ncclCommSplit sub-groups and HSDP's mesh,
+#     coalesced groups;
+#   - deterministic FSDP on P GPUs (P the largest power of two <= the GPUs)
+#     ends with bitwise the weights of one GPU with P micro-batches; its
+#     step-3 checkpoint resumes on one GPU and ends there bitwise too;
+#   - HSDP 2 x P/2 (P >= 4) and FSDP on 3 GPUs (an odd world, uneven shards):
+#     losses within 1e-5 of the one GPU's.
+# NCCL takes one GPU a rank: on one GPU only the launch path runs (a world
+# of one through the store), and the rest is reported NOT RUN. The dry run
+# (--sim) trains the same comparisons on simulated GPUs as threads of one
+# process (the local backend: the simulator has no NCCL).
+gpu_count=4
+[ $sim -eq 0 ] && gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# launch_ranks N COMMAND...: N processes of COMMAND with torchrun-style
+# variables, each rank's output prefixed with its rank. A failed rank ends
+# the others through the watchdog (TESSERA_DIST_TIMEOUT_S), else the limit.
+launch_ranks() {
+  local n=$1 port rank status=0
+  shift
+  port=$(free_port)
+  local pids=()
+  for ((rank = 0; rank < n; ++rank)); do
+    (RANK=$rank WORLD_SIZE=$n LOCAL_RANK=$rank LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      TESSERA_DIST_TIMEOUT_S=60 limited "$@" 2>&1 | sed "s/^/[rank $rank] /"; exit "${PIPESTATUS[0]}") &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  return $status
+}
+multi_common=(--device cuda --data synthetic --deterministic --clip 0 --threads 1 --eval-every 0 --steps 6
+  --warmup 2 --overwrite)
+# train_on N NAME ARGS...: train on N GPUs (one process each over NCCL; in
+# the dry run, threads of one process), rank 0's losses in tiny_NAME.jsonl.
+train_on() {
+  local n=$1 name=$2
+  shift 2
+  if [ $sim -eq 1 ]; then
+    limited "$train" "${multi_common[@]}" --nproc "$n" --log-json "$out_dir/tiny_$name.jsonl" "$@"
+  else
+    launch_ranks "$n" "$train" "${multi_common[@]}" --backend nccl --log-json "$out_dir/tiny_$name.jsonl" "$@"
+  fi
+}
+same_bits() {  # A B LABEL: two exported models, bitwise
+  if cmp -s "$1" "$2"; then
+    say "   $3: bitwise equal"
+  else
+    say "   $3: DIFFER"
+    failures=$((failures + 1))
+  fi
+}
+multi_gpu() {
+  local p=1
+  while [ $((p * 2)) -le "$gpu_count" ]; do p=$((p * 2)); done
+  if [ $sim -eq 0 ]; then
+    if [ ! -x "$build/tests/dist/test_nccl" ]; then
+      say "== multi: SKIPPED (no NCCL was found to build it)"
+      return
+    fi
+    stage multi_nccl 120 launch_ranks "$gpu_count" "$build/tests/dist/test_nccl" '--test-case=nccl: *'
+    grep -E '\] \[doctest\] (test cases|assertions)' "$out_dir/multi_nccl.log" | sed 's/^/   /' | tee -a "$report"
+    if [ "$gpu_count" -lt 2 ]; then
+      say "   NOT RUN: collectives between GPUs, deterministic FSDP, HSDP and an odd world over NCCL" \
+        "($gpu_count GPU here; NCCL takes one GPU a rank)"
+      return
+    fi
+  fi
+  local ckpt=$out_dir/multi_ckpt
+  rm -rf "$ckpt"
+  stage multi_fsdp 120 train_on "$p" multi_fsdp --export "$out_dir/multi_fsdp.safetensors" --ckpt-dir "$ckpt" \
+    --ckpt-every 3 || return
+  stage multi_one_gpu 120 train_on 1 multi_one --grad-accum "$p" --export "$out_dir/multi_one.safetensors" || return
+  same_bits "$out_dir/multi_fsdp.safetensors" "$out_dir/multi_one.safetensors" \
+    "deterministic FSDP on $p GPUs against 1 GPU with $p micro-batches"
+  rm -rf "$ckpt/step-00000006"
+  if stage multi_resume 120 train_on 1 multi_resume --grad-accum "$p" --ckpt-dir "$ckpt" --resume \
+    --export "$out_dir/multi_resumed.safetensors"; then
+    grep -q 'step-00000003' "$out_dir/multi_resume.log" || say "   the 1-GPU run did not say it resumed from step 3"
+    same_bits "$out_dir/multi_resumed.safetensors" "$out_dir/multi_fsdp.safetensors" \
+      "the $p-GPU run's step-3 checkpoint resumed on 1 GPU against the $p-GPU run's end"
+  fi
+  if [ "$p" -ge 4 ] && stage multi_hsdp 120 train_on "$p" multi_hsdp --hsdp 2; then
+    compare_losses "HSDP 2 x $((p / 2)) against 1 GPU with $p micro-batches" multi_hsdp multi_one 1e-5
+  fi
+  if [ "$gpu_count" -ge 3 ] && stage multi_one_gpu_3 120 train_on 1 multi_one_3 --grad-accum 3 &&
+    stage multi_odd 120 train_on 3 multi_odd; then
+    compare_losses "FSDP on 3 GPUs (uneven shards) against 1 GPU with 3 micro-batches" multi_odd multi_one_3 1e-5
+  fi
+}
+! wanted multi || multi_gpu
+
 # ---- 6. GPT-2 124M bf16 --------------------------------------------------------------------------------
 if [ $sim -eq 1 ]; then
   gpt2_shape=(--n-layer 1 --seq-len 64) gpt2_steps=2 gpt2_small_batch=1 gpt2_large_batch=2
 else
   gpt2_shape=(--seq-len 1024) gpt2_steps=12 gpt2_small_batch=16 gpt2_large_batch=32
 fi
-gpt2_run() {  # batch
+gpt2_run() {  # name batch [flags]
   limited "$train" --device cuda --preset gpt2-124m --param-dtype bf16 --data synthetic --steps $gpt2_steps \
-    --lr 6e-4 --warmup 0 --eval-every 0 "${gpt2_shape[@]}" --batch "$1" --log-json "$out_dir/gpt2_b$1.jsonl" --overwrite
+    --lr 6e-4 --warmup 0 --eval-every 0 "${gpt2_shape[@]}" --batch "$2" --log-json "$out_dir/$1.jsonl" --overwrite \
+    "${@:3}"
 }
-gpt2_timing() {  # batch
-  stage "gpt2_b$1" 60 gpt2_run "$1" &&
-    python3 - "$out_dir/gpt2_b$1.jsonl" "$1" "$root/bench/data/gpt2_h100_prediction.json" <<'EOF' | tee -a "$report"
+# gpt2_timing BATCH [FLAGS]: with flags (--cpu-offload) a run of its own,
+# gpt2_bB_offload, without the prediction (made for the plain step).
+gpt2_timing() {
+  local name=gpt2_b$1 label=""
+  [ $# -gt 1 ] && name+=_offload label=" ${*:2}"
+  stage "$name" 60 gpt2_run "$name" "$@" &&
+    python3 - "$out_dir/$name.jsonl" "$1" "$root/bench/data/gpt2_h100_prediction.json" "$label" <<'EOF' | tee -a "$report"
 import json, os, statistics, sys
 steps = [json.loads(line) for line in open(sys.argv[1])]
 steady = [s["step_ms"] for s in steps[2:]] or [s["step_ms"] for s in steps]
 median = statistics.median(steady)
-line = (f"   tessera GPT-2 124M bf16 B={sys.argv[2]}: MEASURED {median:.1f} ms/step (median of {len(steady)}, "
-        f"min {min(steady):.1f}), {steps[-1]['tokens_per_s'] / 1e3:.1f} k tokens/s, peak {steps[-1]['peak_mem_bytes'] / 2**30:.2f} GiB")
-if os.path.exists(sys.argv[3]):
+line = (f"   tessera GPT-2 124M bf16 B={sys.argv[2]}{sys.argv[4]}: MEASURED {median:.1f} ms/step (median of "
+        f"{len(steady)}, min {min(steady):.1f}), {steps[-1]['tokens_per_s'] / 1e3:.1f} k tokens/s, "
+        f"peak {steps[-1]['peak_mem_bytes'] / 2**30:.2f} GiB")
+if os.path.exists(sys.argv[3]) and not sys.argv[4]:
     predicted = json.load(open(sys.argv[3])).get("step_ms", {}).get(sys.argv[2])
     if predicted:
         line += f"; PREDICTED {predicted:.1f} ms (measured / predicted {median / predicted:.2f})"
@@ -382,6 +490,7 @@ kernel_profile() {
 }
 
 ! wanted gpt2 || gpt2_timing $gpt2_small_batch
+! wanted offload || gpt2_timing $gpt2_small_batch --cpu-offload
 ! wanted ncu || kernel_times
 ! wanted profile || kernel_profile
 ! wanted torch || torch_timing
