@@ -15,7 +15,8 @@
 #      resumed on one GPU, HSDP and an odd world (one GPU: the launch only);
 #   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
 #      the PREDICTED step of bench/gpt2_step_prediction; B = 16 again with
-#      --cpu-offload (stage `offload`): its step time and device peak;
+#      --cpu-offload (stage `offload`), AdamW's host step overlapped with the
+#      next forward and then whole before it: step times and device peaks;
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
 #      and the GEMM and copy rates the prediction is calibrated with;
 #   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
@@ -408,12 +409,12 @@ gpt2_run() {  # name batch [flags]
     --lr 6e-4 --warmup 0 --eval-every 0 "${gpt2_shape[@]}" --batch "$2" --log-json "$out_dir/$1.jsonl" --overwrite \
     "${@:3}"
 }
-# gpt2_timing BATCH [FLAGS]: with flags (--cpu-offload) a run of its own,
-# gpt2_bB_offload, without the prediction (made for the plain step).
+# gpt2_timing BATCH [SUFFIX FLAGS...]: with flags (--cpu-offload) a run of
+# its own, gpt2_bBATCH_SUFFIX, without the prediction (made for the plain step).
 gpt2_timing() {
   local name=gpt2_b$1 label=""
-  [ $# -gt 1 ] && name+=_offload label=" ${*:2}"
-  stage "$name" 60 gpt2_run "$name" "$@" &&
+  [ $# -gt 1 ] && name+=_$2 label=" ${*:3}"
+  stage "$name" 60 gpt2_run "$name" "$1" "${@:3}" &&
     python3 - "$out_dir/$name.jsonl" "$1" "$root/bench/data/gpt2_h100_prediction.json" "$label" <<'EOF' | tee -a "$report"
 import json, os, statistics, sys
 steps = [json.loads(line) for line in open(sys.argv[1])]
@@ -490,7 +491,16 @@ kernel_profile() {
 }
 
 ! wanted gpt2 || gpt2_timing $gpt2_small_batch
-! wanted offload || gpt2_timing $gpt2_small_batch --cpu-offload
+if wanted offload; then
+  gpt2_timing $gpt2_small_batch offload --cpu-offload
+  gpt2_timing $gpt2_small_batch offload_whole --cpu-offload --offload-step whole
+  # The offloaded step's copies and host thread under memcheck: the tiny GPT, 3 steps.
+  if [ $sim -eq 0 ] && command -v compute-sanitizer >/dev/null; then
+    stage offload_memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+      "$train" --device cuda --cpu-offload --data synthetic --steps 3 --eval-every 0 --threads 4 &&
+      grep -E 'ERROR SUMMARY' "$out_dir/offload_memcheck.log" | sed 's/^/   /' | tee -a "$report"
+  fi
+fi
 ! wanted ncu || kernel_times
 ! wanted profile || kernel_profile
 ! wanted torch || torch_timing

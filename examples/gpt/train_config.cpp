@@ -200,6 +200,9 @@ void TrainConfig::validate() const {
                 nproc);
   TESSERA_CHECK(!cpu_offload || device.is_cuda(), "--cpu-offload keeps the shards in host memory while a GPU "
                 "computes: it needs --device cuda (on the cpu they are in host memory already)");
+  TESSERA_CHECK(overlap_offloaded_step || cpu_offload,
+                "--offload-step whole chooses how --cpu-offload's host optimizer step runs; without --cpu-offload "
+                "the optimizer steps where the shards are");
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
                 hsdp, nproc);
@@ -353,6 +356,12 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_flag("--cpu-offload", config.cpu_offload,
                "With --device cuda: parameter shards, gradients and AdamW's state in pinned host memory (FSDP's "
                "CPUOffloadPolicy); the GPU holds the gathered blocks, activations and workspace");
+  std::string offload_step = config.overlap_offloaded_step ? "overlapped" : "whole";
+  app.add_option("--offload-step", offload_step,
+                 "With --cpu-offload: AdamW's host step overlapped with the next forward, one FSDP group at a time "
+                 "(overlapped), or whole before the next forward starts (whole, as FSDP2); the same weights")
+      ->check(CLI::IsMember({"overlapped", "whole"}))
+      ->capture_default_str();
   app.add_option("--trace", config.trace,
                  "Write a Chrome/Perfetto trace of every rank to this file (a --resume whose file exists writes a "
                  "new one, named in the banner)")
@@ -449,6 +458,7 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
     config.reshard_after_forward = *parse_reshard(reshard_text);
     config.param_dtype = parse_dtype(param_dtype);
     config.device = tessera::Device::parse(device);
+    config.overlap_offloaded_step = offload_step == "overlapped";
     config.grad_sync = grad_sync == "every" ? tessera::fsdp::GradientSync::every_micro_batch
                                             : tessera::fsdp::GradientSync::last_micro_batch;
     if (!reduce_dtype.empty()) config.reduce_dtype = parse_dtype(reduce_dtype);
@@ -470,8 +480,11 @@ std::string describe(const TrainConfig& c) {
   // A GPT's line is the one GPT runs always printed; other families name themselves.
   const std::string name =
       c.family() == ModelFamily::gpt ? c.preset : fmt::format("{} ({})", c.preset, family_name(c.family()));
-  const std::string mesh = c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks())
-                                      : fmt::format("shard {}", c.nproc);
+  const std::string mesh =
+      c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks()) : fmt::format("shard {}", c.nproc);
+  const char* offload = !c.cpu_offload             ? ""
+                        : c.overlap_offloaded_step ? ", cpu offload"
+                                                   : ", cpu offload (whole optimizer step)";
   return fmt::format(
       "model    {}: {} ({:.3f} M parameters)\n"
       "batch    {} x {} tokens x {} micro-batches{} x {} ranks = {} tokens per step, {} steps\n"
@@ -480,11 +493,12 @@ std::string describe(const TrainConfig& c) {
       "device   {}\n"
       "seed     {}",
       name, describe_shape(model), static_cast<double>(num_parameters(model)) / 1e6, c.batch, c.seq_len, c.grad_accum,
-      c.grad_accum > 1 ? fmt::format(" (synced {})", grad_sync_name(c.grad_sync)) : "", c.nproc, c.tokens_per_step(), c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
+      c.grad_accum > 1 ? fmt::format(" (synced {})", grad_sync_name(c.grad_sync)) : "", c.nproc, c.tokens_per_step(),
+      c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
       c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
       tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)),
-      std::string(c.deterministic ? ", deterministic" : "") + (c.cpu_offload ? ", cpu offload" : ""),
+      std::string(c.deterministic ? ", deterministic" : "") + offload,
       c.device.is_cuda() && c.nproc > 1
           ? fmt::format("cuda:0 to cuda:{}, one per rank; {}", c.nproc - 1, tessera::describe_device(c.device))
           : tessera::describe_device(c.device),

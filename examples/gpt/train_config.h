@@ -88,6 +88,10 @@ struct TrainConfig {
   std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype
   bool deterministic = false;  // rank-order reductions (bitwise reproducible)
   bool cpu_offload = false;    // FSDP's CPUOffloadPolicy: shards, gradients, AdamW in pinned host memory (cuda)
+  // --offload-step: under cpu_offload, AdamW's host step overlapped with the
+  // next forward group by group (fsdp/offloaded_optimizer_step.h), or run
+  // whole before it (FSDP2's way); the same bits either way.
+  bool overlap_offloaded_step = true;
   std::string trace;           // "" = none; else a Chrome/Perfetto trace of every rank
   bool plan = false;           // print the sharding plan and exit (starts no rank: any --nproc, any model)
   bool sweep = false;          // with plan: also plan 1, 2, 4, ..., 1024 ranks, FSDP and HSDP (run_plan.h)

@@ -189,7 +189,7 @@ Trainer::Trainer(TrainConfig config, DataLoader data, std::optional<Distributed>
                 data_.options().seq_len, config_.batch, config_.seq_len);
   TESSERA_CHECK(world_size() == config_.nproc, "Trainer: the config says {} ranks (--nproc) but the world has {}",
                 config_.nproc, world_size());
-  if (fsdp_root_ && config_.cpu_offload) {
+  if (fsdp_root_ && config_.cpu_offload && config_.overlap_offloaded_step) {
     overlapped_step_ = std::make_unique<tessera::fsdp::OffloadedOptimizerStep>(*model_, *optimizer_);
   }
   if (!distributed_) return;

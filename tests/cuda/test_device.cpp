@@ -352,6 +352,13 @@ TEST_CASE("transfers stage through cached pinned buffers: no page-locked allocat
   const Tensor host = ops::arange(0.0, 3000.0, 1.0);  // 12000 bytes of f32: the 16 KiB class
   // One round: an upload's block returns to the pool when the stream has run
   // its copy, so the download after it may need a second block of the class.
+  // Whether it does depends on how fast the GPU ran the upload, so the pool
+  // gets both blocks first (a warm-up round alone left one on an H100, and a
+  // round later allocated the second).
+  const cuda::PinnedBlock first = cuda::acquire_pinned(12000);
+  const cuda::PinnedBlock second = cuda::acquire_pinned(12000);
+  cuda::release_pinned(first);
+  cuda::release_pinned(second);
   const auto round_trip = [&] {
     const Tensor back = ops::to(ops::to(host, kCuda), kCPU);
     CHECK(back.to_vector<float>() == host.to_vector<float>());

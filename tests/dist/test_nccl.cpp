@@ -98,8 +98,10 @@ std::vector<double> expected_reduction(ReduceOp op, int size, int64_t whole, int
 // <= 2). Exact at power-of-two sizes.
 double avg_tolerance(DType dtype, int size) {
   if (is_integer(dtype) || (size & (size - 1)) == 0) return 0.0;
-  const double epsilon = dtype == DType::bf16 ? 0x1p-8 : dtype == DType::f16 ? 0x1p-11
-                         : dtype == DType::f32 ? 0x1p-24 : 0x1p-53;
+  const double epsilon = dtype == DType::bf16  ? 0x1p-8
+                         : dtype == DType::f16 ? 0x1p-11
+                         : dtype == DType::f32 ? 0x1p-24
+                                               : 0x1p-53;
   return 2.0 * size * 2.0 * epsilon;
 }
 
@@ -151,8 +153,7 @@ TEST_CASE("nccl: every device collective through NCCL, in every dtype, exact aga
         const double tolerance = op == ReduceOp::avg ? avg_tolerance(dtype, n) : 0.0;
         Tensor scattered = ops::empty({count}, {.dtype = dtype, .device = gpu});
         world->reduce_scatter_into(scattered, whole, op);
-        check_close(as_doubles(scattered), expected_reduction(op, n, count * n, rank * count, count, dtype),
-                    tolerance);
+        check_close(as_doubles(scattered), expected_reduction(op, n, count * n, rank * count, count, dtype), tolerance);
         Tensor reduced = ops::to(values(count, dtype, rank), gpu);
         world->all_reduce(reduced, op);
         check_close(as_doubles(reduced), expected_reduction(op, n, count, 0, count, dtype), tolerance);
@@ -304,8 +305,8 @@ TEST_CASE("nccl: coalesced collectives are one NCCL group, each equal to the sin
     const int rank = world->rank();
     const Device gpu = gpu_of(world);
     std::vector<Tensor> ins, outs, singles;
-    for (const auto& [count, dtype] : std::vector<std::pair<int64_t, DType>>{{5, DType::f32}, {700, DType::bf16},
-                                                                              {3, DType::f64}}) {
+    for (const auto& [count, dtype] :
+         std::vector<std::pair<int64_t, DType>>{{5, DType::f32}, {700, DType::bf16}, {3, DType::f64}}) {
       ins.push_back(ops::to(values(count * n, dtype, rank), gpu));
       outs.push_back(ops::empty({count * n * n}, {.dtype = dtype, .device = gpu}));
       singles.push_back(ops::empty({count * n * n}, {.dtype = dtype, .device = gpu}));

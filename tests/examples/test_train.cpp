@@ -282,6 +282,8 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
                                            : "--backend nccl: this build has no NCCL backend"},
       {{"--backend", "gloo"}, "--backend: gloo not in"},
       {{"--cpu-offload"}, "--cpu-offload keeps the shards in host memory while a GPU computes: it needs --device cuda"},
+      {{"--offload-step", "whole"}, "--offload-step whole chooses how --cpu-offload's host optimizer step runs"},
+      {{"--offload-step", "later"}, "--offload-step: later not in {overlapped,whole}"},
       {{"--backend", "mpi"}, "--backend mpi needs a launcher"},
       {{"--resume"}, "--ckpt-every, --keep, --resume and --async-ckpt need --ckpt-dir DIR"},
       {{"--ckpt-every", "5"}, "need --ckpt-dir DIR"},

@@ -211,6 +211,26 @@ TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of
 }
 #endif
 
+#if TESSERA_HAVE_CUDA_SIM
+TEST_CASE("--cpu-offload on 2 simulated GPUs: the overlapped host step and the whole one give the same bits, with "
+          "2 micro-batches and clipping") {
+  TrainConfig config = tiny_cuda_config(kCuda);
+  config.steps = 3;
+  config.warmup = 1;
+  config.nproc = 2;
+  config.grad_accum = 2;
+  config.cpu_offload = true;
+  std::vector<std::vector<float>> overlapped, whole;
+  const std::vector<std::pair<double, double>> overlapped_steps = rank0_steps(config, &overlapped);
+  config.overlap_offloaded_step = false;
+  const std::vector<std::pair<double, double>> whole_steps = rank0_steps(config, &whole);
+  REQUIRE(overlapped_steps.size() == 3);
+  CHECK(overlapped_steps == whole_steps);
+  REQUIRE(!overlapped.empty());
+  CHECK(overlapped == whole);
+}
+#endif
+
 TEST_CASE("--device cuda on several ranks needs device collectives: the simulator's ranks as threads") {
   TrainConfig config = tiny_cuda_config(kCuda);
   config.nproc = 2;
