@@ -15,8 +15,8 @@
 #      resumed on one GPU, HSDP and an odd world (one GPU: the launch only);
 #   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
 #      the PREDICTED step of bench/gpt2_step_prediction; B = 16 again with
-#      --cpu-offload (stage `offload`), AdamW's host step overlapped with the
-#      next forward and then whole before it: step times and device peaks;
+#      --cpu-offload (stage `offload`), AdamW's host step whole before the
+#      next forward and then overlapped with it: step times and device peaks;
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
 #      and the GEMM and copy rates the prediction is calibrated with;
 #   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
@@ -35,7 +35,7 @@
 # comes back.
 # Everything goes to one report file (and the raw logs beside it).
 #
-#   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim]
+#   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim] [--build DIR]
 #                           [--stages suite,tiny,nccl,multi,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
 #                           [--profile-kernels REGEX]
 #
@@ -46,6 +46,9 @@
 # --sim is the dry run for a machine without a GPU: the same stages with the
 # default simulator build (reduced GPT-2 shapes: the simulator runs on the
 # CPU; compute-sanitizer's checks are the simulator's own, inside the suite).
+# --build DIR uses a build already configured for the runtime wanted (the
+# dry run: a developer's simulator build) instead of build-gpucheck/build,
+# building the targets there as it is configured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -53,6 +56,7 @@ root=$PWD
 out_dir=build-gpucheck/report
 budget=520
 sim=0
+build=build-gpucheck/build
 bundle=.gpu-bundle
 archive=
 default_stages=,suite,tiny,nccl,multi,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift 2 ;;
     --sim) sim=1; shift ;;
     --bundle) bundle=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
     --archive) archive=$2; shift 2 ;;
     --stages) stages=",$2,"; shift 2 ;;
     --profile-kernels) profile_kernels=$2; shift 2 ;;
@@ -200,7 +205,6 @@ export LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_P
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # ---- 3. the build --------------------------------------------------------------------------------------
-build=build-gpucheck/build
 # NCCL (the nccl stage): the toolkit's own, else the nvidia-nccl wheel that
 # PyTorch brings, whose library has only its versioned name, so a private
 # folder links libnccl.so to it.
@@ -229,6 +233,10 @@ else
   setup_args=(-Dgpu_runtime=nvidia "-Dgpu_architectures=$arch" -Dmpi=disabled -Dblas=disabled "${nccl_args[@]}")
 fi
 build_tessera() {
+  if [ "$build" != build-gpucheck/build ] && [ -f "$build/meson-private/coredata.dat" ]; then
+    limited ninja -C "$build" "${build_targets[@]}"  # --build: as it is configured
+    return
+  fi
   if [ -f "$build/meson-private/coredata.dat" ]; then
     limited meson setup --reconfigure "$build" "${setup_args[@]}" || return 1
   else
@@ -280,6 +288,9 @@ if wanted tiny && stage tiny_cuda 60 tiny_run cuda && stage tiny_cpu 60 tiny_run
   # copied out on the reduce-scatter stream, AdamW on the cpu.
   if stage tiny_offload 60 tiny_run cuda offload --cpu-offload; then
     compare_losses "tiny GPT f32 with --cpu-offload" offload cpu 1e-5
+  fi
+  if stage tiny_offload_overlapped 60 tiny_run cuda offload_overlapped --cpu-offload --offload-step overlapped; then
+    compare_losses "tiny GPT f32 with --cpu-offload --offload-step overlapped" offload_overlapped offload 0
   fi
 fi
 
@@ -493,11 +504,12 @@ kernel_profile() {
 ! wanted gpt2 || gpt2_timing $gpt2_small_batch
 if wanted offload; then
   gpt2_timing $gpt2_small_batch offload --cpu-offload
-  gpt2_timing $gpt2_small_batch offload_whole --cpu-offload --offload-step whole
+  gpt2_timing $gpt2_small_batch offload_overlapped --cpu-offload --offload-step overlapped
   # The offloaded step's copies and host thread under memcheck: the tiny GPT, 3 steps.
   if [ $sim -eq 0 ] && command -v compute-sanitizer >/dev/null; then
     stage offload_memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-      "$train" --device cuda --cpu-offload --data synthetic --steps 3 --eval-every 0 --threads 4 &&
+      "$train" --device cuda --cpu-offload --offload-step overlapped --data synthetic --steps 3 --eval-every 0 \
+      --threads 4 &&
       grep -E 'ERROR SUMMARY' "$out_dir/offload_memcheck.log" | sed 's/^/   /' | tee -a "$report"
   fi
 fi

@@ -200,9 +200,9 @@ void TrainConfig::validate() const {
                 nproc);
   TESSERA_CHECK(!cpu_offload || device.is_cuda(), "--cpu-offload keeps the shards in host memory while a GPU "
                 "computes: it needs --device cuda (on the cpu they are in host memory already)");
-  TESSERA_CHECK(overlap_offloaded_step || cpu_offload,
-                "--offload-step whole chooses how --cpu-offload's host optimizer step runs; without --cpu-offload "
-                "the optimizer steps where the shards are");
+  TESSERA_CHECK(!overlap_offloaded_step || cpu_offload,
+                "--offload-step overlapped chooses how --cpu-offload's host optimizer step runs; without "
+                "--cpu-offload the optimizer steps where the shards are");
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
                 hsdp, nproc);
@@ -358,8 +358,8 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                "CPUOffloadPolicy); the GPU holds the gathered blocks, activations and workspace");
   std::string offload_step = config.overlap_offloaded_step ? "overlapped" : "whole";
   app.add_option("--offload-step", offload_step,
-                 "With --cpu-offload: AdamW's host step overlapped with the next forward, one FSDP group at a time "
-                 "(overlapped), or whole before the next forward starts (whole, as FSDP2); the same weights")
+                 "With --cpu-offload: AdamW's host step whole before the next forward starts (whole, as FSDP2), or "
+                 "overlapped with it one FSDP group at a time (overlapped); the same weights")
       ->check(CLI::IsMember({"overlapped", "whole"}))
       ->capture_default_str();
   app.add_option("--trace", config.trace,
@@ -483,8 +483,8 @@ std::string describe(const TrainConfig& c) {
   const std::string mesh =
       c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks()) : fmt::format("shard {}", c.nproc);
   const char* offload = !c.cpu_offload             ? ""
-                        : c.overlap_offloaded_step ? ", cpu offload"
-                                                   : ", cpu offload (whole optimizer step)";
+                        : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"
+                                                   : ", cpu offload";
   return fmt::format(
       "model    {}: {} ({:.3f} M parameters)\n"
       "batch    {} x {} tokens x {} micro-batches{} x {} ranks = {} tokens per step, {} steps\n"

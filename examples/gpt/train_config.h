@@ -88,10 +88,12 @@ struct TrainConfig {
   std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype
   bool deterministic = false;  // rank-order reductions (bitwise reproducible)
   bool cpu_offload = false;    // FSDP's CPUOffloadPolicy: shards, gradients, AdamW in pinned host memory (cuda)
-  // --offload-step: under cpu_offload, AdamW's host step overlapped with the
-  // next forward group by group (fsdp/offloaded_optimizer_step.h), or run
-  // whole before it (FSDP2's way); the same bits either way.
-  bool overlap_offloaded_step = true;
+  // --offload-step: under cpu_offload, AdamW's host step run whole before the
+  // next forward (FSDP2's way), or overlapped with it group by group
+  // (fsdp/offloaded_optimizer_step.h); the same bits either way. Whole is the
+  // default: on an H100 with 16 host cores the overlap measured no faster on
+  // GPT-2 124M (docs/fsdp_on_gpus.md, section 7).
+  bool overlap_offloaded_step = false;
   std::string trace;           // "" = none; else a Chrome/Perfetto trace of every rank
   bool plan = false;           // print the sharding plan and exit (starts no rank: any --nproc, any model)
   bool sweep = false;          // with plan: also plan 1, 2, 4, ..., 1024 ranks, FSDP and HSDP (run_plan.h)

@@ -212,7 +212,7 @@ TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of
 #endif
 
 #if TESSERA_HAVE_CUDA_SIM
-TEST_CASE("--cpu-offload on 2 simulated GPUs: the overlapped host step and the whole one give the same bits, with "
+TEST_CASE("--cpu-offload on 2 simulated GPUs: the whole host step and the overlapped one give the same bits, with "
           "2 micro-batches and clipping") {
   TrainConfig config = tiny_cuda_config(kCuda);
   config.steps = 3;
@@ -221,9 +221,9 @@ TEST_CASE("--cpu-offload on 2 simulated GPUs: the overlapped host step and the w
   config.grad_accum = 2;
   config.cpu_offload = true;
   std::vector<std::vector<float>> overlapped, whole;
-  const std::vector<std::pair<double, double>> overlapped_steps = rank0_steps(config, &overlapped);
-  config.overlap_offloaded_step = false;
   const std::vector<std::pair<double, double>> whole_steps = rank0_steps(config, &whole);
+  config.overlap_offloaded_step = true;
+  const std::vector<std::pair<double, double>> overlapped_steps = rank0_steps(config, &overlapped);
   REQUIRE(overlapped_steps.size() == 3);
   CHECK(overlapped_steps == whole_steps);
   REQUIRE(!overlapped.empty());
