@@ -502,13 +502,26 @@ void FSDPParamGroup::finish_reduce_scatter() {
     // backward waits for it (finish_host_gradients). The device buffer is this
     // stream's block: reused only by its later work, after the copy.
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "gradient_to_host", "fsdp", {{"module", module_fqn_}});
-    if (!host_landing_.defined()) host_landing_ = pinned_empty({pending.output.numel()}, reduce_dtype_);
-    const Event landed = copy_to_host_async(host_landing_, pending.output, *current_stream(device()));
-    pending_host_gradient_ = PendingHostGradient{landed, std::move(pending.present_here)};
+    Tensor landing = free_host_landing(pending.output.numel());
+    const Event landed = copy_to_host_async(landing, pending.output, *current_stream(device()));
+    pending_host_gradient_ = PendingHostGradient{landed, std::move(landing), std::move(pending.present_here)};
     return;
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   accumulate_gradients(pending.output, pending.present_here, compute);
+}
+
+Tensor FSDPParamGroup::free_host_landing(int64_t numel) {
+  wait_for_host_step();  // an overlapped step clears the gradients this reads
+  for (const Tensor& landing : host_landings_) {
+    const bool viewed = std::any_of(params_.begin(), params_.end(), [&](const std::unique_ptr<FSDPParam>& param) {
+      const Tensor& grad = param->sharded().grad();
+      return grad.defined() && grad.shares_storage_with(landing);
+    });
+    if (!viewed) return landing;
+  }
+  host_landings_.push_back(pinned_empty({numel}, reduce_dtype_));
+  return host_landings_.back();
 }
 
 void FSDPParamGroup::finish_host_gradients() {
@@ -521,8 +534,8 @@ void FSDPParamGroup::finish_host_gradients() {
     if (protocol_break() != ProtocolBreak::host_skips_gradient_wait) pending.landed.synchronize();
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
-  check_host_access(host_landing_, /*writes=*/false, "fsdp: add the reduced gradients into the host's");
-  accumulate_gradients(host_landing_, pending.present_here, nullptr);
+  check_host_access(pending.landing, /*writes=*/false, "fsdp: add the reduced gradients into the host's");
+  accumulate_gradients(pending.landing, pending.present_here, nullptr, /*adopt_views=*/true);
 }
 
 void FSDPParamGroup::wait_for_host_step() {
@@ -537,7 +550,7 @@ void FSDPParamGroup::wait_for_shard_reads() {
 }
 
 void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
-                                          const std::shared_ptr<Stream>& compute) {
+                                          const std::shared_ptr<Stream>& compute, bool adopt_views) {
   const FlatLayout& layout = shard_layout_;
   // A parameter has a gradient when any rank's backward gave it one: the
   // reduced flags say so. Alone in its groups, this rank knows without
@@ -554,6 +567,8 @@ void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vect
     const Tensor piece = chunk_view(reduced, layout.offsets[index], param.local_rows(), param);
     if (sharded.grad().defined()) {
       ops::add_(sharded.mutable_grad(), piece);
+    } else if (adopt_views && piece.dtype() == param.dtype()) {
+      sharded.set_grad(piece);
     } else {
       Tensor grad;
       {

@@ -190,8 +190,10 @@ class FSDPParamGroup {
   void copy_in_shards(const Tensor& slot, const FlatLayout& layout);
   // Adds `reduced` (this rank's reduced slot, on the device or on the host)
   // into the sharded gradients, where `present` says a parameter got one.
+  // With adopt_views (a host landing buffer), a first gradient in the
+  // parameter's dtype is a view of `reduced` instead of a copy.
   void accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
-                            const std::shared_ptr<Stream>& compute);
+                            const std::shared_ptr<Stream>& compute, bool adopt_views = false);
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
   void issue_reduce_scatter();
   void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
@@ -235,13 +237,21 @@ class FSDPParamGroup {
     Event copied_in;                     // on the reduce-scatter stream after the copy-in (cuda)
   };
   std::optional<PendingReduceScatter> pending_reduce_scatter_;
-  // Offloaded: the reduced slots' way to the host.
-  Tensor host_landing_;  // page-locked, one reduced slot (+ flags) in reduce_dtype; reused every backward
+  // Offloaded: the reduced slots' way to the host. Page-locked buffers of
+  // one reduced slot (+ flags) in reduce_dtype, reused every backward. When
+  // reduce_dtype is the parameters' dtype a parameter's first gradient is a
+  // view of the slot it landed in (no copy, no fresh host memory a step), so
+  // a slot still holding gradients is not written again: the next backward
+  // lands in another (a second one under gradient accumulation).
+  std::vector<Tensor> host_landings_;
   struct PendingHostGradient {
-    Event landed;                    // host_landing_ holds the reduced slot
+    Event landed;                    // `landing` holds the reduced slot
+    Tensor landing;                  // one of host_landings_
     std::vector<bool> present_here;  // as the reduce-scatter's
   };
   std::optional<PendingHostGradient> pending_host_gradient_;
+  // A landing buffer no parameter's gradient views, allocated when every one does.
+  Tensor free_host_landing(int64_t numel);
   Event shards_read_;  // offloaded: after the latest host-to-device copy of the shards
   std::shared_future<void> host_step_;  // offloaded: the overlapped optimizer step of the shards, if pending
 

@@ -350,6 +350,7 @@ launch_ranks() {
 }
 multi_common=(--device cuda --data synthetic --deterministic --clip 0 --threads 1 --eval-every 0 --steps 6
   --warmup 2 --overwrite)
+[ $sim -eq 1 ] && multi_common+=(--batch 2 --seq-len 32)  # the simulator runs on the CPU
 # train_on N NAME ARGS...: train on N GPUs (one process each over NCCL; in
 # the dry run, threads of one process), rank 0's losses in tiny_NAME.jsonl.
 train_on() {

@@ -310,6 +310,45 @@ TEST_CASE("CPU offload, overlapped step: the next forward runs its first group w
   });
 }
 
+TEST_CASE("CPU offload: a first gradient is a view of the slot it landed in; backwards without zero_grad land in "
+          "another slot and add") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& world) {
+    OffloadedStack stack(world);
+    const std::vector<nn::NamedParameter> parameters = stack.model.named_parameters();
+    const auto gradients = [&] {
+      std::vector<std::vector<float>> values;
+      for (const auto& [name, parameter] : parameters) {
+        REQUIRE(parameter->grad().defined());
+        CHECK(parameter->grad().device().is_cpu());
+        values.push_back(parameter->grad().to_vector<float>());
+      }
+      return values;
+    };
+    stack.forward_backward();
+    const std::vector<std::vector<float>> once = gradients();
+    // A layer's weight and bias came down in one slot: their gradients are
+    // views of it, not copies.
+    nn::Module& first = stack.model.layers()[0];
+    const Tensor weight_grad = first.named_parameters()[0].second->grad();
+    const Tensor bias_grad = first.named_parameters()[1].second->grad();
+    CHECK(weight_grad.shares_storage_with(bias_grad));
+    // Two more backwards: each lands in a slot no gradient views and adds
+    // into the gradients, so they hold three times the first (2g is exact,
+    // so 2g + g rounds as 3g does).
+    stack.forward_backward();
+    stack.forward_backward();
+    const std::vector<std::vector<float>> thrice = gradients();
+    REQUIRE(thrice.size() == once.size());
+    for (size_t index = 0; index < once.size(); ++index) {
+      CAPTURE(parameters[index].first);
+      std::vector<float> expected = once[index];
+      for (float& value : expected) value *= 3.0f;
+      CHECK(thrice[index] == expected);
+    }
+    CHECK(first.named_parameters()[0].second->grad().shares_storage_with(weight_grad));
+  });
+}
+
 TEST_CASE("CPU offload, overlapped step: an optimizer error reaches the next forward and wait(); misuse is refused") {
   // An optimizer whose every update fails.
   class FailingOptimizer : public optim::Optimizer {
