@@ -3,9 +3,9 @@
 # step (train --offload-step overlapped|whole), at each intra-op thread count
 # given and with OpenMP's idle threads as libgomp leaves them (spinning a
 # while, then sleeping) or sleeping at once (OMP_WAIT_POLICY=passive): one line a variant with the median step time
-# after 2 steps and the device peak. With --trace, one overlapped run also
-# writes a Chrome trace (its optimizer_wait spans: how long each group's
-# copy-in waited for the host step).
+# after 2 steps and the device peak. With --trace, a run of each also writes
+# a Chrome trace (optimizer_wait: how long a group's copy-in waited for its
+# host step; gradient_to_host_wait and accumulate_grad: the backward's end).
 #
 #   bash bench/offload_step.sh TRAIN [--out DIR] [--threads "16 8"] [--trace] [-- TRAIN-FLAGS...]
 #
@@ -51,5 +51,7 @@ for count in $threads; do
 done
 if [ $trace -eq 1 ]; then
   first=${threads%% *}
-  run "overlapped_traced" default overlapped "$first" --trace "$out/overlapped_trace.json"
+  for step in whole overlapped; do
+    run "${step}_traced" default "$step" "$first" --trace "$out/${step}_trace.json"
+  done
 fi
