@@ -524,15 +524,6 @@ Tensor FSDPParamGroup::free_host_landing(int64_t numel) {
   return host_landings_.back();
 }
 
-Tensor FSDPParamGroup::host_gradient_buffer(size_t index, const Shape& sizes, DType dtype) {
-  if (host_gradient_buffers_.size() != params_.size()) host_gradient_buffers_.resize(params_.size());
-  Tensor& kept = host_gradient_buffers_[index];
-  // Only this handle holds the buffer, and no view of it is alive.
-  const bool free = kept.defined() && kept.impl_ptr().use_count() == 1 && kept.storage().use_count() == 1;
-  if (!free || kept.sizes() != sizes || kept.dtype() != dtype) kept = ops::empty(sizes, {.dtype = dtype});
-  return ops::view(kept, sizes);
-}
-
 void FSDPParamGroup::finish_host_gradients() {
   if (!pending_host_gradient_) return;
   wait_for_host_step();
@@ -544,7 +535,7 @@ void FSDPParamGroup::finish_host_gradients() {
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   check_host_access(pending.landing, /*writes=*/false, "fsdp: add the reduced gradients into the host's");
-  accumulate_gradients(pending.landing, pending.present_here, nullptr, /*from_host_landing=*/true);
+  accumulate_gradients(pending.landing, pending.present_here, nullptr, /*adopt_views=*/true);
 }
 
 void FSDPParamGroup::wait_for_host_step() {
@@ -559,7 +550,7 @@ void FSDPParamGroup::wait_for_shard_reads() {
 }
 
 void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
-                                          const std::shared_ptr<Stream>& compute, bool from_host_landing) {
+                                          const std::shared_ptr<Stream>& compute, bool adopt_views) {
   const FlatLayout& layout = shard_layout_;
   // A parameter has a gradient when any rank's backward gave it one: the
   // reduced flags say so. Alone in its groups, this rank knows without
@@ -576,12 +567,8 @@ void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vect
     const Tensor piece = chunk_view(reduced, layout.offsets[index], param.local_rows(), param);
     if (sharded.grad().defined()) {
       ops::add_(sharded.mutable_grad(), piece);
-    } else if (from_host_landing && piece.dtype() == param.dtype()) {
+    } else if (adopt_views && piece.dtype() == param.dtype()) {
       sharded.set_grad(piece);
-    } else if (from_host_landing) {
-      Tensor grad = host_gradient_buffer(index, piece.sizes(), param.dtype());
-      casts.push_back({grad, piece});
-      sharded.set_grad(std::move(grad));
     } else {
       Tensor grad;
       {

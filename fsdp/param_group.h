@@ -190,11 +190,10 @@ class FSDPParamGroup {
   void copy_in_shards(const Tensor& slot, const FlatLayout& layout);
   // Adds `reduced` (this rank's reduced slot, on the device or on the host)
   // into the sharded gradients, where `present` says a parameter got one.
-  // With from_host_landing (`reduced` is a host landing slot), a first
-  // gradient in the parameter's dtype is a view of it, and one in another
-  // dtype a cast into the parameter's kept host buffer.
+  // With adopt_views (a host landing buffer), a first gradient in the
+  // parameter's dtype is a view of `reduced` instead of a copy.
   void accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
-                            const std::shared_ptr<Stream>& compute, bool from_host_landing = false);
+                            const std::shared_ptr<Stream>& compute, bool adopt_views = false);
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
   void issue_reduce_scatter();
   void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
@@ -253,12 +252,6 @@ class FSDPParamGroup {
   std::optional<PendingHostGradient> pending_host_gradient_;
   // A landing buffer no parameter's gradient views, allocated when every one does.
   Tensor free_host_landing(int64_t numel);
-  // Offloaded, reduce_dtype not the parameters': each parameter's host
-  // gradient buffer, kept across steps. A new gradient (after zero_grad) is a
-  // view of it once nothing else views it, so a step writes no fresh host
-  // memory (whose pages would fault in as the cast writes them).
-  std::vector<Tensor> host_gradient_buffers_;
-  Tensor host_gradient_buffer(size_t index, const Shape& sizes, DType dtype);
   Event shards_read_;  // offloaded: after the latest host-to-device copy of the shards
   std::shared_future<void> host_step_;  // offloaded: the overlapped optimizer step of the shards, if pending
 
