@@ -194,6 +194,9 @@ class FSDPParamGroup {
   // parameter's dtype is a view of `reduced` instead of a copy.
   void accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
                             const std::shared_ptr<Stream>& compute, bool adopt_views = false);
+  // Offloaded: a host landing buffer no parameter's gradient views (a new
+  // one when every one is viewed).
+  Tensor free_host_landing(int64_t numel);
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
   void issue_reduce_scatter();
   void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
@@ -250,8 +253,6 @@ class FSDPParamGroup {
     std::vector<bool> present_here;  // as the reduce-scatter's
   };
   std::optional<PendingHostGradient> pending_host_gradient_;
-  // A landing buffer no parameter's gradient views, allocated when every one does.
-  Tensor free_host_landing(int64_t numel);
   Event shards_read_;  // offloaded: after the latest host-to-device copy of the shards
   std::shared_future<void> host_step_;  // offloaded: the overlapped optimizer step of the shards, if pending
 

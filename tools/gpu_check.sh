@@ -396,7 +396,10 @@ multi_gpu() {
   rm -rf "$ckpt/step-00000006"
   if stage multi_resume 120 train_on 1 multi_resume --grad-accum "$p" --ckpt-dir "$ckpt" --resume \
     --export "$out_dir/multi_resumed.safetensors"; then
-    grep -q 'step-00000003' "$out_dir/multi_resume.log" || say "   the 1-GPU run did not say it resumed from step 3"
+    if ! grep -q 'step-00000003' "$out_dir/multi_resume.log"; then
+      say "   the 1-GPU run did not say it resumed from step 3"
+      failures=$((failures + 1))
+    fi
     same_bits "$out_dir/multi_resumed.safetensors" "$out_dir/multi_fsdp.safetensors" \
       "the $p-GPU run's step-3 checkpoint resumed on 1 GPU against the $p-GPU run's end"
   fi
