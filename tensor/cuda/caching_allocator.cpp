@@ -19,13 +19,17 @@ std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<do
 
 CachingAllocator& CachingAllocator::of(int device) {
   check_device_index(device);
-  // Never destroyed: tensors may outlive statics. Made under a lock, read
-  // without one once made (an allocator's address never changes).
-  static std::mutex mutex;
-  static std::vector<std::atomic<CachingAllocator*>> allocators(static_cast<size_t>(device_count()));
-  std::atomic<CachingAllocator*>& slot = allocators[static_cast<size_t>(device)];
+  // Never destroyed, the table included: tensors may outlive statics, and a
+  // table destroyed at exit would leave a tensor freed later reading freed
+  // memory (and the allocators unreachable: leaks to LeakSanitizer). Made
+  // under a lock, read without one once made (an allocator's address never
+  // changes).
+  static auto* const mutex = new std::mutex;
+  static auto* const allocators =
+      new std::vector<std::atomic<CachingAllocator*>>(static_cast<size_t>(device_count()));
+  std::atomic<CachingAllocator*>& slot = (*allocators)[static_cast<size_t>(device)];
   if (CachingAllocator* made = slot.load(std::memory_order_acquire)) return *made;
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(*mutex);
   if (slot.load(std::memory_order_relaxed) == nullptr) slot.store(new CachingAllocator(device), std::memory_order_release);
   return *slot.load(std::memory_order_relaxed);
 }
