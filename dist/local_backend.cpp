@@ -231,8 +231,17 @@ class LocalProcessGroup final : public ProcessGroup {
         .ranks = size()};
     cuda::sim::launch_collective(
         fmt::format("{} on group '{}'", signature.to_string(), name()), shape, *stream, buffers,
-        [=, finished = std::move(finished)] {
+        [=, finished = std::move(finished)](std::exception_ptr refused) {
           try {
+            if (refused) {
+              // Its peers must not wait for a part that never comes.
+              try {
+                std::rethrow_exception(refused);
+              } catch (const std::exception& error) {
+                rendezvous->refuse(round, member, error.what());
+                throw;
+              }
+            }
             rendezvous->run(round, member, Contribution{signature, in_data, out_data}, timeout, planner);
           } catch (...) {
             finished(std::current_exception());

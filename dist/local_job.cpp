@@ -24,6 +24,7 @@ struct GroupRendezvous::Round {
   int arrivals = 0;
   int departures = 0;
   std::string timed_out;  // set when a rank gave up waiting: the round never starts
+  std::string refused;    // set when a rank could not take part (refuse): the round never starts
 
   // Task sharing, once all arrived.
   std::atomic<int64_t> next_task{0};
@@ -61,6 +62,10 @@ std::shared_ptr<GroupRendezvous::Round> GroupRendezvous::meet(int64_t index, int
     throw CollectiveTimeout(
         fmt::format("{}: arrived after a peer gave up waiting ({})", describe(mine.signature), round->timed_out));
   }
+  if (!round->refused.empty()) {
+    leave(index, *round);
+    throw RankFailed(fmt::format("{}: {}", describe(mine.signature), round->refused));
+  }
   round->contributions[static_cast<size_t>(rank)] = mine;
   round->arrived[static_cast<size_t>(rank)] = true;
   if (++round->arrivals == size) changed_.notify_all();
@@ -73,6 +78,10 @@ std::shared_ptr<GroupRendezvous::Round> GroupRendezvous::meet(int64_t index, int
     if (!round->timed_out.empty()) {
       leave(index, *round);
       throw CollectiveTimeout(round->timed_out);
+    }
+    if (!round->refused.empty()) {
+      leave(index, *round);
+      throw RankFailed(fmt::format("{}: {}", describe(mine.signature), round->refused));
     }
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && round->arrivals < size &&
         round->timed_out.empty() && !job_.failed()) {
@@ -88,6 +97,19 @@ std::shared_ptr<GroupRendezvous::Round> GroupRendezvous::meet(int64_t index, int
     throw;
   }
   return round;
+}
+
+void GroupRendezvous::refuse(int64_t index, int rank, const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Round>& slot = rounds_[index];
+  if (!slot) slot = std::make_shared<Round>(static_cast<int>(world_ranks_.size()));
+  const std::shared_ptr<Round> round = slot;
+  if (round->refused.empty()) {
+    round->refused = fmt::format("group rank {} (world rank {}) could not take part: {}", rank,
+                                 world_ranks_[static_cast<size_t>(rank)], reason);
+  }
+  leave(index, *round);
+  changed_.notify_all();
 }
 
 void GroupRendezvous::share_work(Round& round, const CollectivePlan& plan) {

@@ -60,6 +60,11 @@ class GroupRendezvous {
   void run(int64_t index, int rank, const Contribution& mine, std::chrono::milliseconds timeout,
            const Planner& planner);
 
+  // Group rank `rank` cannot take part in round `index` (its device refused
+  // the collective): the round never starts, and every member waiting for it,
+  // or arriving later, throws RankFailed naming `rank` and `reason`.
+  void refuse(int64_t index, int rank, const std::string& reason);
+
   // Wakes every waiting member so it sees the job's failure.
   void wake_all();
 

@@ -20,6 +20,7 @@
 #include "dist/errors.h"
 #include "dist/local_backend.h"
 #include "tensor/ops.h"
+#include "tensor/storage.h"
 #include "tensor/stream.h"
 #include "tests/dist/error_message.h"
 
@@ -178,6 +179,34 @@ TEST_CASE("coalesced device collectives: one batch, each equal to the single cal
           fmt::format("all_reduce_coalesced: every tensor must be on one device, got cuda:{} and cpu", world->rank()));
     world->synchronize();
   });
+}
+
+TEST_CASE("a device collective reading memory nobody wrote is refused on its rank; its peers fail at once" *
+          doctest::skip(TESSERA_SIM_CHECKS == 0)) {
+  // Without the refusal reaching the rendezvous, ranks 0 and 2 would wait
+  // for rank 1's part until the timeout, far beyond the milliseconds a refusal takes.
+  std::vector<std::string> errors(3);
+  LocalOptions options;
+  options.group.timeout = std::chrono::minutes(2);
+  run_local(
+      3,
+      [&](const ProcessGroupPtr& world) {
+        const Device device = device_of_rank(world->rank());
+        // Rank 1's memory is fresh from the device, not a cached block an earlier test wrote.
+        if (world->rank() == 1) release_cached_memory(device);
+        Tensor data = world->rank() == 1 ? ops::empty({64}, {.device = device}) : ops::ones({64}, {.device = device});
+        world->all_reduce(data);
+        errors[static_cast<size_t>(world->rank())] = message_of([&] { world->synchronize(); });
+      },
+      options);
+  CHECK(errors[1].find("cuda sim initcheck: #0 all_reduce(f32, sum, [64]) on group 'world' reads buffer `tensor`") ==
+        0);
+  CHECK(errors[1].find("whose byte 0 was never written") != std::string::npos);
+  for (const size_t peer : {size_t{0}, size_t{2}}) {
+    CAPTURE(peer);
+    CHECK(errors[peer].find("group rank 1 (world rank 1) could not take part: cuda sim initcheck") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("ranks that disagree fail on every rank, naming both collectives") {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <string>
@@ -28,8 +29,11 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
 // under `operation`, so the collective is ordered against the rank's other
 // streams like any kernel. `body` runs on the stream when the stream reaches
 // it (it meets the other ranks' parts there, and may read their devices'
-// memory). Read buffers must be initialised (initcheck); written ones are
-// afterwards. An exception from `body` surfaces at the stream's synchronize.
+// memory). Where kernels' writes are tracked (TESSERA_SIM_CHECKS), read
+// buffers must be initialised (initcheck) and written ones are afterwards.
+// `body(refused)` gets the simulator's refusal (an initcheck Error), or null:
+// refused, it must still release the peers waiting for this part, then throw
+// it. An exception from `body` surfaces at the stream's synchronize.
 // `shape` is what a timing model needs of it (sim/schedule_recorder.h).
 struct CollectiveShape {
   std::string kind;   // dist::collective_name: "all_gather_into", "reduce_scatter_into", "all_reduce", "broadcast"
@@ -37,7 +41,7 @@ struct CollectiveShape {
   int ranks = 0;      // the group's size
 };
 void launch_collective(const std::string& operation, const CollectiveShape& shape, Stream& stream,
-                       const std::vector<BufferUse>& buffers, std::function<void()> body);
+                       const std::vector<BufferUse>& buffers, std::function<void(std::exception_ptr refused)> body);
 
 // The order of blocks in launch n is a permutation drawn from (seed, n);
 // setting the seed restarts n, so a sequence of launches replays exactly.
