@@ -231,16 +231,11 @@ class LocalProcessGroup final : public ProcessGroup {
         .ranks = size()};
     cuda::sim::launch_collective(
         fmt::format("{} on group '{}'", signature.to_string(), name()), shape, *stream, buffers,
-        [=, finished = std::move(finished)](std::exception_ptr refused) {
+        [=, finished = std::move(finished)](const std::string& refusal) {
           try {
-            if (refused) {
-              // Its peers must not wait for a part that never comes.
-              try {
-                std::rethrow_exception(refused);
-              } catch (const std::exception& error) {
-                rendezvous->refuse(round, member, error.what());
-                throw;
-              }
+            if (!refusal.empty()) {
+              rendezvous->refuse(round, member, refusal);  // its peers must not wait for a part that never comes
+              fail("{}", refusal);
             }
             rendezvous->run(round, member, Contribution{signature, in_data, out_data}, timeout, planner);
           } catch (...) {

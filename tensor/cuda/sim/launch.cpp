@@ -226,7 +226,7 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
 }
 
 void launch_collective(const std::string& operation, const CollectiveShape& shape, Stream& stream,
-                       const std::vector<BufferUse>& buffers, std::function<void(std::exception_ptr refused)> body) {
+                       const std::vector<BufferUse>& buffers, std::function<void(const std::string& refusal)> body) {
   const RuntimeCall call("ncclCollective");
   auto* sim_stream = dynamic_cast<SimStream*>(&stream);
   TESSERA_CHECK(sim_stream != nullptr, "cuda sim: {} on a {} stream (collectives run on cuda streams)", operation,
@@ -238,22 +238,17 @@ void launch_collective(const std::string& operation, const CollectiveShape& shap
   stream.enqueue([operation, buffers, body = std::move(body)] {
     // Without the checks, kernels' writes are not tracked (an ASan build):
     // every kernel-written buffer would read as never written.
-    std::exception_ptr refused;
-    if (kSimChecks) {
-      try {
-        for (const BufferUse& buffer : buffers) {
-          if (buffer.access == BufferAccess::write || buffer.bytes == 0) continue;
-          const int64_t unwritten = first_unwritten_device_byte(buffer.data, buffer.bytes);
-          TESSERA_CHECK(unwritten < 0,
-                        "cuda sim initcheck: {} reads buffer `{}` ({} bytes at {}), whose byte {} was never written",
-                        operation, buffer.name, buffer.bytes, buffer.data, unwritten);
-        }
-      } catch (...) {
-        refused = std::current_exception();
+    std::string refusal;
+    for (const BufferUse& buffer : buffers) {
+      if (!kSimChecks || !refusal.empty() || buffer.access == BufferAccess::write || buffer.bytes == 0) continue;
+      const int64_t unwritten = first_unwritten_device_byte(buffer.data, buffer.bytes);
+      if (unwritten >= 0) {
+        refusal = fmt::format("cuda sim initcheck: {} reads buffer `{}` ({} bytes at {}), whose byte {} was never "
+                              "written", operation, buffer.name, buffer.bytes, buffer.data, unwritten);
       }
     }
-    body(refused);
-    if (refused) std::rethrow_exception(refused);  // in case `body` did not
+    body(refusal);
+    if (!refusal.empty()) fail("{}", refusal);
     for (const BufferUse& buffer : buffers) {
       if (buffer.access != BufferAccess::read && buffer.bytes > 0) mark_device_written(buffer.data, buffer.bytes);
     }

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <map>
 #include <string>
@@ -31,9 +30,9 @@ void launch(const char* kernel_name, const void* kernel_address, const LaunchCon
 // it (it meets the other ranks' parts there, and may read their devices'
 // memory). Where kernels' writes are tracked (TESSERA_SIM_CHECKS), read
 // buffers must be initialised (initcheck) and written ones are afterwards.
-// `body(refused)` gets the simulator's refusal (an initcheck Error), or null:
-// refused, it must still release the peers waiting for this part, then throw
-// it. An exception from `body` surfaces at the stream's synchronize.
+// `body(refusal)` gets the simulator's refusal (initcheck's message), or "":
+// refused, it must still release the peers waiting for this part; the
+// refusal is then thrown. An exception surfaces at the stream's synchronize.
 // `shape` is what a timing model needs of it (sim/schedule_recorder.h).
 struct CollectiveShape {
   std::string kind;   // dist::collective_name: "all_gather_into", "reduce_scatter_into", "all_reduce", "broadcast"
@@ -41,7 +40,7 @@ struct CollectiveShape {
   int ranks = 0;      // the group's size
 };
 void launch_collective(const std::string& operation, const CollectiveShape& shape, Stream& stream,
-                       const std::vector<BufferUse>& buffers, std::function<void(std::exception_ptr refused)> body);
+                       const std::vector<BufferUse>& buffers, std::function<void(const std::string& refusal)> body);
 
 // The order of blocks in launch n is a permutation drawn from (seed, n);
 // setting the seed restarts n, so a sequence of launches replays exactly.
