@@ -22,7 +22,7 @@
 
 #include "autograd/engine.h"
 #include "bench/machine_context.h"
-#include "checkpoint/file_roles.h"
+#include "train/file_roles.h"
 #include "dist/device_mesh.h"
 #include "dist/local_backend.h"
 #include "dist/trace.h"

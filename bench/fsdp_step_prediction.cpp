@@ -45,8 +45,8 @@
 #include "bench/machine_context.h"
 #include "bench/recorded_step.h"
 #include "bench/step_schedule.h"
-#include "examples/gpt/model_family.h"
-#include "examples/gpt/trainer.h"
+#include "train/model_family.h"
+#include "train/trainer.h"
 #include "tensor/cuda/attention_mma.h"
 #include "tensor/cuda/sim/schedule_recorder.h"
 

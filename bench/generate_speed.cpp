@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "bench/machine_context.h"
-#include "examples/gpt/generation.h"
-#include "examples/gpt/model_loader.h"
+#include "train/generation.h"
+#include "train/model_loader.h"
 #include "nn/models/gpt.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"

@@ -61,10 +61,10 @@
 
 #include "bench/gpu_roofline.h"
 #include "bench/machine_context.h"
-#include "checkpoint/file_roles.h"
-#include "examples/gpt/resource_limits.h"
+#include "train/file_roles.h"
+#include "train/resource_limits.h"
 #include "tensor/cuda/attention_mma.h"
-#include "examples/gpt/trainer.h"
+#include "train/trainer.h"
 #include "tensor/cuda/sim/launch.h"
 #include "tensor/stream.h"
 

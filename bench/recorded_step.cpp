@@ -2,7 +2,7 @@
 
 #include <optional>
 
-#include "examples/gpt/trainer.h"
+#include "train/trainer.h"
 #include "tensor/stream.h"
 
 namespace bench {

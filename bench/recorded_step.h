@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/step_schedule.h"
-#include "examples/gpt/train_config.h"
+#include "train/train_config.h"
 #include "tensor/cuda/sim/schedule_recorder.h"
 
 namespace bench {

@@ -22,9 +22,9 @@
 
 #include <unistd.h>
 
-#include "checkpoint/checkpoint_manager.h"
+#include "train/checkpoint_manager.h"
 #include "dist/fault_injection.h"
-#include "examples/gpt/training_run.h"
+#include "train/training_run.h"
 
 namespace fs = std::filesystem;
 namespace dist = tessera::dist;

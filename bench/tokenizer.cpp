@@ -1,5 +1,5 @@
 // bench/tokenizer: the speed of tessera's byte-level BPE tokenizer
-// (examples/gpt/tokenizer) on one thread, in MB of text per second: encode
+// (train/tokenizer) on one thread, in MB of text per second: encode
 // with a fresh tokenizer (the word cache empty), encode again (the cache
 // warm), encode the text cut into pieces of about 4 KB (at the first newline
 // 4096 bytes or more into each), and decode the whole and the pieces.
@@ -21,7 +21,7 @@
 
 #include "bench/machine_context.h"
 #include "checkpoint/file_io.h"
-#include "examples/gpt/tokenizer/tokenizer.h"
+#include "train/tokenizer/tokenizer.h"
 
 namespace {
 

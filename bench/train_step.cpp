@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "bench/machine_context.h"
-#include "examples/gpt/trainer.h"
+#include "train/trainer.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
 #include "tensor/storage.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes examples/gpt/tokenizer/unicode_class_ranges.h: the code point ranges
+"""Writes train/tokenizer/unicode_class_ranges.h: the code point ranges
 of the three character classes the pre-tokenizer regexes of GPT-2 and Llama 3
-name, for the hand-written scanners of examples/gpt/tokenizer/split_pattern.cpp:
+name, for the hand-written scanners of train/tokenizer/split_pattern.cpp:
 
   letter   \\p{L}  general category L (Lu, Ll, Lt, Lm, Lo)
   number   \\p{N}  general category N (Nd, Nl, No)
@@ -70,7 +70,7 @@ def write_header(ranges):
         "// Sorted and disjoint; adjacent ranges of a class are merged.",
         "#pragma once",
         "",
-        "#include \"examples/gpt/tokenizer/unicode_class.h\"",
+        "#include \"train/tokenizer/unicode_class.h\"",
         "",
         "namespace gpt::unicode_tables {",
         "",

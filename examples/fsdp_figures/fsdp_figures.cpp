@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dist/trace.h"
-#include "examples/charts/svg_chart.h"
+#include "train/svg_chart.h"
 #include "examples/fsdp_figures/step_figures.h"
 #include "examples/fsdp_figures/step_runs.h"
 #include "tensor/error.h"

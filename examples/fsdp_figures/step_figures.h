@@ -1,5 +1,5 @@
 // What the FSDP step pictures show, made from the runs' raw figures
-// (step_runs.h): five charts (examples/charts/svg_chart.h) and one JSON
+// (step_runs.h): five charts (train/svg_chart.h) and one JSON
 // document holding every plotted number next to the raw figures it comes
 // from, so that a test can recompute each picture from the run's own logs.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "examples/charts/svg_chart.h"
+#include "train/svg_chart.h"
 #include "examples/fsdp_figures/step_runs.h"
 
 namespace fsdp_figures {

@@ -30,14 +30,14 @@
 #include <unistd.h>
 
 #include "checkpoint/file_io.h"
-#include "checkpoint/file_roles.h"
-#include "examples/gpt/byte_text.h"
-#include "examples/gpt/flag_checks.h"
-#include "examples/gpt/huggingface/hf_checkpoint.h"
-#include "examples/gpt/generation.h"
-#include "examples/gpt/model_loader.h"
-#include "examples/gpt/resource_limits.h"
-#include "examples/gpt/tokenizer/tokenizer.h"
+#include "train/file_roles.h"
+#include "train/byte_text.h"
+#include "train/flag_checks.h"
+#include "train/huggingface/hf_checkpoint.h"
+#include "train/generation.h"
+#include "train/model_loader.h"
+#include "train/resource_limits.h"
+#include "train/tokenizer/tokenizer.h"
 #include "tensor/error.h"
 #include "tensor/parallel.h"
 

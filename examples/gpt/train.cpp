@@ -2,7 +2,7 @@
 // FSDP on --nproc ranks (threads of this process, or one process per rank
 // under mpirun with --backend mpi). `train --nproc 4` has the tiny preset
 // learn byte-level text from the Debian corpus in about a minute. Flags:
-// train --help; the library behind it: examples/gpt/training_run.h. Exit
+// train --help; the library behind it: train/training_run.h. Exit
 // status: 0 trained (or --plan printed), 1 failed after it started, 2 usage
 // error (a bad flag, clashing files, resources this machine lacks: nothing
 // was written), 75 stopped by SIGINT/SIGTERM/SIGHUP after saving
@@ -10,10 +10,10 @@
 #include <exception>
 #include <iostream>
 
-#include "examples/gpt/flag_checks.h"
-#include "examples/gpt/graceful_stop.h"
-#include "examples/gpt/train_config.h"
-#include "examples/gpt/training_run.h"
+#include "train/flag_checks.h"
+#include "train/graceful_stop.h"
+#include "train/train_config.h"
+#include "train/training_run.h"
 
 int main(int argc, char** argv) {
   gpt::TrainConfig config;

@@ -1,5 +1,5 @@
 // Reading a printed sharding plan back in tests (tests/fsdp/test_plan.cpp,
-// tests/examples/test_plan.cpp).
+// tests/train/test_plan.cpp).
 #pragma once
 
 #include <sstream>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden Hugging Face models for tessera's checkpoint import and export
-(examples/gpt/huggingface/): tiny random GPT2LMHeadModel and LlamaForCausalLM
+(train/huggingface/): tiny random GPT2LMHeadModel and LlamaForCausalLM
 models saved with save_pretrained, and what transformers computes with them.
 
   python3 tests/oracle/hf_oracle.py write OUT_DIR

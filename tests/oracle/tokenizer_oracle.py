@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Golden data for tessera's byte-level BPE tokenizer (examples/gpt/tokenizer),
+"""Golden data for tessera's byte-level BPE tokenizer (train/tokenizer),
 from Hugging Face's `tokenizers` library: two small BPEs trained here on text
 this script makes (accents, CJK, emoji, digits, whitespace runs, newlines,
 contractions in every case), and the ids `tokenizers` gives a few hundred test
-strings. tests/examples/test_tokenizer.cpp must give the same ids, id for id,
+strings. tests/train/test_tokenizer.cpp must give the same ids, id for id,
 without Python.
 
     pip install tokenizers==0.23.3 && python3 tests/oracle/tokenizer_oracle.py OUT_DIR

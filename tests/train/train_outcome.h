@@ -1,0 +1,38 @@
+// One run of `train` inside a test: what it printed, how it failed (a usage
+// error told apart from a later failure) and its summary.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+#include "train/flag_checks.h"
+#include "train/training_run.h"
+#include "tensor/error.h"
+
+namespace gpt::testing {
+
+struct Outcome {
+  std::string log;
+  std::string error;         // "" when the run finished
+  bool usage_error = false;  // refused before the start (exit status 2)
+  TrainSummary summary;
+};
+
+inline Outcome run(const TrainConfig& config) {
+  Outcome outcome;
+  std::ostringstream log;
+  try {
+    outcome.summary = train(config, log);
+  } catch (const UsageError& error) {
+    outcome.error = error.what();
+    outcome.usage_error = true;
+  } catch (const tessera::Error& error) {
+    outcome.error = error.what();
+  }
+  outcome.log = log.str();
+  return outcome;
+}
+
+inline bool trained_a_step(const Outcome& outcome) { return outcome.log.find("| loss") != std::string::npos; }
+
+}  // namespace gpt::testing
