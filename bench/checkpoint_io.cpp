@@ -27,7 +27,7 @@
 #include "checkpoint/async_save.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/state_dict.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt.h"
 #include "nn/optim/adamw.h"

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "bench/machine_context.h"
-#include "dist/launch.h"
-#include "dist/local_backend.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/local_backend.h"
 #include "dist/process_group.h"
 #include "tensor/ops.h"
 

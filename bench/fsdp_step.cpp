@@ -24,7 +24,7 @@
 #include "bench/machine_context.h"
 #include "train/file_roles.h"
 #include "dist/device_mesh.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "dist/trace.h"
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt.h"

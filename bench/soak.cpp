@@ -1,5 +1,5 @@
 // bench/soak: the tiny GPT trained to the end through seeded random faults
-// (dist/fault_injection.h), resumed after each, on thread ranks with async
+// (dist/launch/fault_injection.h), resumed after each, on thread ranks with async
 // checkpoints; its final weights must be bitwise those of the run that met
 // no fault. Each attempt carries one fault that stops it (a rank killed at a
 // collective, a shard write failing with ENOSPC, a death before a commit)
@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "train/checkpoint_manager.h"
-#include "dist/fault_injection.h"
+#include "dist/launch/fault_injection.h"
 #include "train/training_run.h"
 
 namespace fs = std::filesystem;

@@ -4,7 +4,7 @@
 #include <exception>
 #include <span>
 
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 #include "tensor/error.h"
 
 namespace tessera::checkpoint {

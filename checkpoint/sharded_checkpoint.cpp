@@ -17,8 +17,8 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/save_points.h"
 #include "autograd/grad_mode.h"
-#include "dist/fault_injection.h"
-#include "dist/launch.h"
+#include "dist/launch/fault_injection.h"
+#include "dist/launch/launch_environment.h"
 #include "tensor/ops.h"
 
 namespace tessera::checkpoint {
@@ -51,7 +51,7 @@ std::vector<uint32_t> block_checksums(const Tensor& dense) {
   return crcs;
 }
 
-// An injected corruption (dist/fault_injection.h): the file's last byte,
+// An injected corruption (dist/launch/fault_injection.h): the file's last byte,
 // which is tensor data, flips after its checksum was taken.
 void flip_last_byte(const std::string& path) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <set>
 
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 
 namespace tessera::dist {
 

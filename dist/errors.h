@@ -28,7 +28,7 @@ class CollectiveMismatch : public Error {
   using Error::Error;
 };
 
-// A rendezvous store's operation or connect (dist/tcp_store.h) ran past its
+// A rendezvous store's operation or connect (dist/launch/tcp_store.h) ran past its
 // timeout; the message names the key, the server and what never came.
 class StoreTimeout : public Error {
  public:

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "dist/errors.h"
-#include "dist/fault_injection.h"
+#include "dist/launch/fault_injection.h"
 #include "dist/trace.h"
 #include "tensor/ops.h"
 

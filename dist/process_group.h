@@ -191,7 +191,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
              std::function<void(const CollectiveSignature&)> run);
   void account(const CollectiveSignature& signature, int64_t bytes, int64_t start_us, int64_t end_us);
   // Gives the collective its sequence number and its Work's description,
-  // and carries out a fault planned for it (dist/fault_injection.h).
+  // and carries out a fault planned for it (dist/launch/fault_injection.h).
   std::shared_ptr<Work::State> number_collective(CollectiveSignature& signature);
   // Numbers a device collective, orders the group's stream of the device
   // after the caller's current stream, enqueues it there, and returns a Work

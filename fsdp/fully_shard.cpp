@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 #include "fsdp/state.h"
 
 namespace tessera::fsdp {

@@ -1,6 +1,6 @@
 // `launch`: runs a multi-process tessera job (mpirun, srun or any command
 // that starts ranks) and supervises it through the ranks' lifelines
-// (dist/lifeline.h, dist/job_supervisor.h):
+// (dist/launch/lifeline.h, dist/launch/job_supervisor.h):
 //   - it names each rank's host and pid as the rank joins, and the first
 //     thing that went wrong: a rank killed, a rank's error, a rank or a
 //     whole host gone silent;
@@ -35,8 +35,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "dist/job_supervisor.h"
-#include "dist/lifeline.h"
+#include "dist/launch/job_supervisor.h"
+#include "dist/launch/lifeline.h"
 
 namespace {
 

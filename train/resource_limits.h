@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 #include "train/train_config.h"
 
 namespace gpt {

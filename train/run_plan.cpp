@@ -12,7 +12,7 @@
 
 #include "train/file_roles.h"
 #include "dist/comm_stats.h"
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 #include "train/model_family.h"
 #include "train/resource_limits.h"
 #include "tensor/error.h"

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <limits>
 
-#include "dist/launch.h"
-#include "dist/nccl_backend.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/nccl_backend.h"
 #include "train/flag_checks.h"
 #include "train/huggingface/hf_checkpoint.h"
 #include "train/token_cache.h"

@@ -18,9 +18,9 @@
 #include "train/huggingface/hf_checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "autograd/grad_mode.h"
-#include "dist/fault_injection.h"
-#include "dist/launch.h"
-#include "dist/local_backend.h"
+#include "dist/launch/fault_injection.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/local_backend.h"
 #include "train/config_json.h"
 #include "train/graceful_stop.h"
 #if TESSERA_HAVE_CUDA

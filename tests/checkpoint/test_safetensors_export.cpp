@@ -13,7 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_export.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"

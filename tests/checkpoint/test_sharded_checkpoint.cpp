@@ -14,7 +14,7 @@
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/sealed_json.h"
 #include "checkpoint/sharded_checkpoint.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"

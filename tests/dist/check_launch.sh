@@ -7,7 +7,7 @@
 #     group after --grace-s, SIGKILL 5 s later when SIGTERM is ignored;
 #   - no command: a usage error.
 # The ranks of the last two are bash processes speaking the lifeline
-# protocol (dist/lifeline.h) through /dev/tcp, so that they can misbehave.
+# protocol (dist/launch/lifeline.h) through /dev/tcp, so that they can misbehave.
 # Usage: check_launch.sh path/to/launch path/to/test_dist_mpi MPIRUN MPIRUN-FLAGS...
 set -uo pipefail
 launch=$1 test_dist_mpi=$2

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "dist/collective_progress.h"
-#include "dist/tcp_store.h"
+#include "dist/backends/collective_progress.h"
+#include "dist/launch/tcp_store.h"
 
 using namespace tessera::dist;
 using namespace std::chrono_literals;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dist/errors.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tensor/stream.h"

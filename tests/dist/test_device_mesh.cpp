@@ -6,8 +6,8 @@
 #include <chrono>
 
 #include "dist/device_mesh.h"
-#include "dist/launch.h"
-#include "dist/local_backend.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/local_backend.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

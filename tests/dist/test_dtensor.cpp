@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "dist/dtensor.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

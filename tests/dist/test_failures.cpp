@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dist/errors.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

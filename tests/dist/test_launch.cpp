@@ -8,7 +8,7 @@
 #include <map>
 #include <mutex>
 
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

@@ -1,5 +1,5 @@
-// Lifelines and the JobSupervisor that reads them (dist/lifeline.h,
-// dist/job_supervisor.h), over real TCP on this machine. A killed rank is a
+// Lifelines and the JobSupervisor that reads them (dist/launch/lifeline.h,
+// dist/launch/job_supervisor.h), over real TCP on this machine. A killed rank is a
 // raw connection that said hello and closed; a stopped one, a connection
 // that stops beating. Waits poll until what is expected happened, bounded
 // generously, so a busy machine does not fail them.
@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "dist/fault_injection.h"
-#include "dist/job_supervisor.h"
-#include "dist/lifeline.h"
+#include "dist/launch/fault_injection.h"
+#include "dist/launch/job_supervisor.h"
+#include "dist/launch/lifeline.h"
 
 using namespace tessera;
 using namespace tessera::dist;

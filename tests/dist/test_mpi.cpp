@@ -24,10 +24,10 @@
 #include <thread>
 
 #include "dist/device_mesh.h"
-#include "dist/launch.h"
-#include "dist/local_backend.h"
-#include "dist/mpi_backend.h"
-#include "dist/tcp_store.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/local_backend.h"
+#include "dist/backends/mpi_backend.h"
+#include "dist/launch/tcp_store.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

@@ -1,4 +1,4 @@
-// The NCCL backend on real GPUs (dist/nccl_backend.h). Built with NCCL (the
+// The NCCL backend on real GPUs (dist/backends/nccl_backend.h). Built with NCCL (the
 // nvidia runtime), run where a GPU is, by tools/gpu_check.sh:
 //   - the `nccl` stage runs it as one process: the "nccl: " cases on a world
 //     of one rank, which goes through NCCL all the same (the group's stream,
@@ -24,9 +24,9 @@
 
 #include "dist/device_mesh.h"
 #include "dist/errors.h"
-#include "dist/launch.h"
-#include "dist/nccl_backend.h"
-#include "dist/tcp_store.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/nccl_backend.h"
+#include "dist/launch/tcp_store.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 #include "tests/dist/error_message.h"

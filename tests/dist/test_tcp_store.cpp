@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "dist/local_backend.h"
-#include "dist/store_protocol.h"
-#include "dist/tcp_store.h"
+#include "dist/backends/local_backend.h"
+#include "dist/launch/store_protocol.h"
+#include "dist/launch/tcp_store.h"
 #include "tests/dist/error_message.h"
 
 using namespace tessera;

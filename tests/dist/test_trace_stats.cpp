@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "dist/comm_stats.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "dist/trace.h"
 #include "tensor/ops.h"
 

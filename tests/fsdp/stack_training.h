@@ -10,7 +10,7 @@
 
 #include "autograd/engine.h"
 #include "dist/device_mesh.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/offloaded_optimizer_step.h"
 #include "fsdp/state_dict.h"

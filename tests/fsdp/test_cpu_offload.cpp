@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dist/device_mesh.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/plan.h"
 #include "tests/fsdp/layer_stack.h"
 #if TESSERA_HAVE_CUDA_SIM

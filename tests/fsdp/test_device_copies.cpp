@@ -14,7 +14,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/param_group.h"
 #include "fsdp/state.h"

@@ -24,7 +24,7 @@
 #include <cmath>
 #include <vector>
 
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/naive_fsdp.h"
 #include "nn/models/gpt.h"
 #include "tensor/error.h"

@@ -5,7 +5,7 @@
 // post-forward group and FSDP's count of its traffic, the state tree.
 #include <doctest/doctest.h>
 
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/param_group.h"
 #include "fsdp/state.h"

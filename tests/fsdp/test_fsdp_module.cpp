@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "dist/comm_stats.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "tensor/error.h"
 #include "tests/fsdp/sharded_gpt.h"

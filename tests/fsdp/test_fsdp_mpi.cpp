@@ -7,7 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include "dist/mpi_backend.h"
+#include "dist/backends/mpi_backend.h"
 #include "tests/fsdp/training_harness.h"
 
 using namespace tessera;

@@ -10,7 +10,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "nn/linear.h"
 #include "nn/models/gpt.h"

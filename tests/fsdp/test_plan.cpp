@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "autograd/functions.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/plan.h"
 #include "nn/linear.h"

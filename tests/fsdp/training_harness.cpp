@@ -9,7 +9,7 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "dist/device_mesh.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/naive_fsdp.h"
 #include "nn/activation.h"
 #include "nn/linear.h"

@@ -67,7 +67,7 @@ job_ends() {
   seconds=$((SECONDS - start))
   [ $status -ne 0 ] || fail "$1: mpirun exited 0"
   [ $seconds -le $((timeout_s + margin_s)) ] || fail "$1: the job took $seconds s to end, over $timeout_s + $margin_s"
-  # A rank dies with the launcher process that started it (dist/launch.cpp):
+  # A rank dies with the launcher process that started it (dist/launch/launch_environment.cpp):
   # give the kernel a moment to finish what mpirun's exit began.
   for host in "${hosts[@]}"; do
     for _ in $(seq 50); do
@@ -120,7 +120,7 @@ says "stalled rank" "$watchdog" "Aborting the job" \
   "$launch_says rank $stalled_rank on host-b \(pid $stalled\) silent: no heartbeat for" \
   "$launch_says first failure: rank $stalled_rank on host-b \(pid $stalled\) went silent"
 
-# ---- an injected crash (dist/fault_injection.h) ----
+# ---- an injected crash (dist/launch/fault_injection.h) ----
 export TESSERA_FAULT=kill@collective,rank=2,at=300
 forwarded_variables+=(TESSERA_FAULT)
 start_run

@@ -12,7 +12,7 @@
 
 #include "train/checkpoint_manager.h"
 #include "checkpoint/save_points.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tests/checkpoint/known_state.h"
 
 using namespace tessera;

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "train/checkpoint_manager.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
 

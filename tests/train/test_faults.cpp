@@ -1,4 +1,4 @@
-// Injected faults in a training run (dist/fault_injection.h) end in one of
+// Injected faults in a training run (dist/launch/fault_injection.h) end in one of
 // two ways, never a hang or silent wrong numbers: a clean stop with a clear
 // message and a checkpoint that resumes bitwise into the uninterrupted run,
 // or a corruption found at load, naming the file. Thread ranks (the local
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "train/checkpoint_manager.h"
-#include "dist/fault_injection.h"
+#include "dist/launch/fault_injection.h"
 #include "train/training_run.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"

@@ -18,7 +18,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_index.h"
 #include "checkpoint/state_dict.h"
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "train/huggingface/hf_checkpoint.h"
 #include "train/huggingface/hf_tensor_map.h"
 #include "fsdp/fully_shard.h"

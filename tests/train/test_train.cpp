@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dist/comm_stats.h"
-#include "dist/nccl_backend.h"
+#include "dist/backends/nccl_backend.h"
 #include "train/config_json.h"
 #include "train/flag_checks.h"
 #include "train/train_config.h"

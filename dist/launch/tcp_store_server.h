@@ -1,5 +1,5 @@
 // dist::TcpStoreServer: the key-value server behind a launch's rendezvous
-// (dist/tcp_store.h), hosted by one rank (rank 0 of a torchrun-style launch)
+// (dist/launch/tcp_store.h), hosted by one rank (rank 0 of a torchrun-style launch)
 // on a thread of its own. It keeps keys and values in memory, answers each
 // connection's requests in order, and parks a get until its key is set, so
 // a rank can ask before another has published. One thread polls every
@@ -9,7 +9,7 @@
 #include <atomic>
 #include <thread>
 
-#include "dist/tcp_socket.h"
+#include "dist/launch/tcp_socket.h"
 
 namespace tessera::dist {
 

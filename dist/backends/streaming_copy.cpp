@@ -1,6 +1,6 @@
 // Streaming copies with AVX-512 or SSE2 non-temporal stores; the destination is
 // aligned to a cache line first so every streamed store fills a whole line.
-#include "dist/streaming_copy.h"
+#include "dist/backends/streaming_copy.h"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // dist::JobSupervisor: the launcher's side of the ranks' lifelines
-// (dist/lifeline.h). It listens for them, keeps one record per rank (where
+// (dist/launch/lifeline.h). It listens for them, keeps one record per rank (where
 // it runs, when it was last heard, how it ended) and turns what it hears
 // into events a person can act on:
 //   - a rank whose line closes with no result was killed, or its host died;
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/tcp_socket.h"
+#include "dist/launch/tcp_socket.h"
 
 namespace tessera::dist {
 

@@ -1,11 +1,11 @@
 // TcpStore (contract in tcp_store.h): one connection, one request at a time
 // (store_protocol.h), each bounded by the store's timeout.
-#include "dist/tcp_store.h"
+#include "dist/launch/tcp_store.h"
 
 #include <charconv>
 #include <utility>
 
-#include "dist/store_protocol.h"
+#include "dist/launch/store_protocol.h"
 
 namespace tessera::dist {
 namespace {

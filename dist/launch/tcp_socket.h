@@ -1,5 +1,5 @@
 // TCP sockets with deadlines, for the store a launch rendezvous runs on
-// (dist/tcp_store.h): a listening socket, a connect that retries until a
+// (dist/launch/tcp_store.h): a listening socket, a connect that retries until a
 // deadline (the server may start after its clients, as ranks start in any
 // order), and whole-message sends and receives that end at the deadline.
 // Every failure is a tessera::Error naming the peer and the system's reason;

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 #include "dist/process_group.h"
 
 namespace tessera::dist {
@@ -40,7 +40,7 @@ LaunchInfo detect_launch(const EnvironmentLookup& environment = process_environm
 struct InitOptions {
   int local_ranks = 1;  // ranks to simulate when no launcher is detected
   LocalOptions local;   // its group options also apply to the MPI and NCCL worlds
-  // The world over NCCL (dist/nccl_backend.h), one process per GPU bound by
+  // The world over NCCL (dist/backends/nccl_backend.h), one process per GPU bound by
   // its local rank: under mpirun/srun (the MPI world then only hands out the
   // store's address and ends the job on a failure), under torchrun-style
   // variables (MASTER_ADDR/MASTER_PORT name the store), or, with no launcher,

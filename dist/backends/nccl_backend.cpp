@@ -2,7 +2,7 @@
 // without blocking past the group's timeout, device collectives on the
 // group's stream watched by a watchdog thread, host collectives staged
 // through the GPU on a communicator of their own.
-#include "dist/nccl_backend.h"
+#include "dist/backends/nccl_backend.h"
 
 #include "tensor/error.h"
 
@@ -21,7 +21,7 @@
 #include <mutex>
 #include <thread>
 
-#include "dist/collective_progress.h"
+#include "dist/backends/collective_progress.h"
 #include "dist/errors.h"
 #include "dist/reduction.h"
 #include "tensor/cuda/nvidia/launch.h"

@@ -1,6 +1,6 @@
 // TCP sockets with deadlines (contract in tcp_socket.h). POSIX sockets and
 // poll(): every wait is bounded by the caller's deadline.
-#include "dist/tcp_socket.h"
+#include "dist/launch/tcp_socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>

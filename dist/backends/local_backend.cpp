@@ -5,7 +5,7 @@
 // and written everywhere while it sits in cache; large collectives write with
 // streaming stores. Reductions always add in rank order 0..N-1, so this
 // backend is deterministic whatever the options say.
-#include "dist/local_backend.h"
+#include "dist/backends/local_backend.h"
 
 #include <algorithm>
 #include <cstring>
@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "dist/launch.h"
-#include "dist/local_job.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/backends/local_job.h"
 #include "dist/reduction.h"
-#include "dist/streaming_copy.h"
+#include "dist/backends/streaming_copy.h"
 #include "tensor/parallel.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/launch.h"

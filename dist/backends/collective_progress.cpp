@@ -1,5 +1,5 @@
 // Posting and reading each rank's latest issued collective in the store.
-#include "dist/collective_progress.h"
+#include "dist/backends/collective_progress.h"
 
 #include <exception>
 

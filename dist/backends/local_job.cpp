@@ -3,7 +3,7 @@
 // until all tasks are done, leave. A rank that gives up before everyone has
 // arrived (timeout, failed job) makes sure the round can never start, so no
 // peer ever reads the buffers it is about to release.
-#include "dist/local_job.h"
+#include "dist/backends/local_job.h"
 
 #include <algorithm>
 
@@ -11,7 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "dist/errors.h"
-#include "dist/streaming_copy.h"
+#include "dist/backends/streaming_copy.h"
 
 namespace tessera::dist {
 

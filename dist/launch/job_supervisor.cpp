@@ -1,6 +1,6 @@
 // JobSupervisor (contract in job_supervisor.h): one poll() over the
 // listening socket and every lifeline, each read into a line buffer.
-#include "dist/job_supervisor.h"
+#include "dist/launch/job_supervisor.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/tcp_store.h"
+#include "dist/launch/tcp_store.h"
 
 namespace tessera::dist {
 

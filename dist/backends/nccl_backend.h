@@ -40,9 +40,9 @@
 #include <chrono>
 #include <memory>
 
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 #include "dist/process_group.h"
-#include "dist/tcp_store.h"
+#include "dist/launch/tcp_store.h"
 
 namespace tessera::dist {
 

@@ -2,7 +2,7 @@
 // communicator. Every collective is a nonblocking MPI call polled against the
 // group's timeout, so a rank that never arrives ends the job with a message
 // instead of a silent hang. Built only when meson finds OpenMPI.
-#include "dist/mpi_backend.h"
+#include "dist/backends/mpi_backend.h"
 
 #include "tensor/error.h"
 
@@ -24,7 +24,7 @@
 #include <optional>
 #include <thread>
 
-#include "dist/lifeline.h"
+#include "dist/launch/lifeline.h"
 #include "dist/reduction.h"
 
 namespace tessera::dist {

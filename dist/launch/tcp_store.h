@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch.h"
-#include "dist/tcp_socket.h"
-#include "dist/tcp_store_server.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/launch/tcp_socket.h"
+#include "dist/launch/tcp_store_server.h"
 
 namespace tessera::dist {
 

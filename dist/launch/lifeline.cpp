@@ -1,7 +1,7 @@
 // Lifeline (contract in lifeline.h): one blocking socket, written by the
 // heartbeat thread and by whichever thread reports the rank's end, one
 // line at a time under send_mutex_. Nothing is ever read from it.
-#include "dist/lifeline.h"
+#include "dist/launch/lifeline.h"
 
 #include <unistd.h>
 

@@ -4,7 +4,7 @@
 // go out as the socket takes them), so a slow or stalled client never blocks
 // the others. A get of a missing key parks the connection in `waiters`
 // until a set or add creates the key.
-#include "dist/tcp_store_server.h"
+#include "dist/launch/tcp_store_server.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/store_protocol.h"
+#include "dist/launch/store_protocol.h"
 
 namespace tessera::dist {
 namespace {

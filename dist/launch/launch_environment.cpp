@@ -1,7 +1,7 @@
 // Launch (contract in launch.h): reads the launcher's environment, then runs
 // the ranks of this process: one MPI rank under mpirun/srun, N threads of the
 // local backend otherwise. Also the per-thread world handle behind world().
-#include "dist/launch.h"
+#include "dist/launch/launch_environment.h"
 
 #include <charconv>
 #include <csignal>
@@ -14,10 +14,10 @@
 #include <unistd.h>
 #endif
 
-#include "dist/lifeline.h"
-#include "dist/mpi_backend.h"
-#include "dist/nccl_backend.h"
-#include "dist/tcp_store.h"
+#include "dist/launch/lifeline.h"
+#include "dist/backends/mpi_backend.h"
+#include "dist/backends/nccl_backend.h"
+#include "dist/launch/tcp_store.h"
 #include "tensor/error.h"
 
 #if TESSERA_HAVE_MPI

@@ -1,5 +1,5 @@
 // dist::Lifeline: a rank process's line to the tessera launcher that
-// supervises its job (tools/launch, dist/job_supervisor.h). The launcher
+// supervises its job (tools/launch, dist/launch/job_supervisor.h). The launcher
 // learns from it which rank runs where, and how each one ended:
 //   hello   once: world rank, world size, pid and host name;
 //   beat    every interval from a thread of its own, so that a stopped
@@ -22,8 +22,8 @@
 #include <string_view>
 #include <thread>
 
-#include "dist/launch.h"
-#include "dist/tcp_socket.h"
+#include "dist/launch/launch_environment.h"
+#include "dist/launch/tcp_socket.h"
 
 namespace tessera::dist {
 

@@ -1,6 +1,6 @@
 // The fault plan (contract in fault_injection.h): parsed once, counted per
 // (point, rank) under one lock, which only runs where a plan exists.
-#include "dist/fault_injection.h"
+#include "dist/launch/fault_injection.h"
 
 #include <dirent.h>
 #include <fmt/format.h>
