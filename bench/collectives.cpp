@@ -16,8 +16,9 @@
 #include <vector>
 
 #include "bench/machine_context.h"
-#include "dist/launch/launch_environment.h"
 #include "dist/backends/local_backend.h"
+#include "dist/init.h"
+#include "dist/launch/launch_environment.h"
 #include "dist/process_group.h"
 #include "tensor/ops.h"
 

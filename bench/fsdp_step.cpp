@@ -22,9 +22,8 @@
 
 #include "autograd/engine.h"
 #include "bench/machine_context.h"
-#include "train/file_roles.h"
-#include "dist/device_mesh.h"
 #include "dist/backends/local_backend.h"
+#include "dist/device_mesh.h"
 #include "dist/trace.h"
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt.h"
@@ -32,6 +31,7 @@
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "train/file_roles.h"
 
 using namespace tessera;
 

@@ -45,10 +45,10 @@
 #include "bench/machine_context.h"
 #include "bench/recorded_step.h"
 #include "bench/step_schedule.h"
-#include "train/model_family.h"
-#include "train/trainer.h"
 #include "tensor/cuda/attention_mma.h"
 #include "tensor/cuda/sim/schedule_recorder.h"
+#include "train/model_family.h"
+#include "train/trainer.h"
 
 using namespace tessera;
 namespace sim = tessera::cuda::sim;

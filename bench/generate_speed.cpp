@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "bench/machine_context.h"
-#include "train/generation.h"
-#include "train/model_loader.h"
 #include "nn/models/gpt.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
+#include "train/generation.h"
+#include "train/model_loader.h"
 
 namespace {
 

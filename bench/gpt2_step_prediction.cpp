@@ -61,12 +61,12 @@
 
 #include "bench/gpu_roofline.h"
 #include "bench/machine_context.h"
-#include "train/file_roles.h"
-#include "train/resource_limits.h"
 #include "tensor/cuda/attention_mma.h"
-#include "train/trainer.h"
 #include "tensor/cuda/sim/launch.h"
 #include "tensor/stream.h"
+#include "train/file_roles.h"
+#include "train/resource_limits.h"
+#include "train/trainer.h"
 
 using namespace tessera;
 namespace sim = tessera::cuda::sim;

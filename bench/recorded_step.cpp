@@ -2,8 +2,8 @@
 
 #include <optional>
 
-#include "train/trainer.h"
 #include "tensor/stream.h"
+#include "train/trainer.h"
 
 namespace bench {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "bench/step_schedule.h"
-#include "train/train_config.h"
 #include "tensor/cuda/sim/schedule_recorder.h"
+#include "train/train_config.h"
 
 namespace bench {
 

@@ -22,8 +22,8 @@
 
 #include <unistd.h>
 
-#include "train/checkpoint_manager.h"
 #include "dist/launch/fault_injection.h"
+#include "train/checkpoint_manager.h"
 #include "train/training_run.h"
 
 namespace fs = std::filesystem;

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "bench/machine_context.h"
-#include "train/trainer.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
 #include "tensor/storage.h"
+#include "train/trainer.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 #include "checkpoint/async_save.h"
 
 #include "checkpoint/rank_errors.h"
-#include "dist/launch/launch_environment.h"
+#include "dist/init.h"
 #include "tensor/ops.h"
 
 namespace tessera::checkpoint {

@@ -4,7 +4,7 @@
 #include <exception>
 #include <span>
 
-#include "dist/launch/launch_environment.h"
+#include "dist/init.h"
 #include "tensor/error.h"
 
 namespace tessera::checkpoint {

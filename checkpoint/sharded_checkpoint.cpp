@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "autograd/grad_mode.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/chunk_reader.h"
 #include "checkpoint/file_io.h"
@@ -16,9 +17,8 @@
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/save_points.h"
-#include "autograd/grad_mode.h"
 #include "dist/launch/fault_injection.h"
-#include "dist/launch/launch_environment.h"
+#include "dist/process_group.h"
 #include "tensor/ops.h"
 
 namespace tessera::checkpoint {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <set>
 
-#include "dist/launch/launch_environment.h"
+#include "dist/init.h"
 
 namespace tessera::dist {
 

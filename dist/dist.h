@@ -1,16 +1,16 @@
-// Everything of the dist layer in one include.
+// The dist API in one include: process groups and their Work, reduce ops,
+// the device mesh, DTensor, comm stats, errors, tracing, and the two ways to
+// start ranks (dist::init, dist::run_local). Backends other than local and
+// the launch machinery (dist/backends/, dist/launch/) are not part of it.
 #pragma once
 
+#include "dist/backends/local_backend.h"
 #include "dist/comm_stats.h"
 #include "dist/device_mesh.h"
 #include "dist/dtensor.h"
 #include "dist/errors.h"
-#include "dist/launch/launch_environment.h"
-#include "dist/backends/local_backend.h"
-#include "dist/backends/mpi_backend.h"
+#include "dist/init.h"
 #include "dist/process_group.h"
 #include "dist/reduce_op.h"
-#include "dist/reduction.h"
-#include "dist/launch/tcp_store.h"
 #include "dist/trace.h"
 #include "dist/work.h"

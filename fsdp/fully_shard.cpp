@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "dist/launch/launch_environment.h"
+#include "dist/init.h"
 #include "fsdp/state.h"
 
 namespace tessera::fsdp {

@@ -5,8 +5,8 @@
 
 #include <charconv>
 
-#include "train/tokenizer/utf8_decoder.h"
 #include "tensor/error.h"
+#include "train/tokenizer/utf8_decoder.h"
 
 namespace gpt {
 

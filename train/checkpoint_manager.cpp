@@ -9,9 +9,9 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/rank_errors.h"
+#include "checkpoint/save_points.h"
 #include "train/root_lock.h"
 #include "train/run_record.h"
-#include "checkpoint/save_points.h"
 
 namespace tessera::checkpoint {
 

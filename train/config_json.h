@@ -13,10 +13,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "train/model_family.h"
-#include "train/train_config.h"
 #include "nn/models/gpt_config.h"
 #include "nn/models/llama_config.h"
+#include "train/model_family.h"
+#include "train/train_config.h"
 
 namespace gpt {
 

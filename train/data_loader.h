@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "train/corpus.h"
 #include "tensor/tensor.h"
+#include "train/corpus.h"
 
 namespace gpt {
 

@@ -11,11 +11,11 @@
 
 #include <fmt/format.h>
 
-#include "train/file_roles.h"
 #include "checkpoint/metadata.h"
 #include "dist/comm_stats.h"
-#include "train/model_family.h"
 #include "tensor/error.h"
+#include "train/file_roles.h"
+#include "train/model_family.h"
 
 namespace gpt {
 

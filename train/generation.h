@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "train/sampling.h"
 #include "nn/models/causal_lm.h"
+#include "train/sampling.h"
 
 namespace gpt {
 

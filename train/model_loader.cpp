@@ -5,15 +5,15 @@
 #include <filesystem>
 #include <map>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/state_dict.h"
+#include "tensor/error.h"
+#include "train/checkpoint_manager.h"
 #include "train/config_json.h"
 #include "train/huggingface/hf_checkpoint.h"
-#include "tensor/error.h"
 
 namespace gpt {
 

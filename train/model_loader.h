@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
-#include "train/model_family.h"
 #include "nn/models/causal_lm.h"
+#include "train/model_family.h"
 
 namespace gpt {
 

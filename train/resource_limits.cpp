@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "dist/comm_stats.h"
-#include "train/corpus.h"
 #include "tensor/error.h"
+#include "train/corpus.h"
 
 namespace gpt {
 

@@ -7,12 +7,12 @@
 
 #include <fmt/format.h>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/file_io.h"
-#include "train/file_roles.h"
-#include "train/corpus.h"
-#include "train/step_log.h"
 #include "tensor/error.h"
+#include "train/checkpoint_manager.h"
+#include "train/corpus.h"
+#include "train/file_roles.h"
+#include "train/step_log.h"
 
 namespace gpt {
 

@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include "checkpoint/checksum.h"
-#include "train/config_json.h"
 #include "tensor/error.h"
+#include "train/config_json.h"
 
 namespace gpt {
 

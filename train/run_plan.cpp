@@ -10,12 +10,12 @@
 #include <cstdio>
 #include <fstream>
 
-#include "train/file_roles.h"
 #include "dist/comm_stats.h"
 #include "dist/launch/launch_environment.h"
+#include "tensor/error.h"
+#include "train/file_roles.h"
 #include "train/model_family.h"
 #include "train/resource_limits.h"
-#include "tensor/error.h"
 
 namespace gpt {
 

@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/svg_chart.h"
-#include "train/train_config.h"
 #include "fsdp/plan.h"
 #include "nn/models/causal_lm.h"
+#include "train/svg_chart.h"
+#include "train/train_config.h"
 
 namespace gpt {
 

@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "train/file_roles.h"
 #include "tensor/error.h"
+#include "train/file_roles.h"
 
 namespace gpt {
 

@@ -9,13 +9,13 @@
 #include <ostream>
 #include <string>
 
-#include "train/model_family.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/plan.h"
 #include "nn/models/gpt_config.h"
 #include "nn/models/llama_config.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
+#include "train/model_family.h"
 
 namespace gpt {
 

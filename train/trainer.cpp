@@ -12,25 +12,26 @@
 #include <thread>
 
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_export.h"
-#include "train/huggingface/hf_checkpoint.h"
 #include "checkpoint/state_dict.h"
-#include "autograd/grad_mode.h"
+#include "dist/backends/local_backend.h"
+#include "dist/init.h"
 #include "dist/launch/fault_injection.h"
 #include "dist/launch/launch_environment.h"
-#include "dist/backends/local_backend.h"
 #include "train/config_json.h"
 #include "train/graceful_stop.h"
+#include "train/huggingface/hf_checkpoint.h"
 #if TESSERA_HAVE_CUDA
 #include "tensor/cuda/runtime.h"
 #endif
-#include "train/token_cache.h"
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/storage.h"
+#include "train/token_cache.h"
 
 namespace gpt {
 

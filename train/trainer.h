@@ -25,14 +25,14 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "dist/device_mesh.h"
 #include "dist/trace.h"
-#include "train/data_loader.h"
-#include "train/metrics.h"
-#include "train/train_config.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/offloaded_optimizer_step.h"
 #include "nn/models/causal_lm.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/schedule.h"
+#include "train/data_loader.h"
+#include "train/metrics.h"
+#include "train/train_config.h"
 
 namespace gpt {
 

@@ -8,23 +8,23 @@
 #include <filesystem>
 #include <memory>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/rank_errors.h"
-#include "train/run_record.h"
 #include "dist/process_group.h"
+#include "tensor/gemm_backend.h"
+#include "tensor/parallel.h"
+#include "train/checkpoint_manager.h"
 #include "train/config_json.h"
 #include "train/flag_checks.h"
 #include "train/graceful_stop.h"
 #include "train/loss_plot.h"
 #include "train/metrics.h"
 #include "train/resource_limits.h"
-#include "train/run_identity.h"
 #include "train/run_files.h"
+#include "train/run_identity.h"
 #include "train/run_plan.h"
+#include "train/run_record.h"
 #include "train/step_log.h"
 #include "train/trainer.h"
-#include "tensor/gemm_backend.h"
-#include "tensor/parallel.h"
 
 namespace gpt {
 

@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "dist/launch/launch_environment.h"
 #include "dist/backends/local_job.h"
-#include "dist/reduction.h"
 #include "dist/backends/streaming_copy.h"
+#include "dist/init.h"
+#include "dist/reduction.h"
 #include "tensor/parallel.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/launch.h"

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dist/errors.h"
 #include "dist/backends/streaming_copy.h"
+#include "dist/errors.h"
 
 namespace tessera::dist {
 

@@ -41,8 +41,8 @@
 #include <memory>
 
 #include "dist/launch/launch_environment.h"
-#include "dist/process_group.h"
 #include "dist/launch/tcp_store.h"
+#include "dist/process_group.h"
 
 namespace tessera::dist {
 

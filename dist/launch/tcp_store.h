@@ -22,6 +22,7 @@
 #include "dist/launch/launch_environment.h"
 #include "dist/launch/tcp_socket.h"
 #include "dist/launch/tcp_store_server.h"
+#include "dist/process_group.h"
 
 namespace tessera::dist {
 

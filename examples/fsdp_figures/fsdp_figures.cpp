@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "dist/trace.h"
-#include "train/svg_chart.h"
 #include "examples/fsdp_figures/step_figures.h"
 #include "examples/fsdp_figures/step_runs.h"
 #include "tensor/error.h"
+#include "train/svg_chart.h"
 
 namespace {
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/svg_chart.h"
 #include "examples/fsdp_figures/step_runs.h"
+#include "train/svg_chart.h"
 
 namespace fsdp_figures {
 

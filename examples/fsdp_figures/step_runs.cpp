@@ -12,8 +12,8 @@
 
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
-#include "dist/device_mesh.h"
 #include "dist/backends/local_backend.h"
+#include "dist/device_mesh.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/naive_fsdp.h"
 #include "nn/models/gpt.h"

@@ -30,16 +30,16 @@
 #include <unistd.h>
 
 #include "checkpoint/file_io.h"
-#include "train/file_roles.h"
+#include "tensor/error.h"
+#include "tensor/parallel.h"
 #include "train/byte_text.h"
+#include "train/file_roles.h"
 #include "train/flag_checks.h"
-#include "train/huggingface/hf_checkpoint.h"
 #include "train/generation.h"
+#include "train/huggingface/hf_checkpoint.h"
 #include "train/model_loader.h"
 #include "train/resource_limits.h"
 #include "train/tokenizer/tokenizer.h"
-#include "tensor/error.h"
-#include "tensor/parallel.h"
 
 namespace {
 

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "dist/errors.h"
 #include "dist/backends/local_backend.h"
+#include "dist/errors.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tensor/stream.h"

@@ -5,9 +5,9 @@
 
 #include <chrono>
 
-#include "dist/device_mesh.h"
-#include "dist/launch/launch_environment.h"
 #include "dist/backends/local_backend.h"
+#include "dist/device_mesh.h"
+#include "dist/init.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

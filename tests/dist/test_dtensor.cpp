@@ -8,8 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "dist/dtensor.h"
 #include "dist/backends/local_backend.h"
+#include "dist/dtensor.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

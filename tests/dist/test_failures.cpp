@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "dist/errors.h"
 #include "dist/backends/local_backend.h"
+#include "dist/errors.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <string>
 
-#include "dist/launch/fault_injection.h"
 #include "dist/backends/local_backend.h"
+#include "dist/launch/fault_injection.h"
 #include "tensor/ops.h"
 
 using namespace tessera;

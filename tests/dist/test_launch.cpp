@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "dist/init.h"
 #include "dist/launch/launch_environment.h"
 #include "tensor/ops.h"
 

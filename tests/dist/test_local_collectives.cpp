@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "dist/launch/launch_environment.h"
 #include "dist/backends/local_backend.h"
+#include "dist/init.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 

@@ -23,10 +23,11 @@
 #include <limits>
 #include <thread>
 
-#include "dist/device_mesh.h"
-#include "dist/launch/launch_environment.h"
 #include "dist/backends/local_backend.h"
 #include "dist/backends/mpi_backend.h"
+#include "dist/device_mesh.h"
+#include "dist/init.h"
+#include "dist/launch/launch_environment.h"
 #include "dist/launch/tcp_store.h"
 #include "tensor/ops.h"
 

@@ -22,10 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "dist/backends/nccl_backend.h"
 #include "dist/device_mesh.h"
 #include "dist/errors.h"
+#include "dist/init.h"
 #include "dist/launch/launch_environment.h"
-#include "dist/backends/nccl_backend.h"
 #include "dist/launch/tcp_store.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"

@@ -12,8 +12,8 @@
 #include <map>
 #include <thread>
 
-#include "dist/comm_stats.h"
 #include "dist/backends/local_backend.h"
+#include "dist/comm_stats.h"
 #include "dist/trace.h"
 #include "tensor/ops.h"
 

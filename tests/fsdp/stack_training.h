@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "autograd/engine.h"
-#include "dist/device_mesh.h"
 #include "dist/backends/local_backend.h"
+#include "dist/device_mesh.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/offloaded_optimizer_step.h"
 #include "fsdp/state_dict.h"

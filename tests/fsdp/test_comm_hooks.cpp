@@ -7,8 +7,8 @@
 #include <algorithm>
 
 #include "autograd/engine.h"
-#include "dist/comm_stats.h"
 #include "dist/backends/local_backend.h"
+#include "dist/comm_stats.h"
 #include "dist/trace.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/plan.h"

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/device_mesh.h"
 #include "dist/backends/local_backend.h"
+#include "dist/device_mesh.h"
 #include "fsdp/plan.h"
 #include "tests/fsdp/layer_stack.h"
 #if TESSERA_HAVE_CUDA_SIM

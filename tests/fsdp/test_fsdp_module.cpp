@@ -6,8 +6,8 @@
 
 #include <type_traits>
 
-#include "dist/comm_stats.h"
 #include "dist/backends/local_backend.h"
+#include "dist/comm_stats.h"
 #include "fsdp/fully_shard.h"
 #include "tensor/error.h"
 #include "tests/fsdp/sharded_gpt.h"

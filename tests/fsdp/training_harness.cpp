@@ -8,8 +8,8 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
-#include "dist/device_mesh.h"
 #include "dist/backends/local_backend.h"
+#include "dist/device_mesh.h"
 #include "fsdp/naive_fsdp.h"
 #include "nn/activation.h"
 #include "nn/linear.h"

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/save_points.h"
 #include "dist/backends/local_backend.h"
 #include "tests/checkpoint/known_state.h"
+#include "train/checkpoint_manager.h"
 
 using namespace tessera;
 

@@ -19,9 +19,9 @@
 
 #include <fmt/format.h>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "train/checkpoint_manager.h"
 #include "train/generation.h"
 #include "train/model_loader.h"
 #include "train/train_config.h"
@@ -30,11 +30,11 @@
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/sim_stream.h"
 #endif
+#include "../checkpoint/temp_dir.h"
 #include "tensor/cuda/transfer.h"
 #include "tensor/host_staging.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
-#include "../checkpoint/temp_dir.h"
 
 using gpt::TrainConfig;
 using tessera::checkpoint::testing::TempDir;

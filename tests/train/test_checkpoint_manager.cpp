@@ -6,10 +6,10 @@
 #include <atomic>
 #include <fstream>
 
-#include "train/checkpoint_manager.h"
 #include "dist/backends/local_backend.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/checkpoint_manager.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "train/corpus.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/corpus.h"
 
 namespace fs = std::filesystem;
 using gpt::render_overstrikes;

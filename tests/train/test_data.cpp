@@ -11,9 +11,9 @@
 #include <fstream>
 #include <vector>
 
+#include "tensor/error.h"
 #include "train/corpus.h"
 #include "train/data_loader.h"
-#include "tensor/error.h"
 
 namespace fs = std::filesystem;
 using gpt::DataLoader;

@@ -10,11 +10,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "train/checkpoint_manager.h"
 #include "dist/launch/fault_injection.h"
-#include "train/training_run.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/checkpoint_manager.h"
+#include "train/training_run.h"
 
 namespace fs = std::filesystem;
 using tessera::checkpoint::testing::TempDir;

@@ -15,12 +15,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/checkpoint_manager.h"
-#include "train/file_roles.h"
-#include "train/run_record.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/checkpoint_manager.h"
+#include "train/file_roles.h"
+#include "train/run_record.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;

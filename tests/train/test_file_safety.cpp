@@ -14,8 +14,11 @@
 #include <sstream>
 #include <thread>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/save_points.h"
+#include "tensor/error.h"
+#include "tests/checkpoint/temp_dir.h"
+#include "tests/train/train_outcome.h"
+#include "train/checkpoint_manager.h"
 #include "train/disk_space.h"
 #include "train/flag_checks.h"
 #include "train/graceful_stop.h"
@@ -23,9 +26,6 @@
 #include "train/step_log.h"
 #include "train/trainer.h"
 #include "train/training_run.h"
-#include "tensor/error.h"
-#include "tests/checkpoint/temp_dir.h"
-#include "tests/train/train_outcome.h"
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;

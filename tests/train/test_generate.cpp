@@ -18,22 +18,22 @@
 #include <set>
 
 #include "autograd/grad_mode.h"
-#include "train/checkpoint_manager.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/state_dict.h"
-#include "train/byte_text.h"
-#include "train/config_json.h"
-#include "train/model_loader.h"
-#include "train/generation.h"
-#include "train/sampling.h"
-#include "train/trainer.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "tests/fsdp/equivalence.h"
+#include "train/byte_text.h"
+#include "train/checkpoint_manager.h"
+#include "train/config_json.h"
+#include "train/generation.h"
+#include "train/model_loader.h"
+#include "train/sampling.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
-#include "train/byte_text.h"
-#include "train/generation.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "tensor/ops.h"
 #include "tests/nn/tensor_differences.h"
+#include "train/byte_text.h"
+#include "train/generation.h"
 
 using tessera::Tensor;
 using tessera::testing::max_scaled_difference;

@@ -10,11 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include "train/byte_text.h"
-#include "train/generation.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "tensor/error.h"
+#include "train/byte_text.h"
+#include "train/generation.h"
 
 using tessera::PhiloxKey;
 

@@ -19,12 +19,12 @@
 #include "checkpoint/safetensors_index.h"
 #include "checkpoint/state_dict.h"
 #include "dist/backends/local_backend.h"
-#include "train/huggingface/hf_checkpoint.h"
-#include "train/huggingface/hf_tensor_map.h"
 #include "fsdp/fully_shard.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/huggingface/hf_checkpoint.h"
+#include "train/huggingface/hf_tensor_map.h"
 
 namespace fs = std::filesystem;
 using tessera::Tensor;

@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <thread>
 
-#include "train/checkpoint_manager.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/checkpoint_manager.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;

@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tensor/error.h"
+#include "tests/checkpoint/temp_dir.h"
 #include "train/loss_plot.h"
 #include "train/train_config.h"
 #include "train/training_run.h"
-#include "tensor/error.h"
-#include "tests/checkpoint/temp_dir.h"
 
 using gpt::TrainConfig;
 using tessera::checkpoint::testing::TempDir;

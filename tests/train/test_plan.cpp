@@ -16,15 +16,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/fully_shard.h"
+#include "tensor/error.h"
+#include "tests/checkpoint/temp_dir.h"
+#include "tests/fsdp/plan_text.h"
 #include "train/flag_checks.h"
 #include "train/model_family.h"
 #include "train/run_plan.h"
 #include "train/trainer.h"
 #include "train/training_run.h"
-#include "fsdp/fully_shard.h"
-#include "tensor/error.h"
-#include "tests/checkpoint/temp_dir.h"
-#include "tests/fsdp/plan_text.h"
 
 using gpt::TrainConfig;
 using tessera::checkpoint::testing::TempDir;

@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "tensor/error.h"
+#include "tests/checkpoint/temp_dir.h"
 #include "train/corpus.h"
 #include "train/data_loader.h"
 #include "train/resource_limits.h"
 #include "train/trainer.h"
-#include "tensor/error.h"
-#include "tests/checkpoint/temp_dir.h"
 
 namespace fs = std::filesystem;
 using gpt::MachineResources;

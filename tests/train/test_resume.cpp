@@ -10,16 +10,16 @@
 #include <fstream>
 #include <sstream>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/metadata.h"
-#include "train/run_record.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
-#include "train/trainer.h"
-#include "train/training_run.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/checkpoint_manager.h"
+#include "train/run_record.h"
+#include "train/trainer.h"
+#include "train/training_run.h"
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;

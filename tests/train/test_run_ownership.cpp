@@ -8,13 +8,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/metadata.h"
-#include "train/run_record.h"
 #include "checkpoint/sealed_json.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "train/checkpoint_manager.h"
+#include "train/run_record.h"
 
 using namespace tessera;
 using namespace tessera::checkpoint;

@@ -12,17 +12,17 @@
 #include <fstream>
 #include <sstream>
 
-#include "train/checkpoint_manager.h"
 #include "checkpoint/metadata.h"
-#include "train/run_record.h"
 #include "checkpoint/sealed_json.h"
-#include "train/graceful_stop.h"
-#include "train/trainer.h"
-#include "train/training_run.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "tests/train/train_outcome.h"
+#include "train/checkpoint_manager.h"
+#include "train/graceful_stop.h"
+#include "train/run_record.h"
+#include "train/trainer.h"
+#include "train/training_run.h"
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "train/svg_chart.h"
 #include "tensor/error.h"
+#include "train/svg_chart.h"
 
 namespace {
 

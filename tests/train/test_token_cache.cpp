@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/checkpoint/temp_dir.h"
 #include "train/flag_checks.h"
 #include "train/token_cache.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 #include "train/training_run.h"
-#include "tests/checkpoint/temp_dir.h"
 
 namespace fs = std::filesystem;
 using tessera::checkpoint::testing::TempDir;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/file_io.h"
+#include "tensor/error.h"
 #include "train/tokenizer/byte_alphabet.h"
 #include "train/tokenizer/gpt2_vocab_files.h"
 #include "train/tokenizer/split_pattern.h"
@@ -23,7 +24,6 @@
 #include "train/tokenizer/tokenizer_json.h"
 #include "train/tokenizer/unicode_class.h"
 #include "train/tokenizer/utf8_decoder.h"
-#include "tensor/error.h"
 
 namespace fs = std::filesystem;
 using gpt::Tokenizer;

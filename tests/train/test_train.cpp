@@ -18,17 +18,17 @@
 #include <sstream>
 #include <vector>
 
-#include "dist/comm_stats.h"
 #include "dist/backends/nccl_backend.h"
+#include "dist/comm_stats.h"
+#include "fsdp/fsdp.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tests/fsdp/equivalence.h"
 #include "train/config_json.h"
 #include "train/flag_checks.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 #include "train/training_run.h"
-#include "fsdp/fsdp.h"
-#include "tensor/error.h"
-#include "tensor/ops.h"
-#include "tests/fsdp/equivalence.h"
 
 namespace fs = std::filesystem;
 using gpt::TrainConfig;

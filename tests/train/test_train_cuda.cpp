@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/state_dict.h"
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/ops.h"
 #include "train/resource_limits.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
-#include "fsdp/state_dict.h"
-#include "tensor/ops.h"
-#include "tensor/cuda/caching_allocator.h"
 #if TESSERA_HAVE_CUDA_SIM
 #include "tensor/cuda/sim/sim_stream.h"
 #endif

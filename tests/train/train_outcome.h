@@ -5,9 +5,9 @@
 #include <sstream>
 #include <string>
 
+#include "tensor/error.h"
 #include "train/flag_checks.h"
 #include "train/training_run.h"
-#include "tensor/error.h"
 
 namespace gpt::testing {
 

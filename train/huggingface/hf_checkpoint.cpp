@@ -11,8 +11,8 @@
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/safetensors_index.h"
-#include "train/huggingface/hf_tensor_map.h"
 #include "tensor/error.h"
+#include "train/huggingface/hf_tensor_map.h"
 
 namespace gpt {
 

@@ -28,8 +28,8 @@
 #include <functional>
 #include <string>
 
-#include "train/model_family.h"
 #include "tensor/tensor.h"
+#include "train/model_family.h"
 
 namespace gpt {
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <queue>
 
-#include "train/tokenizer/byte_alphabet.h"
 #include "tensor/error.h"
+#include "train/tokenizer/byte_alphabet.h"
 
 namespace gpt {
 

@@ -8,9 +8,9 @@
 #include <map>
 
 #include "checkpoint/file_io.h"
+#include "tensor/error.h"
 #include "train/tokenizer/gpt2_vocab_files.h"
 #include "train/tokenizer/tokenizer_json.h"
-#include "tensor/error.h"
 
 namespace gpt {
 

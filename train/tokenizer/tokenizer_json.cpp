@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checksum.h"
-#include "train/tokenizer/gpt2_vocab_files.h"
 #include "tensor/error.h"
+#include "train/tokenizer/gpt2_vocab_files.h"
 
 namespace gpt {
 
