@@ -12,12 +12,12 @@
 #include <cmath>
 #include <limits>
 
-#include "dist/launch/launch_environment.h"
 #include "dist/backends/nccl_backend.h"
+#include "dist/launch/launch_environment.h"
+#include "tensor/error.h"
 #include "train/flag_checks.h"
 #include "train/huggingface/hf_checkpoint.h"
 #include "train/token_cache.h"
-#include "tensor/error.h"
 
 namespace gpt {
 
@@ -235,53 +235,75 @@ void TrainConfig::validate() const {
                 "pass --export too", export_format);
 }
 
-std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
-                                      std::ostream& err) {
-  CLI::App app{"Trains a GPT-2 or Llama style model with tessera's FSDP on --nproc ranks (byte-level text by default)",
-               "train"};
-  app.option_defaults()->always_capture_default();
+namespace {
 
+// A shape flag's value, and whether it was given (only given ones override the preset).
+struct ShapeOverride {
+  int64_t value = 0;
+  CLI::Option* option = nullptr;
+  std::optional<int64_t> given() const { return option->count() > 0 ? std::optional(value) : std::nullopt; }
+};
+
+// What the flags set beyond plain TrainConfig fields: read once the command
+// line is parsed, since a flag may decide how another one counts.
+struct ModelFlags {
   std::string family = "gpt";
-  auto* family_option =
-      app.add_option("--model", family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama (RMSNorm, "
-                 "rotary grouped-query attention, SwiGLU)")
-      ->check(CLI::IsMember(family_names()));
-  auto* preset_flag = app.add_option("--preset", config.preset, "Model shape preset of the --model family")
-                          ->default_str(fmt::format("{} (gpt), {} (llama)", default_preset(ModelFamily::gpt),
-                                                    default_preset(ModelFamily::llama)));
-  // Shape overrides: applied on top of the preset only when given.
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0, seq_len = 0, n_kv_head = 0, ffn_hidden = 0, vocab_padding = 0;
-  auto* n_layer_flag =
-      app.add_option("--n-layer", n_layer, "Transformer blocks")->check(integer_in(1, kMaxLayersOrHeads));
-  auto* n_head_flag =
-      app.add_option("--n-head", n_head, "Attention heads")->check(integer_in(1, kMaxLayersOrHeads));
-  auto* n_embd_flag = app.add_option("--n-embd", n_embd, "Embedding width (a multiple of --n-head)")
-                          ->check(integer_in(1, kMaxModelDim));
-  auto* vocab_flag = app.add_option("--vocab", vocab, "Vocabulary size (>= the data's largest token + 1)")
-                         ->check(integer_in(1, kMaxModelDim));
-  auto* vocab_padding_flag =
-      app.add_option("--vocab-padding", vocab_padding,
-                     "Pad wte and the tied head to a multiple of this many rows, for aligned GEMMs; the padding is "
-                     "outside the softmax (gpt; gpt2 presets: 128, llm.c's 50304; 1 = none)")
-          ->check(integer_in(1, 1024));
-  auto* seq_len_flag = app.add_option("--seq-len", seq_len,
-                                      "Tokens per sequence (default: the preset's context; the context grows to fit)")
-                           ->check(integer_in(1, kMaxModelDim));
-  auto* n_kv_head_flag = app.add_option("--n-kv-head", n_kv_head,
-                                        "Key/value heads, dividing --n-head (llama: grouped-query attention)")
-                             ->check(integer_in(1, kMaxLayersOrHeads));
-  auto* ffn_hidden_flag = app.add_option("--ffn-hidden", ffn_hidden, "SwiGLU hidden width F (llama)")
-                              ->check(integer_in(1, kMaxModelDim));
-  for (auto* flag : {n_layer_flag, n_head_flag, n_embd_flag, vocab_flag, vocab_padding_flag, seq_len_flag,
-                     n_kv_head_flag, ffn_hidden_flag}) {
-    flag->default_str("preset");
-  }
+  CLI::Option* family_option = nullptr;
+  CLI::Option* preset_option = nullptr;
+  ShapeOverride n_layer, n_head, n_embd, vocab, seq_len, n_kv_head, ffn_hidden, vocab_padding;
+};
+struct OptimizationFlags {
+  std::string grad_sync;
+  CLI::Option* warmup_option = nullptr;
+};
+struct ParallelismFlags {
+  std::string device = "cpu";
+  CLI::Option* nproc_option = nullptr;
+  std::string reshard = "true";
+  std::string param_dtype = "f32", reduce_dtype;
+  std::string offload_step;
+};
+struct CommandLineFlags {
+  ModelFlags model;
+  OptimizationFlags optimization;
+  ParallelismFlags parallelism;
+  CLI::Option* tokenizer_option = nullptr;
+};
 
+// --model, --preset and the shape overrides.
+void add_model_flags(CLI::App& app, TrainConfig& config, ModelFlags& flags) {
+  flags.family_option =
+      app.add_option("--model", flags.family, "Model family: gpt (GPT-2: LayerNorm, GELU MLP, tied head) or llama "
+                     "(RMSNorm, rotary grouped-query attention, SwiGLU)")
+          ->check(CLI::IsMember(family_names()));
+  flags.preset_option = app.add_option("--preset", config.preset, "Model shape preset of the --model family")
+                            ->default_str(fmt::format("{} (gpt), {} (llama)", default_preset(ModelFamily::gpt),
+                                                      default_preset(ModelFamily::llama)));
+  auto shape = [&](const char* name, ShapeOverride& flag, const std::string& help, int64_t max) {
+    flag.option = app.add_option(name, flag.value, help)->check(integer_in(1, max))->default_str("preset");
+  };
+  shape("--n-layer", flags.n_layer, "Transformer blocks", kMaxLayersOrHeads);
+  shape("--n-head", flags.n_head, "Attention heads", kMaxLayersOrHeads);
+  shape("--n-embd", flags.n_embd, "Embedding width (a multiple of --n-head)", kMaxModelDim);
+  shape("--vocab", flags.vocab, "Vocabulary size (>= the data's largest token + 1)", kMaxModelDim);
+  shape("--vocab-padding", flags.vocab_padding,
+        "Pad wte and the tied head to a multiple of this many rows, for aligned GEMMs; the padding is outside the "
+        "softmax (gpt; gpt2 presets: 128, llm.c's 50304; 1 = none)",
+        1024);
+  shape("--seq-len", flags.seq_len, "Tokens per sequence (default: the preset's context; the context grows to fit)",
+        kMaxModelDim);
+  shape("--n-kv-head", flags.n_kv_head, "Key/value heads, dividing --n-head (llama: grouped-query attention)",
+        kMaxLayersOrHeads);
+  shape("--ffn-hidden", flags.ffn_hidden, "SwiGLU hidden width F (llama)", kMaxModelDim);
+}
+
+// The batch geometry, the optimizer and its schedule, the seed and threads.
+void add_optimization_flags(CLI::App& app, TrainConfig& config, OptimizationFlags& flags) {
   app.add_option("--batch", config.batch, "Sequences per micro-batch")->check(integer_in(1, kMaxBatch));
   app.add_option("--grad-accum", config.grad_accum, "Micro-batches per optimizer step")
       ->check(integer_in(1, kMaxGradAccum));
-  std::string grad_sync = grad_sync_name(config.grad_sync);
-  app.add_option("--grad-sync", grad_sync,
+  flags.grad_sync = grad_sync_name(config.grad_sync);
+  app.add_option("--grad-sync", flags.grad_sync,
                  "When --grad-accum's micro-batches reduce-scatter their gradients: last (one reduce-scatter a step; "
                  "every group's unsharded gradients kept between micro-batches) or every (one a micro-batch; none "
                  "kept)")
@@ -289,18 +311,22 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
       ->capture_default_str();
   app.add_option("--steps", config.steps, "Optimizer steps")->check(integer_in(1, kMaxCount));
   app.add_option("--lr", config.lr, "Peak learning rate (cosine decay to lr/10)")->check(number_in(0.0, kMaxLr, true));
-  auto* warmup_flag = app.add_option("--warmup", config.warmup, "Linear warmup steps (at most --steps)")
-                          ->check(integer_in(0, kMaxCount));
+  flags.warmup_option = app.add_option("--warmup", config.warmup, "Linear warmup steps (at most --steps)")
+                            ->check(integer_in(0, kMaxCount));
   app.add_option("--weight-decay", config.weight_decay, "AdamW weight decay on matmul and embedding weights")
       ->check(number_in(0.0, kMaxWeightDecay));
   app.add_option("--clip", config.clip, "Max global gradient norm (0 = off)")->check(number_in(0.0, kMaxClip));
   app.add_option("--seed", config.seed, "Seed of model init and data order")->check(any_uint64());
   app.add_option("--threads", config.threads, "CPU threads per rank (0 = the cores shared out among the ranks)")
       ->check(integer_in(0, kMaxThreads));
+}
+
+// The text and its tokenizer; returns --tokenizer's option.
+CLI::Option* add_data_flags(CLI::App& app, TrainConfig& config) {
   app.add_option("--data", config.data, "Token file (text, or llm.c .bin), or 'synthetic'")
       ->check(non_empty_path())
       ->default_str("the Debian corpus");
-  auto* tokenizer_flag =
+  CLI::Option* tokenizer =
       app.add_option("--tokenizer", config.tokenizer,
                      "BPE tokenizer for the --data text: a tokenizer.json (Hugging Face), GPT-2's vocab.json or "
                      "encoder.json with merges.txt beside it, or a directory holding them; its ids set --vocab. The "
@@ -309,6 +335,11 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
           ->default_str("bytes (vocab 256)");
   app.add_flag("--allow-data-change", config.allow_data_change,
                "Let --resume continue on other data than the run's (recorded in the checkpoint root's run.json)");
+  return tokenizer;
+}
+
+// What a run reports besides its banner and step lines: JSON lines, validation, the loss plot, the trace.
+void add_report_flags(CLI::App& app, TrainConfig& config) {
   app.add_option("--log-json", config.log_json,
                  "Write one JSON object per step to this file (a --resume continues it from its checkpoint's step)")
       ->check(non_empty_path());
@@ -320,22 +351,25 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
                  "Draw the loss curve (train loss per step, validation loss at each evaluation) to this SVG file at "
                  "the end of the run")
       ->check(non_empty_path());
+  app.add_option("--trace", config.trace,
+                 "Write a Chrome/Perfetto trace of every rank to this file (a --resume whose file exists writes a "
+                 "new one, named in the banner)")
+      ->check(non_empty_path());
+}
 
-  std::string device = "cpu";
-  app.add_option("--device", device,
+// The device, and FSDP over --nproc ranks: backend, resharding, mixed precision, HSDP, offload.
+void add_parallelism_flags(CLI::App& app, TrainConfig& config, ParallelismFlags& flags) {
+  app.add_option("--device", flags.device,
                  "Where the model trains: cpu, or cuda (a device a rank; the SIMT simulator or GPUs, as built)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-
-  // Parallelism: FSDP over --nproc ranks.
-  auto* nproc_flag = app.add_option("--nproc", config.nproc,
-                                    "Ranks, each with its own micro-batches (threads, or the launcher's processes)")
-                         ->check(integer_in(1, kMaxRanks));
+  flags.nproc_option = app.add_option("--nproc", config.nproc,
+                                      "Ranks, each with its own micro-batches (threads, or the launcher's processes)")
+                           ->check(integer_in(1, kMaxRanks));
   app.add_option("--backend", config.backend,
                  "local (threads in this process), mpi (under mpirun/srun) or nccl (--device cuda, one process per "
                  "GPU under mpirun, srun or torchrun-style variables; alone, one rank)")
       ->check(CLI::IsMember({"local", "mpi", "nccl"}));
-  std::string reshard_text = "true";
-  app.add_option("--reshard-after-forward", reshard_text,
+  app.add_option("--reshard-after-forward", flags.reshard,
                  "Blocks free their gathered parameters after forward: true, false, or N (keep an N-rank sharding "
                  "for backward)")
       ->check(CLI::Validator(
@@ -344,10 +378,9 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
             return fmt::format("expected true, false or a positive rank count, got '{}'", input);
           },
           "true|false|N"));
-  std::string param_dtype = "f32", reduce_dtype;
-  app.add_option("--param-dtype", param_dtype, "Dtype of the gathered parameters (forward, backward, all-gather)")
+  app.add_option("--param-dtype", flags.param_dtype, "Dtype of the gathered parameters (forward, backward, all-gather)")
       ->check(CLI::IsMember(kDtypeNames));
-  app.add_option("--reduce-dtype", reduce_dtype, "Dtype of the gradient reduce-scatter")
+  app.add_option("--reduce-dtype", flags.reduce_dtype, "Dtype of the gradient reduce-scatter")
       ->check(CLI::IsMember(kDtypeNames))
       ->default_str("--param-dtype");
   app.add_option("--hsdp", config.hsdp, "HSDP replicate degree R: a R x (nproc / R) (replicate, shard) mesh")
@@ -356,16 +389,16 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_flag("--cpu-offload", config.cpu_offload,
                "With --device cuda: parameter shards, gradients and AdamW's state in pinned host memory (FSDP's "
                "CPUOffloadPolicy); the GPU holds the gathered blocks, activations and workspace");
-  std::string offload_step = config.overlap_offloaded_step ? "overlapped" : "whole";
-  app.add_option("--offload-step", offload_step,
+  flags.offload_step = config.overlap_offloaded_step ? "overlapped" : "whole";
+  app.add_option("--offload-step", flags.offload_step,
                  "With --cpu-offload: AdamW's host step whole before the next forward starts (whole, as FSDP2), or "
                  "overlapped with it one FSDP group at a time (overlapped); the same weights")
       ->check(CLI::IsMember({"overlapped", "whole"}))
       ->capture_default_str();
-  app.add_option("--trace", config.trace,
-                 "Write a Chrome/Perfetto trace of every rank to this file (a --resume whose file exists writes a "
-                 "new one, named in the banner)")
-      ->check(non_empty_path());
+}
+
+// --plan and its sweep over world sizes.
+void add_plan_flags(CLI::App& app, TrainConfig& config) {
   app.add_flag("--plan", config.plan,
                "Print the sharding plan (shards, memory, bytes per step) and exit; starts no rank, so any --nproc "
                "and --hsdp plan in a moment");
@@ -378,8 +411,10 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_option("--sweep-svg", config.sweep_svg,
                  "Draw the sweep to this SVG file: per-rank memory and bytes sent per step against ranks, log axes")
       ->check(non_empty_path());
+}
 
-  // Checkpoints.
+// Checkpoints, resume, export and the weights a run starts from.
+void add_checkpoint_flags(CLI::App& app, TrainConfig& config) {
   app.add_option("--ckpt-dir", config.ckpt_dir, "Save sharded checkpoints to DIR/step-N (at the last step too)")
       ->check(non_empty_path());
   app.add_option("--ckpt-every", config.ckpt_every, "Save every K steps (0 = only at the last)")
@@ -403,66 +438,92 @@ std::optional<int> parse_command_line(int argc, const char* const* argv, TrainCo
   app.add_flag("--overwrite", config.overwrite,
                "Replace output files an earlier launch left (--log-json of a fresh run, --trace, --export, "
                "--loss-plot, --sweep-out, --sweep-svg); never an input, never a checkpoint");
+}
 
+// The model: a Hugging Face --init-from sets it (and its tokenizer, unless
+// --tokenizer is given); otherwise the preset with the shape flags over it.
+// A --tokenizer's ids set the vocabulary.
+void apply_model_flags(const ModelFlags& flags, const CLI::Option& tokenizer_option, TrainConfig& config) {
+  const bool from_hf = !config.init_from.empty() && is_hf_model_dir(config.init_from);
+  if (from_hf && tokenizer_option.count() == 0 && holds_tokenizer(config.init_from)) {
+    config.tokenizer = config.init_from;
+  }
+  const std::optional<ModelFamily> family_flag =
+      flags.family_option->count() > 0 ? std::optional(family_from_name(flags.family)) : std::nullopt;
+  const ModelFamily model_family = family_from_name(flags.family);
+  const bool preset_given = flags.preset_option->count() > 0;
+  if (!preset_given) config.preset = default_preset(model_family);
+  const bool tokenizer_given = !config.tokenizer.empty();
+  const std::optional<int64_t> vocab = tokenizer_given && !from_hf
+                                           ? tokenizer_vocab(config.tokenizer, flags.vocab.option->count() > 0)
+                                           : flags.vocab.given();
+  const ShapeFlags shape{.n_layer = flags.n_layer.given(),
+                         .n_head = flags.n_head.given(),
+                         .n_embd = flags.n_embd.given(),
+                         .vocab = vocab,
+                         .seq_len = flags.seq_len.given(),
+                         .n_kv_head = flags.n_kv_head.given(),
+                         .ffn_hidden = flags.ffn_hidden.given(),
+                         .vocab_padding = flags.vocab_padding.given()};
+  const ModelConfig model = from_hf ? model_from_hf_dir(config.init_from, family_flag, preset_given, shape)
+                                    : model_from_flags(model_family, config.preset, shape);
+  if (from_hf) {
+    config.preset = config.init_from;
+    if (tokenizer_given) {
+      const int64_t ids = Tokenizer::load(config.tokenizer).vocab_size();
+      TESSERA_CHECK(ids <= vocab_size(model), "--tokenizer {} has {} ids, more than the {} of --init-from {}",
+                    config.tokenizer, ids, vocab_size(model), config.init_from);
+    }
+  }
+  config.seq_len = shape.seq_len.value_or(block_size(model));
+  if (const auto* llama = std::get_if<tessera::nn::LlamaConfig>(&model)) {
+    config.llama = *llama;
+  } else {
+    config.model = std::get<tessera::nn::GPTConfig>(model);
+    config.llama.reset();
+  }
+}
+
+void apply_optimization_flags(const OptimizationFlags& flags, TrainConfig& config) {
+  // The default warmup shrinks for short runs; an explicit one must fit.
+  if (flags.warmup_option->count() == 0) config.warmup = std::min(config.warmup, config.steps);
+  config.grad_sync = flags.grad_sync == "every" ? tessera::fsdp::GradientSync::every_micro_batch
+                                                : tessera::fsdp::GradientSync::last_micro_batch;
+}
+
+void apply_parallelism_flags(const ParallelismFlags& flags, TrainConfig& config) {
+  config.reshard_after_forward = *parse_reshard(flags.reshard);
+  config.param_dtype = parse_dtype(flags.param_dtype);
+  if (!flags.reduce_dtype.empty()) config.reduce_dtype = parse_dtype(flags.reduce_dtype);
+  config.device = tessera::Device::parse(flags.device);
+  config.overlap_offloaded_step = flags.offload_step == "overlapped";
+  read_world_size(config, flags.nproc_option->count() > 0);
+}
+
+}  // namespace
+
+std::optional<int> parse_command_line(int argc, const char* const* argv, TrainConfig& config, std::ostream& out,
+                                      std::ostream& err) {
+  CLI::App app{"Trains a GPT-2 or Llama style model with tessera's FSDP on --nproc ranks (byte-level text by default)",
+               "train"};
+  app.option_defaults()->always_capture_default();
+  CommandLineFlags flags;
+  add_model_flags(app, config, flags.model);
+  add_optimization_flags(app, config, flags.optimization);
+  flags.tokenizer_option = add_data_flags(app, config);
+  add_report_flags(app, config);
+  add_parallelism_flags(app, config, flags.parallelism);
+  add_plan_flags(app, config);
+  add_checkpoint_flags(app, config);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return exit_after_parse_error(app, error, out, err);
   }
-
-  auto given = [](const CLI::Option* flag, int64_t value) {
-    return flag->count() > 0 ? std::optional<int64_t>(value) : std::nullopt;
-  };
   try {
-    const bool from_hf = !config.init_from.empty() && is_hf_model_dir(config.init_from);
-    // A Hugging Face model's own tokenizer, when --tokenizer is not given.
-    if (from_hf && tokenizer_flag->count() == 0 && holds_tokenizer(config.init_from)) {
-      config.tokenizer = config.init_from;
-    }
-    const std::optional<ModelFamily> family_flag =
-        family_option->count() > 0 ? std::optional(family_from_name(family)) : std::nullopt;
-    const ModelFamily model_family = family_from_name(family);
-    if (preset_flag->count() == 0) config.preset = default_preset(model_family);
-    const bool tokenizer_given = !config.tokenizer.empty();
-    const std::optional<int64_t> vocab_setting = tokenizer_given && !from_hf
-                                                     ? tokenizer_vocab(config.tokenizer, vocab_flag->count() > 0)
-                                                     : given(vocab_flag, vocab);
-    const ShapeFlags shape{.n_layer = given(n_layer_flag, n_layer),
-                           .n_head = given(n_head_flag, n_head),
-                           .n_embd = given(n_embd_flag, n_embd),
-                           .vocab = vocab_setting,
-                           .seq_len = given(seq_len_flag, seq_len),
-                           .n_kv_head = given(n_kv_head_flag, n_kv_head),
-                           .ffn_hidden = given(ffn_hidden_flag, ffn_hidden),
-                           .vocab_padding = given(vocab_padding_flag, vocab_padding)};
-    const ModelConfig model = from_hf
-                                  ? model_from_hf_dir(config.init_from, family_flag, preset_flag->count() > 0, shape)
-                                  : model_from_flags(model_family, config.preset, shape);
-    if (from_hf) {
-      config.preset = config.init_from;
-      if (tokenizer_given) {
-        const int64_t ids = Tokenizer::load(config.tokenizer).vocab_size();
-        TESSERA_CHECK(ids <= vocab_size(model), "--tokenizer {} has {} ids, more than the {} of --init-from {}",
-                      config.tokenizer, ids, vocab_size(model), config.init_from);
-      }
-    }
-    config.seq_len = shape.seq_len.value_or(block_size(model));
-    if (const auto* llama = std::get_if<tessera::nn::LlamaConfig>(&model)) {
-      config.llama = *llama;
-    } else {
-      config.model = std::get<tessera::nn::GPTConfig>(model);
-      config.llama.reset();
-    }
-    // The default warmup shrinks for short runs; an explicit one must fit.
-    if (warmup_flag->count() == 0) config.warmup = std::min(config.warmup, config.steps);
-    config.reshard_after_forward = *parse_reshard(reshard_text);
-    config.param_dtype = parse_dtype(param_dtype);
-    config.device = tessera::Device::parse(device);
-    config.overlap_offloaded_step = offload_step == "overlapped";
-    config.grad_sync = grad_sync == "every" ? tessera::fsdp::GradientSync::every_micro_batch
-                                            : tessera::fsdp::GradientSync::last_micro_batch;
-    if (!reduce_dtype.empty()) config.reduce_dtype = parse_dtype(reduce_dtype);
-    read_world_size(config, nproc_flag->count() > 0);
+    apply_model_flags(flags.model, *flags.tokenizer_option, config);
+    apply_optimization_flags(flags.optimization, config);
+    apply_parallelism_flags(flags.parallelism, config);
     config.validate();
   } catch (const tessera::Error& error) {
     err << "train: error: " << error.what() << "\nRun with --help for more information.\n";
