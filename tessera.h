@@ -8,7 +8,6 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "train/checkpoint_manager.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "dist/dist.h"

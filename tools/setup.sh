@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  g++ meson ninja-build pkg-config  # toolchain
+  g++ meson ninja-build pkg-config cmake  # toolchain (cmake: the install test builds a CMake project against tessera)
   libeigen3-dev                     # CPU kernels, and the fallback GEMM
   libopenblas-openmp-dev            # CPU GEMM: OpenBLAS on tessera's OpenMP team (tensor/gemm_backend.h)
   doctest-dev                       # tests
