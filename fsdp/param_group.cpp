@@ -199,10 +199,7 @@ void FSDPParamGroup::unshard(bool async_op) {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_in", "fsdp", {{"module", module_fqn_}});
     if (from_post_forward) {
       ops::copy_(slot, post_forward_slot_);
-      if (streams_->separate() && protocol_break() != ProtocolBreak::post_forward_slot_freed_at_copy_in) {
-        read_from_compute = std::move(post_forward_slot_);
-      }
-      post_forward_slot_ = Tensor();
+      read_from_compute = streams_->keep_post_forward_slot(std::exchange(post_forward_slot_, Tensor()));
     } else {
       copy_in_shards(slot, layout);
     }
@@ -421,9 +418,7 @@ void FSDPParamGroup::issue_reduce_scatter() {
       Tensor unsharded = param->unsharded();
       if (unsharded.grad().defined()) unsharded.set_grad(Tensor());
     }
-    if (streams_->separate() && protocol_break() != ProtocolBreak::gradients_freed_at_copy_in) {
-      gradients_read = std::move(grads);
-    }
+    gradients_read = streams_->keep_gradients_read(std::move(grads));
   }
   Event copied_in;
   if (streams_->separate()) copied_in.record(*streams_->reduce_scatter());
@@ -531,7 +526,7 @@ void FSDPParamGroup::finish_host_gradients() {
   pending_host_gradient_.reset();
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "gradient_to_host_wait", "fsdp", {{"module", module_fqn_}});
-    if (protocol_break() != ProtocolBreak::host_skips_gradient_wait) pending.landed.synchronize();
+    streams_->host_waits_for_gradients(pending.landed);
   }
   dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "accumulate_grad", "fsdp", {{"module", module_fqn_}});
   check_host_access(pending.landing, /*writes=*/false, "fsdp: add the reduced gradients into the host's");
@@ -546,7 +541,8 @@ void FSDPParamGroup::wait_for_host_step() {
 }
 
 void FSDPParamGroup::wait_for_shard_reads() {
-  if (protocol_break() != ProtocolBreak::host_skips_shard_read_wait) shards_read_.synchronize();
+  if (streams_ == nullptr) return;  // before lazy init: no copy has read the shards
+  streams_->host_waits_for_shard_reads(shards_read_);
 }
 
 void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,

@@ -24,7 +24,7 @@ struct FSDPStateContext {
   bool forward_order_recorded = false;
   bool final_callback_queued = false;
   std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_reduce_scatters;
-  std::shared_ptr<FSDPStreams> streams;  // made with the first group, on its device
+  std::shared_ptr<FSDPStreams> streams;  // lazy_init's, or made with the first group, on its device
 };
 
 namespace {
@@ -119,10 +119,14 @@ void FSDPState::reset_unsharded_memory_peak(bool recurse) {
 
 // ---- lazy init ---------------------------------------------------------------------------------
 
-void FSDPState::lazy_init() {
+void FSDPState::lazy_init(std::shared_ptr<FSDPStreams> streams) {
+  TESSERA_CHECK(context_ == nullptr || streams == nullptr,
+                "fsdp: lazy_init of '{}' was given streams, but its root's lazy init has run; streams are chosen "
+                "there, once, before the first forward", module_->type_name());
   if (context_ != nullptr) return;
   auto context = std::make_shared<FSDPStateContext>();
   context->outstanding_reduce_scatters = std::make_shared<std::vector<FSDPParamGroup*>>();
+  context->streams = std::move(streams);
 
   // Every registry slot of every parameter, by module name: tied parameters
   // show up in more than one.

@@ -78,8 +78,10 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   void reset_unsharded_memory_peak(bool recurse);
 
   // The root's lazy init, also callable directly (plans, state dicts): makes
-  // this state the root of every FSDPState in its module tree.
-  void lazy_init();
+  // this state the root of every FSDPState in its module tree. `streams`:
+  // the streams its groups share, on their device; null makes FSDPStreams.
+  // A test hands its own with one protocol step replaced (fsdp/streams.h).
+  void lazy_init(std::shared_ptr<FSDPStreams> streams = nullptr);
 
  private:
   std::optional<nn::TensorList> pre_forward(const nn::TensorList& inputs);

@@ -1,16 +1,9 @@
 // FSDP2's streams and the events that order them (see streams.h).
 #include "fsdp/streams.h"
 
-#include <atomic>
+#include <utility>
 
 namespace tessera::fsdp {
-
-namespace {
-std::atomic<ProtocolBreak> current_break{ProtocolBreak::none};
-}  // namespace
-
-void set_protocol_break_for_testing(ProtocolBreak which) { current_break = which; }
-ProtocolBreak protocol_break() { return current_break.load(); }
 
 FSDPStreams::FSDPStreams(Device device) : device_(device), separate_(device.is_cuda()) {
   if (separate_) {
@@ -36,10 +29,18 @@ void FSDPStreams::order(Stream& later, Stream& earlier) {
 
 void FSDPStreams::order_compute_after(Stream& stream) { order(*current_stream(device_), stream); }
 
-void FSDPStreams::order_copy_in_after_compute() {
-  if (protocol_break() != ProtocolBreak::copy_in_skips_compute_wait) order(*copy_in_, *current_stream(device_));
-}
+void FSDPStreams::order_copy_in_after_compute() { order(*copy_in_, *current_stream(device_)); }
 
 void FSDPStreams::order_all_gather_after_copy_in() { order(*all_gather_, *copy_in_); }
+
+Tensor FSDPStreams::keep_post_forward_slot(Tensor slot) const { return separate_ ? std::move(slot) : Tensor(); }
+
+std::vector<Tensor> FSDPStreams::keep_gradients_read(std::vector<Tensor> gradients) const {
+  return separate_ ? std::move(gradients) : std::vector<Tensor>();
+}
+
+void FSDPStreams::host_waits_for_gradients(const Event& landed) const { landed.synchronize(); }
+
+void FSDPStreams::host_waits_for_shard_reads(const Event& read) const { read.synchronize(); }
 
 }  // namespace tessera::fsdp

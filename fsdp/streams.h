@@ -30,19 +30,28 @@
 // until compute has waited for the copy-in's event. At the end of backward
 // compute waits for reduce_scatter, before anything reads the gradients.
 //
+// Under CPU offload the host is one more party: it reads the reduced
+// gradients only after their copy to the host has run, and writes the
+// shards only after every copy that reads them has.
+//
 // On the cpu every stream is the caller's: the work runs in issue order and
 // nothing is held.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "tensor/stream.h"
+#include "tensor/tensor.h"
 
 namespace tessera::fsdp {
 
 class FSDPStreams {
  public:
   explicit FSDPStreams(Device device);
+  virtual ~FSDPStreams() = default;
+  FSDPStreams(const FSDPStreams&) = delete;
+  FSDPStreams& operator=(const FSDPStreams&) = delete;
 
   // Whether the streams are separate from compute (the device has streams).
   bool separate() const { return separate_; }
@@ -54,12 +63,36 @@ class FSDPStreams {
 
   // Makes `later` wait for `earlier`'s work so far (no-op on the cpu).
   void order(Stream& later, Stream& earlier);
-  // Makes copy_in wait for compute's work so far.
-  void order_copy_in_after_compute();
   // Makes all_gather wait for copy_in's work so far.
   void order_all_gather_after_copy_in();
   // Makes compute wait for `stream`'s work so far (no-op on the cpu).
   void order_compute_after(Stream& stream);
+
+  // ---- the steps whose absence the checker is shown to catch ---------------------------
+  // Each is virtual for one reason: a test derives FSDPStreams, replaces one
+  // step with nothing and hands its streams to the root's lazy init; the
+  // simulator's stream-ordering checker must then stop the run, naming both
+  // operations (tests/fsdp/test_stream_protocol.cpp, test_cpu_offload.cpp).
+  // A seam on this object rather than a test switch read inside the steps:
+  // the library's code is the protocol alone, and FSDP's own streams cost
+  // an indirect call a step.
+
+  // Makes copy_in wait for compute's work so far (the optimizer wrote the shards).
+  virtual void order_copy_in_after_compute();
+  // What unshard holds of compute's post-forward slot, which copy_in has
+  // just read, until compute has waited for the all-gather: the slot (nothing
+  // on the cpu).
+  virtual Tensor keep_post_forward_slot(Tensor slot) const;
+  // What the reduce-scatter holds of compute's unsharded gradients, which
+  // its copy-in has just read, until compute has waited for the copy-in: the
+  // gradients (nothing on the cpu).
+  virtual std::vector<Tensor> keep_gradients_read(std::vector<Tensor> gradients) const;
+  // CPU offload: blocks the host until `landed` (the reduced gradients'
+  // copy to the host) is reached, before it reads them.
+  virtual void host_waits_for_gradients(const Event& landed) const;
+  // CPU offload: blocks the host until `read` (the latest copy of the shards
+  // to the device) is reached, before it writes them.
+  virtual void host_waits_for_shard_reads(const Event& read) const;
 
  private:
   Device device_;
@@ -69,21 +102,5 @@ class FSDPStreams {
   std::shared_ptr<Stream> reduce_scatter_;
   std::shared_ptr<Stream> all_reduce_;
 };
-
-// Test-only switches that break the protocol on purpose, so a test can show
-// the stream-ordering checker catches each break, naming both operations.
-enum class ProtocolBreak {
-  none,
-  copy_in_skips_compute_wait,         // copy_in does not wait for compute
-  post_forward_slot_freed_at_copy_in,  // compute's slot goes once its copy-in is enqueued
-  gradients_freed_at_copy_in,          // the unsharded gradients go once their copy-in is enqueued
-  // CPU offload: the host reads the reduced gradients without waiting for
-  // their copy to the host / writes the shards without waiting for their
-  // copies to the device.
-  host_skips_gradient_wait,
-  host_skips_shard_read_wait,
-};
-void set_protocol_break_for_testing(ProtocolBreak which);
-ProtocolBreak protocol_break();
 
 }  // namespace tessera::fsdp

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "dist/device_mesh.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/offloaded_optimizer_step.h"
+#include "fsdp/state.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/streams.h"
 #include "nn/optim/adamw.h"
@@ -34,7 +37,17 @@ struct StackRun {
   int micro_batches = 1;  // gradients synced on the last only
   // With offload: fsdp::OffloadedOptimizerStep, each step overlapped with the next forward.
   bool overlap_optimizer = false;
+  // Makes the streams each rank's root shares, on the rank's device (a test's
+  // FSDPStreams with one protocol step replaced); null: FSDP's own.
+  std::function<std::shared_ptr<FSDPStreams>(Device)> streams = nullptr;
 };
+
+// `Streams` (FSDPStreams, or one with a protocol step replaced) on `device`:
+// what StackRun::streams and the roots' lazy init take.
+template <class Streams>
+std::shared_ptr<FSDPStreams> make_streams(Device device) {
+  return std::make_shared<Streams>(device);
+}
 
 struct StackResult {
   std::vector<std::vector<float>> weights;  // rank 0's full state dict, in name order
@@ -67,6 +80,7 @@ inline StackResult train_layer_stack(const StackRun& run) {
     FSDPModule root = fully_shard(model, {.mesh = mesh, .offload_policy = run.offload});
     model.to_empty(device);
     model.reset_parameters(5);
+    if (run.streams) model.extension<FSDPState>()->lazy_init(run.streams(device));
     optim::AdamW optimizer(model.named_parameters(), {.lr = 0.01});
     std::optional<OffloadedOptimizerStep> overlapped;
     if (run.overlap_optimizer) overlapped.emplace(model, optimizer);
@@ -117,13 +131,5 @@ inline int stream_seeds() {
   const char* text = std::getenv("TESSERA_STREAM_SEEDS");
   return text == nullptr ? 5 : std::max(1, std::atoi(text));
 }
-
-// One test-only break of the stream protocol while alive (fsdp/streams.h).
-struct ProtocolBreakScope {
-  explicit ProtocolBreakScope(ProtocolBreak which) { set_protocol_break_for_testing(which); }
-  ~ProtocolBreakScope() { set_protocol_break_for_testing(ProtocolBreak::none); }
-  ProtocolBreakScope(const ProtocolBreakScope&) = delete;
-  ProtocolBreakScope& operator=(const ProtocolBreakScope&) = delete;
-};
 
 }  // namespace tessera::fsdp::testing

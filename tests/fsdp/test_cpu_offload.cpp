@@ -81,7 +81,7 @@ TEST_CASE("CPU offload in the plan: the device keeps the unsharded peak, the hos
 using tessera::fsdp::testing::StackResult;
 using tessera::fsdp::testing::StackRun;
 using tessera::test::message_of;
-using tessera::fsdp::testing::ProtocolBreakScope;
+using tessera::fsdp::testing::make_streams;
 using tessera::fsdp::testing::StreamJitter;
 using tessera::fsdp::testing::stream_seeds;
 using tessera::fsdp::testing::train_layer_stack;
@@ -180,12 +180,28 @@ struct DrainOnExit {
   std::shared_ptr<Stream> stream;
 };
 
+// FSDP's streams with one host-side step of the protocol replaced by nothing
+// (streams.h).
+
+// The host reads the reduced gradients without waiting for their copy to the host.
+struct HostSkipsGradientWait : FSDPStreams {
+  using FSDPStreams::FSDPStreams;
+  void host_waits_for_gradients(const Event& /*landed*/) const override {}
+};
+
+// The host writes the shards without waiting for their copies to the device.
+struct HostSkipsShardReadWait : FSDPStreams {
+  using FSDPStreams::FSDPStreams;
+  void host_waits_for_shard_reads(const Event& /*read*/) const override {}
+};
+
 }  // namespace
 
 TEST_CASE("CPU offload: the host reading the reduced gradients before their copy has run is caught") {
-  const ProtocolBreakScope broken(ProtocolBreak::host_skips_gradient_wait);
-  const std::string message =
-      message_of([] { train_layer_stack({.nproc = 2, .steps = 1, .offload = CPUOffloadPolicy{}}); });
+  const std::string message = message_of([] {
+    train_layer_stack(
+        {.nproc = 2, .steps = 1, .offload = CPUOffloadPolicy{}, .streams = make_streams<HostSkipsGradientWait>});
+  });
   CHECK(message.starts_with("stream-order checker: `fsdp: add the reduced gradients into the host's` on the host "
                             "reads host memory"));
   CHECK(message.find("which `memcpy device to host` on cuda:") != std::string::npos);
@@ -195,9 +211,10 @@ TEST_CASE("CPU offload: the host reading the reduced gradients before their copy
 TEST_CASE("CPU offload: the host writing shards a copy to the device may still read is caught") {
   // A forward without backward leaves its copies unsynchronised; loading a
   // state dict then writes the shards on the host. It waits for the copies,
-  // unless the break skips that wait.
-  const auto forward_then_load = [] {
-    dist::run_local(2, [](const dist::ProcessGroupPtr& world) {
+  // unless the streams skip that wait.
+  using MakeStreams = std::shared_ptr<FSDPStreams> (*)(Device);
+  const auto forward_then_load = [](MakeStreams streams) {
+    dist::run_local(2, [streams](const dist::ProcessGroupPtr& world) {
       const Device device(DeviceType::cuda, world->rank());
       cuda::set_device(device.index);
       // The rank's compute stream is drained however the rank ends: a later
@@ -211,6 +228,7 @@ TEST_CASE("CPU offload: the host writing shards a copy to the device may still r
       fully_shard(model, {.mesh = mesh, .offload_policy = CPUOffloadPolicy{}});
       model.to_empty(device);
       model.reset_parameters(1);
+      model.extension<FSDPState>()->lazy_init(streams(device));
       const nn::StateDict weights = full_state_dict(model);
       {
         autograd::NoGradGuard no_grad;
@@ -219,9 +237,8 @@ TEST_CASE("CPU offload: the host writing shards a copy to the device may still r
       load_full_state_dict(model, weights);
     });
   };
-  forward_then_load();
-  const ProtocolBreakScope broken(ProtocolBreak::host_skips_shard_read_wait);
-  const std::string message = message_of(forward_then_load);
+  forward_then_load(make_streams<FSDPStreams>);
+  const std::string message = message_of([&] { forward_then_load(make_streams<HostSkipsShardReadWait>); });
   CHECK(message.starts_with("stream-order checker: `load_full_state_dict` on the host writes host memory"));
   CHECK(message.find("which `memcpy host to device` on cuda:") != std::string::npos);
 }

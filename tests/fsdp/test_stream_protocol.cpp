@@ -3,8 +3,8 @@
 // (seeded jitter), training on 2, 3 and 4 ranks, HSDP 2 x 2 and 4 ranks
 // resharding to groups of 2 after forward raises no unordered access and
 // ends with the unjittered run's weights bit for bit;
-// with one wait removed or one buffer freed early (test-only switches) the
-// checker stops the run, naming both operations.
+// with one wait removed or one buffer freed early (FSDPStreams with that
+// step replaced) the checker stops the run, naming both operations.
 #include <doctest/doctest.h>
 
 #if TESSERA_HAVE_CUDA_SIM
@@ -19,7 +19,8 @@
 using namespace tessera;
 using namespace tessera::fsdp;
 using tessera::test::message_of;
-using tessera::fsdp::testing::ProtocolBreakScope;
+using tessera::fsdp::testing::make_streams;
+using tessera::fsdp::testing::StackRun;
 using tessera::fsdp::testing::StreamJitter;
 using tessera::fsdp::testing::stream_seeds;
 using tessera::fsdp::testing::train_layer_stack;
@@ -33,6 +34,26 @@ std::vector<std::vector<float>> train(int nproc, int hsdp, int steps,
                                       ReshardAfterForward reshard = ReshardAfterForward::always()) {
   return train_layer_stack({.nproc = nproc, .hsdp = hsdp, .steps = steps, .reshard = reshard}).weights;
 }
+
+// FSDP's streams with one step of the protocol replaced by nothing (streams.h).
+
+// copy_in does not wait for compute.
+struct CopyInSkipsComputeWait : FSDPStreams {
+  using FSDPStreams::FSDPStreams;
+  void order_copy_in_after_compute() override {}
+};
+
+// Compute's post-forward slot goes once its copy-in is enqueued.
+struct PostForwardSlotFreedAtCopyIn : FSDPStreams {
+  using FSDPStreams::FSDPStreams;
+  Tensor keep_post_forward_slot(Tensor /*slot*/) const override { return {}; }
+};
+
+// The unsharded gradients go once their reduce-scatter copy-in is enqueued.
+struct GradientsFreedAtCopyIn : FSDPStreams {
+  using FSDPStreams::FSDPStreams;
+  std::vector<Tensor> keep_gradients_read(std::vector<Tensor> /*gradients*/) const override { return {}; }
+};
 
 }  // namespace
 
@@ -57,10 +78,10 @@ TEST_CASE("FSDP2's streams on simulated GPUs: jittered, no unordered access and 
 }
 
 TEST_CASE("FSDP2's streams: a copy-in that does not wait for compute is caught, naming both operations") {
-  const ProtocolBreakScope broken(ProtocolBreak::copy_in_skips_compute_wait);
   // Caught at the first copy-in: it reads a shard the initialisation's
   // kernel wrote on compute.
-  const std::string message = message_of([] { train(2, 1, 2); });
+  const std::string message =
+      message_of([] { train_layer_stack({.nproc = 2, .steps = 2, .streams = make_streams<CopyInSkipsComputeWait>}); });
   CAPTURE(message);
   // (on whichever rank's checker speaks first)
   CHECK(message.starts_with("stream-order checker: `copy_segments_kernel` on cuda:"));
@@ -71,21 +92,23 @@ TEST_CASE("FSDP2's streams: a copy-in that does not wait for compute is caught, 
 TEST_CASE("FSDP2's streams: a post-forward slot freed once its copy-in is enqueued is caught, naming both operations") {
   // reshard_after_forward = 2 on 4 ranks: backward's all-gather copies each
   // layer in from the slot its forward kept, a buffer of the compute stream.
-  CHECK(train(4, 1, 2, ReshardAfterForward::to_group_of(2)).size() == 8);
-  const ProtocolBreakScope broken(ProtocolBreak::post_forward_slot_freed_at_copy_in);
+  StackRun run{.nproc = 4, .steps = 2, .reshard = ReshardAfterForward::to_group_of(2),
+               .streams = make_streams<FSDPStreams>};
+  CHECK(train_layer_stack(run).weights.size() == 8);
   // Compute reuses the slot's block (a GEMM writes it) under the copy-in
   // still reading it.
-  const std::string message = message_of([] { train(4, 1, 2, ReshardAfterForward::to_group_of(2)); });
+  run.streams = make_streams<PostForwardSlotFreedAtCopyIn>;
+  const std::string message = message_of([&] { train_layer_stack(run); });
   CHECK(message.starts_with("stream-order checker: "));
   CHECK(message.find("`(copy_kernel<To, From>)`") != std::string::npos);
   CHECK(message.find("with no event or synchronize between them") != std::string::npos);
 }
 
 TEST_CASE("FSDP2's streams: unsharded gradients freed once their reduce-scatter copy-in is enqueued are caught") {
-  const ProtocolBreakScope broken(ProtocolBreak::gradients_freed_at_copy_in);
   // Compute reuses a gradient's block while the reduce-scatter stream still
   // copies it in.
-  const std::string message = message_of([] { train(2, 1, 2); });
+  const std::string message =
+      message_of([] { train_layer_stack({.nproc = 2, .steps = 2, .streams = make_streams<GradientsFreedAtCopyIn>}); });
   // (which compute kernel reuses the block first varies with the ranks' timing)
   CHECK(message.starts_with("stream-order checker: "));
   CHECK(message.find("with no event or synchronize between them") != std::string::npos);
