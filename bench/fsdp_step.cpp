@@ -398,14 +398,14 @@ int main(int argc, char** argv) {
                   settings.seq_len, settings.preset, settings.model.block_size);
     // The files, checked now rather than after the first world size has run
     // for minutes: no trace replaces an earlier one, no output is another.
-    checkpoint::FileRoles roles;
+    tessera::train::FileRoles roles;
     if (!json_path.empty()) roles.add_output("--json", json_path);
     if (!settings.trace_prefix.empty()) {
       const std::filesystem::path folder = std::filesystem::absolute(settings.trace_prefix).parent_path();
       TESSERA_CHECK(std::filesystem::is_directory(folder), "--trace: folder '{}' does not exist", folder.string());
       for (const int world_size : ranks) {
         const std::string trace = fmt::format("{}-{}ranks.json", settings.trace_prefix, world_size);
-        checkpoint::refuse_existing_output("--trace", trace, "remove it or choose another prefix");
+        tessera::train::refuse_existing_output("--trace", trace, "remove it or choose another prefix");
         roles.add_output("--trace", trace);
       }
     }

@@ -62,21 +62,21 @@ constexpr int kRanks = 8;
 // A model to predict, and the small model whose schedule stands for it.
 struct Case {
   std::string label;
-  gpt::ModelConfig target;
+  tessera::train::ModelConfig target;
   int64_t batch = 1, seq = 1;  // per GPU
-  gpt::ModelConfig small;
+  tessera::train::ModelConfig small;
   int64_t small_seq = 64;  // T0
   DType param_dtype = DType::bf16, reduce_dtype = DType::f32;
   std::string why;  // where the target's batch and sequence come from
 };
 
-int64_t width(const gpt::ModelConfig& config) {
+int64_t width(const tessera::train::ModelConfig& config) {
   return std::visit([](const auto& c) { return c.n_embd; }, config);
 }
 
-gpt::TrainConfig small_run(const Case& c, int64_t batch, int64_t seq) {
-  gpt::TrainConfig config;
-  if (gpt::family_of(c.small) == gpt::ModelFamily::llama) {
+tessera::train::TrainConfig small_run(const Case& c, int64_t batch, int64_t seq) {
+  tessera::train::TrainConfig config;
+  if (tessera::train::family_of(c.small) == tessera::train::ModelFamily::llama) {
     config.llama = std::get<nn::LlamaConfig>(c.small);
   } else {
     config.model = std::get<nn::GPTConfig>(c.small);
@@ -86,7 +86,7 @@ gpt::TrainConfig small_run(const Case& c, int64_t batch, int64_t seq) {
   config.batch = batch;
   config.steps = 2;
   config.warmup = 0;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.eval_every = 0;
   config.threads = 1;
   config.device = kCuda;
@@ -347,8 +347,8 @@ Prediction predict(const Case& c, const bench::GpuModel& gpu, const bench::LinkM
   }
   cuda::set_attention_score_grads_budget(budget);
   const double w = static_cast<double>(width(c.target)) / static_cast<double>(width(c.small));
-  const double param_ratio = static_cast<double>(gpt::num_parameters(c.target)) /
-                             static_cast<double>(gpt::num_parameters(c.small));
+  const double param_ratio = static_cast<double>(tessera::train::num_parameters(c.target)) /
+                             static_cast<double>(tessera::train::num_parameters(c.small));
   const Shape target{c.batch, c.seq};
   const std::vector<std::vector<ScheduledOp>> fitting(runs.begin(), runs.begin() + 4);
   const std::vector<FittedOp> fitted = fit(fitting, {shapes.begin(), shapes.begin() + 4}, target, w);
@@ -368,7 +368,7 @@ Prediction predict(const Case& c, const bench::GpuModel& gpu, const bench::LinkM
   return p;
 }
 
-gpt::ModelConfig gpt_small() {
+tessera::train::ModelConfig gpt_small() {
   nn::GPTConfig c = nn::GPTConfig::preset("gpt2-124m");
   c.n_embd = 128;                 // 768 / 6, 2 heads of GPT-2's 64
   c.n_head = 2;
@@ -378,7 +378,7 @@ gpt::ModelConfig gpt_small() {
   return c;
 }
 
-gpt::ModelConfig llama_small() {
+tessera::train::ModelConfig llama_small() {
   nn::LlamaConfig c = nn::LlamaConfig::preset("llama3-8b");
   c.n_embd = 256;                 // 4096 / 16: 4 heads of 64 (1 kv head: Llama 3's 4 query heads per kv head)
   c.n_head = 4;
@@ -414,7 +414,7 @@ std::vector<Case> cases(const std::string& which) {
 void report(const Case& c, const Prediction& p, nlohmann::json& out) {
   const bench::StepTiming& t = p.timing;
   const double tokens = static_cast<double>(c.batch * c.seq);
-  const double flops = gpt::flops_per_token(c.target, c.seq) * tokens;
+  const double flops = tessera::train::flops_per_token(c.target, c.seq) * tokens;
   const double mfu = flops / t.step_seconds / 989e12;
   fmt::print("\n{} on {} H100 SXM, FSDP, bf16 parameters, f32 reduce-scatter; {}\n", c.label, kRanks, c.why);
   fmt::print("  fit checked on (B 3, T {}): every op's every count within {:.3f}% of the run's total\n", c.small_seq,

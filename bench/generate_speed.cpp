@@ -34,11 +34,11 @@ struct Run {
 
 Run time_generation(tessera::nn::CausalLM& model, const std::vector<uint32_t>& prompt, int64_t new_tokens,
                     bool kv_cache) {
-  const gpt::GenerationOptions options{.max_new_tokens = new_tokens,
+  const tessera::train::GenerationOptions options{.max_new_tokens = new_tokens,
                                        .sampling = {.temperature = 0.0, .top_k = 0},
                                        .kv_cache = kv_cache};
   const auto start = std::chrono::steady_clock::now();
-  std::vector<gpt::GeneratedSequence> sequences = gpt::generate(model, {prompt}, options);
+  std::vector<tessera::train::GeneratedSequence> sequences = tessera::train::generate(model, {prompt}, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return {seconds, std::move(sequences.front().tokens)};
 }
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     random->reset_parameters(1234);
     model = std::move(random);
   } else {
-    model = gpt::load_model_from_hf_dir(init_from).model;
+    model = tessera::train::load_model_from_hf_dir(init_from).model;
     weights = init_from;
   }
   std::vector<uint32_t> prompt;

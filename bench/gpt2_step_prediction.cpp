@@ -1,7 +1,7 @@
 // bench/gpt2_step_prediction: a PREDICTED H100 SXM time per training step of
 // GPT-2 124M in bf16 (B = 16, 32, 64; T = 1024), from what the simulator counts.
 //
-// It runs real training steps (gpt::Trainer, FSDP over one rank with
+// It runs real training steps (tessera::train::Trainer, FSDP over one rank with
 // param_dtype bf16: the code path of `train --device cuda --param-dtype bf16`)
 // on the simulated cuda device, at GPT-2 124M's exact widths (C 768, 12 heads
 // of 64, vocab 50257 padded to 50304 rows, wpe 1024 rows) but with fewer layers and shorter, smaller
@@ -100,8 +100,8 @@ struct Run {
   double seconds = 0;
 };
 
-gpt::TrainConfig gpt2_config(const Shape3& shape) {
-  gpt::TrainConfig config;
+tessera::train::TrainConfig gpt2_config(const Shape3& shape) {
+  tessera::train::TrainConfig config;
   config.preset = "gpt2-124m";
   config.model = nn::GPTConfig::preset("gpt2-124m");
   config.model.n_layer = shape.layers;
@@ -111,7 +111,7 @@ gpt::TrainConfig gpt2_config(const Shape3& shape) {
   config.steps = 2;
   config.lr = 6e-4;
   config.warmup = 0;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.eval_every = 0;
   config.threads = 1;
   config.device = kCuda;
@@ -123,14 +123,14 @@ gpt::TrainConfig gpt2_config(const Shape3& shape) {
 // is warm) is counted.
 Run count_step(const Shape3& shape) {
   Run run{shape, {}, 0, 0};
-  const gpt::TrainConfig config = gpt2_config(shape);
+  const tessera::train::TrainConfig config = gpt2_config(shape);
   const auto start = std::chrono::steady_clock::now();
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     trainer.train_step();
     current_stream(kCuda)->synchronize();
     sim::reset_kernel_counters();
-    const gpt::StepMetrics metrics = trainer.train_step();
+    const tessera::train::StepMetrics metrics = trainer.train_step();
     current_stream(kCuda)->synchronize();
     for (const auto& [name, counters] : sim::kernel_counters()) {
       run.counts[name] = {static_cast<double>(counters.launches),
@@ -588,8 +588,8 @@ double print_prediction(const bench::GpuModel& gpu, const Model& model, const nn
   const double tokens_per_second = tokens / step;
   const double model_flops = llmc_flops_per_token(gpt2, full.seq) * tokens;
   const double peak = gpu.tensor_flops_per_second.value;
-  gpt::TrainConfig plan_config = gpt2_config(full);
-  const gpt::RankMemoryEstimate plan = gpt::estimate_rank_memory(plan_config);
+  tessera::train::TrainConfig plan_config = gpt2_config(full);
+  const tessera::train::RankMemoryEstimate plan = tessera::train::estimate_rank_memory(plan_config);
   const std::vector<bench::GemmCalls> gemms = gpt2_gemms(gpt2, full);
   const bench::KernelPrediction gemm_mix = bench::predict_kernel(
       gpu, {"gemms", bench::ComputeUnit::tensor_core_gemm, 0, 0, 0, gemm_flops(gemms), gemms});
@@ -622,7 +622,7 @@ double print_prediction(const bench::GpuModel& gpu, const Model& model, const nn
              attention_flops / 1e12, fmt::join(attention_units, " and "), attention_seconds * 1e3,
              attention_flops / attention_seconds / 1e12, attention_pairs_bytes / visible_pairs(full));
   fmt::print("  moved                {:.1f} GB device memory, {:.1f} GB shared memory\n", bytes / 1e9, shared / 1e9);
-  fmt::print("  peak memory          {:.2f} GiB per the plan (gpt::estimate_rank_memory: sharded state {:.2f}, "
+  fmt::print("  peak memory          {:.2f} GiB per the plan (tessera::train::estimate_rank_memory: sharded state {:.2f}, "
              "gathered params {:.2f}, gathered grads {:.2f}, activations {:.2f}); an H100 has 80 GB\n",
              gib(static_cast<double>(plan.per_rank())), gib(static_cast<double>(plan.sharded_state)),
              gib(static_cast<double>(plan.gathered_parameters)), gib(static_cast<double>(plan.gathered_gradients)),
@@ -669,14 +669,14 @@ int run(int argc, char** argv) {
                  "write the PREDICTED step times (ms per B) as JSON (tools/gpu_check.sh prints them beside its runs)");
   CLI11_PARSE(app, argc, argv);
 
-  checkpoint::FileRoles roles;
+  tessera::train::FileRoles roles;
   if (!load_path.empty()) roles.add_input("--load-counts", load_path);
   if (!calibration_path.empty()) roles.add_input("--calibration", calibration_path);
   if (!measured_path.empty()) roles.add_input("--measured", measured_path);
   if (!prediction_path.empty()) roles.add_output("--prediction-out", prediction_path);
   if (!save_path.empty()) roles.add_output("--save-counts", save_path);
   roles.check();
-  checkpoint::refuse_existing_output("--save-counts", save_path, "remove it or choose another path");
+  tessera::train::refuse_existing_output("--save-counts", save_path, "remove it or choose another path");
   bench::GpuModel gpu = bench::h100_sxm();
   if (!calibration_path.empty()) bench::apply_calibration_file(gpu, calibration_path);
   std::optional<MeasuredStep> measured;

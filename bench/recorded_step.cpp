@@ -9,11 +9,11 @@ namespace bench {
 
 namespace sim = tessera::cuda::sim;
 
-std::vector<sim::ScheduledOp> record_second_step(const gpt::TrainConfig& config) {
+std::vector<sim::ScheduledOp> record_second_step(const tessera::train::TrainConfig& config) {
   std::vector<sim::ScheduledOp> ops;
   std::optional<sim::ScheduleRecording> recording;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     trainer.train_step();
     tessera::current_stream(distributed.device)->synchronize();
     distributed.world->barrier();  // every rank past step 1: the recording sees step 2 only

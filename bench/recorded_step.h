@@ -14,7 +14,7 @@ namespace bench {
 
 // Runs `config` (on the simulator's devices) for two steps and returns what
 // rank 0's device was given in the second.
-std::vector<tessera::cuda::sim::ScheduledOp> record_second_step(const gpt::TrainConfig& config);
+std::vector<tessera::cuda::sim::ScheduledOp> record_second_step(const tessera::train::TrainConfig& config);
 
 // Records, waits and host waits as they are; kernels, GEMMs and copies as SM
 // work and collectives as link work, with no time yet (the caller sets it).

@@ -39,12 +39,12 @@ struct Options {
   uint64_t seed = 1;
 };
 
-gpt::TrainConfig soak_config(const Options& options, const fs::path& root) {
+tessera::train::TrainConfig soak_config(const Options& options, const fs::path& root) {
   fs::create_directories(root);
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   config.model = tessera::nn::GPTConfig::preset("tiny");
   config.model.vocab_size = 97;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seq_len = 16;
   config.batch = 2;
   config.nproc = options.ranks;
@@ -67,7 +67,7 @@ std::string file_bytes(const fs::path& path) {
 }
 
 int64_t last_committed_step(const std::string& root) {
-  const std::optional<tessera::checkpoint::CheckpointEntry> latest = tessera::checkpoint::latest_checkpoint(root);
+  const std::optional<tessera::train::CheckpointEntry> latest = tessera::train::latest_checkpoint(root);
   return latest ? latest->step : 0;
 }
 
@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   } remove_at_exit{work};
   std::ostringstream ignored;
   const auto reference_start = std::chrono::steady_clock::now();
-  gpt::train(soak_config(options, work / "reference"), ignored);
+  tessera::train::train(soak_config(options, work / "reference"), ignored);
   const double reference_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - reference_start).count();
   const std::string expected = file_bytes(work / "reference" / "model.safetensors");
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
              options.steps, options.ranks, options.ckpt_every, options.faults, options.seed);
   fmt::print("soak: the run without faults took {:.1f} s\n", reference_seconds);
 
-  gpt::TrainConfig config = soak_config(options, work / "soak");
+  tessera::train::TrainConfig config = soak_config(options, work / "soak");
   config.resume = true;  // a root without checkpoints starts the run
   std::mt19937_64 random(options.seed);
   std::map<std::string, Tally> tallies;
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     std::string failure;
     try {
-      gpt::train(config, log);
+      tessera::train::train(config, log);
       finished = true;
     } catch (const std::exception& error) {
       failure = error.what();

@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
     fmt::print("machine: {}, vector ISA {}, {} hardware threads, load {}; the tokenizer runs on one thread\n",
                bench::cpu_model(), bench::vector_isa(), std::thread::hardware_concurrency(), bench::load_average());
     std::vector<uint32_t> ids;
-    std::optional<gpt::Tokenizer> tokenizer;
-    const Seconds load = time_once([&] { tokenizer.emplace(gpt::Tokenizer::load(tokenizer_path)); });
+    std::optional<tessera::train::Tokenizer> tokenizer;
+    const Seconds load = time_once([&] { tokenizer.emplace(tessera::train::Tokenizer::load(tokenizer_path)); });
     fmt::print("tokenizer: {} (loaded in {:.3f} s)\n", tokenizer->describe(), load.wall);
     const Seconds cold = time_once([&] { ids = tokenizer->encode(text); });
     fmt::print("text: {}, {} bytes -> {} tokens ({:.2f} bytes a token), {} distinct words cached\n", text_path,

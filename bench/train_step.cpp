@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) tessera::set_num_threads(threads);
 
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   config.preset = "gpt2-124m";
   config.model = tessera::nn::GPTConfig::preset("gpt2-124m");
   config.seq_len = 64;
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   config.steps = timed_steps + 1;
   config.lr = 6e-4;
   config.warmup = 0;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.eval_every = 0;
 
   const auto& model_config = config.model;
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
              bench::vector_isa(), tessera::gemm_description(), tessera::num_threads(),
              std::thread::hardware_concurrency(), bench::load_average());
 
-  gpt::Trainer trainer(config, gpt::build_data(config));
+  tessera::train::Trainer trainer(config, tessera::train::build_data(config));
   const int64_t param_bytes = params * 4;
 
   // Warm-up: first-touch of parameters, gradients and Adam moments.
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   trainer.optimizer().zero_grad();
   int64_t activation_bytes = 0;
   {
-    const gpt::Batch batch = trainer.data().train_batch(0);
+    const tessera::train::Batch batch = trainer.data().train_batch(0);
     const int64_t before = tessera::memory_stats(tessera::kCPU).live_bytes;
     tessera::Tensor loss = trainer.model().loss(batch.inputs, batch.targets);
     activation_bytes = tessera::memory_stats(tessera::kCPU).live_bytes - before;
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   tessera::reset_peak_memory(tessera::kCPU);
   std::vector<double> step_ms;
   for (int64_t step = 0; step < timed_steps; ++step) {
-    gpt::StepMetrics metrics = trainer.train_step();
+    tessera::train::StepMetrics metrics = trainer.train_step();
     step_ms.push_back(metrics.step_ms);
     fmt::print("  step {}: {:.1f} ms, loss {:.4f}\n", step + 1, metrics.step_ms, metrics.loss);
   }
@@ -138,6 +138,6 @@ int main(int argc, char** argv) {
   fmt::print("  cached      {:8.1f} MiB  (freed blocks the CPU allocator keeps for the next step)\n",
              mib(tessera::memory_stats(tessera::kCPU).cached_bytes));
   fmt::print("  process rss {:8.1f} MiB  (VmHWM: tensors, cache, Eigen's GEMM buffers, code)\n",
-             mib(gpt::process_peak_rss_bytes()));
+             mib(tessera::train::process_peak_rss_bytes()));
   return 0;
 }

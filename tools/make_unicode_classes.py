@@ -31,7 +31,7 @@ except ImportError:
     import unicodedata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "examples", "gpt", "tokenizer", "unicode_class_ranges.h")
+OUT = os.path.join(ROOT, "train", "tokenizer", "unicode_class_ranges.h")
 SPACE_CONTROLS = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x85}
 
 
@@ -72,7 +72,7 @@ def write_header(ranges):
         "",
         "#include \"train/tokenizer/unicode_class.h\"",
         "",
-        "namespace gpt::unicode_tables {",
+        "namespace tessera::train::unicode_tables {",
         "",
         f"inline constexpr const char* kUnicodeVersion = \"{unicodedata.unidata_version}\";",
         "",
@@ -95,7 +95,7 @@ def write_header(ranges):
             row = []
     if row:
         lines.append("    " + " ".join(row))
-    lines += ["};", "", "}  // namespace gpt::unicode_tables", ""]
+    lines += ["};", "", "}  // namespace tessera::train::unicode_tables", ""]
     text = "\n".join(lines)
     with open(OUT, "w", encoding="utf-8") as out:
         out.write(text)

@@ -8,7 +8,7 @@
 #include "tensor/error.h"
 #include "train/tokenizer/utf8_decoder.h"
 
-namespace gpt {
+namespace tessera::train {
 
 std::vector<uint32_t> text_to_byte_tokens(std::string_view text) {
   std::vector<uint32_t> tokens;
@@ -80,4 +80,4 @@ std::string printable_to_bytes(std::string_view printable) {
   return bytes;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace gpt {
+namespace tessera::train {
 
 inline constexpr int64_t kByteVocab = 256;
 
@@ -34,4 +34,4 @@ std::string byte_tokens_to_printable(std::span<const uint32_t> tokens);
 // position of a backslash that starts no escape.
 std::string printable_to_bytes(std::string_view printable);
 
-}  // namespace gpt
+}  // namespace tessera::train

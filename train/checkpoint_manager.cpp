@@ -13,7 +13,7 @@
 #include "train/root_lock.h"
 #include "train/run_record.h"
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -62,7 +62,7 @@ struct RootContents {
 FoundCheckpoint inspect_checkpoint(int64_t step, const std::string& path) {
   FoundCheckpoint found{step, path, "", ""};
   try {
-    const CheckpointMetadata metadata = read_metadata(path);
+    const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(path);
     found.run_id = metadata.run_id;
     if (metadata.step != step) {
       found.damage = fmt::format("its metadata says step {}, its name step {}",
@@ -91,7 +91,7 @@ RootContents scan_root(const std::string& root) {
     } else if (step) {
       if (child.is_symlink()) {
         contents.not_directories.push_back(child.path().string());
-      } else if (fs::exists(child.path() / kMetadataFile)) {
+      } else if (fs::exists(child.path() / checkpoint::kMetadataFile)) {
         contents.checkpoints.push_back(inspect_checkpoint(*step, child.path().string()));
       } else {
         contents.torn.push_back(child.path().string());
@@ -117,7 +117,7 @@ std::string names_of(const std::vector<FoundCheckpoint>& checkpoints) {
 // Creating a file is what every rank does in a save; a root mounted read-only
 // on one node, or owned by another user, is found here rather than at step N.
 void probe_writable(const std::string& root, int rank) {
-  check_can_create((fs::path(root) / fmt::format(".rank-{}", rank)).string());
+  checkpoint::check_can_create((fs::path(root) / fmt::format(".rank-{}", rank)).string());
 }
 
 }  // namespace
@@ -138,7 +138,7 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
   if (!fs::is_directory(root, error)) return entries;
   for (const fs::directory_entry& child : fs::directory_iterator(root)) {
     const std::optional<int64_t> step = step_of(child.path().filename().string());
-    if (step && child.is_directory() && fs::exists(child.path() / kMetadataFile)) {
+    if (step && child.is_directory() && fs::exists(child.path() / checkpoint::kMetadataFile)) {
       entries.push_back({*step, child.path().string()});
     }
   }
@@ -161,15 +161,15 @@ CheckpointManager::CheckpointManager(std::string root, ManagerOptions options)
                 options_.keep_last);
   TESSERA_CHECK(options_.identity.is_object(), "CheckpointManager: the identity must be a JSON object, got {}",
                 options_.identity.dump());
-  group_ = resolve_group(options_.group);
+  group_ = checkpoint::resolve_group(options_.group);
   if (group_) async_group_ = group_->split(all_ranks(group_), "checkpoint");
-  const int rank = rank_of(group_);
+  const int rank = checkpoint::rank_of(group_);
   const nlohmann::json verdict = rank == 0 ? open_root() : nlohmann::json::object();
-  const std::vector<nlohmann::json> verdicts = gather_json(group_, verdict);
-  rethrow_any(verdicts, "open");
+  const std::vector<nlohmann::json> verdicts = checkpoint::gather_json(group_, verdict);
+  checkpoint::rethrow_any(verdicts, "open");
   run_id_ = verdicts[0]["run_id"].get<std::string>();
   notices_ = verdicts[0]["notices"].get<std::vector<std::string>>();
-  rethrow_any(gather_json(group_, report_of([&] { probe_writable(root_, rank); })), "open");
+  checkpoint::rethrow_any(checkpoint::gather_json(group_, checkpoint::report_of([&] { probe_writable(root_, rank); })), "open");
 }
 
 namespace {
@@ -228,7 +228,7 @@ void check_checkpoints(const std::string& root, const RootContents& contents, co
   TESSERA_CHECK(contents.torn.empty(),
                 "{} holds step directories without {} (tessera commits a checkpoint by renaming it whole, so these "
                 "were copied or edited): {}; move them away",
-                root, kMetadataFile, fmt::join(contents.torn, ", "));
+                root, checkpoint::kMetadataFile, fmt::join(contents.torn, ", "));
   if (mode == RootMode::new_run) {
     TESSERA_CHECK(contents.checkpoints.empty(),
                   "{} already holds this run's checkpoints ({}); resume from the newest, or choose another root", root,
@@ -272,7 +272,7 @@ void amend_identity(const std::string& root, const RootContents& contents, RunRe
 
 nlohmann::json CheckpointManager::open_root() {
   std::vector<std::string> notices;
-  const nlohmann::json outcome = report_of([&] {
+  const nlohmann::json outcome = checkpoint::report_of([&] {
     fs::create_directories(root_);
     TESSERA_CHECK(fs::is_directory(root_), "{}: not a directory", root_);
     lock_ = std::make_unique<RootLock>(root_);
@@ -318,24 +318,24 @@ std::optional<CheckpointEntry> CheckpointManager::latest() const {
 
 // ---- saving and pruning --------------------------------------------------------------------------
 
-SaveOptions CheckpointManager::save_options(int64_t step, const dist::ProcessGroupPtr& group,
+checkpoint::SaveOptions CheckpointManager::save_options(int64_t step, const dist::ProcessGroupPtr& group,
                                             const nlohmann::json& training_state) const {
   return {.group = group, .training_state = training_state, .step = step, .run_id = run_id_, .sync = options_.sync};
 }
 
-std::string CheckpointManager::save(int64_t step, const DistributedStateDict& state,
+std::string CheckpointManager::save(int64_t step, const checkpoint::DistributedStateDict& state,
                                     const nlohmann::json& training_state) {
   wait();
   const std::string path = checkpoint_path(root_, step);
   checkpoint::save(path, state, save_options(step, group_, training_state));
-  if (rank_of(group_) == 0) prune(step);
+  if (checkpoint::rank_of(group_) == 0) prune(step);
   return path;
 }
 
-SaveHandle CheckpointManager::async_save(int64_t step, const DistributedStateDict& state,
+checkpoint::SaveHandle CheckpointManager::async_save(int64_t step, const checkpoint::DistributedStateDict& state,
                                          const nlohmann::json& training_state) {
   wait();
-  const bool prunes = rank_of(group_) == 0;
+  const bool prunes = checkpoint::rank_of(group_) == 0;
   pending_ = checkpoint::async_save(checkpoint_path(root_, step), state, save_options(step, async_group_, training_state),
                                     [this, prunes, step] {
                                       if (prunes) prune(step);
@@ -345,8 +345,8 @@ SaveHandle CheckpointManager::async_save(int64_t step, const DistributedStateDic
 }
 
 void CheckpointManager::wait() {
-  SaveHandle pending = std::move(pending_);
-  pending_ = SaveHandle();
+  checkpoint::SaveHandle pending = std::move(pending_);
+  pending_ = checkpoint::SaveHandle();
   pending.wait();
 }
 
@@ -366,10 +366,10 @@ void CheckpointManager::prune(int64_t committed_step) const {
     // with half its files.
     const std::string aside = older[index].path + kDeletingSuffix;
     fs::rename(older[index].path, aside);
-    if (options_.sync) sync_directory(root_);
-    reach_save_point("pruning");
+    if (options_.sync) checkpoint::sync_directory(root_);
+    checkpoint::reach_save_point("pruning");
     fs::remove_all(aside);
   }
 }
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

@@ -25,7 +25,7 @@
 
 #include "checkpoint/async_save.h"
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 class RootLock;
 
@@ -77,10 +77,10 @@ class CheckpointManager {
 
   // Saves `state` as checkpoint `step` and prunes; returns its path. Waits for
   // a pending async save first.
-  std::string save(int64_t step, const DistributedStateDict& state, const nlohmann::json& training_state);
+  std::string save(int64_t step, const checkpoint::DistributedStateDict& state, const nlohmann::json& training_state);
   // Snapshots now, writes in the background (then prunes); returns at once
   // after waiting for the previous async save.
-  SaveHandle async_save(int64_t step, const DistributedStateDict& state, const nlohmann::json& training_state);
+  checkpoint::SaveHandle async_save(int64_t step, const checkpoint::DistributedStateDict& state, const nlohmann::json& training_state);
   // Waits for the pending async save, if any; rethrows its error.
   void wait();
 
@@ -96,7 +96,7 @@ class CheckpointManager {
  private:
   nlohmann::json open_root();  // rank 0: the verdict {run_id, notices} or {error}
   void prune(int64_t committed_step) const;
-  SaveOptions save_options(int64_t step, const dist::ProcessGroupPtr& group, const nlohmann::json& training_state) const;
+  checkpoint::SaveOptions save_options(int64_t step, const dist::ProcessGroupPtr& group, const nlohmann::json& training_state) const;
 
   std::string root_;
   ManagerOptions options_;
@@ -105,8 +105,8 @@ class CheckpointManager {
   std::unique_ptr<RootLock> lock_;     // rank 0
   dist::ProcessGroupPtr group_;        // synchronous saves
   dist::ProcessGroupPtr async_group_;  // background saves: used by nothing else
-  SaveHandle pending_;
-  SnapshotBuffers snapshot_buffers_;  // reused by every async save: one copy of this rank's shards
+  checkpoint::SaveHandle pending_;
+  checkpoint::SnapshotBuffers snapshot_buffers_;  // reused by every async save: one copy of this rank's shards
 };
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

@@ -9,7 +9,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -201,4 +201,4 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"deterministic", config.deterministic}};
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

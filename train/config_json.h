@@ -18,7 +18,7 @@
 #include "train/model_family.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // The model config of any family (the name is older than the families).
 inline constexpr const char* kGptConfigMetadataKey = "tessera.gpt_config";
@@ -52,4 +52,4 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
 // param_dtype), deterministic.
 nlohmann::json train_config_to_json(const TrainConfig& config);
 
-}  // namespace gpt
+}  // namespace tessera::train

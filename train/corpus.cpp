@@ -11,7 +11,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -266,4 +266,4 @@ int64_t default_corpus_token_count(const CorpusLocations& locations) {
   return tokens;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -11,7 +11,7 @@
 
 #include "train/token_stream.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // A run's whole token stream, before the train/validation split.
 struct TokenData {
@@ -98,4 +98,4 @@ TokenData load_default_corpus(const CorpusLocations& locations = {});
 // fewer than their sizes add up to when they carry overstrikes.
 int64_t default_corpus_token_count(const CorpusLocations& locations = {});
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -10,7 +10,7 @@
 #include "tensor/ops.h"
 #include "tensor/philox.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -43,7 +43,7 @@ DataLoader::DataLoader(TokenData data, LoaderOptions options, double val_fractio
                 "data: {} holds {} tokens: {} for training and {} for validation, but each split needs at least "
                 "seq_len + 1 = {} tokens; use a larger file or a smaller --seq-len",
                 data_->description, total, train_end_, val, window);
-  unigram_entropy_ = gpt::unigram_entropy(data_->tokens, train_end_);
+  unigram_entropy_ = train::unigram_entropy(data_->tokens, train_end_);
 }
 
 DataLoader::DataLoader(LoaderOptions options, int64_t synthetic_vocab)
@@ -110,4 +110,4 @@ Batch DataLoader::synthetic_batch(int64_t micro_batch_index, uint64_t stream) co
   return {tessera::ops::from_vector(inputs, {B, T}), tessera::ops::from_vector(targets, {B, T})};
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -12,7 +12,7 @@
 #include "tensor/tensor.h"
 #include "train/corpus.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // inputs and targets: [batch, seq_len] i64; targets are the inputs shifted by one.
 struct Batch {
@@ -74,4 +74,4 @@ class DataLoader {
   double unigram_entropy_ = 0.0;
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

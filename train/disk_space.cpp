@@ -17,7 +17,7 @@
 #include "train/file_roles.h"
 #include "train/model_family.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -89,7 +89,7 @@ int64_t checkpoints_added_at_peak(const TrainConfig& config, int64_t resume_step
 }
 
 std::optional<FilesystemSpace> filesystem_space(const std::string& path) {
-  fs::path probe = tessera::checkpoint::resolve_path(path);
+  fs::path probe = resolve_path(path);
   struct stat info {};
   while (::stat(probe.c_str(), &info) != 0) {
     if (probe == probe.parent_path()) return std::nullopt;
@@ -145,4 +145,4 @@ void check_disk_space(const TrainConfig& config, int64_t resume_step, int64_t ex
   }
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -12,7 +12,7 @@
 
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // One checkpoint of this run: the model, AdamW's two moments and step
 // counts, every rank's file header, metadata.json, and filesystem blocks.
@@ -44,4 +44,4 @@ using FreeSpaceLookup = std::function<std::optional<FilesystemSpace>(const std::
 void check_disk_space(const TrainConfig& config, int64_t resume_step, int64_t existing_checkpoints,
                       const FreeSpaceLookup& lookup = filesystem_space);
 
-}  // namespace gpt
+}  // namespace tessera::train

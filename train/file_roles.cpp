@@ -11,7 +11,7 @@
 
 #include "tensor/error.h"
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -189,4 +189,4 @@ void FileRoles::check_pair(const Role& a, const Role& b) const {
        named(input), linked(output, input), output.flag);
 }
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 // Where a path really leads: absolute, with every symbolic link along it
 // followed (dangling ones included) and "." and ".." applied after the links
@@ -84,4 +84,4 @@ class FileRoles {
   std::vector<Role> roles_;
 };
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

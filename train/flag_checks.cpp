@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-namespace gpt {
+namespace tessera::train {
 
 CLI::Validator integer_in(int64_t min, int64_t max) {
   return CLI::Validator(
@@ -63,4 +63,4 @@ int exit_after_parse_error(const CLI::App& app, const CLI::ParseError& error, st
   return status == 0 ? 0 : kUsageExitCode;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -11,7 +11,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // The exit status of every usage error (a bad or unknown flag, a value out of
 // range, a missing required flag, flags naming clashing files, or asking for
@@ -39,4 +39,4 @@ CLI::Validator non_empty_path();
 // with every other error's status made kUsageExitCode.
 int exit_after_parse_error(const CLI::App& app, const CLI::ParseError& error, std::ostream& out, std::ostream& err);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -8,7 +8,7 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -170,4 +170,4 @@ std::vector<GeneratedSequence> generate(CausalLM& model, const std::vector<std::
   return sequences;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

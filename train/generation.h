@@ -12,7 +12,7 @@
 #include "nn/models/causal_lm.h"
 #include "train/sampling.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct GenerationOptions {
   int64_t max_new_tokens = 200;
@@ -46,4 +46,4 @@ struct GeneratedSequence {
 std::vector<GeneratedSequence> generate(tessera::nn::CausalLM& model, const std::vector<std::vector<uint32_t>>& prompts,
                                         const GenerationOptions& options);
 
-}  // namespace gpt
+}  // namespace tessera::train

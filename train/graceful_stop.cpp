@@ -10,7 +10,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -78,4 +78,4 @@ const char* signal_name(int signal) {
   return "a signal";
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

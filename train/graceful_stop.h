@@ -11,7 +11,7 @@
 // tee log`) makes writes fail instead of killing the run before its save.
 #pragma once
 
-namespace gpt {
+namespace tessera::train {
 
 // EX_TEMPFAIL of sysexits.h: "try again later". Job scripts requeue on it
 // (`train ... --resume` continues), and it differs from success (0), a failed
@@ -34,4 +34,4 @@ class GracefulStop {
 // "SIGINT", "SIGTERM", "SIGHUP", or "a signal".
 const char* signal_name(int signal);
 
-}  // namespace gpt
+}  // namespace tessera::train

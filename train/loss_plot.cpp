@@ -14,7 +14,7 @@
 #include "train/file_roles.h"
 #include "train/run_files.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace checkpoint = tessera::checkpoint;
 
@@ -31,7 +31,7 @@ bool exists_no_follow(const std::string& path) {
 // The plot and its temporary file against the run's other files (run_files.h
 // checks those among themselves).
 void check_roles(const TrainConfig& config, const std::string& path) {
-  checkpoint::FileRoles roles;
+  FileRoles roles;
   roles.add_output(path == config.loss_plot ? "--loss-plot" : "--loss-plot (this launch's)", path);
   roles.add_output("--loss-plot's temporary file", plot_temporary(path));
   if (config.data.empty()) {
@@ -40,7 +40,7 @@ void check_roles(const TrainConfig& config, const std::string& path) {
     roles.add_input("--data", config.data);
   }
   if (!config.init_from.empty()) roles.add_input("--init-from", config.init_from);
-  if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, checkpoint::is_managed_entry);
+  if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, is_managed_entry);
   if (!config.log_json.empty()) roles.add_output("--log-json", config.log_json);
   if (!config.trace.empty()) roles.add_output("--trace", config.trace);
   if (!config.export_path.empty()) roles.add_output("--export", config.export_path);
@@ -80,18 +80,18 @@ charts::LineChart loss_chart(const LossHistory& history, const std::string& titl
 
 std::string settle_loss_plot(const TrainConfig& config) {
   if (config.loss_plot.empty()) return {};
-  TESSERA_CHECK(!checkpoint::is_special_file(config.loss_plot),
+  TESSERA_CHECK(!is_special_file(config.loss_plot),
                 "--loss-plot {}: a device, FIFO or socket; the plot is written beside it and renamed over it, which "
                 "would replace it: give the path of a regular file",
                 config.loss_plot);
   std::string path = config.loss_plot;
   if (config.resume && !config.ckpt_dir.empty() && !config.overwrite && exists_no_follow(path)) {
-    const std::vector<checkpoint::CheckpointEntry> existing = checkpoint::list_checkpoints(config.ckpt_dir);
+    const std::vector<CheckpointEntry> existing = list_checkpoints(config.ckpt_dir);
     path = resumed_trace_path(path, (existing.empty() ? 0 : existing.back().step) + 1);
   }
   check_roles(config, path);
   if (!config.overwrite) {
-    checkpoint::refuse_existing_output("--loss-plot", path,
+    refuse_existing_output("--loss-plot", path,
                                        "pass --overwrite to replace it, or choose another path (a --resume draws "
                                        "beside it)");
   }
@@ -107,4 +107,4 @@ void write_loss_plot(const std::string& path, const LossHistory& history, const 
   charts::write_svg(path, charts::to_svg(loss_chart(history, title)));
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -14,7 +14,7 @@
 #include "train/svg_chart.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct LossHistory {
   int64_t first_step = 1;                            // the step of losses[0]
@@ -37,4 +37,4 @@ std::string settle_loss_plot(const TrainConfig& config);
 // Draws `history` to `path` (through a temporary file renamed into place).
 void write_loss_plot(const std::string& path, const LossHistory& history, const std::string& title);
 
-}  // namespace gpt
+}  // namespace tessera::train

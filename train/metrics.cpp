@@ -8,7 +8,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 std::string format_bytes(int64_t bytes) {
   const double value = static_cast<double>(bytes);
@@ -59,4 +59,4 @@ int64_t process_peak_rss_bytes() {
   return 0;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

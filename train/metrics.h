@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace gpt {
+namespace tessera::train {
 
 struct StepMetrics {
   int64_t step = 0;  // 1-based count of optimizer steps done
@@ -40,4 +40,4 @@ std::string format_bytes(int64_t bytes);
 // where the kernel does not report it.
 int64_t process_peak_rss_bytes();
 
-}  // namespace gpt
+}  // namespace tessera::train

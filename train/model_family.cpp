@@ -12,7 +12,7 @@
 #include "nn/models/llama.h"
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 using tessera::nn::GPTConfig;
 using tessera::nn::LlamaConfig;
@@ -144,4 +144,4 @@ std::unique_ptr<tessera::nn::CausalLM> build_model(const ModelConfig& config, te
   return std::visit([device](const auto& shape) { return model_of(shape, device); }, config);
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -17,7 +17,7 @@
 #include "nn/models/llama_config.h"
 #include "tensor/device.h"
 
-namespace gpt {
+namespace tessera::train {
 
 enum class ModelFamily { gpt, llama };
 
@@ -66,4 +66,4 @@ std::string describe_shape(const ModelConfig& config);
 // thread's default generator, as nn::GPT and nn::Llama do).
 std::unique_ptr<tessera::nn::CausalLM> build_model(const ModelConfig& config, tessera::Device device);
 
-}  // namespace gpt
+}  // namespace tessera::train

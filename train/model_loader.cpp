@@ -15,7 +15,7 @@
 #include "train/config_json.h"
 #include "train/huggingface/hf_checkpoint.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
@@ -88,7 +88,7 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   std::error_code error;
   TESSERA_CHECK(fs::is_directory(path, error), "checkpoint path {}: not a directory", path);
   if (fs::exists(fs::path(path) / checkpoint::kMetadataFile, error)) return path;
-  const std::optional<checkpoint::CheckpointEntry> latest = checkpoint::latest_checkpoint(path);
+  const std::optional<CheckpointEntry> latest = latest_checkpoint(path);
   TESSERA_CHECK(latest.has_value(),
                 "checkpoint path {}: neither a checkpoint (no {}) nor a directory holding a complete step-N checkpoint",
                 path, checkpoint::kMetadataFile);
@@ -154,4 +154,4 @@ LoadedModel load_model_from_export(const std::string& path) {
   return is_hf_model_dir(path) ? load_model_from_hf_dir(path) : load_model_from_safetensors(path);
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -13,7 +13,7 @@
 #include "nn/models/causal_lm.h"
 #include "train/model_family.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct LoadedModel {
   std::unique_ptr<tessera::nn::CausalLM> model;  // on the CPU, unsharded, in eval mode
@@ -49,4 +49,4 @@ LoadedModel load_model_from_hf_dir(const std::string& dir);
 // --init-from's source: a Hugging Face model directory, else an exported .safetensors file.
 LoadedModel load_model_from_export(const std::string& path);
 
-}  // namespace gpt
+}  // namespace tessera::train

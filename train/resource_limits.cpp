@@ -18,7 +18,7 @@
 #include "tensor/error.h"
 #include "train/corpus.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -454,4 +454,4 @@ void check_generation_length(int64_t prompt_tokens, int64_t max_new_tokens, cons
                 machine.memory_source, allowed);
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -15,7 +15,7 @@
 #include "dist/launch/launch_environment.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // ---- the machine ------------------------------------------------------------------------------
 
@@ -110,4 +110,4 @@ int64_t max_new_tokens_allowed(int64_t prompt_tokens, const MachineResources& ma
 void check_generation_length(int64_t prompt_tokens, int64_t max_new_tokens, const MachineResources& machine,
                              int64_t sequences = 1);
 
-}  // namespace gpt
+}  // namespace tessera::train

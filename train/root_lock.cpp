@@ -14,7 +14,7 @@
 
 #include "tensor/error.h"
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 namespace {
 
@@ -56,4 +56,4 @@ RootLock::~RootLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

@@ -9,7 +9,7 @@
 
 #include <string>
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 inline constexpr const char* kRootLockFile = ".lock";
 
@@ -26,4 +26,4 @@ class RootLock {
   int fd_ = -1;
 };
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

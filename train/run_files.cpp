@@ -14,7 +14,7 @@
 #include "train/file_roles.h"
 #include "train/step_log.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
@@ -33,8 +33,8 @@ bool exists_no_follow(const std::string& path) {
   return fs::symlink_status(path, error).type() != fs::file_type::not_found;
 }
 
-checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& trace) {
-  checkpoint::FileRoles roles;
+FileRoles roles_of(const TrainConfig& config, const std::string& trace) {
+  FileRoles roles;
   if (config.data.empty()) {
     for (const fs::path& file : default_corpus_files()) roles.add_input("--data (the default corpus)", file.string());
   } else if (config.data != kSyntheticData) {
@@ -42,7 +42,7 @@ checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& tra
   }
   if (!config.tokenizer.empty()) roles.add_input("--tokenizer", config.tokenizer);
   if (!config.init_from.empty()) roles.add_input("--init-from", config.init_from);
-  if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, checkpoint::is_managed_entry);
+  if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, is_managed_entry);
   if (!config.log_json.empty()) roles.add_output("--log-json", config.log_json);
   if (!trace.empty()) roles.add_output(trace == config.trace ? "--trace" : "--trace (this launch's)", trace);
   if (!config.export_path.empty() && exports_directory(config)) {
@@ -59,7 +59,7 @@ checkpoint::FileRoles roles_of(const TrainConfig& config, const std::string& tra
 
 // A fresh run's outputs must not hold an earlier launch's files.
 void refuse_existing(const TrainConfig& config, const char* flag, const std::string& path, const std::string& how) {
-  if (!config.overwrite) checkpoint::refuse_existing_output(flag, path, how);
+  if (!config.overwrite) refuse_existing_output(flag, path, how);
 }
 
 // --format hf: an existing directory is an earlier launch's export unless
@@ -140,24 +140,24 @@ std::string resumed_trace_path(const std::string& path, int64_t first_step) {
 RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& lookup) {
   RunFiles files;
   const bool resuming = config.resume && !config.ckpt_dir.empty();
-  const std::vector<checkpoint::CheckpointEntry> existing =
-      resuming ? checkpoint::list_checkpoints(config.ckpt_dir) : std::vector<checkpoint::CheckpointEntry>{};
+  const std::vector<CheckpointEntry> existing =
+      resuming ? list_checkpoints(config.ckpt_dir) : std::vector<CheckpointEntry>{};
   const int64_t resume_step = existing.empty() ? 0 : existing.back().step;
 
   files.trace = config.trace;
   if (resuming && !config.overwrite && !config.trace.empty() && exists_no_follow(config.trace) &&
-      !checkpoint::is_special_file(config.trace)) {
+      !is_special_file(config.trace)) {
     files.trace = resumed_trace_path(config.trace, resume_step + 1);
     files.notices.push_back(fmt::format("trace {} holds an earlier launch's; this launch writes {}", config.trace,
                                         files.trace));
   }
   roles_of(config, files.trace).check();
 
-  TESSERA_CHECK(exports_directory(config) || !checkpoint::is_special_file(config.export_path),
+  TESSERA_CHECK(exports_directory(config) || !is_special_file(config.export_path),
                 "--export {}: a device, FIFO or socket; the export is written to {} and renamed over it, which would "
                 "replace it: give the path of a regular file",
                 config.export_path, export_temporary(config.export_path));
-  if (resuming && !config.log_json.empty() && !checkpoint::is_special_file(config.log_json)) {
+  if (resuming && !config.log_json.empty() && !is_special_file(config.log_json)) {
     check_resumed_log(config, resume_step, files.notices);
   } else {
     refuse_existing(config, "--log-json", config.log_json,
@@ -176,7 +176,7 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
   const std::string export_file = exports_directory(config) ? "" : config.export_path;
   for (const auto& [flag, path] : {std::pair{"--export", export_file}, std::pair{"--trace", files.trace},
                                    std::pair{"--log-json", config.log_json}}) {
-    if (path.empty() || checkpoint::is_special_file(path)) continue;  // /dev/null is there to be written
+    if (path.empty() || is_special_file(path)) continue;  // /dev/null is there to be written
     try {
       checkpoint::check_can_create(path);
     } catch (const tessera::Error& failure) {
@@ -187,4 +187,4 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
   return files;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -18,7 +18,7 @@
 #include "train/disk_space.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct RunFiles {
   std::string trace;                 // where this launch writes its trace ("" = none)
@@ -33,4 +33,4 @@ RunFiles settle_run_files(const TrainConfig& config, const FreeSpaceLookup& look
 // N while that name is taken): a resumed launch's trace beside the old one.
 std::string resumed_trace_path(const std::string& path, int64_t first_step);
 
-}  // namespace gpt
+}  // namespace tessera::train

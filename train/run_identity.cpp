@@ -7,7 +7,7 @@
 #include "tensor/error.h"
 #include "train/config_json.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -65,4 +65,4 @@ ResumeSettings settings_from_checkpoint(const TrainConfig& config, const nlohman
   return settings;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -12,7 +12,7 @@
 #include "train/data_loader.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // The model, the seed, the data (where from, and a CRC-32C of its tokens)
 // and the batch geometry (sequences per micro-batch, tokens per sequence,
@@ -33,4 +33,4 @@ struct ResumeSettings {
 ResumeSettings settings_from_checkpoint(const TrainConfig& config, const nlohmann::json& training_state,
                                         const std::string& source);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -17,7 +17,7 @@
 #include "train/model_family.h"
 #include "train/resource_limits.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fsdp = tessera::fsdp;
 
@@ -211,14 +211,14 @@ charts::LineChart sweep_chart(const TrainConfig& config, const Sweep& sweep) {
 }
 
 void check_plan_outputs(const TrainConfig& config) {
-  tessera::checkpoint::FileRoles roles;
+  FileRoles roles;
   const std::vector<std::pair<const char*, std::string>> outputs = {{"--sweep-out", config.sweep_out},
                                                                     {"--sweep-svg", config.sweep_svg}};
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
     roles.add_output(flag, path);
     if (!config.overwrite) {
-      tessera::checkpoint::refuse_existing_output(flag, path, "pass --overwrite to replace it, or choose another path");
+      refuse_existing_output(flag, path, "pass --overwrite to replace it, or choose another path");
     }
   }
   roles.add_output_stream("standard output", STDOUT_FILENO);
@@ -266,4 +266,4 @@ void print_plan(const TrainConfig& config, std::ostream& out) {
   out << std::flush;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -21,7 +21,7 @@
 #include "train/svg_chart.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // The sweep plans 1, 2, 4, ... up to this many ranks.
 inline constexpr int64_t kSweepMaxRanks = 1024;
@@ -86,4 +86,4 @@ void check_plan_outputs(const TrainConfig& config);
 // files. Under mpirun or srun only world rank 0 prints and writes.
 void print_plan(const TrainConfig& config, std::ostream& out);
 
-}  // namespace gpt
+}  // namespace tessera::train

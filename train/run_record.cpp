@@ -10,7 +10,7 @@
 #include "checkpoint/sealed_json.h"
 #include "tensor/error.h"
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 namespace {
 
@@ -36,7 +36,7 @@ RunRecord RunRecord::start(nlohmann::json identity) {
 }
 
 RunRecord RunRecord::read(const std::string& path) {
-  const nlohmann::json json = read_sealed_json_file(path);
+  const nlohmann::json json = checkpoint::read_sealed_json_file(path);
   const nlohmann::json& format = field(json, "format", path);
   TESSERA_CHECK(format.is_string() && format.get<std::string>() == kRunFormat, "{}: not a tessera run record ({})",
                 path, format.dump());
@@ -65,7 +65,7 @@ void RunRecord::write(const std::string& path, bool sync) const {
   json["created"] = created;
   json["identity"] = identity;
   json["amendments"] = amendments;
-  write_sealed_json_file(path, json, sync);
+  checkpoint::write_sealed_json_file(path, json, sync);
 }
 
 std::vector<IdentityDifference> identity_differences(const nlohmann::json& recorded, const nlohmann::json& current) {
@@ -84,4 +84,4 @@ std::vector<IdentityDifference> identity_differences(const nlohmann::json& recor
   return differences;
 }
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tessera::checkpoint {
+namespace tessera::train {
 
 inline constexpr const char* kRunRecordFile = "run.json";
 
@@ -41,4 +41,4 @@ struct IdentityDifference {
 };
 std::vector<IdentityDifference> identity_differences(const nlohmann::json& recorded, const nlohmann::json& current);
 
-}  // namespace tessera::checkpoint
+}  // namespace tessera::train

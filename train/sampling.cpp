@@ -9,7 +9,7 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -97,4 +97,4 @@ int64_t sample_token(const tessera::Tensor& logits_row, const SamplingOptions& o
   return chosen;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

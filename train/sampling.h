@@ -10,7 +10,7 @@
 #include "tensor/philox.h"
 #include "tensor/tensor.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct SamplingOptions {
   double temperature = 0.8;  // 0 = greedy (argmax); else logits / temperature
@@ -35,4 +35,4 @@ void check_sampling_options(const SamplingOptions& options, int64_t vocab_size, 
 // options (check_sampling_options), NaN or +inf logits, or no finite logit.
 int64_t sample_token(const tessera::Tensor& logits_row, const SamplingOptions& options, uint64_t draw);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -6,7 +6,7 @@
 #include "tensor/error.h"
 #include "train/file_roles.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -68,7 +68,7 @@ StepLog::StepLog(std::string path, std::ios::openmode mode, StepLogCut cut)
 StepLog StepLog::create(const std::string& path) { return StepLog(path, std::ios::trunc, {}); }
 
 StepLog StepLog::resume(const std::string& path, int64_t keep_through) {
-  if (tessera::checkpoint::is_special_file(path)) return StepLog(path, std::ios::app, {});  // /dev/null
+  if (is_special_file(path)) return StepLog(path, std::ios::app, {});  // /dev/null
   const StepLogCut cut = scan_step_log(path, keep_through);
   std::error_code error;
   if (fs::exists(path, error)) {
@@ -84,4 +84,4 @@ void StepLog::write(const nlohmann::ordered_json& record) {
   TESSERA_CHECK(file_.good(), "{}: writing the log failed", path_);
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

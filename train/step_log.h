@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace gpt {
+namespace tessera::train {
 
 // What continuing a log after step `keep_through` keeps and cuts.
 struct StepLogCut {
@@ -51,4 +51,4 @@ class StepLog {
   StepLogCut cut_;
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -12,7 +12,7 @@
 #include "checkpoint/file_io.h"
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -93,4 +93,4 @@ TokenData tokenize_corpus(const CorpusText& corpus, Tokenizer& tokenizer, const 
   return data;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -13,7 +13,7 @@
 #include "train/corpus.h"
 #include "train/tokenizer/tokenizer.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // The cache file of `text` under `tokenizer` in `directory`.
 std::filesystem::path token_cache_path(const std::filesystem::path& directory, const Tokenizer& tokenizer,
@@ -27,4 +27,4 @@ std::filesystem::path token_cache_path(const std::filesystem::path& directory, c
 // cache did. Throws tessera::Error when the text gives no tokens.
 TokenData tokenize_corpus(const CorpusText& corpus, Tokenizer& tokenizer, const std::string& cache_directory);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -8,7 +8,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 TokenStream TokenStream::of_ids(std::span<const uint32_t> ids) {
   const bool narrow = std::all_of(ids.begin(), ids.end(), [](uint32_t id) { return id < kNarrowTokenVocab; });
@@ -78,4 +78,4 @@ double unigram_entropy(const TokenStream& tokens, int64_t count) {
   return entropy;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

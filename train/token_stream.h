@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-namespace gpt {
+namespace tessera::train {
 
 // The largest vocabulary whose ids fit the narrow width.
 inline constexpr int64_t kNarrowTokenVocab = 65536;
@@ -52,4 +52,4 @@ class TokenStream {
 // trained model must beat by using context.
 double unigram_entropy(const TokenStream& tokens, int64_t count);
 
-}  // namespace gpt
+}  // namespace tessera::train

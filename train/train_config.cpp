@@ -19,7 +19,7 @@
 #include "train/huggingface/hf_checkpoint.h"
 #include "train/token_cache.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -159,7 +159,7 @@ int64_t tokenizer_vocab(const std::string& path, bool vocab_given) {
 
 void TrainConfig::validate() const {
   const ModelConfig shape = model_config();
-  gpt::validate(shape);
+  train::validate(shape);
   for (const auto& [flag, value] : {std::pair{"--lr", lr}, std::pair{"min_lr_ratio", min_lr_ratio},
                                     std::pair{"--weight-decay", weight_decay}, std::pair{"--clip", clip}}) {
     TESSERA_CHECK(std::isfinite(value), "{} must be a finite number, got {}", flag, value);
@@ -578,4 +578,4 @@ tessera::fsdp::FullyShardOptions fully_shard_options(const TrainConfig& config, 
           .ignored_params = {}};
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -17,7 +17,7 @@
 #include "tensor/dtype.h"
 #include "train/model_family.h"
 
-namespace gpt {
+namespace tessera::train {
 
 inline constexpr const char* kSyntheticData = "synthetic";
 
@@ -143,4 +143,4 @@ const char* grad_sync_name(tessera::fsdp::GradientSync sync);
 tessera::fsdp::FullyShardOptions fully_shard_options(const TrainConfig& config, bool root,
                                                      std::optional<tessera::dist::DeviceMesh> mesh);
 
-}  // namespace gpt
+}  // namespace tessera::train

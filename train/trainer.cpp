@@ -33,7 +33,7 @@
 #include "tensor/storage.h"
 #include "train/token_cache.h"
 
-namespace gpt {
+namespace tessera::train {
 
 using tessera::Tensor;
 namespace dist = tessera::dist;
@@ -519,4 +519,4 @@ void Trainer::export_to(const std::string& path) {
        .sync = true});
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

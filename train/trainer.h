@@ -34,7 +34,7 @@
 #include "train/metrics.h"
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // One rank's view of the job.
 struct Distributed {
@@ -176,4 +176,4 @@ class Trainer {
   std::unique_ptr<tessera::fsdp::OffloadedOptimizerStep> overlapped_step_;
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -26,7 +26,7 @@
 #include "train/step_log.h"
 #include "train/trainer.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace checkpoint = tessera::checkpoint;
 using Clock = std::chrono::steady_clock;
@@ -71,7 +71,7 @@ auto before_start(const Check& check) -> decltype(check()) {
 // run's replaces the file (settle_run_files refused an earlier launch's
 // unless --overwrite), a resumed run's continues it after the checkpoint's step.
 std::optional<StepLog> open_log(const TrainConfig& config, const Distributed& distributed,
-                                const std::optional<checkpoint::CheckpointEntry>& resume_point) {
+                                const std::optional<CheckpointEntry>& resume_point) {
   std::optional<StepLog> log;
   std::string error;
   if (distributed.rank() == 0 && !config.log_json.empty()) {
@@ -90,8 +90,8 @@ std::optional<StepLog> open_log(const TrainConfig& config, const Distributed& di
 // run.json can be read; otherwise the manager's own message says what is wrong.
 std::optional<ModelFamily> recorded_family(const std::string& root) {
   try {
-    const checkpoint::RunRecord record =
-        checkpoint::RunRecord::read((std::filesystem::path(root) / checkpoint::kRunRecordFile).string());
+    const RunRecord record =
+        RunRecord::read((std::filesystem::path(root) / kRunRecordFile).string());
     return model_family_from_json(record.identity.at("model"), root);
   } catch (const std::exception&) {
     return std::nullopt;
@@ -102,19 +102,19 @@ std::optional<ModelFamily> recorded_family(const std::string& root) {
 // checkpoints, --resume one of this run's identity (CheckpointManager says
 // what it found; the flags to change are added here, and a resume of another
 // model family is named as such).
-std::unique_ptr<checkpoint::CheckpointManager> open_checkpoints(const TrainConfig& config, const DataLoader& data,
+std::unique_ptr<CheckpointManager> open_checkpoints(const TrainConfig& config, const DataLoader& data,
                                                                 const Distributed& distributed) {
   if (config.ckpt_dir.empty()) return nullptr;
-  checkpoint::ManagerOptions options{
+  ManagerOptions options{
       .group = distributed.world,
       .keep_last = config.keep,
       .sync = true,
-      .mode = config.resume ? checkpoint::RootMode::continue_run : checkpoint::RootMode::new_run,
+      .mode = config.resume ? RootMode::continue_run : RootMode::new_run,
       .identity = run_identity(config, data),
       .may_change = {}};
   if (config.allow_data_change) options.may_change.push_back(kDataIdentityKey);
   try {
-    return std::make_unique<checkpoint::CheckpointManager>(config.ckpt_dir, options);
+    return std::make_unique<CheckpointManager>(config.ckpt_dir, options);
   } catch (const tessera::Error& error) {
     const std::optional<ModelFamily> family = config.resume ? recorded_family(config.ckpt_dir) : std::nullopt;
     TESSERA_CHECK(!family || *family == config.family(),
@@ -130,7 +130,7 @@ std::unique_ptr<checkpoint::CheckpointManager> open_checkpoints(const TrainConfi
   }
 }
 
-void print_resume(const TrainConfig& config, const std::optional<checkpoint::CheckpointEntry>& point,
+void print_resume(const TrainConfig& config, const std::optional<CheckpointEntry>& point,
                   const ResumeSettings& settings, std::ostream& out) {
   if (!point) {
     out << fmt::format("resume   no checkpoint of this run in {} yet: starting at step 0\n", config.ckpt_dir);
@@ -156,7 +156,7 @@ void print_stop(const TrainConfig& config, const StepMetrics& last, int64_t step
       config.ckpt_dir.empty() ? std::string("no --ckpt-dir, so nothing was saved")
       : steps_done == 0       ? std::string("no step finished, so nothing was saved")
                               : fmt::format("{} committed; continue with --resume",
-                                            checkpoint::checkpoint_path(config.ckpt_dir, steps_done));
+                                            checkpoint_path(config.ckpt_dir, steps_done));
   out << fmt::format("stopped  on {} {}: {}\n", signal_name(last.stop_signal), when, saved);
   if (!config.export_path.empty()) out << fmt::format("export   skipped: the run did not reach step {}\n", config.steps);
 }
@@ -169,8 +169,8 @@ std::string loss_plot_title(const TrainConfig& run) {
 }
 
 // A failed save (a full disk, say) ends the run with what is left and what to do.
-[[noreturn]] void fail_save(const checkpoint::CheckpointManager& checkpoints, const std::exception& error) {
-  const std::optional<checkpoint::CheckpointEntry> newest = checkpoints.latest();
+[[noreturn]] void fail_save(const CheckpointManager& checkpoints, const std::exception& error) {
+  const std::optional<CheckpointEntry> newest = checkpoints.latest();
   tessera::fail("saving a checkpoint failed: {}\nIts partial files were removed; {}. Make space (or fix the cause), "
                 "then continue with --resume.",
                 error.what(),
@@ -210,8 +210,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
 
     // ---- before the first step: everything the run will need ----
     // The root first: a launch it refuses has not yet touched the log.
-    const std::unique_ptr<checkpoint::CheckpointManager> checkpoints = open_checkpoints(config, data, distributed);
-    std::optional<checkpoint::CheckpointEntry> resume_point;
+    const std::unique_ptr<CheckpointManager> checkpoints = open_checkpoints(config, data, distributed);
+    std::optional<CheckpointEntry> resume_point;
     if (checkpoints && config.resume) resume_point = checkpoints->latest();
     std::optional<StepLog> log = open_log(config, distributed, resume_point);
     const ResumeSettings settings =
@@ -293,7 +293,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
         out << format_progress(metrics) << '\n';
         if (metrics.ckpt_blocked_ms) {
           out << fmt::format("ckpt     {} ({}; training blocked {:.1f} ms)\n",
-                             checkpoint::checkpoint_path(run.ckpt_dir, step),
+                             checkpoint_path(run.ckpt_dir, step),
                              run.async_ckpt && !stopping ? "async, writing in the background" : "sync, committed",
                              *metrics.ckpt_blocked_ms);
         }
@@ -351,4 +351,4 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
   return summary;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

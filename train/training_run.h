@@ -14,7 +14,7 @@
 
 #include "train/train_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct TrainSummary {
   double unigram_entropy = 0.0;  // nats: what a model without context reaches
@@ -44,4 +44,4 @@ struct TrainSummary {
 // UsageError (flag_checks.h), anything later as a tessera::Error.
 TrainSummary train(const TrainConfig& config, std::ostream& out);
 
-}  // namespace gpt
+}  // namespace tessera::train

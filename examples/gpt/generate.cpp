@@ -82,51 +82,51 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
       app.add_option("--init-from", config.safetensors,
                      "An exported model (.safetensors with tessera.gpt_config), or a Hugging Face GPT-2 or Llama "
                      "directory");
-  checkpoint_flag->excludes(safetensors_flag)->check(gpt::non_empty_path());
-  safetensors_flag->check(gpt::non_empty_path());
+  checkpoint_flag->excludes(safetensors_flag)->check(tessera::train::non_empty_path());
+  safetensors_flag->check(tessera::train::non_empty_path());
   auto* prompt_flag =
       app.add_option("--prompt", config.prompt, "Text to continue (its bytes are the tokens)")->default_str("\\n");
   auto* prompt_file_flag =
       app.add_option("--prompt-file", config.prompt_file, "Continue the bytes of this file (any bytes, NUL included)")
           ->excludes(prompt_flag)
-          ->check(gpt::non_empty_path());
+          ->check(tessera::train::non_empty_path());
   app.add_option("--prompts-file", config.prompts_file,
                  "A batch: one prompt a line, escaped as the output is (\\\\ for a backslash, \\xHH for any byte); "
                  "prints one escaped line per prompt, in order")
       ->excludes(prompt_flag)
       ->excludes(prompt_file_flag)
-      ->check(gpt::non_empty_path());
+      ->check(tessera::train::non_empty_path());
   app.add_option("--tokenizer", config.tokenizer,
                  "The BPE tokenizer the model was trained with (train --tokenizer): encodes the prompt, decodes the "
                  "output")
-      ->check(gpt::non_empty_path())
+      ->check(tessera::train::non_empty_path())
       ->default_str("bytes");
   app.add_flag("--escape", config.escape,
                "Escape the output (\\\\ and \\xHH) even when stdout is not a terminal; on a terminal it always is");
   app.add_option("--max-new-tokens", config.max_new_tokens, "Tokens to sample (per prompt)")
-      ->check(gpt::integer_in(0, kMaxNewTokens));
+      ->check(tessera::train::integer_in(0, kMaxNewTokens));
   app.add_option("--temperature", config.temperature, "Softmax temperature (0 = greedy)")
-      ->check(gpt::number_in(0.0, kMaxTemperature));
+      ->check(tessera::train::number_in(0.0, kMaxTemperature));
   auto* top_k_flag = app.add_option("--top-k", config.top_k, "Sample among the K most likely tokens (0 = all)")
-                         ->check(gpt::integer_in(0, kMaxTopK))
+                         ->check(tessera::train::integer_in(0, kMaxTopK))
                          ->default_str("40, at most the vocabulary");
   app.add_option("--top-p", config.top_p,
                  "Nucleus sampling: of those, the fewest most likely tokens whose probability reaches P (1 = all)")
-      ->check(gpt::number_in(0.0, 1.0, /*min_exclusive=*/true));
+      ->check(tessera::train::number_in(0.0, 1.0, /*min_exclusive=*/true));
   app.add_option("--stop", config.stop_texts,
                  "End a sequence when it samples this token (kept in the output): text of exactly one token, escaped "
                  "as the output is (--stop '\\x0a' for a newline); repeatable")
       ->default_str("none");
   app.add_option("--stop-id", config.stop_ids, "End a sequence at this token id (kept in the output); repeatable")
-      ->check(gpt::integer_in(0, kMaxTokenId))
+      ->check(tessera::train::integer_in(0, kMaxTokenId))
       ->default_str("none");
   app.add_flag("--no-kv-cache", config.no_kv_cache,
                "Run the whole context through the model for every token instead of caching keys and values (the "
                "reference the cache is checked against; slower)");
   app.add_option("--seed", config.seed, "Seed of the sampling draws (prompt b of a batch draws from stream b)")
-      ->check(gpt::any_uint64());
+      ->check(tessera::train::any_uint64());
   app.add_option("--threads", config.threads, "CPU threads (0 = all cores; 1 is fastest for tiny models)")
-      ->check(gpt::integer_in(0, kMaxThreads));
+      ->check(tessera::train::integer_in(0, kMaxThreads));
   app.add_option("--device", config.device, "Where the model runs: cpu, or cuda (the SIMT simulator or the GPU, as built)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
@@ -135,7 +135,7 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
       throw CLI::RequiredError("--ckpt or --init-from (where the model comes from)");
     }
   } catch (const CLI::ParseError& error) {
-    return gpt::exit_after_parse_error(app, error, std::cout, std::cerr);
+    return tessera::train::exit_after_parse_error(app, error, std::cout, std::cerr);
   }
   config.top_k_given = top_k_flag->count() > 0;
   return std::nullopt;
@@ -144,7 +144,7 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
 // What generate reads must not be where its output goes (`generate --init-from
 // m.safetensors >> m.safetensors`).
 void check_files(const GenerateConfig& config) {
-  tessera::checkpoint::FileRoles roles;
+  tessera::train::FileRoles roles;
   if (!config.checkpoint.empty()) roles.add_input("--ckpt", config.checkpoint);
   if (!config.safetensors.empty()) roles.add_input("--init-from", config.safetensors);
   if (!config.prompt_file.empty()) roles.add_input("--prompt-file", config.prompt_file);
@@ -155,8 +155,8 @@ void check_files(const GenerateConfig& config) {
 }
 
 // The tokens of some text: its bytes, or its BPE ids.
-std::vector<uint32_t> text_tokens(const std::string& text, std::optional<gpt::Tokenizer>& tokenizer) {
-  return tokenizer ? tokenizer->encode(text) : gpt::text_to_byte_tokens(text);
+std::vector<uint32_t> text_tokens(const std::string& text, std::optional<tessera::train::Tokenizer>& tokenizer) {
+  return tokenizer ? tokenizer->encode(text) : tessera::train::text_to_byte_tokens(text);
 }
 
 // The prompts of --prompts-file: each line's bytes, unescaped (byte_text.h).
@@ -172,7 +172,7 @@ std::vector<std::string> prompts_of_file(const std::string& path) {
     TESSERA_CHECK(!line.empty(), "--prompts-file {}: line {} is empty (every prompt needs a token)", path,
                   line_number);
     try {
-      prompts.push_back(gpt::printable_to_bytes(line));
+      prompts.push_back(tessera::train::printable_to_bytes(line));
     } catch (const tessera::Error& error) {
       tessera::fail("--prompts-file {}: line {}: {}", path, line_number, error.what());
     }
@@ -183,10 +183,10 @@ std::vector<std::string> prompts_of_file(const std::string& path) {
 }
 
 // The stop tokens: each --stop text encodes to exactly one token.
-std::vector<uint32_t> stop_tokens(const GenerateConfig& config, std::optional<gpt::Tokenizer>& tokenizer) {
+std::vector<uint32_t> stop_tokens(const GenerateConfig& config, std::optional<tessera::train::Tokenizer>& tokenizer) {
   std::vector<uint32_t> tokens(config.stop_ids.begin(), config.stop_ids.end());
   for (const std::string& escaped : config.stop_texts) {
-    const std::vector<uint32_t> ids = text_tokens(gpt::printable_to_bytes(escaped), tokenizer);
+    const std::vector<uint32_t> ids = text_tokens(tessera::train::printable_to_bytes(escaped), tokenizer);
     TESSERA_CHECK(ids.size() == 1,
                   "--stop '{}' is {} tokens {}, not one (a stop is a single token: give its text as the tokenizer "
                   "splits it, or its id with --stop-id)",
@@ -204,10 +204,10 @@ struct GenerationRequest {
   std::vector<uint32_t> stop_tokens;
 };
 
-GenerationRequest checked_request(const GenerateConfig& config, std::optional<gpt::Tokenizer>& tokenizer) {
+GenerationRequest checked_request(const GenerateConfig& config, std::optional<tessera::train::Tokenizer>& tokenizer) {
   try {
     check_files(config);
-    if (!config.tokenizer.empty()) tokenizer.emplace(gpt::Tokenizer::load(config.tokenizer));
+    if (!config.tokenizer.empty()) tokenizer.emplace(tessera::train::Tokenizer::load(config.tokenizer));
     std::vector<std::string> texts;
     if (!config.prompts_file.empty()) {
       texts = prompts_of_file(config.prompts_file);
@@ -222,30 +222,30 @@ GenerationRequest checked_request(const GenerateConfig& config, std::optional<gp
       prompt_tokens += static_cast<int64_t>(request.prompts.back().size());
     }
     request.stop_tokens = stop_tokens(config, tokenizer);
-    gpt::check_generation_length(prompt_tokens, config.max_new_tokens, gpt::machine_resources(),
+    tessera::train::check_generation_length(prompt_tokens, config.max_new_tokens, tessera::train::machine_resources(),
                                  static_cast<int64_t>(texts.size()));
     return request;
   } catch (const tessera::Error& error) {
-    throw gpt::UsageError(error.what());
+    throw tessera::train::UsageError(error.what());
   }
 }
 
 // The bytes the tokens stand for.
-std::string output_bytes(const std::vector<uint32_t>& tokens, const std::optional<gpt::Tokenizer>& tokenizer) {
-  if (!tokenizer) return gpt::byte_tokens_to_bytes(tokens);
+std::string output_bytes(const std::vector<uint32_t>& tokens, const std::optional<tessera::train::Tokenizer>& tokenizer) {
+  if (!tokenizer) return tessera::train::byte_tokens_to_bytes(tokens);
   return tokenizer->decode(tokens);
 }
 
 // One prompt: its bytes as they are, or escaped; a batch: one escaped line per sequence.
-void write_output(const std::vector<gpt::GeneratedSequence>& sequences, const std::optional<gpt::Tokenizer>& tokenizer,
+void write_output(const std::vector<tessera::train::GeneratedSequence>& sequences, const std::optional<tessera::train::Tokenizer>& tokenizer,
                   const GenerateConfig& config) {
   const bool escaped = config.escape || ::isatty(STDOUT_FILENO) == 1;
   if (config.prompts_file.empty()) {
     const std::string bytes = output_bytes(sequences.front().tokens, tokenizer);
-    std::cout << (escaped ? gpt::bytes_to_printable(bytes) + '\n' : bytes);
+    std::cout << (escaped ? tessera::train::bytes_to_printable(bytes) + '\n' : bytes);
   } else {
-    for (const gpt::GeneratedSequence& sequence : sequences) {
-      std::string line = gpt::bytes_to_printable(output_bytes(sequence.tokens, tokenizer));
+    for (const tessera::train::GeneratedSequence& sequence : sequences) {
+      std::string line = tessera::train::bytes_to_printable(output_bytes(sequence.tokens, tokenizer));
       for (size_t at = line.find('\n'); at != std::string::npos; at = line.find('\n', at)) line.replace(at, 1, "\\x0a");
       std::cout << line << '\n';
     }
@@ -255,13 +255,13 @@ void write_output(const std::vector<gpt::GeneratedSequence>& sequences, const st
 }
 
 int run(const GenerateConfig& config) {
-  std::optional<gpt::Tokenizer> tokenizer;
+  std::optional<tessera::train::Tokenizer> tokenizer;
   const GenerationRequest request = checked_request(config, tokenizer);
   if (config.threads > 0) tessera::set_num_threads(config.threads);
   const tessera::Device device = tessera::Device::parse(config.device);
   const std::string device_description = tessera::describe_device(device);  // a build without cuda refuses here
-  const gpt::LoadedModel loaded = config.checkpoint.empty() ? gpt::load_model_from_export(config.safetensors)
-                                                            : gpt::load_model_from_checkpoint(config.checkpoint);
+  const tessera::train::LoadedModel loaded = config.checkpoint.empty() ? tessera::train::load_model_from_export(config.safetensors)
+                                                            : tessera::train::load_model_from_checkpoint(config.checkpoint);
   loaded.model->to(device);
   const int64_t vocab_size = loaded.model->vocab_size();
   if (tokenizer) {
@@ -270,18 +270,18 @@ int run(const GenerateConfig& config) {
                   "trained with",
                   loaded.source, vocab_size, config.tokenizer, tokenizer->vocab_size());
   } else {
-    TESSERA_CHECK(vocab_size <= gpt::kByteVocab,
+    TESSERA_CHECK(vocab_size <= tessera::train::kByteVocab,
                   "{}: the model's vocab_size is {}, but generate encodes text as bytes (vocab <= {}); a model of "
                   "other tokens needs their tokenizer (--tokenizer)",
-                  loaded.source, vocab_size, gpt::kByteVocab);
+                  loaded.source, vocab_size, tessera::train::kByteVocab);
   }
   for (const uint32_t token : request.stop_tokens) {
     if (token >= vocab_size) {
-      throw gpt::UsageError(fmt::format("--stop-id {}: the model's vocabulary is [0, {})", token, vocab_size));
+      throw tessera::train::UsageError(fmt::format("--stop-id {}: the model's vocabulary is [0, {})", token, vocab_size));
     }
   }
 
-  gpt::GenerationOptions options;
+  tessera::train::GenerationOptions options;
   options.max_new_tokens = config.max_new_tokens;
   options.sampling.temperature = config.temperature;
   options.sampling.top_k = config.top_k_given ? config.top_k : std::min(config.top_k, vocab_size);
@@ -291,12 +291,12 @@ int run(const GenerateConfig& config) {
   options.kv_cache = !config.no_kv_cache;
 
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<gpt::GeneratedSequence> sequences = gpt::generate(*loaded.model, request.prompts, options);
+  const std::vector<tessera::train::GeneratedSequence> sequences = tessera::train::generate(*loaded.model, request.prompts, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   write_output(sequences, tokenizer, config);
 
   int64_t new_tokens = 0;
-  for (const gpt::GeneratedSequence& sequence : sequences) {
+  for (const tessera::train::GeneratedSequence& sequence : sequences) {
     new_tokens += static_cast<int64_t>(sequence.tokens.size()) - sequence.prompt_length;
   }
   const std::string step = loaded.step ? fmt::format("step {}", *loaded.step) : "step unknown";
@@ -304,7 +304,7 @@ int run(const GenerateConfig& config) {
       sequences.size() > 1 ? fmt::format(" for {} prompts", sequences.size()) : std::string();
   std::cerr << fmt::format(
       "generate: {} ({}, {:.3f} M parameters) on {}: {} tokens{} in {:.2f} s, {:.1f} tokens/s ({})\n", loaded.source,
-      step, static_cast<double>(gpt::num_parameters(loaded.config)) / 1e6, device_description, new_tokens, batch,
+      step, static_cast<double>(tessera::train::num_parameters(loaded.config)) / 1e6, device_description, new_tokens, batch,
       seconds, seconds > 0.0 ? static_cast<double>(new_tokens) / seconds : 0.0,
       options.kv_cache ? "KV cache" : "no KV cache");
   return 0;
@@ -316,15 +316,15 @@ int main(int argc, char** argv) {
   GenerateConfig config;
   if (auto exit_code = parse_command_line(argc, argv, config)) return *exit_code;
   // A Hugging Face model directory's own tokenizer, unless --tokenizer names one.
-  if (config.tokenizer.empty() && !config.safetensors.empty() && gpt::is_hf_model_dir(config.safetensors) &&
-      gpt::holds_tokenizer(config.safetensors)) {
+  if (config.tokenizer.empty() && !config.safetensors.empty() && tessera::train::is_hf_model_dir(config.safetensors) &&
+      tessera::train::holds_tokenizer(config.safetensors)) {
     config.tokenizer = config.safetensors;
   }
   try {
     return run(config);
-  } catch (const gpt::UsageError& error) {
+  } catch (const tessera::train::UsageError& error) {
     std::cerr << "generate: error: " << error.what() << "\nRun with --help for more information.\n";
-    return gpt::kUsageExitCode;
+    return tessera::train::kUsageExitCode;
   } catch (const std::exception& error) {
     std::cerr << "generate: error: " << error.what() << '\n';
     return 1;

@@ -16,15 +16,15 @@
 #include "train/training_run.h"
 
 int main(int argc, char** argv) {
-  gpt::TrainConfig config;
-  if (auto exit_code = gpt::parse_command_line(argc, argv, config, std::cout, std::cerr)) return *exit_code;
+  tessera::train::TrainConfig config;
+  if (auto exit_code = tessera::train::parse_command_line(argc, argv, config, std::cout, std::cerr)) return *exit_code;
   try {
-    const gpt::GracefulStop graceful_stop;
-    const gpt::TrainSummary summary = gpt::train(config, std::cout);
-    if (summary.stop_signal != 0) return gpt::kStoppedExitCode;
-  } catch (const gpt::UsageError& error) {
+    const tessera::train::GracefulStop graceful_stop;
+    const tessera::train::TrainSummary summary = tessera::train::train(config, std::cout);
+    if (summary.stop_signal != 0) return tessera::train::kStoppedExitCode;
+  } catch (const tessera::train::UsageError& error) {
     std::cerr << "train: error: " << error.what() << "\nRun with --help for more information.\n";
-    return gpt::kUsageExitCode;
+    return tessera::train::kUsageExitCode;
   } catch (const std::exception& error) {
     std::cerr << "train: error: " << error.what() << '\n';
     return 1;

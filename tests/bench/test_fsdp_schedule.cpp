@@ -18,14 +18,14 @@ using sim::ScheduledOp;
 namespace {
 
 std::vector<ScheduledOp> record_second_step() {
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   config.model = nn::GPTConfig::preset("nano");
   config.model.n_layer = 2;
   config.seq_len = 16;
   config.batch = 1;
   config.steps = 2;
   config.warmup = 0;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.eval_every = 0;
   config.threads = 1;
   config.device = Device(DeviceType::cuda);

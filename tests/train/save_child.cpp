@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     for (;;) ::pause();
   });
   dist::run_local(2, [&](const dist::ProcessGroupPtr& group) {
-    checkpoint::CheckpointManager manager(root, {.group = group, .keep_last = 2, .sync = true});
+    tessera::train::CheckpointManager manager(root, {.group = group, .keep_last = 2, .sync = true});
     manager.save(step, checkpoint::testing::known_state(group, step), {{"step", step}});
   });
   return 0;

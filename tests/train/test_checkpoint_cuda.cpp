@@ -36,7 +36,7 @@
 #include "tensor/ops.h"
 #include "tensor/stream.h"
 
-using gpt::TrainConfig;
+using tessera::train::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
 namespace checkpoint = tessera::checkpoint;
 
@@ -82,8 +82,8 @@ std::string file_bytes(const std::string& path) {
 // The losses of steps first..config.steps, from a fresh run or one resumed from `checkpoint_dir`.
 std::vector<double> losses_after(const TrainConfig& config, const std::string& checkpoint_dir) {
   std::vector<double> losses;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     if (!checkpoint_dir.empty()) trainer.resume_from(checkpoint_dir);
     while (trainer.steps_done() < config.steps) losses.push_back(trainer.train_step().loss);
   });
@@ -91,7 +91,7 @@ std::vector<double> losses_after(const TrainConfig& config, const std::string& c
 }
 
 // Every parameter of `trainer`'s model, on the host, by name.
-std::map<std::string, std::vector<double>> parameter_values(gpt::Trainer& trainer) {
+std::map<std::string, std::vector<double>> parameter_values(tessera::train::Trainer& trainer) {
   std::map<std::string, std::vector<double>> values;
   for (const auto& [name, parameter] : trainer.model().named_parameters()) {
     values[name] = tessera::ops::to(parameter->tensor().detach(), tessera::kCPU).to_vector<double>();
@@ -114,9 +114,9 @@ TEST_CASE("a cuda run checkpointed every step, sync and async, resumes on cuda b
     config.ckpt_every = 1;
     config.async_ckpt = async;
     std::ostringstream out;
-    const gpt::TrainSummary summary = gpt::train(config, out);
+    const tessera::train::TrainSummary summary = tessera::train::train(config, out);
     CHECK(summary.losses == uninterrupted);  // saving changes nothing
-    REQUIRE(checkpoint::list_checkpoints(config.ckpt_dir).size() == 4);
+    REQUIRE(tessera::train::list_checkpoints(config.ckpt_dir).size() == 4);
   }
   // The same state written by a sync and an async save: the same bytes.
   for (const char* step : {"step-00000001", "step-00000002", "step-00000003", "step-00000004"}) {
@@ -144,11 +144,11 @@ TEST_CASE("loading a checkpoint into cuda tensors copies each tensor to the devi
   Jitter jitter(6);
   TempDir tmp;
   const TrainConfig config = tiny_config(kCuda, 1);
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     trainer.train_step();
     checkpoint::save(tmp / "ckpt", trainer.state_dict(), {.group = distributed.world, .sync = false});
-    gpt::Trainer fresh(config, gpt::build_data(config), distributed);
+    tessera::train::Trainer fresh(config, tessera::train::build_data(config), distributed);
     const checkpoint::DistributedStateDict state = fresh.state_dict();
     int64_t on_device = 0;
     for (const auto& [name, entry] : state) {
@@ -169,10 +169,10 @@ TEST_CASE("an async save from cuda makes no synchronisation: a side stream copie
   Jitter jitter(7);
   TempDir tmp;
   const TrainConfig config = tiny_config(kCuda, 3);
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
-    checkpoint::CheckpointManager manager(tmp / "async", {.group = distributed.world, .sync = false});
-    checkpoint::CheckpointManager reference(tmp / "sync", {.group = distributed.world, .sync = false});
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
+    tessera::train::CheckpointManager manager(tmp / "async", {.group = distributed.world, .sync = false});
+    tessera::train::CheckpointManager reference(tmp / "sync", {.group = distributed.world, .sync = false});
     for (int64_t step = 1; step <= config.steps; ++step) {
       trainer.train_step();
       const nlohmann::json state = trainer.training_state();
@@ -202,14 +202,14 @@ TEST_CASE("an export of a cuda run starts a cpu run and a cuda run (--init-from)
   TrainConfig config = tiny_config(kCuda, 2);
   config.export_path = exported;
   std::ostringstream out;
-  gpt::train(config, out);
+  tessera::train::train(config, out);
 
   for (const tessera::Device device : {tessera::kCPU, kCuda}) {
     CAPTURE(device.str());
     TrainConfig start = tiny_config(device, 1);
     start.init_from = exported;
-    gpt::init_distributed(start, [&](const gpt::Distributed& distributed) {
-      gpt::Trainer trainer(start, gpt::build_data(start), distributed);
+    tessera::train::init_distributed(start, [&](const tessera::train::Distributed& distributed) {
+      tessera::train::Trainer trainer(start, tessera::train::build_data(start), distributed);
       trainer.init_from(exported);
       for (const auto& [name, values] : parameter_values(trainer)) {
         CAPTURE(name);
@@ -220,13 +220,13 @@ TEST_CASE("an export of a cuda run starts a cpu run and a cuda run (--init-from)
 
   // generate --device cuda: the export loaded, moved to the device, greedy tokens as on the cpu.
   const std::vector<uint32_t> prompt = {'T', 'h', 'e'};
-  gpt::GenerationOptions greedy{.max_new_tokens = 8};
+  tessera::train::GenerationOptions greedy{.max_new_tokens = 8};
   greedy.sampling.temperature = 0.0;
   std::vector<std::vector<uint32_t>> tokens;
   for (const tessera::Device device : {tessera::kCPU, kCuda}) {
-    const gpt::LoadedModel loaded = gpt::load_model_from_safetensors(exported);
+    const tessera::train::LoadedModel loaded = tessera::train::load_model_from_safetensors(exported);
     loaded.model->to(device);
-    tokens.push_back(gpt::generate(*loaded.model, {prompt}, greedy).front().tokens);
+    tokens.push_back(tessera::train::generate(*loaded.model, {prompt}, greedy).front().tokens);
   }
   CHECK(tokens[1].size() == prompt.size() + 8);
   CHECK(tokens[1] == tokens[0]);
@@ -277,17 +277,17 @@ TEST_CASE("a checkpoint saved on 4 simulated GPUs resumes on 3 cpu ranks, and th
       config.nproc = leg.nproc;
       config.grad_accum = leg.grad_accum;
       const std::string root = tmp / fmt::format("{}-{}", name, index);
-      gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-        gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+      tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+        tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
         if (!previous.empty()) trainer.resume_from(previous);
         while (trainer.steps_done() < leg.last_step) {
           const double loss = trainer.train_step().loss;
           if (distributed.rank() == 0) losses.push_back(loss);
         }
-        checkpoint::CheckpointManager checkpoints(root);
+        tessera::train::CheckpointManager checkpoints(root);
         checkpoints.save(trainer.steps_done(), trainer.state_dict(), trainer.training_state());
       });
-      previous = checkpoint::checkpoint_path(root, leg.last_step);
+      previous = tessera::train::checkpoint_path(root, leg.last_step);
     }
     return losses;
   };

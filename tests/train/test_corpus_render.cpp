@@ -11,7 +11,7 @@
 #include "train/corpus.h"
 
 namespace fs = std::filesystem;
-using gpt::render_overstrikes;
+using tessera::train::render_overstrikes;
 using tessera::checkpoint::testing::TempDir;
 
 TEST_CASE("render_overstrikes: underlines keep their characters") {
@@ -65,18 +65,18 @@ TEST_CASE("default corpus: read through render_overstrikes, which the banner rep
   fs::create_directories(fortunes);
   std::ofstream(fortunes / "a", std::ios::binary) << "It is *___\b\b\bnot* so.\n%\n";
   std::ofstream(fortunes / "b", std::ios::binary) << "Ring\a.\n%\n";
-  const gpt::CorpusLocations locations{fortunes, dir.path / "absent"};
-  const gpt::TokenData corpus = gpt::load_default_corpus(locations);
+  const tessera::train::CorpusLocations locations{fortunes, dir.path / "absent"};
+  const tessera::train::TokenData corpus = tessera::train::load_default_corpus(locations);
   const std::vector<uint32_t> ids = corpus.tokens.ids();
   CHECK(std::string(ids.begin(), ids.end()) == "It is *not* so.\n%\nRing.\n%\n");
   CHECK(corpus.description.find("2 files, 26 bytes; 7 bytes of backspace overstrikes and bells rendered away") !=
         std::string::npos);
-  CHECK(gpt::default_corpus_token_count(locations) == corpus.tokens.size());
+  CHECK(tessera::train::default_corpus_token_count(locations) == corpus.tokens.size());
 
   // The real default (fortunes, or the licence texts) holds neither byte.
-  const gpt::TokenData real = gpt::load_default_corpus();
+  const tessera::train::TokenData real = tessera::train::load_default_corpus();
   const std::vector<uint32_t> real_ids = real.tokens.ids();
   CHECK(std::count(real_ids.begin(), real_ids.end(), uint32_t{'\b'}) == 0);
   CHECK(std::count(real_ids.begin(), real_ids.end(), uint32_t{'\a'}) == 0);
-  CHECK(gpt::default_corpus_token_count() == real.tokens.size());
+  CHECK(tessera::train::default_corpus_token_count() == real.tokens.size());
 }

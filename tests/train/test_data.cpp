@@ -16,9 +16,9 @@
 #include "train/data_loader.h"
 
 namespace fs = std::filesystem;
-using gpt::DataLoader;
-using gpt::LoaderOptions;
-using gpt::TokenData;
+using tessera::train::DataLoader;
+using tessera::train::LoaderOptions;
+using tessera::train::TokenData;
 
 namespace {
 
@@ -56,13 +56,13 @@ TokenData counting_tokens(int64_t count, uint32_t offset = 0) {
   std::vector<uint32_t> ids;
   for (int64_t i = 0; i < count; ++i) ids.push_back(static_cast<uint32_t>((i * 7) % 251) + offset);
   TokenData data;
-  data.tokens = gpt::TokenStream::of_ids(ids);
+  data.tokens = tessera::train::TokenStream::of_ids(ids);
   data.token_range = 251 + offset;
   data.description = "counting";
   return data;
 }
 
-std::string text_of(const gpt::TokenStream& tokens) {
+std::string text_of(const tessera::train::TokenStream& tokens) {
   std::string text;
   for (const uint32_t id : tokens.ids()) text.push_back(static_cast<char>(id));
   return text;
@@ -75,7 +75,7 @@ std::vector<int64_t> tokens_seen(const DataLoader& loader, int64_t steps, int64_
   std::vector<int64_t> seen;
   for (int64_t step = 0; step < steps; ++step) {
     for (int64_t micro = 0; micro < grad_accum; ++micro) {
-      auto batch = loader.train_batch(gpt::global_micro_batch(step, grad_accum, micro));
+      auto batch = loader.train_batch(tessera::train::global_micro_batch(step, grad_accum, micro));
       auto inputs = values(batch.inputs);
       seen.insert(seen.end(), inputs.begin(), inputs.end());
     }
@@ -89,8 +89,8 @@ TEST_CASE("llm.c token files are read by their magic; broken headers are errors"
   TempDir dir;
   const std::vector<uint16_t> tokens = {50256, 15496, 11, 995, 0, 7};
   write_llmc(dir.path / "ok.bin", tokens, 1, 6);
-  TokenData data = gpt::load_token_file(dir.path / "ok.bin");
-  CHECK(data.tokens == gpt::TokenStream(tokens));
+  TokenData data = tessera::train::load_token_file(dir.path / "ok.bin");
+  CHECK(data.tokens == tessera::train::TokenStream(tokens));
   CHECK(data.tokens.bytes_per_token() == 2);
   CHECK(data.token_range == 50257);
   CHECK(data.description.find("llm.c token file, 6 tokens") != std::string::npos);
@@ -98,38 +98,38 @@ TEST_CASE("llm.c token files are read by their magic; broken headers are errors"
   // Version 2 holds uint32 tokens (llm.c's Llama 3 files): ids past 65,535 come back whole.
   const std::vector<uint32_t> wide = {128000, 9906, 65536, 0, 128255};
   write_llmc(dir.path / "v2.bin", wide, 2, 5);
-  TokenData wide_data = gpt::load_token_file(dir.path / "v2.bin");
+  TokenData wide_data = tessera::train::load_token_file(dir.path / "v2.bin");
   CHECK(wide_data.tokens.ids() == wide);
   CHECK(wide_data.tokens.bytes_per_token() == 4);
   CHECK(wide_data.token_range == 128256);
-  CHECK(gpt::token_size_of_file(dir.path / "v2.bin").tokens == 5);
-  CHECK(gpt::token_size_of_file(dir.path / "v2.bin").bytes == 20);
+  CHECK(tessera::train::token_size_of_file(dir.path / "v2.bin").tokens == 5);
+  CHECK(tessera::train::token_size_of_file(dir.path / "v2.bin").bytes == 20);
   write_llmc(dir.path / "v2short.bin", wide, 2, 6);
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "v2short.bin"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_token_file(dir.path / "v2short.bin"),
                        doctest::Contains("header says 6 tokens (24 bytes) but 20 bytes follow"), tessera::Error);
   write_llmc(dir.path / "v3.bin", tokens, 3, 6);
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "v3.bin"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_token_file(dir.path / "v3.bin"),
                        doctest::Contains("version 3; only versions 1 (uint16 tokens) and 2 (uint32) are read"),
                        tessera::Error);
   write_llmc(dir.path / "short.bin", tokens, 1, 9);
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "short.bin"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_token_file(dir.path / "short.bin"),
                        doctest::Contains("header says 9 tokens (18 bytes) but 12 bytes follow"), tessera::Error);
   write_file(dir.path / "stub.bin", std::string("\x88\xd8\x34\x01", 4) + "xyz");  // 20240520, then no header
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "stub.bin"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_token_file(dir.path / "stub.bin"),
                        doctest::Contains("shorter than the 1024-byte header"), tessera::Error);
 
   write_file(dir.path / "text.txt", "hello\n");
-  TokenData text = gpt::load_token_file(dir.path / "text.txt");
-  CHECK(text.tokens == gpt::TokenStream(std::vector<uint16_t>{'h', 'e', 'l', 'l', 'o', '\n'}));
+  TokenData text = tessera::train::load_token_file(dir.path / "text.txt");
+  CHECK(text.tokens == tessera::train::TokenStream(std::vector<uint16_t>{'h', 'e', 'l', 'l', 'o', '\n'}));
   write_file(dir.path / "high.txt", "caf\xC3\xA9");  // bytes above 127 are tokens 128-255, not sign-extended
-  CHECK(gpt::load_token_file(dir.path / "high.txt").tokens.ids() == std::vector<uint32_t>{'c', 'a', 'f', 0xC3, 0xA9});
+  CHECK(tessera::train::load_token_file(dir.path / "high.txt").tokens.ids() == std::vector<uint32_t>{'c', 'a', 'f', 0xC3, 0xA9});
   CHECK(text.token_range == 'o' + 1);
 
   write_file(dir.path / "empty.txt", "");
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "empty.txt"), doctest::Contains("is empty"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::load_token_file(dir.path / "missing.txt"), doctest::Contains("not a readable file"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_token_file(dir.path / "empty.txt"), doctest::Contains("is empty"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::load_token_file(dir.path / "missing.txt"), doctest::Contains("not a readable file"),
                        tessera::Error);
-  CHECK_THROWS_AS(gpt::load_token_file(dir.path), tessera::Error);  // a directory
+  CHECK_THROWS_AS(tessera::train::load_token_file(dir.path), tessera::Error);  // a directory
 }
 
 TEST_CASE("default corpus: fortunes' plain files, else the licence texts, else a clear error") {
@@ -144,27 +144,27 @@ TEST_CASE("default corpus: fortunes' plain files, else the licence texts, else a
   write_file(licenses / "MIT", "mit");
   fs::create_symlink("MIT", licenses / "Expat");
 
-  gpt::CorpusLocations locations{fortunes, licenses};
-  CHECK(gpt::default_corpus_files(locations) == std::vector<fs::path>{fortunes / "art", fortunes / "zen"});
-  TokenData corpus = gpt::load_default_corpus(locations);
+  tessera::train::CorpusLocations locations{fortunes, licenses};
+  CHECK(tessera::train::default_corpus_files(locations) == std::vector<fs::path>{fortunes / "art", fortunes / "zen"});
+  TokenData corpus = tessera::train::load_default_corpus(locations);
   CHECK(text_of(corpus.tokens) == "a\n%\nb\n%\n");
 
-  gpt::CorpusLocations no_fortunes{dir.path / "absent", licenses};
-  CHECK(gpt::default_corpus_files(no_fortunes) == std::vector<fs::path>{licenses / "MIT"});
-  CHECK(gpt::load_default_corpus(no_fortunes).tokens.size() == 3);
+  tessera::train::CorpusLocations no_fortunes{dir.path / "absent", licenses};
+  CHECK(tessera::train::default_corpus_files(no_fortunes) == std::vector<fs::path>{licenses / "MIT"});
+  CHECK(tessera::train::load_default_corpus(no_fortunes).tokens.size() == 3);
 
-  gpt::CorpusLocations nothing{dir.path / "absent", dir.path / "absent too"};
-  CHECK(gpt::default_corpus_files(nothing).empty());
-  CHECK_THROWS_WITH_AS(gpt::load_default_corpus(nothing), doctest::Contains("absent too"), tessera::Error);
+  tessera::train::CorpusLocations nothing{dir.path / "absent", dir.path / "absent too"};
+  CHECK(tessera::train::default_corpus_files(nothing).empty());
+  CHECK_THROWS_WITH_AS(tessera::train::load_default_corpus(nothing), doctest::Contains("absent too"), tessera::Error);
 
   // Every Debian has the licence texts, so the real default always loads.
-  CHECK(gpt::load_default_corpus().tokens.size() > 100000);
+  CHECK(tessera::train::load_default_corpus().tokens.size() > 100000);
 }
 
 TEST_CASE("unigram entropy in nats, of a stream's first tokens, narrow or wide") {
   auto entropy = [](std::vector<uint32_t> ids) {
-    const gpt::TokenStream tokens = gpt::TokenStream::of_ids(ids);
-    return gpt::unigram_entropy(tokens, tokens.size());
+    const tessera::train::TokenStream tokens = tessera::train::TokenStream::of_ids(ids);
+    return tessera::train::unigram_entropy(tokens, tokens.size());
   };
   // -sum p ln p in f64 over a few symbols: Approx's 1e-5 is far above its rounding.
   CHECK(entropy({3, 3, 3}) == doctest::Approx(0.0));
@@ -173,26 +173,26 @@ TEST_CASE("unigram entropy in nats, of a stream's first tokens, narrow or wide")
   CHECK(entropy({9, 9, 4, 5}) == doctest::Approx(1.5 * std::log(2.0)));
   // Wide ids, one up to 2^32 - 1, give the same figure as narrow ids of the same frequencies, bit for bit.
   CHECK(entropy({4000000000u, 4000000000u, 70000, 4294967295u}) == entropy({9, 9, 4, 5}));
-  const gpt::TokenStream tokens = gpt::TokenStream::of_ids(std::vector<uint32_t>{1, 1, 2, 2});
-  CHECK(gpt::unigram_entropy(tokens, 2) == 0.0);
-  CHECK(gpt::unigram_entropy(tokens, 0) == 0.0);
-  CHECK_THROWS_WITH_AS(gpt::unigram_entropy(tokens, 5), doctest::Contains("5 tokens asked of a stream of 4"),
+  const tessera::train::TokenStream tokens = tessera::train::TokenStream::of_ids(std::vector<uint32_t>{1, 1, 2, 2});
+  CHECK(tessera::train::unigram_entropy(tokens, 2) == 0.0);
+  CHECK(tessera::train::unigram_entropy(tokens, 0) == 0.0);
+  CHECK_THROWS_WITH_AS(tessera::train::unigram_entropy(tokens, 5), doctest::Contains("5 tokens asked of a stream of 4"),
                        tessera::Error);
 }
 
 TEST_CASE("token streams: the narrow width while every id fits it, else the wide") {
-  const gpt::TokenStream narrow = gpt::TokenStream::of_ids(std::vector<uint32_t>{0, 65535, 7});
+  const tessera::train::TokenStream narrow = tessera::train::TokenStream::of_ids(std::vector<uint32_t>{0, 65535, 7});
   CHECK(narrow.bytes_per_token() == 2);
   CHECK(narrow.bytes().size() == 6);
   CHECK(narrow.range() == 65536);
   CHECK(narrow[1] == 65535);
-  const gpt::TokenStream wide = gpt::TokenStream::of_ids(std::vector<uint32_t>{0, 65536, 7});
+  const tessera::train::TokenStream wide = tessera::train::TokenStream::of_ids(std::vector<uint32_t>{0, 65536, 7});
   CHECK(wide.bytes_per_token() == 4);
   CHECK(wide.bytes().size() == 12);
   CHECK(wide.range() == 65537);
   CHECK(wide.ids() == std::vector<uint32_t>{0, 65536, 7});
-  CHECK(gpt::TokenStream().range() == 0);
-  CHECK(narrow != gpt::TokenStream::of_ids(std::vector<uint32_t>{0, 65535, 8}));
+  CHECK(tessera::train::TokenStream().range() == 0);
+  CHECK(narrow != tessera::train::TokenStream::of_ids(std::vector<uint32_t>{0, 65535, 8}));
   std::vector<int64_t> window(2);
   wide.copy_to(1, window);
   CHECK(window == std::vector<int64_t>{65536, 7});
@@ -243,7 +243,7 @@ TEST_CASE("validation batches come from the held-out tail") {
   std::vector<uint16_t> tokens(1000, 1);
   std::fill(tokens.begin() + 950, tokens.end(), 2);  // the last 5%
   TokenData data;
-  data.tokens = gpt::TokenStream(std::move(tokens));
+  data.tokens = tessera::train::TokenStream(std::move(tokens));
   data.token_range = 3;
   DataLoader loader(std::move(data), {.batch = 4, .seq_len = 16, .seed = 1});
   for (int64_t i = 0; i < 10; ++i) {

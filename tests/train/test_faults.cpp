@@ -26,11 +26,11 @@ struct ClearFaults {
 };
 
 // 8 steps of the tiny GPT on 3 ranks, a checkpoint every 2 steps in `root`.
-gpt::TrainConfig faulty_config(const fs::path& root) {
-  gpt::TrainConfig config;
+tessera::train::TrainConfig faulty_config(const fs::path& root) {
+  tessera::train::TrainConfig config;
   config.model = tessera::nn::GPTConfig::preset("tiny");
   config.model.vocab_size = 97;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seq_len = 16;
   config.batch = 2;
   config.nproc = 3;
@@ -50,10 +50,10 @@ std::string file_bytes(const fs::path& path) {
 }
 
 // The error that ended a run, or "" when it finished.
-std::string failure_of(const gpt::TrainConfig& config) {
+std::string failure_of(const tessera::train::TrainConfig& config) {
   std::ostringstream log;
   try {
-    gpt::train(config, log);
+    tessera::train::train(config, log);
   } catch (const std::exception& error) {
     return error.what();
   }
@@ -63,14 +63,14 @@ std::string failure_of(const gpt::TrainConfig& config) {
 // The final export of the same run without faults and without interruption.
 std::string uninterrupted_export() {
   TempDir dir;
-  const gpt::TrainConfig config = faulty_config(dir.path);
+  const tessera::train::TrainConfig config = faulty_config(dir.path);
   REQUIRE(failure_of(config).empty());
   return file_bytes(config.export_path);
 }
 
 std::vector<int64_t> committed_steps(const std::string& root) {
   std::vector<int64_t> steps;
-  for (const auto& entry : tessera::checkpoint::list_checkpoints(root)) steps.push_back(entry.step);
+  for (const auto& entry : tessera::train::list_checkpoints(root)) steps.push_back(entry.step);
   return steps;
 }
 
@@ -88,7 +88,7 @@ std::vector<std::string> entries_of(const std::string& directory) {
 std::vector<int64_t> stops_then_resumes(const char* plan, const std::vector<std::string>& says) {
   const std::string expected = uninterrupted_export();
   TempDir dir;
-  gpt::TrainConfig config = faulty_config(dir.path);
+  tessera::train::TrainConfig config = faulty_config(dir.path);
   tessera::dist::set_faults(tessera::dist::parse_faults(plan));
   const std::string failure = failure_of(config);
   INFO(failure);
@@ -140,7 +140,7 @@ TEST_CASE("an injected failure to load a micro-batch stops the run; the last che
 TEST_CASE("an injected corruption after the checksum is found at load, naming the file") {
   ClearFaults clear;
   TempDir dir;
-  gpt::TrainConfig config = faulty_config(dir.path);
+  tessera::train::TrainConfig config = faulty_config(dir.path);
   config.steps = 4;
   config.keep = 0;
   tessera::dist::set_faults(tessera::dist::parse_faults("corrupt@checkpoint_write,rank=0,at=2"));
@@ -159,7 +159,7 @@ TEST_CASE("an injected delay shorter than the timeout changes nothing but the ti
   ClearFaults clear;
   const std::string expected = uninterrupted_export();
   TempDir dir;
-  const gpt::TrainConfig config = faulty_config(dir.path);
+  const tessera::train::TrainConfig config = faulty_config(dir.path);
   tessera::dist::set_faults(tessera::dist::parse_faults("delay@collective,rank=1,at=40,seconds=0.3"));
   REQUIRE(failure_of(config).empty());
   CHECK(file_bytes(config.export_path) == expected);

@@ -29,10 +29,10 @@
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
-using gpt::TrainConfig;
-using gpt::testing::Outcome;
-using gpt::testing::run;
-using gpt::testing::trained_a_step;
+using tessera::train::TrainConfig;
+using tessera::train::testing::Outcome;
+using tessera::train::testing::run;
+using tessera::train::testing::trained_a_step;
 using tessera::checkpoint::testing::TempDir;
 
 namespace {
@@ -148,7 +148,7 @@ TEST_CASE("file safety: an output inside the checkpoint root is refused; run.jso
 
 TEST_CASE("file safety: /dev/null takes the log and the trace, fresh or resumed, but never the export") {
   TempDir tmp;
-  TrainConfig config = quick_config(gpt::kSyntheticData);
+  TrainConfig config = quick_config(tessera::train::kSyntheticData);
   config.steps = 2;
   config.ckpt_dir = tmp / "r";
   config.log_json = config.trace = "/dev/null";  // devices are written to, never replaced
@@ -159,7 +159,7 @@ TEST_CASE("file safety: /dev/null takes the log and the trace, fresh or resumed,
   const Outcome resumed = run(resume);
   REQUIRE(resumed.error.empty());
   CHECK(contains(resumed.log, "trace    /dev/null"));
-  TrainConfig exported = quick_config(gpt::kSyntheticData);
+  TrainConfig exported = quick_config(tessera::train::kSyntheticData);
   exported.export_path = "/dev/null";
   const Outcome refused = run(exported);
   CHECK(contains(refused.error, "--export /dev/null: a device, FIFO or socket; the export is written to "
@@ -211,7 +211,7 @@ TEST_CASE("file safety: a resume continues the log: later steps are cut, the res
   config.log_json = log;
   config.steps = 5;
   REQUIRE(run(config).error.empty());  // steps 1-5, checkpoints 3 and 5
-  fs::remove_all(checkpoint::checkpoint_path(tmp / "r", 5));  // as if killed after step 5's log line, before its save
+  fs::remove_all(tessera::train::checkpoint_path(tmp / "r", 5));  // as if killed after step 5's log line, before its save
   const std::string first_three = [&] {
     std::string text = read_bytes(log);
     size_t end = 0;
@@ -245,13 +245,13 @@ TEST_CASE("file safety: the log's reader is strict and its cut exact") {
   TempDir tmp;
   const std::string log = tmp / "L.jsonl";
   write_bytes(log, "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n");
-  const gpt::StepLogCut cut = gpt::scan_step_log(log, 2);
+  const tessera::train::StepLogCut cut = tessera::train::scan_step_log(log, 2);
   CHECK(cut.keep_bytes == 22);
   CHECK(cut.kept_lines == 2);
   CHECK(cut.last_kept_step == 2);
   CHECK(cut.cut_lines == 1);
   CHECK_FALSE(cut.cut_partial_line);
-  CHECK(gpt::scan_step_log(tmp / "absent.jsonl", 5).keep_bytes == 0);
+  CHECK(tessera::train::scan_step_log(tmp / "absent.jsonl", 5).keep_bytes == 0);
   for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
            {"{\"step\":1}\n[1]\n", "line 2 is not a step record of train's log (not a JSON object)"},
            {"{\"loss\":1}\n", "line 1 is not a step record of train's log (no integer \"step\")"},
@@ -260,8 +260,8 @@ TEST_CASE("file safety: the log's reader is strict and its cut exact") {
            {"{\"step\":2}\n{\"step\":2}\n", "step 2 follows step 2"},
        }) {
     write_bytes(log, text);
-    CHECK_THROWS_WITH_AS(gpt::scan_step_log(log, 1), doctest::Contains(why.c_str()), tessera::Error);
-    CHECK_THROWS_AS(gpt::StepLog::resume(log, 1), tessera::Error);
+    CHECK_THROWS_WITH_AS(tessera::train::scan_step_log(log, 1), doctest::Contains(why.c_str()), tessera::Error);
+    CHECK_THROWS_AS(tessera::train::StepLog::resume(log, 1), tessera::Error);
     CHECK(read_bytes(log) == text);  // refused before anything is cut
   }
 }
@@ -276,8 +276,8 @@ TEST_CASE("file safety: a resumed launch writes its trace beside the earlier one
   config.trace = trace;
   REQUIRE(run(config).error.empty());
   const std::string first_trace = read_bytes(trace);
-  fs::remove_all(checkpoint::checkpoint_path(tmp / "r", 6));
-  fs::remove_all(checkpoint::checkpoint_path(tmp / "r", 4));
+  fs::remove_all(tessera::train::checkpoint_path(tmp / "r", 6));
+  fs::remove_all(tessera::train::checkpoint_path(tmp / "r", 4));
   TrainConfig resume = config;
   resume.resume = true;
   for (const char* expected : {"t.from-step-3.json", "t.from-step-3-2.json"}) {
@@ -288,10 +288,10 @@ TEST_CASE("file safety: a resumed launch writes its trace beside the earlier one
     CHECK(contains(resumed.log, "trace    " + (tmp / expected)));
     CHECK(fs::file_size(tmp / expected) > 0);
     CHECK(read_bytes(trace) == first_trace);
-    fs::remove_all(checkpoint::checkpoint_path(tmp / "r", 6));
-    fs::remove_all(checkpoint::checkpoint_path(tmp / "r", 4));
+    fs::remove_all(tessera::train::checkpoint_path(tmp / "r", 6));
+    fs::remove_all(tessera::train::checkpoint_path(tmp / "r", 4));
   }
-  CHECK(gpt::resumed_trace_path("/x/trace", 7) == "/x/trace.from-step-7");
+  CHECK(tessera::train::resumed_trace_path("/x/trace", 7) == "/x/trace.from-step-7");
 }
 
 TEST_CASE("file safety: path problems are found before step 1, not at the save or the export") {
@@ -302,7 +302,7 @@ TEST_CASE("file safety: path problems are found before step 1, not at the save o
   for (const bool link : {false, true}) {
     const std::string root = tmp / (link ? "r-link" : "r-file");
     fs::create_directories(root);
-    const std::string entry = checkpoint::checkpoint_path(root, 3);
+    const std::string entry = tessera::train::checkpoint_path(root, 3);
     if (link) {
       fs::create_symlink("nowhere", entry);
     } else {
@@ -349,56 +349,56 @@ TEST_CASE("file safety: a crash while the first launch claimed the root does not
   const Outcome resumed = run(config);
   REQUIRE(resumed.error.empty());
   CHECK(contains(resumed.log, "removed " + (tmp / "r/run.json.tmp") + " (a launch that died while claiming the root)"));
-  CHECK(checkpoint::list_checkpoints(tmp / "r").size() == 1);
+  CHECK(tessera::train::list_checkpoints(tmp / "r").size() == 1);
 }
 
 TEST_CASE("file safety: disk space: the checkpoints that coexist and the export must fit before step 1") {
-  TrainConfig config = quick_config(gpt::kSyntheticData);
+  TrainConfig config = quick_config(tessera::train::kSyntheticData);
   config.ckpt_dir = "/ckpt";
   config.steps = 10;
   config.ckpt_every = 3;  // saves at 3, 6, 9 and 10
-  CHECK(gpt::checkpoints_saved(config, 0) == 4);
-  CHECK(gpt::checkpoints_saved(config, 6) == 2);
-  CHECK(gpt::checkpoints_saved(config, 10) == 0);
+  CHECK(tessera::train::checkpoints_saved(config, 0) == 4);
+  CHECK(tessera::train::checkpoints_saved(config, 6) == 2);
+  CHECK(tessera::train::checkpoints_saved(config, 10) == 0);
   config.ckpt_every = 5;  // 5 and 10: the last is a periodic one
-  CHECK(gpt::checkpoints_saved(config, 0) == 2);
+  CHECK(tessera::train::checkpoints_saved(config, 0) == 2);
   config.ckpt_every = 3;
-  CHECK(gpt::checkpoints_added_at_peak(config, 0, 0) == 4);  // --keep 0 keeps all
+  CHECK(tessera::train::checkpoints_added_at_peak(config, 0, 0) == 4);  // --keep 0 keeps all
   config.keep = 1;
-  CHECK(gpt::checkpoints_added_at_peak(config, 0, 0) == 2);  // the kept one and the one being saved
-  CHECK(gpt::checkpoints_added_at_peak(config, 3, 1) == 1);  // a resume next to its one checkpoint
+  CHECK(tessera::train::checkpoints_added_at_peak(config, 0, 0) == 2);  // the kept one and the one being saved
+  CHECK(tessera::train::checkpoints_added_at_peak(config, 3, 1) == 1);  // a resume next to its one checkpoint
   config.keep = 3;
-  CHECK(gpt::checkpoints_added_at_peak(config, 3, 1) == 3);
-  CHECK(gpt::checkpoints_added_at_peak(config, 3, 5) == 1);  // more than --keep already: one at a time
+  CHECK(tessera::train::checkpoints_added_at_peak(config, 3, 1) == 3);
+  CHECK(tessera::train::checkpoints_added_at_peak(config, 3, 5) == 1);  // more than --keep already: one at a time
 
-  const int64_t each = gpt::checkpoint_bytes_bound(config);
+  const int64_t each = tessera::train::checkpoint_bytes_bound(config);
   config.keep = 1;
   config.export_path = "/export/m.safetensors";
-  const int64_t exported = gpt::export_bytes_bound(config);
+  const int64_t exported = tessera::train::export_bytes_bound(config);
   const auto one_filesystem = [](int64_t free_bytes) {
-    return [free_bytes](const std::string&) { return std::optional<gpt::FilesystemSpace>({7, free_bytes}); };
+    return [free_bytes](const std::string&) { return std::optional<tessera::train::FilesystemSpace>({7, free_bytes}); };
   };
-  CHECK_NOTHROW(gpt::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported)));
-  CHECK_THROWS_WITH_AS(gpt::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported - 1)),
+  CHECK_NOTHROW(tessera::train::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported)));
+  CHECK_THROWS_WITH_AS(tessera::train::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported - 1)),
                        doctest::Contains("not enough disk space: --ckpt-dir /ckpt: 2 checkpoints of up to"),
                        tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported - 1)),
+  CHECK_THROWS_WITH_AS(tessera::train::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported - 1)),
                        doctest::Contains("(--keep 1 plus the one being saved)"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported - 1)),
+  CHECK_THROWS_WITH_AS(tessera::train::check_disk_space(config, 0, 0, one_filesystem(2 * each + exported - 1)),
                        doctest::Contains("--export /export/m.safetensors: the exported model"), tessera::Error);
   // Two filesystems: each need on its own.
   const auto split = [&](const std::string& path) {
     const bool exports = path.starts_with("/export");
-    return std::optional<gpt::FilesystemSpace>({exports ? 2u : 1u, exports ? exported : 2 * each});
+    return std::optional<tessera::train::FilesystemSpace>({exports ? 2u : 1u, exports ? exported : 2 * each});
   };
-  CHECK_NOTHROW(gpt::check_disk_space(config, 0, 0, split));
+  CHECK_NOTHROW(tessera::train::check_disk_space(config, 0, 0, split));
 }
 
 TEST_CASE("file safety: the size bounds hold real checkpoints and exports, and are not wasteful") {
   TempDir tmp;
   for (const int nproc : {1, 3}) {
     INFO("nproc " << nproc);
-    TrainConfig config = quick_config(gpt::kSyntheticData);
+    TrainConfig config = quick_config(tessera::train::kSyntheticData);
     config.nproc = nproc;
     config.steps = 1;
     config.warmup = 0;
@@ -408,12 +408,12 @@ TEST_CASE("file safety: the size bounds hold real checkpoints and exports, and a
     INFO(trained.error);
     REQUIRE(trained.error.empty());
     int64_t checkpoint_bytes = 0;
-    for (const auto& entry : fs::recursive_directory_iterator(checkpoint::checkpoint_path(config.ckpt_dir, 1))) {
+    for (const auto& entry : fs::recursive_directory_iterator(tessera::train::checkpoint_path(config.ckpt_dir, 1))) {
       if (entry.is_regular_file()) checkpoint_bytes += static_cast<int64_t>(entry.file_size());
     }
     const int64_t export_bytes = static_cast<int64_t>(fs::file_size(config.export_path));
-    const int64_t checkpoint_bound = gpt::checkpoint_bytes_bound(config);
-    const int64_t export_bound = gpt::export_bytes_bound(config);
+    const int64_t checkpoint_bound = tessera::train::checkpoint_bytes_bound(config);
+    const int64_t export_bound = tessera::train::export_bytes_bound(config);
     MESSAGE("nproc " << nproc << ": checkpoint " << checkpoint_bytes << " B, bound " << checkpoint_bound
                      << " B; export " << export_bytes << " B, bound " << export_bound << " B");
     CHECK(checkpoint_bytes <= checkpoint_bound);
@@ -430,28 +430,28 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
     TrainConfig config;
     std::ostringstream out, err;
     const std::optional<int> code =
-        gpt::parse_command_line(static_cast<int>(argv.size()), argv.data(), config, out, err);
+        tessera::train::parse_command_line(static_cast<int>(argv.size()), argv.data(), config, out, err);
     return std::pair{code.value_or(-1), out.str() + err.str()};
   };
   for (const char* flag : {"--ckpt-dir", "--export", "--log-json", "--trace", "--data", "--init-from"}) {
     const auto [code, message] = parse({flag, ""});
-    CHECK(code == gpt::kUsageExitCode);
+    CHECK(code == tessera::train::kUsageExitCode);
     CHECK(contains(message, std::string(flag) + ": must name a file or directory, got an empty path"));
   }
   const auto [code, message] = parse({"--grad-accum", "9223372036854775807"});
-  CHECK(code == gpt::kUsageExitCode);
+  CHECK(code == tessera::train::kUsageExitCode);
   CHECK(contains(message, "--grad-accum: must be in [1, 65536], got 9223372036854775807"));
   CHECK(parse({"--steps", "1e99"}).second.find("--steps: '1e99' is not an integer") != std::string::npos);
-  CHECK(parse({"--no-such-flag"}).first == gpt::kUsageExitCode);
+  CHECK(parse({"--no-such-flag"}).first == tessera::train::kUsageExitCode);
   for (const char* seed : {"-1", "18446744073709551616", "0x10", "1.5"}) {  // CLI11 alone wraps or saturates some
     CHECK(contains(parse({"--seed", seed}).second, std::string("--seed: must be an integer in [0, "
                                                                "18446744073709551615], got ") + seed));
   }
   CHECK(parse({"--seed", "18446744073709551615"}).first == -1);  // parsed, training would go on
-  CHECK(parse({"--batch", "0"}).first == gpt::kUsageExitCode);
+  CHECK(parse({"--batch", "0"}).first == tessera::train::kUsageExitCode);
   CHECK(parse({"--help"}).first == 0);
 
-  TrainConfig huge = quick_config(gpt::kSyntheticData);
+  TrainConfig huge = quick_config(tessera::train::kSyntheticData);
   huge.grad_accum = int64_t{1} << 40;  // a config built in code is held to the same bounds
   CHECK_THROWS_WITH_AS(huge.validate(), doctest::Contains("--grad-accum must be in [1, 65536]"), tessera::Error);
   huge.grad_accum = 65536;
@@ -461,7 +461,7 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
 
   for (const char* value : {"inf", "1e10", "1e30", "0", "-1", "nan", "5s"}) {
     ::setenv("TESSERA_DIST_TIMEOUT_S", value, 1);
-    TrainConfig config = quick_config(gpt::kSyntheticData);
+    TrainConfig config = quick_config(tessera::train::kSyntheticData);
     const Outcome refused = run(config);
     CHECK(refused.usage_error);
     CHECK(contains(refused.error, std::string("TESSERA_DIST_TIMEOUT_S: expected seconds in [0.001, 604800] (a week), "
@@ -473,17 +473,17 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
 }
 
 TEST_CASE("file safety: a stop request cuts a step short between micro-batches; nothing of it is applied") {
-  TrainConfig config = quick_config(gpt::kSyntheticData);
+  TrainConfig config = quick_config(tessera::train::kSyntheticData);
   config.grad_accum = 3;
-  gpt::Trainer trainer(config, gpt::build_data(config));
+  tessera::train::Trainer trainer(config, tessera::train::build_data(config));
   trainer.train_step();  // step 1 finishes
   const nlohmann::json before = trainer.training_state();
   std::vector<float> weights_before = std::get<tessera::Tensor>(trainer.state_dict().at("model.blocks.0.mlp.fc.weight"))
                                           .to_vector<float>();
   {
-    const gpt::GracefulStop graceful_stop;
+    const tessera::train::GracefulStop graceful_stop;
     std::raise(SIGTERM);  // before step 2: seen after its first micro-batch
-    const gpt::StepMetrics metrics = trainer.train_step();
+    const tessera::train::StepMetrics metrics = trainer.train_step();
     CHECK(metrics.stop_signal == SIGTERM);
     REQUIRE(metrics.interrupted_after_micro_batches.has_value());
     CHECK(*metrics.interrupted_after_micro_batches == 1);
@@ -499,14 +499,14 @@ TEST_CASE("file safety: a stop request cuts a step short between micro-batches; 
 
 TEST_CASE("file safety: a SIGTERM during a step of 65536 micro-batches stops the run within one of them") {
   TempDir tmp;
-  TrainConfig config = quick_config(gpt::kSyntheticData);
+  TrainConfig config = quick_config(tessera::train::kSyntheticData);
   config.nproc = 2;
   config.batch = 1;
   config.grad_accum = 65536;  // minutes per step: only a stop between micro-batches ends it
   config.ckpt_dir = tmp / "r";
   Outcome stopped;
   {
-    const gpt::GracefulStop graceful_stop;
+    const tessera::train::GracefulStop graceful_stop;
     std::thread signaller([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       std::raise(SIGTERM);
@@ -520,7 +520,7 @@ TEST_CASE("file safety: a SIGTERM during a step of 65536 micro-batches stops the
   CHECK(contains(stopped.log, "stopped  on SIGTERM during step 1 of 6, after "));
   CHECK(contains(stopped.log, "of its 65536 micro-batches (the step was dropped; a resume redoes it): no step "
                               "finished, so nothing was saved"));
-  CHECK(checkpoint::list_checkpoints(tmp / "r").empty());
+  CHECK(tessera::train::list_checkpoints(tmp / "r").empty());
 }
 
 // ---- a real full disk: a tmpfs mounted by check_disk_full.sh in a private mount namespace ----
@@ -535,18 +535,18 @@ std::string small_filesystem() {
   return mount;
 }
 
-int64_t free_bytes(const std::string& path) { return gpt::filesystem_space(path)->free_bytes; }
+int64_t free_bytes(const std::string& path) { return tessera::train::filesystem_space(path)->free_bytes; }
 
 }  // namespace
 
 TEST_CASE("disk full: a filesystem too small for the run's checkpoints is refused before step 1" * doctest::skip()) {
   const std::string mount = small_filesystem();
-  TrainConfig config = quick_config(gpt::kSyntheticData);
+  TrainConfig config = quick_config(tessera::train::kSyntheticData);
   config.model = tessera::nn::GPTConfig::preset("tiny");  // checkpoints larger than the filesystem
   config.seq_len = 16;
   config.ckpt_dir = mount + "/r";
   config.ckpt_every = 1;  // six checkpoints, all kept
-  REQUIRE(6 * gpt::checkpoint_bytes_bound(config) > free_bytes(mount));
+  REQUIRE(6 * tessera::train::checkpoint_bytes_bound(config) > free_bytes(mount));
   const Outcome refused = run(config);
   CHECK(refused.usage_error);
   CHECK(contains(refused.error, "not enough disk space: --ckpt-dir " + mount + "/r: 6 checkpoints of up to"));
@@ -558,12 +558,12 @@ TEST_CASE("disk full: a filesystem too small for the run's checkpoints is refuse
 TEST_CASE("disk full: a save that runs out of space removes its partial files and stops; --resume goes on" *
           doctest::skip()) {
   const std::string mount = small_filesystem();
-  TrainConfig config = quick_config(gpt::kSyntheticData);
+  TrainConfig config = quick_config(tessera::train::kSyntheticData);
   config.ckpt_dir = mount + "/r";
   config.ckpt_every = 2;
   config.keep = 1;
   config.log_json = mount + "/log.jsonl";
-  const int64_t each = gpt::checkpoint_bytes_bound(config);
+  const int64_t each = tessera::train::checkpoint_bytes_bound(config);
   REQUIRE(2 * each < free_bytes(mount));
   // Once step 2 is committed, something else fills the disk: step 4's save has half a checkpoint's room.
   const std::string filler = mount + "/filler";
@@ -577,7 +577,7 @@ TEST_CASE("disk full: a save that runs out of space removes its partial files an
   CHECK_FALSE(failed.usage_error);
   CHECK(contains(failed.error, "saving a checkpoint failed"));
   CHECK(contains(failed.error, "No space left on device"));
-  CHECK(contains(failed.error, "Its partial files were removed; " + checkpoint::checkpoint_path(config.ckpt_dir, 2) +
+  CHECK(contains(failed.error, "Its partial files were removed; " + tessera::train::checkpoint_path(config.ckpt_dir, 2) +
                                    " (step 2) is this run's newest checkpoint, intact. Make space"));
   std::vector<std::string> entries;
   for (const auto& entry : fs::directory_iterator(config.ckpt_dir)) entries.push_back(entry.path().filename().string());
@@ -591,5 +591,5 @@ TEST_CASE("disk full: a save that runs out of space removes its partial files an
   REQUIRE(resumed.error.empty());
   CHECK(resumed.summary.first_step == 3);
   CHECK(logged_steps(config.log_json) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
-  CHECK(checkpoint::list_checkpoints(config.ckpt_dir).back().step == 6);
+  CHECK(tessera::train::list_checkpoints(config.ckpt_dir).back().step == 6);
 }

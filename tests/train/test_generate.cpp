@@ -60,7 +60,7 @@ GPTConfig unusual_config() {
 
 // model_config_from_json of a GPT's JSON: a GPTConfig (std::get throws for another family).
 GPTConfig gpt_config_from_json(const json& value, const std::string& source) {
-  return std::get<GPTConfig>(gpt::model_config_from_json(value, source));
+  return std::get<GPTConfig>(tessera::train::model_config_from_json(value, source));
 }
 
 void check_same_config(const GPTConfig& a, const GPTConfig& b) {
@@ -81,7 +81,7 @@ Tensor logits_of(const std::vector<float>& values) {
 
 // sample_token with no top-p cut.
 int64_t sample(const Tensor& row, double temperature, int64_t top_k, PhiloxKey key, uint64_t draw) {
-  return gpt::sample_token(row, {.temperature = temperature, .top_k = top_k, .key = key}, draw);
+  return tessera::train::sample_token(row, {.temperature = temperature, .top_k = top_k, .key = key}, draw);
 }
 
 // softmax(logits / temperature) over the k largest logits (no ties in the tests).
@@ -119,8 +119,8 @@ std::vector<double> sampled_frequencies(const std::vector<float>& logits, double
 
 // One prompt's tokens and continuation (generation.h).
 std::vector<uint32_t> continue_prompt(tessera::nn::CausalLM& model, const std::vector<uint32_t>& prompt,
-                                      int64_t max_new_tokens, const gpt::SamplingOptions& sampling) {
-  return gpt::generate(model, {prompt}, {.max_new_tokens = max_new_tokens, .sampling = sampling}).front().tokens;
+                                      int64_t max_new_tokens, const tessera::train::SamplingOptions& sampling) {
+  return tessera::train::generate(model, {prompt}, {.max_new_tokens = max_new_tokens, .sampling = sampling}).front().tokens;
 }
 
 // 10 logits, all distinct, largest at index 6.
@@ -161,7 +161,7 @@ size_t check_same_parameters(const tessera::nn::Module& a, const tessera::nn::Mo
 
 TEST_CASE("model config JSON: every field round-trips, through text too") {
   const GPTConfig config = unusual_config();
-  const json encoded = gpt::model_config_to_json(config);
+  const json encoded = tessera::train::model_config_to_json(config);
   std::set<std::string> keys;
   for (const auto& [key, value] : encoded.items()) keys.insert(key);
   CHECK(keys == std::set<std::string>{"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias",
@@ -170,7 +170,7 @@ TEST_CASE("model config JSON: every field round-trips, through text too") {
   check_same_config(gpt_config_from_json(json::parse(encoded.dump()), "test"), config);
   for (const std::string& preset : GPTConfig::preset_names()) {
     check_same_config(
-        gpt_config_from_json(json::parse(gpt::model_config_to_json(GPTConfig::preset(preset)).dump()), preset),
+        gpt_config_from_json(json::parse(tessera::train::model_config_to_json(GPTConfig::preset(preset)).dump()), preset),
         GPTConfig::preset(preset));
   }
 }
@@ -180,11 +180,11 @@ TEST_CASE("model config JSON: every field round-trips, through text too") {
 TEST_CASE("model config JSON: vocab_padding_multiple is optional, checked, and round-trips") {
   GPTConfig padded = unusual_config();
   padded.vocab_padding_multiple = 64;
-  const json encoded = gpt::model_config_to_json(padded);
+  const json encoded = tessera::train::model_config_to_json(padded);
   CHECK(encoded.at("vocab_padding_multiple") == 64);
   check_same_config(gpt_config_from_json(json::parse(encoded.dump()), "test"), padded);
-  CHECK_FALSE(gpt::model_config_to_json(unusual_config()).contains("vocab_padding_multiple"));
-  CHECK(gpt_config_from_json(gpt::model_config_to_json(GPTConfig::preset("gpt2-124m")), "t").padded_vocab_size() ==
+  CHECK_FALSE(tessera::train::model_config_to_json(unusual_config()).contains("vocab_padding_multiple"));
+  CHECK(gpt_config_from_json(tessera::train::model_config_to_json(GPTConfig::preset("gpt2-124m")), "t").padded_vocab_size() ==
         50304);
   json wrong = encoded;
   wrong["vocab_padding_multiple"] = 1.5;
@@ -198,11 +198,11 @@ TEST_CASE("model config JSON: vocab_padding_multiple is optional, checked, and r
 }
 
 TEST_CASE("model config JSON: every malformed field is an error naming the source and the field") {
-  const json good = gpt::model_config_to_json(unusual_config());
+  const json good = tessera::train::model_config_to_json(unusual_config());
   const std::string source = "ckpt/metadata.json";
   auto error_of = [&source](const json& value) -> std::string {
     try {
-      gpt::model_config_from_json(value, source);
+      tessera::train::model_config_from_json(value, source);
     } catch (const tessera::Error& error) {
       return error.what();
     }
@@ -272,7 +272,7 @@ TEST_CASE("model config JSON: every malformed field is an error naming the sourc
 }
 
 TEST_CASE("train config JSON records the run's settings") {
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   config.preset = "nano";
   config.seq_len = 24;
   config.batch = 3;
@@ -292,7 +292,7 @@ TEST_CASE("train config JSON records the run's settings") {
   config.reshard_after_forward = tessera::fsdp::ReshardAfterForward::to_group_of(2);
   config.param_dtype = tessera::DType::bf16;
   config.deterministic = true;
-  const json recorded = gpt::train_config_to_json(config);
+  const json recorded = tessera::train::train_config_to_json(config);
   const json expected = {{"preset", "nano"},
                          {"seq_len", 24},
                          {"batch", 3},
@@ -319,7 +319,7 @@ TEST_CASE("train config JSON records the run's settings") {
 
   config.reshard_after_forward = false;
   config.reduce_dtype = tessera::DType::f32;
-  const json other = gpt::train_config_to_json(config);
+  const json other = tessera::train::train_config_to_json(config);
   CHECK(other["reshard_after_forward"] == json(false));
   CHECK(other["reshard_after_forward"].is_boolean());
   CHECK(other["reduce_dtype"] == json("f32"));
@@ -420,7 +420,7 @@ TEST_CASE("sample_token: top-p keeps the fewest most likely tokens whose probabi
   // softmax(kLogits) sorted: 0.383 (6), 0.210 (4), 0.156 (8), 0.085 (2), 0.070 (7), ...
   const Tensor row = logits_of(kLogits);
   auto sample_top_p = [&](double temperature, int64_t top_k, double top_p, uint64_t draw) {
-    return gpt::sample_token(row, {.temperature = temperature, .top_k = top_k, .top_p = top_p, .key = {8, 2}}, draw);
+    return tessera::train::sample_token(row, {.temperature = temperature, .top_k = top_k, .top_p = top_p, .key = {8, 2}}, draw);
   };
   // p at most the largest probability: only the argmax, at any temperature.
   for (uint64_t draw = 0; draw < 200; ++draw) {
@@ -527,13 +527,13 @@ TEST_CASE("sample_token: bad inputs are errors that say what was wrong") {
 
 TEST_CASE("generate: the prompt plus max_new_tokens tokens, the same for the same key") {
   auto model = seeded_model(GPTConfig::preset("nano"), 5);
-  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("Hello");
-  const gpt::SamplingOptions options{.temperature = 1.0, .top_k = 0, .key = PhiloxKey{99, 0}};
+  const std::vector<uint32_t> prompt = tessera::train::text_to_byte_tokens("Hello");
+  const tessera::train::SamplingOptions options{.temperature = 1.0, .top_k = 0, .key = PhiloxKey{99, 0}};
   const std::vector<uint32_t> a = continue_prompt(*model, prompt, 40, options);
   REQUIRE(a.size() == prompt.size() + 40);
   CHECK(std::equal(prompt.begin(), prompt.end(), a.begin()));
   CHECK(continue_prompt(*model, prompt, 40, options) == a);
-  gpt::SamplingOptions other = options;
+  tessera::train::SamplingOptions other = options;
   other.key.seed = 100;
   CHECK(continue_prompt(*model, prompt, 40, other) != a);
   CHECK(continue_prompt(*model, prompt, 0, options) == prompt);
@@ -548,8 +548,8 @@ TEST_CASE("generate: beyond block_size the context is the last block_size tokens
   config.block_size = 8;
   config.dropout = 0.5;  // would change every step if generation ran in train mode
   auto model = seeded_model(config, 17);
-  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("abcde");
-  const gpt::SamplingOptions greedy{.temperature = 0.0, .top_k = 0, .key = PhiloxKey{}};
+  const std::vector<uint32_t> prompt = tessera::train::text_to_byte_tokens("abcde");
+  const tessera::train::SamplingOptions greedy{.temperature = 0.0, .top_k = 0, .key = PhiloxKey{}};
   const std::vector<uint32_t> tokens = continue_prompt(*model, prompt, 20, greedy);
   REQUIRE(tokens.size() == 25);
   CHECK(model->is_training());
@@ -563,7 +563,7 @@ TEST_CASE("generate: beyond block_size the context is the last block_size tokens
     CHECK(tokens[position] == greedy_next(*model, context));
   }
   // A prompt longer than block_size is cropped too.
-  const std::vector<uint32_t> long_prompt = gpt::text_to_byte_tokens("a prompt longer than eight bytes");
+  const std::vector<uint32_t> long_prompt = tessera::train::text_to_byte_tokens("a prompt longer than eight bytes");
   const std::vector<uint32_t> continued = continue_prompt(*model, long_prompt, 3, greedy);
   REQUIRE(continued.size() == long_prompt.size() + 3);
   const std::vector<uint32_t> last_eight(long_prompt.end() - 8, long_prompt.end());
@@ -573,9 +573,9 @@ TEST_CASE("generate: beyond block_size the context is the last block_size tokens
 
 TEST_CASE("generate: bad inputs are errors") {
   auto model = seeded_model(GPTConfig::preset("nano"), 1);
-  const gpt::SamplingOptions options;
-  auto generate = [&](std::vector<std::vector<uint32_t>> prompts, gpt::GenerationOptions generation) {
-    return gpt::generate(*model, prompts, generation);
+  const tessera::train::SamplingOptions options;
+  auto generate = [&](std::vector<std::vector<uint32_t>> prompts, tessera::train::GenerationOptions generation) {
+    return tessera::train::generate(*model, prompts, generation);
   };
   CHECK_THROWS_WITH_AS(generate({{65}, {}}, {.max_new_tokens = 5}), doctest::Contains("prompt 1 is empty"),
                        tessera::Error);
@@ -602,7 +602,7 @@ TEST_CASE("generate: tokens are uint32, for vocabularies past 65536 (Llama 3 has
   GPTConfig wide = GPTConfig::preset("nano");
   wide.vocab_size = 70000;
   auto model = seeded_model(wide, 1);
-  const gpt::SamplingOptions hot{.temperature = 100.0, .top_k = 0, .key = PhiloxKey{5, 0}};
+  const tessera::train::SamplingOptions hot{.temperature = 100.0, .top_k = 0, .key = PhiloxKey{5, 0}};
   const std::vector<uint32_t> tokens = continue_prompt(*model, {69999, 65}, 200, hot);
   REQUIRE(tokens.size() == 202);
   CHECK(tokens.front() == 69999);
@@ -615,71 +615,71 @@ TEST_CASE("generate: tokens are uint32, for vocabularies past 65536 (Llama 3 has
 
 TEST_CASE("byte tokens: text in, printable text out") {
   const std::string text = "Fortune: \"a\tb\"\nnaïve €1 \xF0\x9F\x98\x80 ok~";  // 2-, 3- and 4-byte UTF-8
-  const std::vector<uint32_t> tokens = gpt::text_to_byte_tokens(text);
+  const std::vector<uint32_t> tokens = tessera::train::text_to_byte_tokens(text);
   CHECK(tokens.size() == text.size());
   CHECK(tokens[10] == 'a');
-  CHECK(gpt::byte_tokens_to_printable(tokens) == text);
+  CHECK(tessera::train::byte_tokens_to_printable(tokens) == text);
 
   // Control bytes, DEL, C1 controls and broken UTF-8 are escaped byte by byte.
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{'a', 0, 7, '\r', 27, 127, 'b'}) ==
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{'a', 0, 7, '\r', 27, 127, 'b'}) ==
         "a\\x00\\x07\\x0d\\x1b\\x7fb");
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC2, 0x85}) == "\\xc2\\x85");  // U+0085 (C1)
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC3}) == "\\xc3");             // truncated
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC3, 'x'}) == "\\xc3x");
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xC0, 0x80}) == "\\xc0\\x80");             // overlong NUL
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xED, 0xA0, 0x80}) == "\\xed\\xa0\\x80");  // surrogate
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0xF4, 0x90, 0x80, 0x80}) ==
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0xC2, 0x85}) == "\\xc2\\x85");  // U+0085 (C1)
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0xC3}) == "\\xc3");             // truncated
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0xC3, 'x'}) == "\\xc3x");
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0xC0, 0x80}) == "\\xc0\\x80");             // overlong NUL
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0xED, 0xA0, 0x80}) == "\\xed\\xa0\\x80");  // surrogate
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0xF4, 0x90, 0x80, 0x80}) ==
         "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{0x80, 'z', 0xFF}) == "\\x80z\\xff");
-  CHECK_THROWS_WITH_AS(gpt::byte_tokens_to_printable(std::vector<uint32_t>{'a', 300}),
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{0x80, 'z', 0xFF}) == "\\x80z\\xff");
+  CHECK_THROWS_WITH_AS(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{'a', 300}),
                        doctest::Contains("token 300 at position 1 is not a byte"), tessera::Error);
 }
 
 TEST_CASE("byte tokens: the escaped text decodes back to every byte, and a backslash is told from an escape") {
   // The text "\xff" and the byte 0xff print differently.
-  CHECK(gpt::byte_tokens_to_printable(gpt::text_to_byte_tokens("a\\xff")) == "a\\\\xff");
-  CHECK(gpt::byte_tokens_to_printable(std::vector<uint32_t>{'a', 0xFF}) == "a\\xff");
+  CHECK(tessera::train::byte_tokens_to_printable(tessera::train::text_to_byte_tokens("a\\xff")) == "a\\\\xff");
+  CHECK(tessera::train::byte_tokens_to_printable(std::vector<uint32_t>{'a', 0xFF}) == "a\\xff");
   // All 256 values alone, in order, and every pair (which covers the starts of UTF-8 sequences).
   std::vector<uint32_t> all(256);
   for (uint32_t value = 0; value < 256; ++value) all[value] = value;
-  const std::string bytes = gpt::byte_tokens_to_bytes(all);
+  const std::string bytes = tessera::train::byte_tokens_to_bytes(all);
   REQUIRE(bytes.size() == 256);
   for (size_t i = 0; i < 256; ++i) CHECK(static_cast<uint8_t>(bytes[i]) == i);
-  CHECK(gpt::printable_to_bytes(gpt::byte_tokens_to_printable(all)) == bytes);
+  CHECK(tessera::train::printable_to_bytes(tessera::train::byte_tokens_to_printable(all)) == bytes);
   for (uint32_t first = 0; first < 256; ++first) {
     for (uint32_t second = 0; second < 256; ++second) {
       const std::vector<uint32_t> pair = {first, second};
-      if (gpt::printable_to_bytes(gpt::byte_tokens_to_printable(pair)) != gpt::byte_tokens_to_bytes(pair)) {
+      if (tessera::train::printable_to_bytes(tessera::train::byte_tokens_to_printable(pair)) != tessera::train::byte_tokens_to_bytes(pair)) {
         FAIL("the pair " << first << ", " << second << " does not round-trip");
       }
     }
   }
-  CHECK_THROWS_WITH_AS(gpt::printable_to_bytes("a\\q"), doctest::Contains("the backslash at position 1"),
+  CHECK_THROWS_WITH_AS(tessera::train::printable_to_bytes("a\\q"), doctest::Contains("the backslash at position 1"),
                        tessera::Error);
-  CHECK_THROWS_AS(gpt::printable_to_bytes("\\x4"), tessera::Error);  // cut short
-  CHECK_THROWS_AS(gpt::printable_to_bytes("\\xg0"), tessera::Error);
+  CHECK_THROWS_AS(tessera::train::printable_to_bytes("\\x4"), tessera::Error);  // cut short
+  CHECK_THROWS_AS(tessera::train::printable_to_bytes("\\xg0"), tessera::Error);
 }
 
 // ---- loading a trained model ------------------------------------------------------------------
 
 namespace {
 
-gpt::TrainConfig nano_run() {
-  gpt::TrainConfig config;
+tessera::train::TrainConfig nano_run() {
+  tessera::train::TrainConfig config;
   config.preset = "nano";
   config.model = GPTConfig::preset("nano");
   config.seq_len = config.model.block_size;
   config.batch = 2;
   config.steps = 7;
   config.warmup = 0;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seed = 2024;
   return config;
 }
 
-json training_state_of(const gpt::TrainConfig& config, int64_t step) {
+json training_state_of(const tessera::train::TrainConfig& config, int64_t step) {
   return {
-      {"config", {{"model", gpt::model_config_to_json(config.model)}, {"train", gpt::train_config_to_json(config)}}},
+      {"config", {{"model", tessera::train::model_config_to_json(config.model)}, {"train", tessera::train::train_config_to_json(config)}}},
       {"step", step}};
 }
 
@@ -687,152 +687,152 @@ json training_state_of(const gpt::TrainConfig& config, int64_t step) {
 
 TEST_CASE("a checkpoint saved on 3 FSDP ranks loads whole in one process; a root gives its newest") {
   TempDir root;
-  gpt::TrainConfig config = nano_run();
+  tessera::train::TrainConfig config = nano_run();
   config.nproc = 3;
   // Step 7 holds the model of config.seed; step 3 an older one.
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    auto model = gpt::build_model_meta(config, distributed);
-    auto optimizer = gpt::build_optimizer(*model, config);
-    tessera::checkpoint::save(tessera::checkpoint::checkpoint_path(root.path.string(), 7),
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    auto model = tessera::train::build_model_meta(config, distributed);
+    auto optimizer = tessera::train::build_optimizer(*model, config);
+    tessera::checkpoint::save(tessera::train::checkpoint_path(root.path.string(), 7),
                               tessera::checkpoint::training_state_dict(*model, *optimizer),
                               {.training_state = training_state_of(config, 7), .sync = false});
     model->reset_parameters(config.seed + 1);
-    tessera::checkpoint::save(tessera::checkpoint::checkpoint_path(root.path.string(), 3),
+    tessera::checkpoint::save(tessera::train::checkpoint_path(root.path.string(), 3),
                               tessera::checkpoint::training_state_dict(*model, *optimizer),
                               {.training_state = training_state_of(config, 3), .sync = false});
   });
 
-  const auto reference = gpt::build_model_meta(config, std::nullopt);  // the same bits, unsharded
-  const gpt::LoadedModel latest = gpt::load_model_from_checkpoint(root.path.string());
-  CHECK(latest.source == tessera::checkpoint::checkpoint_path(root.path.string(), 7));
+  const auto reference = tessera::train::build_model_meta(config, std::nullopt);  // the same bits, unsharded
+  const tessera::train::LoadedModel latest = tessera::train::load_model_from_checkpoint(root.path.string());
+  CHECK(latest.source == tessera::train::checkpoint_path(root.path.string(), 7));
   CHECK(latest.step == 7);
   CHECK_FALSE(latest.model->is_training());
   CHECK(check_same_parameters(*latest.model, *reference) == 16);  // nano: 2 + 12 + 2
 
-  const gpt::LoadedModel older =
-      gpt::load_model_from_checkpoint(tessera::checkpoint::checkpoint_path(root.path.string(), 3));
+  const tessera::train::LoadedModel older =
+      tessera::train::load_model_from_checkpoint(tessera::train::checkpoint_path(root.path.string(), 3));
   CHECK(older.step == 3);
   CHECK(dynamic_cast<tessera::nn::GPT&>(*older.model).wte().parameter("weight")->tensor().to_vector<float>() !=
         dynamic_cast<tessera::nn::GPT&>(*reference).wte().parameter("weight")->tensor().to_vector<float>());
 
   // What generate prints comes from exactly those weights.
-  const gpt::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
-  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("The ");
+  const tessera::train::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
+  const std::vector<uint32_t> prompt = tessera::train::text_to_byte_tokens("The ");
   CHECK(continue_prompt(*latest.model, prompt, 30, options) ==
         continue_prompt(*reference, prompt, 30, options));
 }
 
 TEST_CASE("loading a checkpoint: a config that does not match the weights, or none, is an error") {
   TempDir root;
-  const gpt::TrainConfig config = nano_run();
-  auto model = gpt::build_model_meta(config, std::nullopt);
+  const tessera::train::TrainConfig config = nano_run();
+  auto model = tessera::train::build_model_meta(config, std::nullopt);
   const auto state = tessera::checkpoint::model_state(*model);
 
-  gpt::TrainConfig deeper = config;
+  tessera::train::TrainConfig deeper = config;
   deeper.model.n_layer = 2;
   tessera::checkpoint::save(root / "deeper", state, {.training_state = training_state_of(deeper, 1), .sync = false});
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_checkpoint(root / "deeper"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_checkpoint(root / "deeper"),
                        doctest::Contains("lacks parameters of the model its config describes: [\"model.blocks.1."),
                        tessera::Error);
 
-  gpt::TrainConfig deep = config;
+  tessera::train::TrainConfig deep = config;
   deep.model.n_layer = 2;
-  auto deep_model = gpt::build_model_meta(deep, std::nullopt);
+  auto deep_model = tessera::train::build_model_meta(deep, std::nullopt);
   tessera::checkpoint::save(root / "shallower", tessera::checkpoint::model_state(*deep_model),
                             {.training_state = training_state_of(config, 1), .sync = false});
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_checkpoint(root / "shallower"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_checkpoint(root / "shallower"),
                        doctest::Contains("holds parameters its model config does not have"), tessera::Error);
 
   tessera::checkpoint::save(root / "no-config", state, {.training_state = {{"step", 4}}, .sync = false});
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_checkpoint(root / "no-config"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_checkpoint(root / "no-config"),
                        doctest::Contains("training_state has no \"config\" object"), tessera::Error);
 
   json bad = training_state_of(config, 1);
   bad["config"]["model"]["n_head"] = "two";
   tessera::checkpoint::save(root / "bad-config", state, {.training_state = bad, .sync = false});
   CHECK_THROWS_WITH_AS(
-      gpt::load_model_from_checkpoint(root / "bad-config"),
+      tessera::train::load_model_from_checkpoint(root / "bad-config"),
       doctest::Contains("training_state.config.model: model config: field 'n_head' must be an integer"),
       tessera::Error);
 
   json no_step = training_state_of(config, 1);
   no_step.erase("step");
   tessera::checkpoint::save(root / "no-step", state, {.training_state = no_step, .sync = false});
-  CHECK_FALSE(gpt::load_model_from_checkpoint(root / "no-step").step.has_value());
+  CHECK_FALSE(tessera::train::load_model_from_checkpoint(root / "no-step").step.has_value());
 
   json bad_step = training_state_of(config, 1);
   bad_step["step"] = "one";
   tessera::checkpoint::save(root / "bad-step", state, {.training_state = bad_step, .sync = false});
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_checkpoint(root / "bad-step"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_checkpoint(root / "bad-step"),
                        doctest::Contains("training_state.step must be a non-negative integer, got \"one\""),
                        tessera::Error);
 
   fs::create_directories(root / "empty");
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_checkpoint(root / "empty"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_checkpoint(root / "empty"),
                        doctest::Contains("neither a checkpoint (no metadata.json)"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_checkpoint(root / "absent"), doctest::Contains("not a directory"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_checkpoint(root / "absent"), doctest::Contains("not a directory"),
                        tessera::Error);
 }
 
 TEST_CASE("a .safetensors file with the config in its metadata loads; without it, an error") {
   TempDir dir;
-  const gpt::TrainConfig config = nano_run();
-  auto model = gpt::build_model_meta(config, std::nullopt);
+  const tessera::train::TrainConfig config = nano_run();
+  auto model = tessera::train::build_model_meta(config, std::nullopt);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, parameter] : model->named_parameters()) tensors.emplace_back(name, parameter->tensor());
-  const std::string config_text = gpt::model_config_to_json(config.model).dump();
+  const std::string config_text = tessera::train::model_config_to_json(config.model).dump();
   tessera::checkpoint::write_safetensors(dir / "model.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, config_text}, {gpt::kStepMetadataKey, "12"}},
+                                         {{tessera::train::kGptConfigMetadataKey, config_text}, {tessera::train::kStepMetadataKey, "12"}},
                                          false);
 
-  const gpt::LoadedModel loaded = gpt::load_model_from_safetensors(dir / "model.safetensors");
+  const tessera::train::LoadedModel loaded = tessera::train::load_model_from_safetensors(dir / "model.safetensors");
   CHECK(loaded.source == dir / "model.safetensors");
   CHECK(loaded.step == 12);
   CHECK_FALSE(loaded.model->is_training());
   CHECK(check_same_parameters(*loaded.model, *model) == 16);
 
   tessera::checkpoint::write_safetensors(dir / "no-step.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, config_text}}, false);
-  CHECK_FALSE(gpt::load_model_from_safetensors(dir / "no-step.safetensors").step.has_value());
+                                         {{tessera::train::kGptConfigMetadataKey, config_text}}, false);
+  CHECK_FALSE(tessera::train::load_model_from_safetensors(dir / "no-step.safetensors").step.has_value());
   tessera::checkpoint::write_safetensors(dir / "bad-step.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, config_text}, {gpt::kStepMetadataKey, "12a"}},
+                                         {{tessera::train::kGptConfigMetadataKey, config_text}, {tessera::train::kStepMetadataKey, "12a"}},
                                          false);
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "bad-step.safetensors"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_safetensors(dir / "bad-step.safetensors"),
                        doctest::Contains("tessera.step must be a non-negative integer, got '12a'"), tessera::Error);
 
   tessera::checkpoint::write_safetensors(dir / "bare.safetensors", tensors, {}, false);
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "bare.safetensors"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_safetensors(dir / "bare.safetensors"),
                        doctest::Contains("__metadata__ has no \"tessera.gpt_config\" key"), tessera::Error);
   tessera::checkpoint::write_safetensors(dir / "garbled.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, "{n_layer"}}, false);
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "garbled.safetensors"),
+                                         {{tessera::train::kGptConfigMetadataKey, "{n_layer"}}, false);
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_safetensors(dir / "garbled.safetensors"),
                        doctest::Contains("tessera.gpt_config: not valid JSON"), tessera::Error);
   GPTConfig wider = config.model;
   wider.n_embd = 32;
   tessera::checkpoint::write_safetensors(dir / "mismatch.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(wider).dump()}},
+                                         {{tessera::train::kGptConfigMetadataKey, tessera::train::model_config_to_json(wider).dump()}},
                                          false);
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "mismatch.safetensors"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_safetensors(dir / "mismatch.safetensors"),
                        doctest::Contains("does not hold the model its config describes: wte.weight: shape [256, 16] "
                                          "in the file, [256, 32] in its model config"),
                        tessera::Error);
   // An edited config asking for a model far larger than the weights is refused before anything is allocated:
   // the same names at a width of 2^20 (the bound), and a width beyond it.
   GPTConfig enormous = config.model;
-  enormous.n_embd = gpt::kMaxModelWidth;
+  enormous.n_embd = tessera::train::kMaxModelWidth;
   enormous.n_head = 1;
   tessera::checkpoint::write_safetensors(dir / "enormous.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(enormous).dump()}},
+                                         {{tessera::train::kGptConfigMetadataKey, tessera::train::model_config_to_json(enormous).dump()}},
                                          false);
   const int64_t live = tessera::memory_stats(tessera::kCPU).live_bytes;
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "enormous.safetensors"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_safetensors(dir / "enormous.safetensors"),
                        doctest::Contains("in the file, [256, 1048576] in its model config"), tessera::Error);
   CHECK(tessera::memory_stats(tessera::kCPU).live_bytes == live);
-  enormous.n_embd = 2 * gpt::kMaxModelWidth;
+  enormous.n_embd = 2 * tessera::train::kMaxModelWidth;
   tessera::checkpoint::write_safetensors(dir / "beyond.safetensors", tensors,
-                                         {{gpt::kGptConfigMetadataKey, gpt::model_config_to_json(enormous).dump()}},
+                                         {{tessera::train::kGptConfigMetadataKey, tessera::train::model_config_to_json(enormous).dump()}},
                                          false);
-  CHECK_THROWS_WITH_AS(gpt::load_model_from_safetensors(dir / "beyond.safetensors"),
+  CHECK_THROWS_WITH_AS(tessera::train::load_model_from_safetensors(dir / "beyond.safetensors"),
                        doctest::Contains("model config: n_embd must be at most 1048576, got 2097152"),
                        tessera::Error);
 }
@@ -861,32 +861,32 @@ LlamaConfig unusual_llama_config() {
 
 TEST_CASE("model config JSON: a Llama's fields and family round-trip; the family is checked first") {
   const LlamaConfig config = unusual_llama_config();
-  const json encoded = gpt::model_config_to_json(config);
+  const json encoded = tessera::train::model_config_to_json(config);
   std::set<std::string> keys;
   for (const auto& [key, value] : encoded.items()) keys.insert(key);
   CHECK(keys == std::set<std::string>{"family", "vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
                                       "ffn_hidden", "rope_theta", "norm_eps"});
   CHECK(encoded.at("family") == "llama");
-  const gpt::ModelConfig decoded = gpt::model_config_from_json(json::parse(encoded.dump()), "test");
+  const tessera::train::ModelConfig decoded = tessera::train::model_config_from_json(json::parse(encoded.dump()), "test");
   REQUIRE(std::holds_alternative<LlamaConfig>(decoded));
-  CHECK(gpt::model_config_to_json(decoded) == encoded);
+  CHECK(tessera::train::model_config_to_json(decoded) == encoded);
   CHECK(std::get<LlamaConfig>(decoded).rope_theta == 5e5);
   for (const std::string& preset : LlamaConfig::preset_names()) {
     CAPTURE(preset);
-    const json preset_json = gpt::model_config_to_json(LlamaConfig::preset(preset));
-    CHECK(gpt::model_config_to_json(gpt::model_config_from_json(preset_json, preset)) == preset_json);
+    const json preset_json = tessera::train::model_config_to_json(LlamaConfig::preset(preset));
+    CHECK(tessera::train::model_config_to_json(tessera::train::model_config_from_json(preset_json, preset)) == preset_json);
   }
   // A GPT's JSON names no family; one that says "gpt" reads the same.
-  json gpt_json = gpt::model_config_to_json(unusual_config());
+  json gpt_json = tessera::train::model_config_to_json(unusual_config());
   CHECK(gpt_json.count("family") == 0);
-  CHECK(gpt::model_family_from_json(gpt_json, "test") == gpt::ModelFamily::gpt);
+  CHECK(tessera::train::model_family_from_json(gpt_json, "test") == tessera::train::ModelFamily::gpt);
   gpt_json["family"] = "gpt";
   check_same_config(gpt_config_from_json(gpt_json, "test"), unusual_config());
 
   const std::string source = "ckpt/metadata.json";
   auto error_of = [&source](const json& value) -> std::string {
     try {
-      gpt::model_config_from_json(value, source);
+      tessera::train::model_config_from_json(value, source);
     } catch (const tessera::Error& error) {
       return error.what();
     }
@@ -920,7 +920,7 @@ TEST_CASE("model config JSON: a Llama's fields and family round-trip; the family
 
 TEST_CASE("a Llama trained on 2 FSDP ranks comes back from its checkpoint and its export with the trained logits") {
   TempDir dir;
-  gpt::TrainConfig config = nano_run();
+  tessera::train::TrainConfig config = nano_run();
   config.preset = "llama-nano";
   config.llama = LlamaConfig::preset("llama-nano");
   config.seq_len = config.llama->block_size;
@@ -930,8 +930,8 @@ TEST_CASE("a Llama trained on 2 FSDP ranks comes back from its checkpoint and it
   const std::vector<int64_t> window = {84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114};  // "The quick br"
   const Tensor idx = tessera::ops::from_vector(window, {1, static_cast<int64_t>(window.size())});
   std::vector<float> trained_logits;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     for (int64_t step = 0; step < config.steps; ++step) trainer.train_step();
     {
       tessera::autograd::NoGradGuard no_grad;
@@ -945,20 +945,20 @@ TEST_CASE("a Llama trained on 2 FSDP ranks comes back from its checkpoint and it
   REQUIRE(trained_logits.size() == window.size() * 256);
 
   const tessera::fsdp::testing::IntraOpThreads threads(1);
-  const gpt::LoadedModel from_checkpoint = gpt::load_model_from_checkpoint(dir / "step-3");
-  const gpt::LoadedModel from_export = gpt::load_model_from_safetensors(dir / "llama.safetensors");
-  for (const gpt::LoadedModel* loaded : {&from_checkpoint, &from_export}) {
+  const tessera::train::LoadedModel from_checkpoint = tessera::train::load_model_from_checkpoint(dir / "step-3");
+  const tessera::train::LoadedModel from_export = tessera::train::load_model_from_safetensors(dir / "llama.safetensors");
+  for (const tessera::train::LoadedModel* loaded : {&from_checkpoint, &from_export}) {
     CAPTURE(loaded->source);
     CHECK(loaded->step == 3);
     CHECK(dynamic_cast<tessera::nn::Llama*>(loaded->model.get()) != nullptr);
-    CHECK(gpt::family_of(loaded->config) == gpt::ModelFamily::llama);
+    CHECK(tessera::train::family_of(loaded->config) == tessera::train::ModelFamily::llama);
     CHECK_FALSE(loaded->model->is_training());
     tessera::autograd::NoGradGuard no_grad;
     CHECK((*loaded->model)(idx).to_vector<float>() == trained_logits);
   }
   CHECK(check_same_parameters(*from_checkpoint.model, *from_export.model) == 2 + 9 + 1);  // nano: 1 block
-  const gpt::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
-  const std::vector<uint32_t> prompt = gpt::text_to_byte_tokens("The ");
+  const tessera::train::SamplingOptions options{.temperature = 0.9, .top_k = 20, .key = PhiloxKey{1337, 0}};
+  const std::vector<uint32_t> prompt = tessera::train::text_to_byte_tokens("The ");
   const std::vector<uint32_t> text = continue_prompt(*from_export.model, prompt, 40, options);
   CHECK(text.size() == prompt.size() + 40);
   CHECK(continue_prompt(*from_checkpoint.model, prompt, 40, options) == text);

@@ -99,14 +99,14 @@ TEST_CASE("generate on cuda: the cpu's tokens, with and without the KV cache") {
     auto on_cuda = make(kCuda);
     auto on_cpu = make(tessera::kCPU);
     CAPTURE(on_cuda->type_name());
-    const std::vector<std::vector<uint32_t>> prompts = {gpt::text_to_byte_tokens("Hello"),
-                                                        gpt::text_to_byte_tokens("a")};
-    gpt::GenerationOptions options{.max_new_tokens = 14,  // "Hello" + 14 passes block_size 16: a refill
+    const std::vector<std::vector<uint32_t>> prompts = {tessera::train::text_to_byte_tokens("Hello"),
+                                                        tessera::train::text_to_byte_tokens("a")};
+    tessera::train::GenerationOptions options{.max_new_tokens = 14,  // "Hello" + 14 passes block_size 16: a refill
                                    .sampling = {.temperature = 0.0, .top_k = 0}};
-    const auto reference = gpt::generate(*on_cpu, prompts, options);
-    const auto cached = gpt::generate(*on_cuda, prompts, options);
+    const auto reference = tessera::train::generate(*on_cpu, prompts, options);
+    const auto cached = tessera::train::generate(*on_cuda, prompts, options);
     options.kv_cache = false;
-    const auto uncached = gpt::generate(*on_cuda, prompts, options);
+    const auto uncached = tessera::train::generate(*on_cuda, prompts, options);
     for (size_t b = 0; b < prompts.size(); ++b) {
       CAPTURE(b);
       CHECK(cached[b].tokens == reference[b].tokens);

@@ -1,4 +1,4 @@
-// gpt::generate with and without the KV cache: the same tokens for a GPT and
+// tessera::train::generate with and without the KV cache: the same tokens for a GPT and
 // a Llama (GQA), greedy and sampled (top-k, top-p), for prompts shorter and
 // longer than block_size and continuations past it (the cache refilled from
 // the windows); a left-padded batch continues each prompt as it is continued
@@ -45,19 +45,19 @@ std::unique_ptr<tessera::nn::CausalLM> small_llama() {
 
 std::vector<std::vector<uint32_t>> prompts_of(const std::vector<std::string>& texts) {
   std::vector<std::vector<uint32_t>> prompts;
-  for (const std::string& text : texts) prompts.push_back(gpt::text_to_byte_tokens(text));
+  for (const std::string& text : texts) prompts.push_back(tessera::train::text_to_byte_tokens(text));
   return prompts;
 }
 
 // Shorter than block_size, one token, and longer than it.
 const std::vector<std::string> kTexts = {"Hello", "a", "The quick brown fox"};
 
-const gpt::SamplingOptions kGreedy{.temperature = 0.0, .top_k = 0, .key = PhiloxKey{}};
-const gpt::SamplingOptions kSampled{.temperature = 1.0, .top_k = 0, .top_p = 0.9, .key = PhiloxKey{77, 3}};
+const tessera::train::SamplingOptions kGreedy{.temperature = 0.0, .top_k = 0, .key = PhiloxKey{}};
+const tessera::train::SamplingOptions kSampled{.temperature = 1.0, .top_k = 0, .top_p = 0.9, .key = PhiloxKey{77, 3}};
 
-std::vector<std::vector<uint32_t>> tokens_of(const std::vector<gpt::GeneratedSequence>& sequences) {
+std::vector<std::vector<uint32_t>> tokens_of(const std::vector<tessera::train::GeneratedSequence>& sequences) {
   std::vector<std::vector<uint32_t>> tokens;
-  for (const gpt::GeneratedSequence& sequence : sequences) tokens.push_back(sequence.tokens);
+  for (const tessera::train::GeneratedSequence& sequence : sequences) tokens.push_back(sequence.tokens);
   return tokens;
 }
 
@@ -66,12 +66,12 @@ std::vector<std::vector<uint32_t>> tokens_of(const std::vector<gpt::GeneratedSeq
 TEST_CASE("generate: the KV cache gives the cacheless tokens, for a GPT and a Llama, past block_size too") {
   for (auto* make : {&small_gpt, &small_llama}) {
     auto model = make();
-    for (const gpt::SamplingOptions& sampling : {kGreedy, kSampled}) {
+    for (const tessera::train::SamplingOptions& sampling : {kGreedy, kSampled}) {
       INFO(model->type_name() << ", temperature " << sampling.temperature);
-      gpt::GenerationOptions options{.max_new_tokens = 25, .sampling = sampling};
-      const std::vector<gpt::GeneratedSequence> cached = gpt::generate(*model, prompts_of(kTexts), options);
+      tessera::train::GenerationOptions options{.max_new_tokens = 25, .sampling = sampling};
+      const std::vector<tessera::train::GeneratedSequence> cached = tessera::train::generate(*model, prompts_of(kTexts), options);
       options.kv_cache = false;
-      const std::vector<gpt::GeneratedSequence> uncached = gpt::generate(*model, prompts_of(kTexts), options);
+      const std::vector<tessera::train::GeneratedSequence> uncached = tessera::train::generate(*model, prompts_of(kTexts), options);
       REQUIRE(cached.size() == 3);
       CHECK(tokens_of(cached) == tokens_of(uncached));
       for (size_t b = 0; b < cached.size(); ++b) {
@@ -86,22 +86,22 @@ TEST_CASE("generate: the KV cache gives the cacheless tokens, for a GPT and a Ll
 
 TEST_CASE("generate: a batch continues each prompt as it is continued alone, with its own stream") {
   auto model = small_llama();
-  const gpt::GenerationOptions options{.max_new_tokens = 15, .sampling = kSampled};
-  const std::vector<gpt::GeneratedSequence> batch = gpt::generate(*model, prompts_of(kTexts), options);
+  const tessera::train::GenerationOptions options{.max_new_tokens = 15, .sampling = kSampled};
+  const std::vector<tessera::train::GeneratedSequence> batch = tessera::train::generate(*model, prompts_of(kTexts), options);
   for (size_t b = 0; b < kTexts.size(); ++b) {
     CAPTURE(b);
-    gpt::GenerationOptions alone = options;
+    tessera::train::GenerationOptions alone = options;
     alone.sampling.key.stream += b;
-    CHECK(gpt::generate(*model, prompts_of({kTexts[b]}), alone).front().tokens == batch[b].tokens);
+    CHECK(tessera::train::generate(*model, prompts_of({kTexts[b]}), alone).front().tokens == batch[b].tokens);
   }
   // Equal prompts draw from different streams, so they part ways.
-  const std::vector<gpt::GeneratedSequence> twins = gpt::generate(*model, prompts_of({"ab", "ab"}), options);
+  const std::vector<tessera::train::GeneratedSequence> twins = tessera::train::generate(*model, prompts_of({"ab", "ab"}), options);
   CHECK(twins[0].tokens != twins[1].tokens);
   // The same seed gives the same text; another seed another.
-  CHECK(tokens_of(gpt::generate(*model, prompts_of(kTexts), options)) == tokens_of(batch));
-  gpt::GenerationOptions reseeded = options;
+  CHECK(tokens_of(tessera::train::generate(*model, prompts_of(kTexts), options)) == tokens_of(batch));
+  tessera::train::GenerationOptions reseeded = options;
   reseeded.sampling.key.seed += 1;
-  CHECK(tokens_of(gpt::generate(*model, prompts_of(kTexts), reseeded)) != tokens_of(batch));
+  CHECK(tokens_of(tessera::train::generate(*model, prompts_of(kTexts), reseeded)) != tokens_of(batch));
 }
 
 TEST_CASE("generate: a stop token ends its sequence (kept as the last token); the others go on unchanged") {
@@ -109,12 +109,12 @@ TEST_CASE("generate: a stop token ends its sequence (kept as the last token); th
     auto model = make();
     for (const bool kv_cache : {true, false}) {
       INFO(model->type_name() << (kv_cache ? ", KV cache" : ", no KV cache"));
-      gpt::GenerationOptions options{.max_new_tokens = 20, .sampling = kSampled, .kv_cache = kv_cache};
-      const std::vector<gpt::GeneratedSequence> free_running = gpt::generate(*model, prompts_of(kTexts), options);
+      tessera::train::GenerationOptions options{.max_new_tokens = 20, .sampling = kSampled, .kv_cache = kv_cache};
+      const std::vector<tessera::train::GeneratedSequence> free_running = tessera::train::generate(*model, prompts_of(kTexts), options);
       // The stop: the fourth new token of the first sequence.
       const uint32_t stop = free_running[0].tokens[static_cast<size_t>(free_running[0].prompt_length) + 3];
       options.stop_tokens = {stop};
-      const std::vector<gpt::GeneratedSequence> stopped = gpt::generate(*model, prompts_of(kTexts), options);
+      const std::vector<tessera::train::GeneratedSequence> stopped = tessera::train::generate(*model, prompts_of(kTexts), options);
       for (size_t b = 0; b < kTexts.size(); ++b) {
         CAPTURE(b);
         const std::vector<uint32_t>& full = free_running[b].tokens;
@@ -132,11 +132,11 @@ TEST_CASE("generate: a stop token ends its sequence (kept as the last token); th
 
 TEST_CASE("generate: no new tokens gives the prompts back without running the model") {
   auto model = small_gpt();
-  const std::vector<gpt::GeneratedSequence> none = gpt::generate(*model, prompts_of(kTexts), {.max_new_tokens = 0});
+  const std::vector<tessera::train::GeneratedSequence> none = tessera::train::generate(*model, prompts_of(kTexts), {.max_new_tokens = 0});
   CHECK(tokens_of(none) == prompts_of(kTexts));
   // A stop token that is already in the prompt changes nothing: only new tokens stop.
-  const std::vector<uint32_t> hello = gpt::text_to_byte_tokens("Hello");
-  const std::vector<gpt::GeneratedSequence> one =
-      gpt::generate(*model, {hello}, {.max_new_tokens = 1, .sampling = kGreedy, .stop_tokens = {'H', 'e'}});
+  const std::vector<uint32_t> hello = tessera::train::text_to_byte_tokens("Hello");
+  const std::vector<tessera::train::GeneratedSequence> one =
+      tessera::train::generate(*model, {hello}, {.max_new_tokens = 1, .sampling = kGreedy, .stop_tokens = {'H', 'e'}});
   CHECK(one[0].tokens.size() == 6);
 }

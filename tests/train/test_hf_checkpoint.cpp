@@ -62,11 +62,11 @@ Expected expected_of(const std::string& model) {
 
 // The model in `dir`, its parameters in `dtype` (f32 as stored, or widened to f64).
 std::unique_ptr<tessera::nn::CausalLM> load_whole(const std::string& dir, tessera::DType dtype = tessera::DType::f32) {
-  gpt::HfModelInfo info = gpt::read_hf_model_info(dir);
+  tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(dir);
   std::visit([&](auto& config) { config.dtype = dtype; }, info.config);
-  auto model = gpt::build_model(info.config, tessera::kCPU);
+  auto model = tessera::train::build_model(info.config, tessera::kCPU);
   model->eval();
-  gpt::load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
+  tessera::train::load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
   return model;
 }
 
@@ -154,21 +154,21 @@ TEST_CASE("hf import: the golden models' logits and greedy continuations are tra
 }
 
 TEST_CASE("hf import: the configs map to tessera's shapes") {
-  const gpt::HfModelInfo gpt2 = gpt::read_hf_model_info((kGolden / "gpt2").string());
+  const tessera::train::HfModelInfo gpt2 = tessera::train::read_hf_model_info((kGolden / "gpt2").string());
   const auto& gpt_config = std::get<tessera::nn::GPTConfig>(gpt2.config);
   CHECK(gpt_config.vocab_size == 101);
   CHECK(gpt_config.padded_vocab_size() == 101);
   CHECK(gpt_config.block_size == 32);
   CHECK(gpt_config.n_head == 4);
   CHECK(gpt_config.dropout == 0.0);
-  const gpt::HfModelInfo llama = gpt::read_hf_model_info((kGolden / "llama").string());
+  const tessera::train::HfModelInfo llama = tessera::train::read_hf_model_info((kGolden / "llama").string());
   const auto& llama_config = std::get<tessera::nn::LlamaConfig>(llama.config);
   CHECK(llama_config.n_kv_head == 2);
   CHECK(llama_config.ffn_hidden == 48);
   CHECK(llama_config.rope_theta == 500000.0);
   CHECK(llama_config.norm_eps == 1e-5);
   CHECK_FALSE(llama.tied_head);
-  CHECK(gpt::read_hf_model_info((kGolden / "llama_tied").string()).tied_head);
+  CHECK(tessera::train::read_hf_model_info((kGolden / "llama_tied").string()).tied_head);
 }
 
 TEST_CASE("hf import on 3 FSDP ranks: uneven row shards load their pieces and compute the golden logits") {
@@ -178,14 +178,14 @@ TEST_CASE("hf import on 3 FSDP ranks: uneven row shards load their pieces and co
     const Expected expected = expected_of(name);
     std::atomic<int> failures{0};
     tessera::dist::run_local(3, [&](const tessera::dist::ProcessGroupPtr& group) {
-      const gpt::HfModelInfo info = gpt::read_hf_model_info(dir);
-      auto model = gpt::build_model(info.config, tessera::kMeta);
+      const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(dir);
+      auto model = tessera::train::build_model(info.config, tessera::kMeta);
       const tessera::dist::DeviceMesh mesh(group, tessera::kCPU, {3});
       for (auto& block : model->blocks()) tessera::fsdp::fully_shard(*block, {.mesh = mesh});
       tessera::fsdp::fully_shard(*model, {.mesh = mesh});
       model->to_empty(tessera::kCPU);
       model->eval();
-      gpt::load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
+      tessera::train::load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
       tessera::autograd::NoGradGuard no_grad;
       if (!within_float32_bound((*model)(expected.idx), expected)) ++failures;
     });
@@ -199,10 +199,10 @@ TEST_CASE("hf export: the files transformers saved, and back bitwise (one file, 
     CAPTURE(name);
     const std::string golden = (kGolden / name).string();
     const auto model = load_whole(golden);
-    const gpt::HfModelInfo info = gpt::read_hf_model_info(golden);
+    const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(golden);
     const std::string out = (temp.path / name).string();
     // Small shards for the sharded golden Llama, one file otherwise.
-    gpt::export_hf(out, info.config, checkpoint::model_state(*model, ""),
+    tessera::train::export_hf(out, info.config, checkpoint::model_state(*model, ""),
                    {.max_shard_bytes = name == "llama" ? 20000 : int64_t{1} << 30, .sync = false});
     CHECK(fs::exists(fs::path(out) / "config.json"));
     CHECK(fs::exists(fs::path(out) / checkpoint::kSafetensorsIndexFile) == (name == "llama"));
@@ -231,16 +231,16 @@ TEST_CASE("hf export from 3 FSDP ranks streams through rank 0 and equals the one
   TempDir temp;
   const std::string golden = (kGolden / "llama").string();
   const std::string one_rank = (temp.path / "one").string(), three_ranks = (temp.path / "three").string();
-  const gpt::HfModelInfo info = gpt::read_hf_model_info(golden);
-  gpt::export_hf(one_rank, info.config, checkpoint::model_state(*load_whole(golden), ""), {.sync = false});
+  const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(golden);
+  tessera::train::export_hf(one_rank, info.config, checkpoint::model_state(*load_whole(golden), ""), {.sync = false});
   tessera::dist::run_local(3, [&](const tessera::dist::ProcessGroupPtr& group) {
-    auto model = gpt::build_model(info.config, tessera::kMeta);
+    auto model = tessera::train::build_model(info.config, tessera::kMeta);
     const tessera::dist::DeviceMesh mesh(group, tessera::kCPU, {3});
     for (auto& block : model->blocks()) tessera::fsdp::fully_shard(*block, {.mesh = mesh});
     tessera::fsdp::fully_shard(*model, {.mesh = mesh});
     model->to_empty(tessera::kCPU);
-    gpt::load_hf_weights(golden, info, checkpoint::model_state(*model, ""));
-    gpt::export_hf(three_ranks, info.config, checkpoint::model_state(*model, ""), {.group = group, .sync = false});
+    tessera::train::load_hf_weights(golden, info, checkpoint::model_state(*model, ""));
+    tessera::train::export_hf(three_ranks, info.config, checkpoint::model_state(*model, ""), {.group = group, .sync = false});
   });
   for (const auto& [name, shape] : stored_shapes(one_rank)) {
     CAPTURE(name);
@@ -253,12 +253,12 @@ TEST_CASE("hf export from 3 FSDP ranks streams through rank 0 and equals the one
 TEST_CASE("hf export replaces an earlier export only once complete, and leaves nothing behind on failure") {
   TempDir temp;
   const std::string golden = (kGolden / "gpt2").string();
-  const gpt::HfModelInfo info = gpt::read_hf_model_info(golden);
+  const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(golden);
   const auto model = load_whole(golden);
   const std::string out = (temp.path / "model").string();
   fs::create_directories(out);
   std::ofstream(fs::path(out) / "model-00001-of-00009.safetensors") << "stale";
-  gpt::export_hf(out, info.config, checkpoint::model_state(*model, ""), {.sync = false});
+  tessera::train::export_hf(out, info.config, checkpoint::model_state(*model, ""), {.sync = false});
   CHECK_FALSE(fs::exists(fs::path(out) / "model-00001-of-00009.safetensors"));
   CHECK(fs::exists(fs::path(out) / checkpoint::kSingleSafetensorsFile));
 
@@ -266,7 +266,7 @@ TEST_CASE("hf export replaces an earlier export only once complete, and leaves n
   checkpoint::DistributedStateDict state = checkpoint::model_state(*model, "");
   state["extra.weight"] = ops::zeros({2, 2});
   const std::string failed = (temp.path / "failed").string();
-  CHECK(error_of([&] { gpt::export_hf(failed, info.config, state, {.sync = false}); })
+  CHECK(error_of([&] { tessera::train::export_hf(failed, info.config, state, {.sync = false}); })
             .find("no Hugging Face name for the parameter 'extra.weight'") != std::string::npos);
   CHECK_FALSE(fs::exists(failed));
   CHECK_FALSE(fs::exists(failed + ".tmp"));
@@ -306,26 +306,26 @@ TEST_CASE("hf import refuses what it cannot map, naming the key or tensor") {
   // One layer more: the missing tensors are named.
   CHECK(refusal("llama_tied", [](auto& c) { c["num_hidden_layers"] = 3; })
             .find("missing: model.layers.2.") != std::string::npos);
-  CHECK(error_of([&] { gpt::read_hf_model_info((temp.path / "absent").string()); }).find("config.json") !=
+  CHECK(error_of([&] { tessera::train::read_hf_model_info((temp.path / "absent").string()); }).find("config.json") !=
         std::string::npos);
 }
 
 TEST_CASE("hf tensor map: rotary rows round-trip, and a shard's rows come from whole heads") {
   const tessera::nn::LlamaConfig config = tessera::nn::LlamaConfig::preset("llama-nano");  // 2 heads of 8
-  const gpt::HfTensor wq = gpt::hf_tensor_for(config, "layers.0.attention.wq.weight", {16, 16});
-  REQUIRE(wq.layout == gpt::HfLayout::rotary_halves);
+  const tessera::train::HfTensor wq = tessera::train::hf_tensor_for(config, "layers.0.attention.wq.weight", {16, 16});
+  REQUIRE(wq.layout == tessera::train::HfLayout::rotary_halves);
   const Tensor tessera_rows = ops::reshape(ops::arange(0, 256, 1), {16, 16});
-  const Tensor hf_rows = gpt::to_hf_layout(wq, tessera_rows);
+  const Tensor hf_rows = tessera::train::to_hf_layout(wq, tessera_rows);
   // HF row h*D + j*D/2 + i holds tessera's row h*D + 2i + j.
   CHECK(ops::select(hf_rows, 0, 8 + 4 + 1).to_vector<float>() ==
         ops::select(tessera_rows, 0, 8 + 3).to_vector<float>());
   // Rows 5..11 (across both heads) read from HF's layout.
   Tensor piece = ops::zeros({7, 16});
-  gpt::read_in_tessera_layout(wq, piece, {5, 0}, [&](const Tensor& box, const tessera::Shape& offsets) {
+  tessera::train::read_in_tessera_layout(wq, piece, {5, 0}, [&](const Tensor& box, const tessera::Shape& offsets) {
     Tensor target = box;
     ops::copy_(target, ops::narrow(hf_rows, 0, offsets[0], box.size(0)));
   });
   CHECK(same_bits(piece, ops::narrow(tessera_rows, 0, 5, 7)));
-  CHECK(error_of([&] { gpt::hf_tensor_for(config, "layers.0.attention.bogus.weight", {16, 16}); })
+  CHECK(error_of([&] { tessera::train::hf_tensor_for(config, "layers.0.attention.bogus.weight", {16, 16}); })
             .find("no Hugging Face name for the parameter 'layers.0.attention.bogus.weight'") != std::string::npos);
 }

@@ -17,6 +17,7 @@
 
 using namespace tessera;
 using namespace tessera::checkpoint;
+using namespace tessera::train;
 using tessera::checkpoint::testing::TempDir;
 
 namespace {

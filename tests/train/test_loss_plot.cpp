@@ -17,7 +17,7 @@
 #include "train/train_config.h"
 #include "train/training_run.h"
 
-using gpt::TrainConfig;
+using tessera::train::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
 
 namespace {
@@ -62,9 +62,9 @@ TrainConfig short_run(const TempDir& dir) {
 }  // namespace
 
 TEST_CASE("loss chart: train loss per step, validation at its steps, the unigram entropy as a flat line") {
-  const gpt::LossHistory history{.first_step = 11, .losses = {5.5, 4.25, 3.125}, .val_losses = {{12, 4.5}, {13, 3.5}},
+  const tessera::train::LossHistory history{.first_step = 11, .losses = {5.5, 4.25, 3.125}, .val_losses = {{12, 4.5}, {13, 3.5}},
                                  .unigram_entropy = 3.3};
-  const charts::LineChart chart = gpt::loss_chart(history, "title");
+  const charts::LineChart chart = tessera::train::loss_chart(history, "title");
   REQUIRE(chart.series.size() == 3);
   CHECK(chart.series[0].label == "train loss");
   CHECK(chart.series[0].x == std::vector<double>{11, 12, 13});
@@ -77,15 +77,15 @@ TEST_CASE("loss chart: train loss per step, validation at its steps, the unigram
   CHECK(chart.series[2].x == std::vector<double>{11, 13});
   CHECK(chart.series[2].y == std::vector<double>{3.3, 3.3});
 
-  const gpt::LossHistory no_evaluation{.first_step = 1, .losses = {2.0, 1.0}, .val_losses = {}, .unigram_entropy = 3};
-  CHECK(gpt::loss_chart(no_evaluation, "t").series.size() == 2);  // no validation series
+  const tessera::train::LossHistory no_evaluation{.first_step = 1, .losses = {2.0, 1.0}, .val_losses = {}, .unigram_entropy = 3};
+  CHECK(tessera::train::loss_chart(no_evaluation, "t").series.size() == 2);  // no validation series
 }
 
 TEST_CASE("train --loss-plot draws the run's losses, names the file last, and refuses to replace it") {
   TempDir dir;
   const TrainConfig config = short_run(dir);
   std::ostringstream out;
-  const gpt::TrainSummary summary = gpt::train(config, out);
+  const tessera::train::TrainSummary summary = tessera::train::train(config, out);
   INFO("log:\n" << out.str());
   REQUIRE(summary.losses.size() == 12);
 
@@ -128,31 +128,31 @@ TEST_CASE("train --loss-plot draws the run's losses, names the file last, and re
   // A second launch must not replace it silently; with --overwrite it may.
   TrainConfig again = config;
   again.log_json.clear();
-  CHECK_THROWS_WITH_AS(gpt::settle_loss_plot(again), doctest::Contains("already exists"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::settle_loss_plot(again), doctest::Contains("already exists"), tessera::Error);
   again.overwrite = true;
-  CHECK(gpt::settle_loss_plot(again) == config.loss_plot);
+  CHECK(tessera::train::settle_loss_plot(again) == config.loss_plot);
 }
 
 TEST_CASE("--loss-plot is checked before the start like the run's other outputs") {
   TempDir dir;
   TrainConfig config = short_run(dir);
-  CHECK(gpt::settle_loss_plot(config) == config.loss_plot);
+  CHECK(tessera::train::settle_loss_plot(config) == config.loss_plot);
   config.loss_plot = "";
-  CHECK(gpt::settle_loss_plot(config).empty());
+  CHECK(tessera::train::settle_loss_plot(config).empty());
 
   config.loss_plot = config.log_json;
-  CHECK_THROWS_WITH_AS(gpt::settle_loss_plot(config), doctest::Contains("--log-json"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::settle_loss_plot(config), doctest::Contains("--log-json"), tessera::Error);
   config.loss_plot = dir / "absent-dir/loss.svg";
-  CHECK_THROWS_WITH_AS(gpt::settle_loss_plot(config), doctest::Contains("does not exist"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::settle_loss_plot(config), doctest::Contains("does not exist"), tessera::Error);
   config.loss_plot = "/dev/null";
-  CHECK_THROWS_WITH_AS(gpt::settle_loss_plot(config), doctest::Contains("a device, FIFO or socket"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::settle_loss_plot(config), doctest::Contains("a device, FIFO or socket"), tessera::Error);
 
   // A --resume draws beside the plot of the launch it continues.
   config.loss_plot = dir / "loss.svg";
   std::ofstream(config.loss_plot) << "<svg/>";
   config.ckpt_dir = dir / "ckpt";
   config.resume = true;
-  CHECK(gpt::settle_loss_plot(config) == dir / "loss.from-step-1.svg");
+  CHECK(tessera::train::settle_loss_plot(config) == dir / "loss.from-step-1.svg");
 
   // --plan trains nothing, so it draws nothing.
   TrainConfig plan;

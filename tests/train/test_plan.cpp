@@ -26,7 +26,7 @@
 #include "train/trainer.h"
 #include "train/training_run.h"
 
-using gpt::TrainConfig;
+using tessera::train::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
 namespace fsdp = tessera::fsdp;
 using tessera::fsdp::testing::table_row;
@@ -37,7 +37,7 @@ std::optional<int> parse(std::vector<const char*> args, TrainConfig& config, std
   args.insert(args.begin(), "train");
   std::ostringstream out, errors;
   const std::optional<int> exit_code =
-      gpt::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, errors);
+      tessera::train::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, errors);
   err = errors.str();
   return exit_code;
 }
@@ -47,7 +47,7 @@ TrainConfig small_run() {
   TrainConfig config;
   config.model = tessera::nn::GPTConfig::preset("tiny");
   config.model.vocab_size = 97;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seq_len = 16;
   config.batch = 2;
   config.steps = 3;
@@ -56,11 +56,11 @@ TrainConfig small_run() {
   return config;
 }
 
-TrainConfig preset_run(gpt::ModelFamily family, const std::string& preset, int nproc) {
+TrainConfig preset_run(tessera::train::ModelFamily family, const std::string& preset, int nproc) {
   TrainConfig config;
   config.preset = preset;
-  const gpt::ModelConfig model = gpt::preset_config(family, preset);
-  if (family == gpt::ModelFamily::llama) {
+  const tessera::train::ModelConfig model = tessera::train::preset_config(family, preset);
+  if (family == tessera::train::ModelFamily::llama) {
     config.llama = std::get<tessera::nn::LlamaConfig>(model);
   } else {
     config.model = std::get<tessera::nn::GPTConfig>(model);
@@ -111,7 +111,7 @@ TEST_CASE("train --plan: --sweep belongs to --plan, --sweep-out is .json or .csv
     TrainConfig refused_config;
     const std::optional<int> exit_code = parse(args, refused_config, err);
     REQUIRE(exit_code.has_value());
-    CHECK(*exit_code == gpt::kUsageExitCode);
+    CHECK(*exit_code == tessera::train::kUsageExitCode);
     CHECK(err.find(message) != std::string::npos);
   }
 }
@@ -146,11 +146,11 @@ TEST_CASE("train --plan of a small run is what its Trainer's FSDP model holds, s
 
   for (const Case& c : cases) {
     CAPTURE(c.name);
-    const std::unique_ptr<tessera::nn::CausalLM> meta = gpt::build_model(c.config.model_config(), tessera::kMeta);
-    const fsdp::ShardingPlan plan = gpt::plan_run(c.config, *meta, fsdp::plan_mesh(c.config.nproc, c.config.hsdp));
+    const std::unique_ptr<tessera::nn::CausalLM> meta = tessera::train::build_model(c.config.model_config(), tessera::kMeta);
+    const fsdp::ShardingPlan plan = tessera::train::plan_run(c.config, *meta, fsdp::plan_mesh(c.config.nproc, c.config.hsdp));
     const fsdp::StepCommVolume comm = fsdp::comm_per_step(plan, c.config.grad_accum);
-    gpt::init_distributed(c.config, [&](const gpt::Distributed& distributed) {
-      gpt::Trainer trainer(c.config, gpt::build_data(c.config), distributed);
+    tessera::train::init_distributed(c.config, [&](const tessera::train::Distributed& distributed) {
+      tessera::train::Trainer trainer(c.config, tessera::train::build_data(c.config), distributed);
       const fsdp::StepCommVolume live = fsdp::expected_comm_per_step(trainer.model(), c.config.grad_accum);
       const fsdp::ShardingPlan live_plan = fsdp::plan_of(trainer.model());
       for (int step = 0; step < 2; ++step) trainer.train_step();
@@ -180,7 +180,7 @@ TEST_CASE("train --plan of a small run is what its Trainer's FSDP model holds, s
       }
       CHECK(shards == plan.shard_bytes);
       CHECK(gradients == plan.gradient_bytes);
-      CHECK(adam == gpt::kAdamWState.copies * plan.gradient_bytes);
+      CHECK(adam == tessera::train::kAdamWState.copies * plan.gradient_bytes);
       CHECK(tessera::fsdp::fsdp_module(trainer.model())->unsharded_memory().peak_bytes == plan.peak.bytes);
     });
   }
@@ -188,22 +188,22 @@ TEST_CASE("train --plan of a small run is what its Trainer's FSDP model holds, s
 
 TEST_CASE("train --plan prints GPT-2 XL and Llama 3 8B over 1,024 ranks in full, starting no rank") {
   struct Case {
-    gpt::ModelFamily family;
+    tessera::train::ModelFamily family;
     const char* preset;
     const char* header;
     const char* totals;
   };
   for (const Case& c :
-       {Case{gpt::ModelFamily::gpt, "gpt2-1558m", "FSDP sharding plan of GPT over 1024 ranks, mesh (shard=1024)",
+       {Case{tessera::train::ModelFamily::gpt, "gpt2-1558m", "FSDP sharding plan of GPT over 1024 ranks, mesh (shard=1024)",
              "  parameters            1557686400 (1557.686 M) in 580 tensors, 49 FSDP modules\n"},
-        Case{gpt::ModelFamily::llama, "llama3-8b", "FSDP sharding plan of Llama over 1024 ranks, mesh (shard=1024)",
+        Case{tessera::train::ModelFamily::llama, "llama3-8b", "FSDP sharding plan of Llama over 1024 ranks, mesh (shard=1024)",
              "  parameters            8030261248 (8030.261 M) in 291 tensors, 33 FSDP modules\n"}}) {
     const std::string preset = c.preset;
     CAPTURE(preset);
     const TrainConfig config = preset_run(c.family, preset, 1024);
     std::ostringstream out;
     const auto start = std::chrono::steady_clock::now();
-    gpt::train(config, out);  // 1024 local ranks would be refused: the plan starts none
+    tessera::train::train(config, out);  // 1024 local ranks would be refused: the plan starts none
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     MESSAGE(preset << " over 1024 ranks planned in " << seconds << " s");
     const std::string plan = out.str();
@@ -212,7 +212,7 @@ TEST_CASE("train --plan prints GPT-2 XL and Llama 3 8B over 1,024 ranks in full,
     CHECK(plan.find("  unsharded peak        ") != std::string::npos);
     CHECK(plan.find("the copy-out of (root) in forward") != std::string::npos);
     // Every parameter has its row: ceil(rows / 1024) rows on every rank.
-    const std::unique_ptr<tessera::nn::CausalLM> model = gpt::build_model(config.model_config(), tessera::kMeta);
+    const std::unique_ptr<tessera::nn::CausalLM> model = tessera::train::build_model(config.model_config(), tessera::kMeta);
     for (const auto& [name, parameter] : model->named_parameters()) {
       const tessera::Shape& shape = parameter->global_shape();
       const int64_t rows = ceil_div(shape[0], 1024);
@@ -223,7 +223,7 @@ TEST_CASE("train --plan prints GPT-2 XL and Llama 3 8B over 1,024 ranks in full,
   }
   // Llama 3 8B on 8 ranks: every row count divides, so the shards are an eighth of the model.
   std::ostringstream out;
-  gpt::print_plan(preset_run(gpt::ModelFamily::llama, "llama3-8b", 8), out);
+  tessera::train::print_plan(preset_run(tessera::train::ModelFamily::llama, "llama3-8b", 8), out);
   const std::string plan = out.str();
   CHECK(plan.find("  parameter shards      4015130624 B (3.7 GiB); padding 0 B across the 8 shard ranks\n") !=
         std::string::npos);
@@ -239,20 +239,20 @@ TEST_CASE("train --plan --sweep: the table, JSON, CSV and SVG carry each mesh's 
   config.sweep_out = dir / "sweep.json";
   config.sweep_svg = dir / "sweep.svg";
   std::ostringstream out;
-  gpt::train(config, out);
+  tessera::train::train(config, out);
   const std::string text = out.str();
   CHECK(text.find("sweep: per-rank memory and bytes per step of tiny over 1 to 1024 ranks") != std::string::npos);
 
   const nlohmann::json sweep = nlohmann::json::parse(read_file(config.sweep_out));
   const auto& points = sweep.at("points");
   REQUIRE(points.size() == 11 + 10 + 8);  // FSDP 1..1024; HSDP 2 x 1..512 and 8 x 1..128
-  CHECK(sweep.at("model").at("parameters") == gpt::num_parameters(config.model_config()));
-  const std::unique_ptr<tessera::nn::CausalLM> model = gpt::build_model(config.model_config(), tessera::kMeta);
+  CHECK(sweep.at("model").at("parameters") == tessera::train::num_parameters(config.model_config()));
+  const std::unique_ptr<tessera::nn::CausalLM> model = tessera::train::build_model(config.model_config(), tessera::kMeta);
   for (const auto& point : points) {
     const fsdp::PlanMesh mesh = fsdp::plan_mesh(point.at("ranks"), point.at("replicate"));
     CAPTURE(mesh.to_string());
     CHECK(point.at("shard") == mesh.shard);
-    const fsdp::ShardingPlan plan = gpt::plan_run(config, *model, mesh);
+    const fsdp::ShardingPlan plan = tessera::train::plan_run(config, *model, mesh);
     CHECK(point.at("parameter_shard_bytes") == plan.shard_bytes);
     CHECK(point.at("gradient_shard_bytes") == plan.gradient_bytes);
     CHECK(point.at("optimizer_state_bytes") == 2 * plan.gradient_bytes);
@@ -272,13 +272,13 @@ TEST_CASE("train --plan --sweep: the table, JSON, CSV and SVG carry each mesh's 
 
   // Earlier outputs are kept unless --overwrite; one file for both is refused.
   const std::string refusal = "--sweep-out " + config.sweep_out + " already exists";
-  CHECK_THROWS_WITH_AS(gpt::train(config, out), doctest::Contains(refusal.c_str()), gpt::UsageError);
+  CHECK_THROWS_WITH_AS(tessera::train::train(config, out), doctest::Contains(refusal.c_str()), tessera::train::UsageError);
   config.overwrite = true;
   config.sweep_out = dir / "sweep.csv";
   config.nproc = 4;  // the run's own mesh must take N = 4 too
   config.reshard_after_forward = fsdp::ReshardAfterForward::to_group_of(4);
   std::ostringstream again;
-  gpt::train(config, again);
+  tessera::train::train(config, again);
   CHECK(again.str().find("skipped FSDP (shard=2): --reshard-after-forward 4 must divide its shard group of 2") !=
         std::string::npos);
   std::istringstream csv(read_file(config.sweep_out));
@@ -289,5 +289,5 @@ TEST_CASE("train --plan --sweep: the table, JSON, CSV and SVG carry each mesh's 
   CHECK(lines.front().rfind("series,ranks,replicate,shard,parameter_shard_bytes,", 0) == 0);
   CHECK(lines[1].rfind("FSDP,4,1,4,", 0) == 0);
   config.sweep_svg = config.sweep_out;
-  CHECK_THROWS_WITH_AS(gpt::train(config, again), doctest::Contains("--sweep-svg"), gpt::UsageError);
+  CHECK_THROWS_WITH_AS(tessera::train::train(config, again), doctest::Contains("--sweep-svg"), tessera::train::UsageError);
 }

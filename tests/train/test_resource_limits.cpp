@@ -25,8 +25,8 @@
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
-using gpt::MachineResources;
-using gpt::TrainConfig;
+using tessera::train::MachineResources;
+using tessera::train::TrainConfig;
 
 namespace {
 
@@ -39,7 +39,7 @@ MachineResources small_machine() { return {.cores = 2, .available_memory_bytes =
 TrainConfig tiny_run() {
   TrainConfig config;
   config.model = tessera::nn::GPTConfig::preset("tiny");
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seq_len = 64;
   config.batch = 8;
   config.steps = 3;
@@ -63,8 +63,8 @@ TrainConfig wide_run() {
 // the first holds AdamW's moments), as train_step reports it.
 int64_t measured_peak(const TrainConfig& config) {
   std::vector<int64_t> peaks(static_cast<size_t>(config.nproc), 0);
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     int64_t peak = 0;
     for (int64_t step = 0; step < config.steps; ++step) peak = std::max(peak, trainer.train_step().peak_mem_bytes);
     peaks[static_cast<size_t>(distributed.rank())] = peak;
@@ -73,7 +73,7 @@ int64_t measured_peak(const TrainConfig& config) {
 }
 
 std::vector<std::string> check(const TrainConfig& config, const MachineResources& machine = small_machine()) {
-  return gpt::check_train_resources(config, machine, tessera::dist::LaunchInfo{});
+  return tessera::train::check_train_resources(config, machine, tessera::dist::LaunchInfo{});
 }
 
 bool any_contains(const std::vector<std::string>& lines, const std::string& text) {
@@ -86,13 +86,13 @@ bool any_contains(const std::vector<std::string>& lines, const std::string& text
 TEST_CASE("MemAvailable is read from /proc/meminfo's text; anything else is unknown") {
   const std::string meminfo = "MemTotal:       24684084 kB\nMemFree:        24434228 kB\n"
                               "MemAvailable:   24365228 kB\nBuffers:            3320 kB\n";
-  CHECK(gpt::parse_mem_available(meminfo) == int64_t{24365228} * 1024);
-  CHECK_FALSE(gpt::parse_mem_available("MemTotal: 100 kB\n").has_value());
-  CHECK_FALSE(gpt::parse_mem_available("MemAvailable: lots kB\n").has_value());
-  CHECK_FALSE(gpt::parse_mem_available("MemAvailable: 100 MB\n").has_value());
-  CHECK_FALSE(gpt::parse_mem_available("MemAvailable: 99999999999999999999 kB\n").has_value());
+  CHECK(tessera::train::parse_mem_available(meminfo) == int64_t{24365228} * 1024);
+  CHECK_FALSE(tessera::train::parse_mem_available("MemTotal: 100 kB\n").has_value());
+  CHECK_FALSE(tessera::train::parse_mem_available("MemAvailable: lots kB\n").has_value());
+  CHECK_FALSE(tessera::train::parse_mem_available("MemAvailable: 100 MB\n").has_value());
+  CHECK_FALSE(tessera::train::parse_mem_available("MemAvailable: 99999999999999999999 kB\n").has_value());
 
-  const MachineResources machine = gpt::machine_resources();
+  const MachineResources machine = tessera::train::machine_resources();
   CHECK(machine.cores >= 1);
   REQUIRE(machine.available_memory_bytes.has_value());  // Linux: /proc/meminfo, else sysconf
   CHECK(*machine.available_memory_bytes > 0);
@@ -106,16 +106,16 @@ TEST_CASE("the sharded state is 4 copies of the parameters (shard, gradient, Ada
     TrainConfig config = tiny_run();
     config.model.bias = bias;
     const int64_t parameters = config.model.num_parameters();
-    CHECK(gpt::estimate_rank_memory(config).sharded_state == 4 * 4 * parameters);
+    CHECK(tessera::train::estimate_rank_memory(config).sharded_state == 4 * 4 * parameters);
     config.param_dtype = tessera::DType::bf16;  // the shards stay in the model's dtype
-    CHECK(gpt::estimate_rank_memory(config).sharded_state == 4 * 4 * parameters);
+    CHECK(tessera::train::estimate_rank_memory(config).sharded_state == 4 * 4 * parameters);
     config.nproc = 2;  // every row count of tiny is even: exactly half
-    CHECK(gpt::estimate_rank_memory(config).sharded_state == 4 * 4 * parameters / 2);
+    CHECK(tessera::train::estimate_rank_memory(config).sharded_state == 4 * 4 * parameters / 2);
     // 3 ranks: each parameter's rows rounded up to a multiple of 3, at most
     // one padding row for each of the (at most) 28 parameters, whose rows
     // hold at most 256 elements (mlp.proj's).
     config.nproc = 3;
-    const int64_t sharded = gpt::estimate_rank_memory(config).sharded_state;
+    const int64_t sharded = tessera::train::estimate_rank_memory(config).sharded_state;
     CHECK(sharded > 4 * 4 * parameters / 3);
     CHECK(sharded <= 4 * 4 * (parameters / 3 + 1 + 28 * 256));
   }
@@ -132,7 +132,7 @@ struct PeakCase {
 // Each case's measured peak is 0.7 to 1.05 of its per-rank estimate.
 void check_estimate_holds(const std::vector<PeakCase>& cases) {
   for (const PeakCase& c : cases) {
-    const gpt::RankMemoryEstimate estimate = gpt::estimate_rank_memory(c.config);
+    const tessera::train::RankMemoryEstimate estimate = tessera::train::estimate_rank_memory(c.config);
     const int64_t peak = measured_peak(c.config);
     const double ratio = static_cast<double>(peak) / static_cast<double>(estimate.per_rank());
     INFO(std::string(c.name) << ": measured peak " << peak << " B, estimate " << estimate.per_rank() << " B (state "
@@ -188,20 +188,20 @@ TEST_CASE("the per-rank estimate holds to the measured peak of real steps") {
 
 TEST_CASE("the token data is counted once per process, and the loader's copies share it") {
   TrainConfig config = tiny_run();
-  CHECK(gpt::estimate_rank_memory(config).shared_data == 0);  // synthetic
+  CHECK(tessera::train::estimate_rank_memory(config).shared_data == 0);  // synthetic
 
   const tessera::checkpoint::testing::TempDir dir;
   const fs::path text = dir.path / "text.txt";
   std::ofstream(text, std::ios::binary) << std::string(5000, 'a');
   config.data = text.string();
-  const gpt::RankMemoryEstimate estimate = gpt::estimate_rank_memory(config);
+  const tessera::train::RankMemoryEstimate estimate = tessera::train::estimate_rank_memory(config);
   CHECK(estimate.shared_data == 2 * 5000);  // uint16 tokens
   CHECK(estimate.on_machine(4) == 4 * estimate.per_rank() + 2 * 5000);
   // Under mpi every rank is a process that loads its own copy.
   config.backend = "mpi";
-  const gpt::RankMemoryEstimate per_process = gpt::estimate_rank_memory(config);
+  const tessera::train::RankMemoryEstimate per_process = tessera::train::estimate_rank_memory(config);
   CHECK(per_process.on_machine(4) == 4 * (per_process.per_rank() + 2 * 5000));
-  CHECK(gpt::describe_memory(per_process, 4, small_machine()).find("4 x 9.8 KiB of token data (a copy per process)") !=
+  CHECK(tessera::train::describe_memory(per_process, 4, small_machine()).find("4 x 9.8 KiB of token data (a copy per process)") !=
         std::string::npos);
   config.backend = "local";
 
@@ -209,26 +209,26 @@ TEST_CASE("the token data is counted once per process, and the loader's copies s
   const fs::path tokens = dir.path / "tokens.bin";
   {
     std::vector<int32_t> header(256, 0);
-    header[0] = gpt::kLlmcMagic;
-    header[1] = gpt::kLlmcVersion;
+    header[0] = tessera::train::kLlmcMagic;
+    header[1] = tessera::train::kLlmcVersion;
     header[2] = 3000;
     std::ofstream file(tokens, std::ios::binary);
     file.write(reinterpret_cast<const char*>(header.data()), 1024);
     const std::vector<uint16_t> body(3000, 7);
     file.write(reinterpret_cast<const char*>(body.data()), 6000);
   }
-  CHECK(gpt::token_size_of_file(tokens).tokens == 3000);
-  CHECK(gpt::token_size_of_file(tokens).bytes == 6000);
+  CHECK(tessera::train::token_size_of_file(tokens).tokens == 3000);
+  CHECK(tessera::train::token_size_of_file(tokens).bytes == 6000);
   config.data = tokens.string();
-  CHECK(gpt::estimate_rank_memory(config).shared_data == 6000);
-  CHECK(gpt::token_size_of_file(dir.path / "missing").tokens == 0);
+  CHECK(tessera::train::estimate_rank_memory(config).shared_data == 6000);
+  CHECK(tessera::train::token_size_of_file(dir.path / "missing").tokens == 0);
 
   config.data.clear();  // the default corpus: what load_default_corpus holds
-  const gpt::TokenData corpus = gpt::load_default_corpus();
-  CHECK(gpt::estimate_rank_memory(config).shared_data == 2 * corpus.tokens.size());
+  const tessera::train::TokenData corpus = tessera::train::load_default_corpus();
+  CHECK(tessera::train::estimate_rank_memory(config).shared_data == 2 * corpus.tokens.size());
 
-  const gpt::DataLoader loader(corpus, {.batch = 2, .seq_len = 16, .seed = 3});
-  const gpt::DataLoader copy = loader;  // what each local rank's Trainer holds
+  const tessera::train::DataLoader loader(corpus, {.batch = 2, .seq_len = 16, .seed = 3});
+  const tessera::train::DataLoader copy = loader;  // what each local rank's Trainer holds
   CHECK(copy.token_data() == loader.token_data());
   CHECK(copy.token_data()->tokens.size() == corpus.tokens.size());
   CHECK(copy.train_batch(5).inputs.to_vector<int64_t>() == loader.train_batch(5).inputs.to_vector<int64_t>());
@@ -253,8 +253,8 @@ TEST_CASE("ranks: more than the cores warn; more than 256 local ranks are refuse
   config.nproc = 1000;
   const tessera::dist::LaunchInfo launch{.launcher = tessera::dist::Launcher::mpirun, .rank = 0, .world_size = 1000,
                                          .local_rank = 0, .local_world_size = 4};
-  CHECK(gpt::ranks_on_machine(config, launch) == 4);
-  const std::vector<std::string> mpi_warnings = gpt::check_train_resources(config, small_machine(), launch);
+  CHECK(tessera::train::ranks_on_machine(config, launch) == 4);
+  const std::vector<std::string> mpi_warnings = tessera::train::check_train_resources(config, small_machine(), launch);
   REQUIRE(mpi_warnings.size() == 1);
   CHECK(mpi_warnings[0].find("the launcher's 4 ranks on this machine: 4 ranks share 2 cores") != std::string::npos);
 }
@@ -262,7 +262,7 @@ TEST_CASE("ranks: more than the cores warn; more than 256 local ranks are refuse
 TEST_CASE("memory: above the available memory is refused, above 80% warned about") {
   TrainConfig config = tiny_run();
   config.nproc = 2;
-  const int64_t needed = gpt::estimate_rank_memory(config).on_machine(2);
+  const int64_t needed = tessera::train::estimate_rank_memory(config).on_machine(2);
   auto machine_with = [](double bytes) {
     return MachineResources{.cores = 8, .available_memory_bytes = static_cast<int64_t>(bytes), .memory_source = "test"};
   };
@@ -282,14 +282,14 @@ TEST_CASE("memory: above the available memory is refused, above 80% warned about
   large.model = tessera::nn::GPTConfig::preset("gpt2-124m");
   large.batch = 64;
   large.seq_len = 1024;
-  CHECK(gpt::estimate_rank_memory(large).activations > 30 * kGiB);
+  CHECK(tessera::train::estimate_rank_memory(large).activations > 30 * kGiB);
   CHECK_THROWS_WITH_AS(check(large), doctest::Contains("(--batch 64, --seq-len 1024, the model)"), tessera::Error);
   CHECK_THROWS_WITH_AS(check(large), doctest::Contains("but this machine has 1.0 GiB available (test)"),
                        tessera::Error);
 
   // The largest flags saturate instead of overflowing into a small figure.
-  large.batch = gpt::kMaxBatch;
-  CHECK(gpt::estimate_rank_memory(large).on_machine(1 << 30) == std::numeric_limits<int64_t>::max());
+  large.batch = tessera::train::kMaxBatch;
+  CHECK(tessera::train::estimate_rank_memory(large).on_machine(1 << 30) == std::numeric_limits<int64_t>::max());
   CHECK_THROWS_AS(check(large), tessera::Error);
 
   const MachineResources unknown{.cores = 2, .available_memory_bytes = std::nullopt, .memory_source = "unknown"};
@@ -333,8 +333,8 @@ TEST_CASE("threads: --threads T x ranks above the cores warns, above 4x is refus
 TEST_CASE("the banner line names the parts, the ranks and the available memory") {
   TrainConfig config = tiny_run();
   config.nproc = 4;
-  const gpt::RankMemoryEstimate estimate = gpt::estimate_rank_memory(config);
-  const std::string line = gpt::describe_memory(estimate, 4, small_machine());
+  const tessera::train::RankMemoryEstimate estimate = tessera::train::estimate_rank_memory(config);
+  const std::string line = tessera::train::describe_memory(estimate, 4, small_machine());
   CHECK(line.find("per rank (shards") != std::string::npos);
   CHECK(line.find("x 4 ranks") != std::string::npos);
   CHECK(line.find("of 1.0 GiB available (test)") != std::string::npos);
@@ -342,26 +342,26 @@ TEST_CASE("the banner line names the parts, the ranks and the available memory")
 
 TEST_CASE("generation length: the buffers must fit half the available memory") {
   const MachineResources machine = small_machine();
-  const int64_t allowed = gpt::max_new_tokens_allowed(10, machine);
+  const int64_t allowed = tessera::train::max_new_tokens_allowed(10, machine);
   CHECK(allowed == kGiB / 2 / 8 - 10);
-  CHECK_NOTHROW(gpt::check_generation_length(10, allowed, machine));
+  CHECK_NOTHROW(tessera::train::check_generation_length(10, allowed, machine));
   const std::string limit = fmt::format("this machine allows at most --max-new-tokens {}", allowed);
-  CHECK_THROWS_WITH_AS(gpt::check_generation_length(10, allowed + 1, machine), doctest::Contains(limit.c_str()),
+  CHECK_THROWS_WITH_AS(tessera::train::check_generation_length(10, allowed + 1, machine), doctest::Contains(limit.c_str()),
                        tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::check_generation_length(1, 99999999999, machine),
+  CHECK_THROWS_WITH_AS(tessera::train::check_generation_length(1, 99999999999, machine),
                        doctest::Contains("--max-new-tokens 99999999999: the tokens and their printed text need about "
                                          "745.1 GiB (8 bytes a token)"),
                        tessera::Error);
-  CHECK(gpt::max_new_tokens_allowed(kGiB, machine) == 0);  // a prompt that alone exceeds the budget
+  CHECK(tessera::train::max_new_tokens_allowed(kGiB, machine) == 0);  // a prompt that alone exceeds the budget
   // A batch: each of the prompts gets that many tokens.
-  const int64_t per_prompt = gpt::max_new_tokens_allowed(30, machine, 3);
+  const int64_t per_prompt = tessera::train::max_new_tokens_allowed(30, machine, 3);
   CHECK(per_prompt == (kGiB / 2 / 8 - 30) / 3);
-  CHECK_NOTHROW(gpt::check_generation_length(30, per_prompt, machine, 3));
-  CHECK_THROWS_WITH_AS(gpt::check_generation_length(30, per_prompt + 1, machine, 3),
+  CHECK_NOTHROW(tessera::train::check_generation_length(30, per_prompt, machine, 3));
+  CHECK_THROWS_WITH_AS(tessera::train::check_generation_length(30, per_prompt + 1, machine, 3),
                        doctest::Contains("(8 bytes a token, 3 sequences)"), tessera::Error);
 
   const MachineResources unknown{.cores = 2, .available_memory_bytes = std::nullopt, .memory_source = "unknown"};
-  CHECK_NOTHROW(gpt::check_generation_length(1, 99999999999, unknown));
+  CHECK_NOTHROW(tessera::train::check_generation_length(1, 99999999999, unknown));
 }
 
 // ---- Llama --------------------------------------------------------------------------------------
@@ -385,8 +385,8 @@ struct MetaModel {
   int64_t elements = 0, padded_shard_bytes = 0, shard_bytes = 0, buffer_bytes = 0;
 };
 
-MetaModel meta_model(const TrainConfig& config, const gpt::Distributed& distributed) {
-  const std::unique_ptr<tessera::nn::CausalLM> model = gpt::shard_model_meta(config, distributed);
+MetaModel meta_model(const TrainConfig& config, const tessera::train::Distributed& distributed) {
+  const std::unique_ptr<tessera::nn::CausalLM> model = tessera::train::shard_model_meta(config, distributed);
   MetaModel meta;
   for (const auto& [name, parameter] : model->named_parameters()) {
     CAPTURE(name);
@@ -409,7 +409,7 @@ MetaModel meta_model(const TrainConfig& config, const gpt::Distributed& distribu
 TEST_CASE("llama: the estimate's parameters, shards and buffers are what the model built on meta and sharded holds") {
   // 1 rank: no padding, so the shards are 4 copies of LlamaConfig's count.
   TrainConfig one = llama_run();
-  CHECK(gpt::estimate_rank_memory(one).sharded_state == 4 * 4 * LlamaConfig::preset("llama-tiny").num_parameters());
+  CHECK(tessera::train::estimate_rank_memory(one).sharded_state == 4 * 4 * LlamaConfig::preset("llama-tiny").num_parameters());
 
   struct Case {
     const char* name;
@@ -431,9 +431,9 @@ TEST_CASE("llama: the estimate's parameters, shards and buffers are what the mod
   for (const Case& c : {Case{"llama-tiny, vocab 97, F 100, 3 ranks", uneven}, Case{"llama-tiny MQA, HSDP 2 x 2", hsdp},
                         Case{"llama3-8b, 8 ranks", big}}) {
     INFO(c.name);
-    const gpt::RankMemoryEstimate estimate = gpt::estimate_rank_memory(c.config);
+    const tessera::train::RankMemoryEstimate estimate = tessera::train::estimate_rank_memory(c.config);
     std::vector<MetaModel> ranks(static_cast<size_t>(c.config.nproc));
-    gpt::init_distributed(c.config, [&](const gpt::Distributed& distributed) {
+    tessera::train::init_distributed(c.config, [&](const tessera::train::Distributed& distributed) {
       ranks[static_cast<size_t>(distributed.rank())] = meta_model(c.config, distributed);
     });
     for (size_t rank = 0; rank < ranks.size(); ++rank) {

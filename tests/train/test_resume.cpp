@@ -23,7 +23,7 @@
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
-using gpt::TrainConfig;
+using tessera::train::TrainConfig;
 
 using tessera::checkpoint::testing::TempDir;
 
@@ -35,7 +35,7 @@ TrainConfig resume_config(int nproc, int64_t grad_accum, double dropout) {
   config.model = tessera::nn::GPTConfig::preset("tiny");
   config.model.vocab_size = 97;
   config.model.dropout = dropout;
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seq_len = 16;
   config.batch = 4;
   config.grad_accum = grad_accum;
@@ -47,9 +47,9 @@ TrainConfig resume_config(int nproc, int64_t grad_accum, double dropout) {
   return config;
 }
 
-gpt::TrainSummary run(TrainConfig config) {
+tessera::train::TrainSummary run(TrainConfig config) {
   std::ostringstream log;
-  gpt::TrainSummary summary = gpt::train(config, log);
+  tessera::train::TrainSummary summary = tessera::train::train(config, log);
   INFO(log.str());
   return summary;
 }
@@ -73,8 +73,8 @@ std::map<std::string, std::vector<double>> checkpoint_values(const std::string& 
 // if the run had crashed right after saving it.
 void copy_run(const std::string& root, const std::string& copy, int64_t step) {
   fs::create_directories(copy);
-  fs::copy(fs::path(root) / checkpoint::kRunRecordFile, fs::path(copy) / checkpoint::kRunRecordFile);
-  fs::copy(checkpoint::checkpoint_path(root, step), checkpoint::checkpoint_path(copy, step));
+  fs::copy(fs::path(root) / tessera::train::kRunRecordFile, fs::path(copy) / tessera::train::kRunRecordFile);
+  fs::copy(tessera::train::checkpoint_path(root, step), tessera::train::checkpoint_path(copy, step));
 }
 
 }  // namespace
@@ -86,7 +86,7 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   whole.deterministic = true;
   whole.ckpt_dir = tmp / "whole";
   whole.async_ckpt = true;
-  const gpt::TrainSummary uninterrupted = run(whole);
+  const tessera::train::TrainSummary uninterrupted = run(whole);
   REQUIRE(uninterrupted.losses.size() == 6);
 
   // A second run that finds only step 3 (as if it had crashed at step 4).
@@ -95,13 +95,13 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   resumed_config.ckpt_dir = tmp / "resumed";
   resumed_config.async_ckpt = false;
   resumed_config.resume = true;
-  const gpt::TrainSummary resumed = run(resumed_config);
+  const tessera::train::TrainSummary resumed = run(resumed_config);
   CHECK(resumed.first_step == 4);
   REQUIRE(resumed.losses.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
 
-  const auto expected = checkpoint_values(checkpoint::checkpoint_path(tmp / "whole", 6));
-  const auto actual = checkpoint_values(checkpoint::checkpoint_path(tmp / "resumed", 6));
+  const auto expected = checkpoint_values(tessera::train::checkpoint_path(tmp / "whole", 6));
+  const auto actual = checkpoint_values(tessera::train::checkpoint_path(tmp / "resumed", 6));
   CHECK(expected.count("model.wte.weight") == 1);
   CHECK(expected.count("optim.blocks.1.mlp.fc.weight.exp_avg_sq") == 1);
   CHECK(expected.size() == actual.size());
@@ -124,7 +124,7 @@ void check_resume_on_one_rank(TrainConfig whole, const TempDir& tmp, const std::
   whole.clip = 0.0;
   whole.threads = 1;
   whole.ckpt_dir = tmp / "whole";
-  const gpt::TrainSummary uninterrupted = run(whole);
+  const tessera::train::TrainSummary uninterrupted = run(whole);
 
   copy_run(tmp / "whole", tmp / "resumed", 3);
   TrainConfig narrower = whole;
@@ -132,12 +132,12 @@ void check_resume_on_one_rank(TrainConfig whole, const TempDir& tmp, const std::
   narrower.grad_accum = 4;  // the same global batch
   narrower.ckpt_dir = tmp / "resumed";
   narrower.resume = true;
-  const gpt::TrainSummary resumed = run(narrower);
+  const tessera::train::TrainSummary resumed = run(narrower);
   CHECK(resumed.first_step == 4);
   REQUIRE(resumed.losses.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
-  const auto expected = checkpoint_values(checkpoint::checkpoint_path(tmp / "whole", 6));
-  const auto actual = checkpoint_values(checkpoint::checkpoint_path(tmp / "resumed", 6));
+  const auto expected = checkpoint_values(tessera::train::checkpoint_path(tmp / "whole", 6));
+  const auto actual = checkpoint_values(tessera::train::checkpoint_path(tmp / "resumed", 6));
   CHECK(expected.count(optimizer_entry) == 1);
   CHECK(expected.size() == actual.size());
   for (const auto& [name, values] : expected) {
@@ -164,13 +164,13 @@ nlohmann::json check_export_and_init_from(TrainConfig config, const TrainConfig&
   const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(tmp / "model.safetensors");
   CHECK(header.metadata.at("tessera.step") == "2");
   REQUIRE(header.metadata.count("tessera.gpt_config") == 1);
-  const auto saved = checkpoint_values(checkpoint::checkpoint_path(tmp / "ckpt", 2));
+  const auto saved = checkpoint_values(tessera::train::checkpoint_path(tmp / "ckpt", 2));
   size_t parameters = 0;
   for (const auto& [name, values] : saved) parameters += name.rfind("model.", 0) == 0;
   CHECK(header.entries.size() == parameters);
 
   // The export, loaded into one plain process, is the step-2 checkpoint's weights.
-  gpt::Trainer trainer(plain, gpt::build_data(plain));
+  tessera::train::Trainer trainer(plain, tessera::train::build_data(plain));
   trainer.init_from(tmp / "model.safetensors");
   for (const auto& [name, entry] : trainer.state_dict()) {
     if (name.rfind("model.", 0) != 0) continue;
@@ -198,13 +198,13 @@ TEST_CASE("resume errors: another model shape, another seed (refused by the root
   wider.resume = true;
   wider.model.n_embd = 96;
   std::ostringstream log;
-  CHECK_THROWS_WITH_AS(gpt::train(wider, log), doctest::Contains("not to this launch: model: the run's"),
+  CHECK_THROWS_WITH_AS(tessera::train::train(wider, log), doctest::Contains("not to this launch: model: the run's"),
                        tessera::Error);
   TrainConfig reseeded = config;
   reseeded.steps = 2;
   reseeded.resume = true;
   reseeded.seed = 99;
-  CHECK_THROWS_WITH_AS(gpt::train(reseeded, log), doctest::Contains("seed: the run's 1337, this launch's 99"),
+  CHECK_THROWS_WITH_AS(tessera::train::train(reseeded, log), doctest::Contains("seed: the run's 1337, this launch's 99"),
                        tessera::Error);
   CHECK(log.str().find("| loss") == std::string::npos);  // refused before the first step
 
@@ -213,14 +213,14 @@ TEST_CASE("resume errors: another model shape, another seed (refused by the root
   fresh.ckpt_dir = tmp / "empty";
   fresh.resume = true;
   std::ostringstream fresh_log;
-  const gpt::TrainSummary summary = gpt::train(fresh, fresh_log);
+  const tessera::train::TrainSummary summary = tessera::train::train(fresh, fresh_log);
   CHECK(summary.first_step == 1);
   CHECK(fresh_log.str().find("no checkpoint of this run in") != std::string::npos);
   // Resuming a finished run trains nothing.
   TrainConfig finished = config;
   finished.resume = true;
   std::ostringstream finished_log;
-  CHECK(gpt::train(finished, finished_log).losses.empty());
+  CHECK(tessera::train::train(finished, finished_log).losses.empty());
   CHECK(finished_log.str().find("nothing to train") != std::string::npos);
 }
 
@@ -243,11 +243,11 @@ TEST_CASE("llama: resume on another world size: 4 ranks x 1 micro-batch, resumed
   TempDir tmp;
   check_resume_on_one_rank(llama_resume_config(4, 1), tmp, "optim.layers.1.feed_forward.w2.weight.exp_avg");
   // The checkpoint records the family, and no RoPE table (a buffer rebuilt by to_empty).
-  const auto saved = checkpoint_values(checkpoint::checkpoint_path(tmp / "whole", 6));
+  const auto saved = checkpoint_values(tessera::train::checkpoint_path(tmp / "whole", 6));
   CHECK(saved.count("model.output.weight") == 1);
   for (const auto& [name, values] : saved) CHECK(name.find("rope") == std::string::npos);
   const checkpoint::CheckpointMetadata metadata =
-      checkpoint::read_metadata(checkpoint::checkpoint_path(tmp / "whole", 6));
+      checkpoint::read_metadata(tessera::train::checkpoint_path(tmp / "whole", 6));
   CHECK(metadata.training_state.at("config").at("model").at("family") == "llama");
 }
 
@@ -274,15 +274,15 @@ TEST_CASE("resume and --init-from refuse a model of another family, by name, bef
   as_gpt.ckpt_dir = llama.ckpt_dir;
   as_gpt.resume = true;
   std::ostringstream log;
-  CHECK_THROWS_WITH_AS(gpt::train(as_gpt, log),
+  CHECK_THROWS_WITH_AS(tessera::train::train(as_gpt, log),
                        doctest::Contains("the run saved there trains a llama model, this launch a gpt (--model gpt); "
                                          "resume it with --model llama"),
                        tessera::Error);
   CHECK(log.str().find("| loss") == std::string::npos);
 
   // The trainer itself, handed the checkpoint or the export.
-  gpt::Trainer trainer(as_gpt, gpt::build_data(as_gpt));
-  CHECK_THROWS_WITH_AS(trainer.resume_from(checkpoint::checkpoint_path(tmp / "ckpt", 1)),
+  tessera::train::Trainer trainer(as_gpt, tessera::train::build_data(as_gpt));
+  CHECK_THROWS_WITH_AS(trainer.resume_from(tessera::train::checkpoint_path(tmp / "ckpt", 1)),
                        doctest::Contains("the checkpoint holds a llama model, this run trains a gpt (--model gpt); "
                                          "pass --model llama"),
                        tessera::Error);
@@ -298,7 +298,7 @@ TEST_CASE("resume and --init-from refuse a model of another family, by name, bef
   gpt_run.ckpt_every = 0;
   gpt_run.export_path = tmp / "gpt.safetensors";
   run(gpt_run);
-  gpt::Trainer llama_trainer(llama_resume_config(1, 1), gpt::build_data(llama_resume_config(1, 1)));
+  tessera::train::Trainer llama_trainer(llama_resume_config(1, 1), tessera::train::build_data(llama_resume_config(1, 1)));
   CHECK_THROWS_WITH_AS(llama_trainer.init_from(tmp / "gpt.safetensors"),
                        doctest::Contains("holds a gpt model, this run trains a llama (--model llama)"),
                        tessera::Error);

@@ -26,10 +26,10 @@
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
-using gpt::TrainConfig;
-using gpt::testing::Outcome;
-using gpt::testing::run;
-using gpt::testing::trained_a_step;
+using tessera::train::TrainConfig;
+using tessera::train::testing::Outcome;
+using tessera::train::testing::run;
+using tessera::train::testing::trained_a_step;
 using tessera::checkpoint::testing::TempDir;
 
 namespace {
@@ -37,7 +37,7 @@ namespace {
 TrainConfig quick_config(const std::string& ckpt_dir) {
   TrainConfig config;
   config.model = tessera::nn::GPTConfig::preset("nano");
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.seq_len = 16;
   config.batch = 4;
   config.steps = 6;
@@ -50,7 +50,7 @@ TrainConfig quick_config(const std::string& ckpt_dir) {
 
 std::vector<int64_t> steps_in(const std::string& root) {
   std::vector<int64_t> steps;
-  for (const auto& entry : checkpoint::list_checkpoints(root)) steps.push_back(entry.step);
+  for (const auto& entry : tessera::train::list_checkpoints(root)) steps.push_back(entry.step);
   return steps;
 }
 
@@ -87,11 +87,11 @@ TEST_CASE("run safety: a fresh run into a root with this run's checkpoints, or a
   fs::create_directories(tmp / "torn");
   const Outcome fresh = run(quick_config(tmp / "torn"));  // creates run.json
   REQUIRE(fresh.error.empty());
-  fs::create_directories(checkpoint::checkpoint_path(tmp / "torn", 9));
+  fs::create_directories(tessera::train::checkpoint_path(tmp / "torn", 9));
   TrainConfig resume = quick_config(tmp / "torn");
   resume.resume = true;
   const Outcome torn = run(resume);
-  CHECK(torn.error.find(checkpoint::checkpoint_path(tmp / "torn", 9)) != std::string::npos);
+  CHECK(torn.error.find(tessera::train::checkpoint_path(tmp / "torn", 9)) != std::string::npos);
   CHECK(torn.error.find("without metadata.json") != std::string::npos);
   CHECK(!trained_a_step(torn));
 }
@@ -133,7 +133,7 @@ TEST_CASE("run safety: a changed metadata.json is named, never resumed from") {
   TrainConfig config = quick_config(root);
   config.steps = 4;
   REQUIRE(run(config).error.empty());
-  const std::string metadata = fs::path(checkpoint::checkpoint_path(root, 4)) / checkpoint::kMetadataFile;
+  const std::string metadata = fs::path(tessera::train::checkpoint_path(root, 4)) / checkpoint::kMetadataFile;
   std::string text = [&] {
     std::ifstream in(metadata);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -167,7 +167,7 @@ TEST_CASE("run safety: --resume prints the settings it really uses and which fla
   config.ckpt_every = 3;
   config.lr = 3e-3;
   REQUIRE(run(config).error.empty());
-  fs::remove_all(checkpoint::checkpoint_path(root, 6));  // as if stopped after step 3
+  fs::remove_all(tessera::train::checkpoint_path(root, 6));  // as if stopped after step 3
 
   TrainConfig resume = config;
   resume.resume = true;
@@ -194,7 +194,7 @@ TEST_CASE("run safety: other --data is refused on resume unless --allow-data-cha
   config.steps = 4;
   config.ckpt_every = 2;
   REQUIRE(run(config).error.empty());
-  fs::remove_all(checkpoint::checkpoint_path(tmp / "D", 4));  // as if stopped after step 2
+  fs::remove_all(tessera::train::checkpoint_path(tmp / "D", 4));  // as if stopped after step 2
 
   TrainConfig other = config;
   other.data = second;
@@ -208,7 +208,7 @@ TEST_CASE("run safety: other --data is refused on resume unless --allow-data-cha
   const Outcome allowed = run(other);
   REQUIRE(allowed.error.empty());
   CHECK(allowed.log.find("identity amended at step 2") != std::string::npos);
-  const checkpoint::RunRecord record = checkpoint::RunRecord::read(tmp / "D/run.json");
+  const tessera::train::RunRecord record = tessera::train::RunRecord::read(tmp / "D/run.json");
   REQUIRE(record.amendments.size() == 1);
   CHECK(record.amendments[0]["key"] == "data");
   CHECK(record.amendments[0]["to"]["source"].get<std::string>().find("b.txt") != std::string::npos);
@@ -232,8 +232,8 @@ TEST_CASE("run safety: non-finite state is never saved; the step and the quantit
   TrainConfig two = quick_config("");
   two.nproc = 2;
   std::vector<std::string> errors(2);
-  gpt::init_distributed(two, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(two, gpt::build_data(two), distributed);
+  tessera::train::init_distributed(two, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(two, tessera::train::build_data(two), distributed);
     trainer.train_step();
     if (distributed.rank() == 1) {
       tessera::Tensor shard = std::get<tessera::dist::DTensor>(trainer.state_dict().at("model.blocks.0.mlp.fc.weight")).local();
@@ -265,19 +265,19 @@ TEST_CASE("run safety: a SIGTERM ends the run after the step in progress, saved,
   stopped_config.ckpt_dir = tmp / "stopped";
   Outcome stopped;
   {
-    const gpt::GracefulStop graceful_stop;
+    const tessera::train::GracefulStop graceful_stop;
     std::raise(SIGTERM);  // arrives before step 1 ends: the run stops after step 1
-    CHECK(gpt::GracefulStop::requested() == SIGTERM);
+    CHECK(tessera::train::GracefulStop::requested() == SIGTERM);
     stopped = run(stopped_config);
   }
   REQUIRE(stopped.error.empty());
   CHECK(stopped.summary.stop_signal == SIGTERM);
   CHECK(stopped.summary.losses.size() == 1);
   CHECK(stopped.log.find("stopped  on SIGTERM after step 1 of 6: " +
-                         checkpoint::checkpoint_path(tmp / "stopped", 1) + " committed; continue with --resume") !=
+                         tessera::train::checkpoint_path(tmp / "stopped", 1) + " committed; continue with --resume") !=
         std::string::npos);
   CHECK(steps_in(tmp / "stopped") == std::vector<int64_t>{1});
-  CHECK(gpt::GracefulStop::requested() == 0);  // uninstalled: the next run is not stopped
+  CHECK(tessera::train::GracefulStop::requested() == 0);  // uninstalled: the next run is not stopped
 
   TrainConfig resume = stopped_config;
   resume.resume = true;

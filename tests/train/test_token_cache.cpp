@@ -33,10 +33,10 @@ void write_file(const fs::path& path, const std::string& text) {
 }
 
 // parse_command_line's exit code (nullopt: go on) and its error text.
-std::pair<std::optional<int>, std::string> parse(std::vector<const char*> args, gpt::TrainConfig& config) {
+std::pair<std::optional<int>, std::string> parse(std::vector<const char*> args, tessera::train::TrainConfig& config) {
   args.insert(args.begin(), "train");
   std::ostringstream out, err;
-  const std::optional<int> code = gpt::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, err);
+  const std::optional<int> code = tessera::train::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, err);
   return {code, err.str()};
 }
 
@@ -51,22 +51,22 @@ std::string some_text() {
 
 TEST_CASE("train --tokenizer: the vocabulary is the tokenizer's, and clashing flags are refused") {
   const std::string tokenizer = kGpt2Tokenizer.string();
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   CHECK(!parse({"--tokenizer", tokenizer.c_str(), "--plan"}, config).first);
-  CHECK(gpt::vocab_size(config.model_config()) == 659);
-  gpt::TrainConfig llama;
+  CHECK(tessera::train::vocab_size(config.model_config()) == 659);
+  tessera::train::TrainConfig llama;
   CHECK(!parse({"--model", "llama", "--tokenizer", tokenizer.c_str(), "--plan"}, llama).first);
-  CHECK(gpt::vocab_size(llama.model_config()) == 659);
+  CHECK(tessera::train::vocab_size(llama.model_config()) == 659);
 
-  gpt::TrainConfig refused;
+  tessera::train::TrainConfig refused;
   auto [code, err] = parse({"--tokenizer", tokenizer.c_str(), "--vocab", "700"}, refused);
-  CHECK(code == gpt::kUsageExitCode);
+  CHECK(code == tessera::train::kUsageExitCode);
   CHECK(err.find("--vocab and --tokenizer both set the vocabulary") != std::string::npos);
   std::tie(code, err) = parse({"--tokenizer", tokenizer.c_str(), "--data", "synthetic"}, refused);
-  CHECK(code == gpt::kUsageExitCode);
+  CHECK(code == tessera::train::kUsageExitCode);
   CHECK(err.find("--data synthetic has none") != std::string::npos);
   std::tie(code, err) = parse({"--tokenizer", "/nonexistent/tokenizer.json"}, refused);
-  CHECK(code == gpt::kUsageExitCode);
+  CHECK(code == tessera::train::kUsageExitCode);
   CHECK(err.find("/nonexistent/tokenizer.json") != std::string::npos);
 }
 
@@ -74,7 +74,7 @@ TEST_CASE("train --tokenizer: the text's tokens are cached in --ckpt-dir and rea
   TempDir dir;
   const std::string text = some_text();
   write_file(dir.path / "text.txt", text);
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   std::vector<const char*> args = {"--tokenizer", "",        "--data", "",           "--seq-len",
                                    "16",          "--batch", "2",      "--ckpt-dir", ""};
   const std::string tokenizer = kGpt2Tokenizer.string(), data = dir / "text.txt", ckpt = dir / "ckpt";
@@ -83,53 +83,53 @@ TEST_CASE("train --tokenizer: the text's tokens are cached in --ckpt-dir and rea
   args[9] = ckpt.c_str();
   REQUIRE(!parse(args, config).first);
 
-  gpt::Tokenizer reference = gpt::Tokenizer::load(kGpt2Tokenizer);
+  tessera::train::Tokenizer reference = tessera::train::Tokenizer::load(kGpt2Tokenizer);
   const std::vector<uint32_t> ids = reference.encode(text);
-  const fs::path cache = gpt::token_cache_path(ckpt, reference, text);
+  const fs::path cache = tessera::train::token_cache_path(ckpt, reference, text);
 
-  const gpt::DataLoader first = gpt::build_data(config);
+  const tessera::train::DataLoader first = tessera::train::build_data(config);
   CHECK(first.note() == "tokens cached in " + cache.string());
-  CHECK(first.token_data()->tokens == gpt::TokenStream(std::vector<uint16_t>(ids.begin(), ids.end())));
+  CHECK(first.token_data()->tokens == tessera::train::TokenStream(std::vector<uint16_t>(ids.begin(), ids.end())));
   CHECK(first.description().find("tokenized by") != std::string::npos);
   CHECK(fs::is_regular_file(cache));
 
-  const gpt::DataLoader second = gpt::build_data(config);
+  const tessera::train::DataLoader second = tessera::train::build_data(config);
   CHECK(second.note() == "tokens read from the cache " + cache.string());
   CHECK(second.token_data()->tokens == first.token_data()->tokens);
   CHECK(second.description() == first.description());  // the run's identity holds it
 
   fs::resize_file(cache, 1000);  // a damaged cache is tokenized again, and replaced
-  const gpt::DataLoader third = gpt::build_data(config);
+  const tessera::train::DataLoader third = tessera::train::build_data(config);
   CHECK(third.note().find("was unreadable") != std::string::npos);
   CHECK(third.token_data()->tokens == first.token_data()->tokens);
-  CHECK(gpt::build_data(config).note() == "tokens read from the cache " + cache.string());
+  CHECK(tessera::train::build_data(config).note() == "tokens read from the cache " + cache.string());
 
   write_file(dir.path / "text.txt", text + "more");  // other text: another cache file
-  CHECK(gpt::build_data(config).note().starts_with("tokens cached in "));
+  CHECK(tessera::train::build_data(config).note().starts_with("tokens cached in "));
   CHECK(std::distance(fs::directory_iterator(ckpt), fs::directory_iterator()) == 2);
 
   config.ckpt_dir.clear();
-  CHECK(gpt::build_data(config).note().starts_with("tokens not cached"));
+  CHECK(tessera::train::build_data(config).note().starts_with("tokens not cached"));
 }
 
 TEST_CASE("train --tokenizer: token files and a vocabulary other than the tokenizer's are refused") {
   TempDir dir;
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   config.tokenizer = kGpt2Tokenizer.string();
   config.model.vocab_size = 659;
   config.seq_len = 16;
   config.batch = 2;
   std::vector<int32_t> header(256, 0);
-  header[0] = gpt::kLlmcMagic, header[1] = gpt::kLlmcVersion, header[2] = 4;
+  header[0] = tessera::train::kLlmcMagic, header[1] = tessera::train::kLlmcVersion, header[2] = 4;
   std::string llmc(reinterpret_cast<const char*>(header.data()), header.size() * 4);
   llmc += std::string(8, '\x01');
   write_file(dir.path / "tokens.bin", llmc);
   config.data = dir / "tokens.bin";
-  CHECK_THROWS_WITH_AS(gpt::build_data(config), doctest::Contains("llm.c token file"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::build_data(config), doctest::Contains("llm.c token file"), tessera::Error);
   write_file(dir.path / "text.txt", some_text());
   config.data = dir / "text.txt";
   config.model.vocab_size = 700;
-  CHECK_THROWS_WITH_AS(gpt::build_data(config), doctest::Contains("has 659 ids"), tessera::Error);
+  CHECK_THROWS_WITH_AS(tessera::train::build_data(config), doctest::Contains("has 659 ids"), tessera::Error);
 }
 
 TEST_CASE("train --tokenizer with ids past 65,535: wide tokens, cached as llm.c's version 2, and trained") {
@@ -150,40 +150,40 @@ TEST_CASE("train --tokenizer with ids past 65,535: wide tokens, cached as llm.c'
   write_file(dir.path / "text.txt", text);
 
   const std::string tokenizer = dir / "tokenizer.json", data = dir / "text.txt", ckpt = dir / "ckpt";
-  gpt::TrainConfig config;
+  tessera::train::TrainConfig config;
   REQUIRE(!parse({"--tokenizer", tokenizer.c_str(), "--data", data.c_str(), "--seq-len", "16", "--batch", "2",
                   "--steps", "3", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--ckpt-dir", ckpt.c_str(),
                   "--ckpt-every", "0", "--eval-every", "0"},
                  config)
                .first);
-  CHECK(gpt::vocab_size(config.model_config()) == 70001);
+  CHECK(tessera::train::vocab_size(config.model_config()) == 70001);
 
-  gpt::Tokenizer reference = gpt::Tokenizer::load(tokenizer);
+  tessera::train::Tokenizer reference = tessera::train::Tokenizer::load(tokenizer);
   const std::vector<uint32_t> ids = reference.encode(text);
   REQUIRE(std::count(ids.begin(), ids.end(), 70000u) == 100);
-  const gpt::DataLoader first = gpt::build_data(config);
-  const gpt::TokenStream& tokens = first.token_data()->tokens;
+  const tessera::train::DataLoader first = tessera::train::build_data(config);
+  const tessera::train::TokenStream& tokens = first.token_data()->tokens;
   CHECK(tokens.bytes_per_token() == 4);
   CHECK(tokens.ids() == ids);
   CHECK(first.token_range() == 70001);
 
   // The cache is llm.c's version 2 file, and it reads back as the same wide stream.
-  const fs::path cache = gpt::token_cache_path(ckpt, reference, text);
+  const fs::path cache = tessera::train::token_cache_path(ckpt, reference, text);
   REQUIRE(fs::is_regular_file(cache));
   std::ifstream cached(cache, std::ios::binary);
   int32_t header[3] = {};
   cached.read(reinterpret_cast<char*>(header), sizeof(header));
-  CHECK(header[0] == gpt::kLlmcMagic);
-  CHECK(header[1] == gpt::kLlmcWideVersion);
+  CHECK(header[0] == tessera::train::kLlmcMagic);
+  CHECK(header[1] == tessera::train::kLlmcWideVersion);
   CHECK(header[2] == static_cast<int32_t>(ids.size()));
   CHECK(static_cast<int64_t>(fs::file_size(cache)) == 1024 + 4 * static_cast<int64_t>(ids.size()));
-  const gpt::DataLoader second = gpt::build_data(config);
+  const tessera::train::DataLoader second = tessera::train::build_data(config);
   CHECK(second.note() == "tokens read from the cache " + cache.string());
   CHECK(second.token_data()->tokens == tokens);
 
   // An untrained model guesses about uniformly over 70,001 ids: ln 70001 = 11.16.
   std::ostringstream log;
-  const gpt::TrainSummary summary = gpt::train(config, log);
+  const tessera::train::TrainSummary summary = tessera::train::train(config, log);
   INFO("log:\n" << log.str());
   REQUIRE(summary.losses.size() == 3);
   CHECK(summary.losses.front() == doctest::Approx(std::log(70001.0)).epsilon(0.02));

@@ -26,7 +26,7 @@
 #include "train/tokenizer/utf8_decoder.h"
 
 namespace fs = std::filesystem;
-using gpt::Tokenizer;
+using tessera::train::Tokenizer;
 
 namespace {
 
@@ -71,7 +71,7 @@ size_t check_golden(Tokenizer& tokenizer, const std::vector<GoldenCase>& cases, 
   for (const GoldenCase& golden : cases) {
     const std::vector<uint32_t> expected = pair ? golden.pair_ids : golden.ids;
     const std::vector<uint32_t> ids = tokenizer.encode(golden.bytes);
-    CHECK_MESSAGE(ids == expected, "bytes '" << gpt::bytes_to_alphabet_text(golden.bytes) << "'");
+    CHECK_MESSAGE(ids == expected, "bytes '" << tessera::train::bytes_to_alphabet_text(golden.bytes) << "'");
     CHECK(tokenizer.decode(ids) == golden.bytes);
     matched += ids == expected ? 1 : 0;
   }
@@ -84,7 +84,7 @@ nlohmann::json gpt2_json() { return nlohmann::json::parse(read_text(kGolden / "g
 // The message read_tokenizer_json throws for `json` ("" if none).
 std::string refusal(const nlohmann::json& json) {
   try {
-    Tokenizer tokenizer(gpt::read_tokenizer_json(json.dump(), "t.json"));
+    Tokenizer tokenizer(tessera::train::read_tokenizer_json(json.dump(), "t.json"));
   } catch (const tessera::Error& error) {
     return error.what();
   }
@@ -128,12 +128,12 @@ std::string random_bytes(std::mt19937& rng, size_t length) {
 
 // The textbook BPE: merge the adjacent pair of lowest rank (leftmost of
 // equal ones), one merge at a time, rescanning the word each time: O(n^2).
-std::vector<uint32_t> naive_bpe(const gpt::BpeSpec& spec, std::string_view word) {
+std::vector<uint32_t> naive_bpe(const tessera::train::BpeSpec& spec, std::string_view word) {
   std::map<std::pair<std::string, std::string>, size_t> rank;
   for (size_t r = 0; r < spec.merges.size(); ++r) rank.emplace(spec.merges[r], r);
   std::map<std::string, uint32_t> id_of(spec.vocab.begin(), spec.vocab.end());
   std::vector<std::string> symbols;
-  for (const char byte : word) symbols.push_back(gpt::bytes_to_alphabet_text(std::string(1, byte)));
+  for (const char byte : word) symbols.push_back(tessera::train::bytes_to_alphabet_text(std::string(1, byte)));
   while (symbols.size() > 1) {
     size_t best = SIZE_MAX, at = 0;
     for (size_t i = 0; i + 1 < symbols.size(); ++i) {
@@ -149,10 +149,10 @@ std::vector<uint32_t> naive_bpe(const gpt::BpeSpec& spec, std::string_view word)
   return ids;
 }
 
-std::vector<std::string> pieces(std::string_view text, gpt::SplitPattern pattern) {
+std::vector<std::string> pieces(std::string_view text, tessera::train::SplitPattern pattern) {
   std::vector<std::string> out;
   size_t begin = 0;
-  for (const size_t end : gpt::split_words(text, pattern)) {
+  for (const size_t end : tessera::train::split_words(text, pattern)) {
     out.emplace_back(text.substr(begin, end - begin));
     begin = end;
   }
@@ -181,18 +181,18 @@ TEST_CASE("tokenizer: GPT-2's vocab.json + merges.txt match tokenizers' BPE.from
 TEST_CASE("tokenizer: the same model with [a, b] merges gives the same ids") {
   nlohmann::json json = gpt2_json();
   for (nlohmann::json& merge : json["model"]["merges"]) {
-    const auto pair = gpt::split_merge(merge.get<std::string>());
+    const auto pair = tessera::train::split_merge(merge.get<std::string>());
     REQUIRE(pair);
     merge = nlohmann::json::array({pair->first, pair->second});
   }
-  Tokenizer tokenizer(gpt::read_tokenizer_json(json.dump(), "pairs.json"));
+  Tokenizer tokenizer(tessera::train::read_tokenizer_json(json.dump(), "pairs.json"));
   const std::vector<GoldenCase> cases = read_cases("gpt2_cases.json");
   CHECK(check_golden(tokenizer, cases, false) == cases.size());
 }
 
 TEST_CASE("tokenizer: Llama 3 style tokenizer.json (its regex, ignore_merges, special tokens) matches tokenizers") {
   Tokenizer tokenizer = Tokenizer::load(kGolden / "llama3" / "tokenizer.json");
-  REQUIRE(tokenizer.splits() == std::vector<gpt::SplitPattern>{gpt::SplitPattern::llama3});
+  REQUIRE(tokenizer.splits() == std::vector<tessera::train::SplitPattern>{tessera::train::SplitPattern::llama3});
   const std::vector<GoldenCase> cases = read_cases("llama3_cases.json");
   CHECK(cases.size() > 300);
   CHECK(check_golden(tokenizer, cases, false) == cases.size());
@@ -217,8 +217,8 @@ TEST_CASE("tokenizer: decode is the exact inverse of encode on random bytes") {
 }
 
 TEST_CASE("tokenizer: the heap's merges equal the naive O(n^2) BPE's") {
-  const gpt::TokenizerSpec spec = gpt::read_tokenizer_json(read_text(kGolden / "gpt2" / "tokenizer.json"), "t.json");
-  const gpt::BpeModel model(spec.bpe);
+  const tessera::train::TokenizerSpec spec = tessera::train::read_tokenizer_json(read_text(kGolden / "gpt2" / "tokenizer.json"), "t.json");
+  const tessera::train::BpeModel model(spec.bpe);
   std::mt19937 rng(11);
   const std::string alphabet = "thean esrioud'\xC3\xA9\xE6\x97\xA5";
   std::uniform_int_distribution<size_t> pick(0, alphabet.size() - 1), length(1, 60);
@@ -232,7 +232,7 @@ TEST_CASE("tokenizer: the heap's merges equal the naive O(n^2) BPE's") {
 }
 
 TEST_CASE("tokenizer: the GPT-2 and Llama 3 scanners cut as their regexes do") {
-  using gpt::SplitPattern;
+  using tessera::train::SplitPattern;
   using Pieces = std::vector<std::string>;
   CHECK(pieces("Hello world's  end\n", SplitPattern::gpt2) == Pieces{"Hello", " world", "'s", " ", " end", "\n"});
   CHECK(pieces("I'M 12345 abc   ", SplitPattern::gpt2) == Pieces{"I", "'", "M", " 12345", " abc", "   "});
@@ -241,8 +241,8 @@ TEST_CASE("tokenizer: the GPT-2 and Llama 3 scanners cut as their regexes do") {
   CHECK(pieces("(x) ...\n\nz", SplitPattern::llama3) == Pieces{"(x", ")", " ...\n\n", "z"});
   CHECK(pieces("a\xFF\xFE b", SplitPattern::gpt2) == Pieces{"a", "\xFF\xFE", " b"});  // two U+FFFD: other
   CHECK(pieces("", SplitPattern::gpt2).empty());
-  CHECK(gpt::split_pattern_from_regex(gpt::split_pattern_regex(SplitPattern::llama3)) == SplitPattern::llama3);
-  CHECK(!gpt::split_pattern_from_regex("\\s+"));
+  CHECK(tessera::train::split_pattern_from_regex(tessera::train::split_pattern_regex(SplitPattern::llama3)) == SplitPattern::llama3);
+  CHECK(!tessera::train::split_pattern_from_regex("\\s+"));
 }
 
 TEST_CASE("tokenizer: UTF-8 is decoded by maximal subparts, as Python's decoder replaces them") {
@@ -265,46 +265,46 @@ TEST_CASE("tokenizer: UTF-8 is decoded by maximal subparts, as Python's decoder 
     std::vector<uint32_t> lengths;
     std::vector<bool> well_formed;
     for (size_t at = 0; at < c.bytes.size();) {
-      const gpt::Utf8Char ch = gpt::decode_utf8_char(c.bytes, at);
+      const tessera::train::Utf8Char ch = tessera::train::decode_utf8_char(c.bytes, at);
       lengths.push_back(ch.length);
       well_formed.push_back(ch.well_formed);
-      if (!ch.well_formed) CHECK(ch.code_point == gpt::kReplacementCharacter);
+      if (!ch.well_formed) CHECK(ch.code_point == tessera::train::kReplacementCharacter);
       at += ch.length;
     }
     CHECK(lengths == c.lengths);
     CHECK(well_formed == c.well_formed);
   }
-  CHECK(gpt::decode_utf8_char("\xF0\x9F\x98\x80", 0).code_point == 0x1F600);
+  CHECK(tessera::train::decode_utf8_char("\xF0\x9F\x98\x80", 0).code_point == 0x1F600);
 }
 
 TEST_CASE("tokenizer: Unicode classes are Unicode 16's, with Oniguruma's \\s") {
-  using gpt::CharClass;
-  CHECK(std::string(gpt::unicode_version()) == "16.0.0");
-  CHECK(gpt::char_class('a') == CharClass::letter);
-  CHECK(gpt::char_class(0x1C89) == CharClass::letter);   // CYRILLIC CAPITAL LETTER TJE, new in 16.0
-  CHECK(gpt::char_class(0x10D40) == CharClass::number);  // GARAY DIGIT ZERO, new in 16.0
-  CHECK(gpt::char_class(0x2EBF0) == CharClass::letter);  // CJK Extension I (15.1)
-  CHECK(gpt::char_class(0x0663) == CharClass::number);   // ARABIC-INDIC DIGIT THREE
-  CHECK(gpt::char_class(0x2162) == CharClass::number);   // ROMAN NUMERAL THREE (Nl)
-  CHECK(gpt::char_class(0x3000) == CharClass::space);
-  CHECK(gpt::char_class(0x0085) == CharClass::space);
-  CHECK(gpt::char_class(0x001C) == CharClass::other);  // Python's str.isspace says yes; \s says no
-  CHECK(gpt::char_class(0x0301) == CharClass::other);  // a combining mark
-  CHECK(gpt::char_class(0xFFFD) == CharClass::other);
-  CHECK(gpt::char_class(0x110000) == CharClass::other);
+  using tessera::train::CharClass;
+  CHECK(std::string(tessera::train::unicode_version()) == "16.0.0");
+  CHECK(tessera::train::char_class('a') == CharClass::letter);
+  CHECK(tessera::train::char_class(0x1C89) == CharClass::letter);   // CYRILLIC CAPITAL LETTER TJE, new in 16.0
+  CHECK(tessera::train::char_class(0x10D40) == CharClass::number);  // GARAY DIGIT ZERO, new in 16.0
+  CHECK(tessera::train::char_class(0x2EBF0) == CharClass::letter);  // CJK Extension I (15.1)
+  CHECK(tessera::train::char_class(0x0663) == CharClass::number);   // ARABIC-INDIC DIGIT THREE
+  CHECK(tessera::train::char_class(0x2162) == CharClass::number);   // ROMAN NUMERAL THREE (Nl)
+  CHECK(tessera::train::char_class(0x3000) == CharClass::space);
+  CHECK(tessera::train::char_class(0x0085) == CharClass::space);
+  CHECK(tessera::train::char_class(0x001C) == CharClass::other);  // Python's str.isspace says yes; \s says no
+  CHECK(tessera::train::char_class(0x0301) == CharClass::other);  // a combining mark
+  CHECK(tessera::train::char_class(0xFFFD) == CharClass::other);
+  CHECK(tessera::train::char_class(0x110000) == CharClass::other);
 }
 
 TEST_CASE("tokenizer: GPT-2's byte alphabet") {
-  CHECK(gpt::byte_to_alphabet(' ') == 0x120);   // Ġ
-  CHECK(gpt::byte_to_alphabet('\n') == 0x10A);  // Ċ
-  CHECK(gpt::byte_to_alphabet('a') == 'a');
-  CHECK(gpt::bytes_to_alphabet_text("a b") ==
+  CHECK(tessera::train::byte_to_alphabet(' ') == 0x120);   // Ġ
+  CHECK(tessera::train::byte_to_alphabet('\n') == 0x10A);  // Ċ
+  CHECK(tessera::train::byte_to_alphabet('a') == 'a');
+  CHECK(tessera::train::bytes_to_alphabet_text("a b") ==
         "a\xC4\xA0"
         "b");
   for (int byte = 0; byte < 256; ++byte) {
-    CHECK(gpt::alphabet_to_byte(gpt::byte_to_alphabet(static_cast<uint8_t>(byte))) == byte);
+    CHECK(tessera::train::alphabet_to_byte(tessera::train::byte_to_alphabet(static_cast<uint8_t>(byte))) == byte);
   }
-  CHECK(!gpt::alphabet_text_to_bytes(" "));  // the space itself is not of the alphabet
+  CHECK(!tessera::train::alphabet_text_to_bytes(" "));  // the space itself is not of the alphabet
 }
 
 TEST_CASE("tokenizer: tokenizer.json features it cannot honour are refused by key") {
@@ -342,7 +342,7 @@ TEST_CASE("tokenizer: tokenizer.json features it cannot honour are refused by ke
   });
   CHECK(unknown_regex.find("pre_tokenizer.pretokenizers[0].pattern.Regex") != std::string::npos);
   CHECK(refusal(nlohmann::json::parse("[1]")).find("expected an object") != std::string::npos);
-  CHECK_THROWS_WITH_AS(gpt::read_tokenizer_json("{\"model\": ", "t.json"), doctest::Contains("t.json: not valid JSON"),
+  CHECK_THROWS_WITH_AS(tessera::train::read_tokenizer_json("{\"model\": ", "t.json"), doctest::Contains("t.json: not valid JSON"),
                        tessera::Error);
 }
 
@@ -364,11 +364,11 @@ TEST_CASE("tokenizer: inconsistent vocabularies and merges are refused by name")
         std::string::npos);
 
   const std::string vocab = read_text(kGolden / "gpt2" / "vocab.json");
-  CHECK_THROWS_WITH_AS(gpt::read_gpt2_vocab_files(vocab, "vocab.json", "#version: 0.2\na b\nab\n", "merges.txt"),
+  CHECK_THROWS_WITH_AS(tessera::train::read_gpt2_vocab_files(vocab, "vocab.json", "#version: 0.2\na b\nab\n", "merges.txt"),
                        doctest::Contains("merges.txt: line 3"), tessera::Error);
-  CHECK_THROWS_WITH_AS(Tokenizer(gpt::read_gpt2_vocab_files(vocab, "vocab.json", "x y\n", "merges.txt")),
+  CHECK_THROWS_WITH_AS(Tokenizer(tessera::train::read_gpt2_vocab_files(vocab, "vocab.json", "x y\n", "merges.txt")),
                        doctest::Contains("'xy' is not in the vocab"), tessera::Error);
-  CHECK_THROWS_WITH_AS(gpt::read_gpt2_vocab_files("{", "vocab.json", "", "merges.txt"),
+  CHECK_THROWS_WITH_AS(tessera::train::read_gpt2_vocab_files("{", "vocab.json", "", "merges.txt"),
                        doctest::Contains("vocab.json: not valid JSON"), tessera::Error);
   CHECK_THROWS_WITH_AS(Tokenizer::load(kGolden / "absent.json"), doctest::Contains("absent.json"), tessera::Error);
   const fs::path empty = fs::temp_directory_path() / "tessera_tokenizer_empty_dir";
@@ -380,7 +380,7 @@ TEST_CASE("tokenizer: inconsistent vocabularies and merges are refused by name")
 TEST_CASE("tokenizer: decode names an id out of range or one no token has") {
   nlohmann::json json = gpt2_json();
   json["added_tokens"][1]["id"] = 700;  // ids 659..699 become a gap
-  Tokenizer tokenizer(gpt::read_tokenizer_json(json.dump(), "gap.json"));
+  Tokenizer tokenizer(tessera::train::read_tokenizer_json(json.dump(), "gap.json"));
   CHECK(tokenizer.vocab_size() == 701);
   CHECK(tokenizer.decode(std::vector<uint32_t>{700}) == "endoftext");
   CHECK_THROWS_WITH_AS(tokenizer.decode(std::vector<uint32_t>{65, 701}),

@@ -31,7 +31,7 @@
 #include "train/training_run.h"
 
 namespace fs = std::filesystem;
-using gpt::TrainConfig;
+using tessera::train::TrainConfig;
 using tessera::fsdp::testing::IntraOpThreads;
 using tessera::fsdp::testing::kF64AdamW;
 using tessera::fsdp::testing::reassociated_norm_rtol;
@@ -59,7 +59,7 @@ double mean(const std::vector<double>& values, size_t first, size_t last) {
 // A few quick steps of a small model on synthetic tokens.
 TrainConfig small_config() {
   TrainConfig config = tiny_config();
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.model.vocab_size = 97;
   config.seq_len = 16;
   config.batch = 4;
@@ -109,7 +109,7 @@ Parsed parse(std::vector<const char*> args) {
   args.insert(args.begin(), "train");
   Parsed parsed;
   std::ostringstream out, err;
-  parsed.exit_code = gpt::parse_command_line(static_cast<int>(args.size()), args.data(), parsed.config, out, err);
+  parsed.exit_code = tessera::train::parse_command_line(static_cast<int>(args.size()), args.data(), parsed.config, out, err);
   parsed.out = out.str();
   parsed.err = err.str();
   return parsed;
@@ -121,7 +121,7 @@ TEST_CASE("the tiny model learns the default corpus: loss falls below the unigra
   TrainConfig config = tiny_config();
   config.eval_every = config.steps;
   std::ostringstream log;
-  gpt::TrainSummary summary = gpt::train(config, log);
+  tessera::train::TrainSummary summary = tessera::train::train(config, log);
   REQUIRE(summary.losses.size() == 200);
   const double first = summary.losses.front();
   const double last = mean(summary.losses, 190, 200);
@@ -148,7 +148,7 @@ TEST_CASE("gradient accumulation: 2 micro-batches of 4 make the step of one batc
   // mean of two means of 4), so they are compared in f64.
   TrainConfig whole = tiny_config();
   whole.model.dtype = tessera::DType::f64;
-  whole.data = gpt::kSyntheticData;
+  whole.data = tessera::train::kSyntheticData;
   whole.steps = 3;
   whole.warmup = 0;
   whole.batch = 8;
@@ -156,10 +156,10 @@ TEST_CASE("gradient accumulation: 2 micro-batches of 4 make the step of one batc
   split.batch = 4;
   split.grad_accum = 2;
 
-  gpt::Trainer a(whole, gpt::build_data(whole));
-  gpt::Trainer b(split, gpt::build_data(split));
+  tessera::train::Trainer a(whole, tessera::train::build_data(whole));
+  tessera::train::Trainer b(split, tessera::train::build_data(split));
   for (int step = 0; step < 3; ++step) {
-    gpt::StepMetrics ma = a.train_step(), mb = b.train_step();
+    tessera::train::StepMetrics ma = a.train_step(), mb = b.train_step();
     CHECK(relative_difference(mb.loss, ma.loss) <= kF64AdamW.loss_rtol);
     CHECK(relative_difference(mb.grad_norm, ma.grad_norm) <= kF64AdamW.norm_rtol);
   }
@@ -168,10 +168,10 @@ TEST_CASE("gradient accumulation: 2 micro-batches of 4 make the step of one batc
 
 TEST_CASE("one step: its metrics and warmup lr; evaluation is repeatable and keeps training mode") {
   TrainConfig config = tiny_config();
-  config.data = gpt::kSyntheticData;
+  config.data = tessera::train::kSyntheticData;
   config.model.vocab_size = 16;
   config.eval_batches = 2;
-  gpt::Trainer trainer(config, gpt::build_data(config));
+  tessera::train::Trainer trainer(config, tessera::train::build_data(config));
   const double before = trainer.evaluate();
   CHECK(before == trainer.evaluate());
   // Untrained logits are ~N(0, 0.16^2) (init std 0.02 over 64 normalised
@@ -199,11 +199,11 @@ TEST_CASE("the data's tokens must fit the model's vocab") {
   config.data = path;
   config.seq_len = 8;
   config.model.vocab_size = 100;
-  CHECK_THROWS_WITH_AS(gpt::build_data(config),
+  CHECK_THROWS_WITH_AS(tessera::train::build_data(config),
                        doctest::Contains("holds tokens up to 111, but the model's vocab is 100; pass --vocab 112"),
                        tessera::Error);
   config.model.vocab_size = 112;
-  CHECK(gpt::build_data(config).token_range() == 112);
+  CHECK(tessera::train::build_data(config).token_range() == 112);
   fs::remove(path);
 }
 
@@ -295,7 +295,7 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
     CAPTURE(message);
     Parsed parsed = parse(args);
     REQUIRE(parsed.exit_code.has_value());
-    CHECK(*parsed.exit_code == gpt::kUsageExitCode);  // every usage error, CLI11's own included
+    CHECK(*parsed.exit_code == tessera::train::kUsageExitCode);  // every usage error, CLI11's own included
     CHECK(parsed.err.find(message) != std::string::npos);
   }
   // A build without NCCL says so; one with it asks for processes instead of threads.
@@ -314,21 +314,21 @@ TEST_CASE("an unwritable --log-json path is an error before training starts") {
   TrainConfig config = tiny_config();
   config.log_json = "/nonexistent-dir/log.jsonl";
   std::ostringstream log;
-  CHECK_THROWS_WITH_AS(gpt::train(config, log), doctest::Contains("--log-json /nonexistent-dir/log.jsonl: the directory /nonexistent-dir does not exist"),
+  CHECK_THROWS_WITH_AS(tessera::train::train(config, log), doctest::Contains("--log-json /nonexistent-dir/log.jsonl: the directory /nonexistent-dir does not exist"),
                        tessera::Error);
   CHECK(log.str().empty());
 }
 
 // Each step's metrics and the final full state of a run.
 struct Run {
-  std::vector<gpt::StepMetrics> steps;
+  std::vector<tessera::train::StepMetrics> steps;
   tessera::nn::StateDict state;
 };
 
-// config.threads (> 0) intra-op threads, as gpt::train gives each rank.
+// config.threads (> 0) intra-op threads, as tessera::train::train gives each rank.
 Run run_plain(const TrainConfig& config) {
   const IntraOpThreads threads(config.threads);
-  gpt::Trainer trainer(config, gpt::build_data(config));
+  tessera::train::Trainer trainer(config, tessera::train::build_data(config));
   Run run;
   for (int64_t step = 0; step < config.steps; ++step) run.steps.push_back(trainer.train_step());
   run.state = trainer.model().state_dict();
@@ -338,8 +338,8 @@ Run run_plain(const TrainConfig& config) {
 // Every rank's run, by rank.
 std::vector<Run> run_fsdp(const TrainConfig& config) {
   std::vector<Run> runs(static_cast<size_t>(config.nproc));
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     Run& run = runs[static_cast<size_t>(distributed.rank())];
     for (int64_t step = 0; step < config.steps; ++step) run.steps.push_back(trainer.train_step());
     run.state = tessera::fsdp::full_state_dict(trainer.model());
@@ -397,7 +397,7 @@ std::vector<double> check_fsdp_f64(const TrainConfig& single, const TrainConfig&
     check_close_f64(expected.state, run.state);
   }
   std::vector<double> losses;
-  for (const gpt::StepMetrics& step : expected.steps) losses.push_back(step.loss);
+  for (const tessera::train::StepMetrics& step : expected.steps) losses.push_back(step.loss);
   return losses;
 }
 
@@ -451,8 +451,8 @@ TEST_CASE("comm_bytes is exactly what the sharding plan expects, plus the loss's
     std::vector<int64_t> measured(static_cast<size_t>(c.nproc)), expected(static_cast<size_t>(c.nproc));
     std::string plan;
     bool plain_plan_has_optimizer_line = true;
-    gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-      gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+    tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+      tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
       const auto volume = tessera::fsdp::expected_comm_per_step(trainer.model(), config.grad_accum, config.grad_sync);
       // clip_grad_norm_ sums one f64 over the shard group.
       const auto norm = tessera::dist::collective_volume(tessera::dist::CollectiveKind::all_reduce, 8,
@@ -496,10 +496,10 @@ TEST_CASE("the sharded model's state dicts: sharded, full, and a full one loaded
   // The reference: the plain model of another seed, whose values the sharded model must take.
   TrainConfig other = config;
   other.seed = config.seed + 1;
-  const tessera::nn::StateDict wanted = gpt::build_model_meta(other, std::nullopt)->state_dict();
+  const tessera::nn::StateDict wanted = tessera::train::build_model_meta(other, std::nullopt)->state_dict();
 
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    auto model = gpt::build_model_meta(config, distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    auto model = tessera::train::build_model_meta(config, distributed);
     const auto sharded = tessera::fsdp::sharded_state_dict(*model);
     REQUIRE(sharded.size() == wanted.size());  // lm_head.weight (tied) included
     const tessera::dist::DTensor& wte = sharded.at("wte.weight");
@@ -530,7 +530,7 @@ TEST_CASE("the sharded model's state dicts: sharded, full, and a full one loaded
 
 TEST_CASE("the plan and the state dicts need an FSDP root") {
   TrainConfig config = small_config();
-  auto plain = gpt::build_model_meta(config, std::nullopt);
+  auto plain = tessera::train::build_model_meta(config, std::nullopt);
   CHECK_THROWS_WITH_AS(tessera::fsdp::sharding_plan(*plain), doctest::Contains("this GPT is not an FSDP module"),
                        tessera::Error);
   CHECK_THROWS_WITH_AS(tessera::fsdp::sharded_state_dict(*plain), doctest::Contains("not an FSDP module"),
@@ -559,12 +559,12 @@ TEST_CASE("command line: --model llama takes the llama presets, the shape flags,
   Parsed defaults = parse({"--model", "llama"});
   REQUIRE_FALSE(defaults.exit_code.has_value());
   CHECK(defaults.config.preset == "llama-tiny");
-  CHECK(defaults.config.family() == gpt::ModelFamily::llama);
+  CHECK(defaults.config.family() == tessera::train::ModelFamily::llama);
   REQUIRE(defaults.config.llama.has_value());
-  CHECK(gpt::model_config_to_json(*defaults.config.llama) ==
-        gpt::model_config_to_json(LlamaConfig::preset("llama-tiny")));
+  CHECK(tessera::train::model_config_to_json(*defaults.config.llama) ==
+        tessera::train::model_config_to_json(LlamaConfig::preset("llama-tiny")));
   CHECK(defaults.config.seq_len == 64);
-  const std::string described = gpt::describe(defaults.config);
+  const std::string described = tessera::train::describe(defaults.config);
   INFO(described);
   CHECK(described.find("model    llama-tiny (llama): n_layer 2, n_head 4, n_kv_head 2, n_embd 64, F 192, vocab 256, "
                        "context 64 (0.131 M parameters)\n") == 0);
@@ -590,11 +590,11 @@ TEST_CASE("command line: --model llama takes the llama presets, the shape flags,
   Parsed gpt_run = parse({"--model", "gpt"});
   REQUIRE_FALSE(gpt_run.exit_code.has_value());
   CHECK_FALSE(gpt_run.config.llama.has_value());
-  CHECK(gpt_run.config.family() == gpt::ModelFamily::gpt);
-  CHECK(gpt::describe(gpt_run.config) == gpt::describe(parse({}).config));
+  CHECK(gpt_run.config.family() == tessera::train::ModelFamily::gpt);
+  CHECK(tessera::train::describe(gpt_run.config) == tessera::train::describe(parse({}).config));
   const std::string gpt_line = "model    tiny: n_layer 2, n_head 2, n_embd 64, vocab 256, context 64 (0.121 M "
                                "parameters)\n";
-  CHECK(gpt::describe(gpt_run.config).find(gpt_line) == 0);
+  CHECK(tessera::train::describe(gpt_run.config).find(gpt_line) == 0);
 }
 
 TEST_CASE("command line: a preset or a flag of the other family, or an unknown one, is an error listing the names") {
@@ -636,7 +636,7 @@ TEST_CASE("llama-tiny learns the default corpus on one rank: the loss falls belo
   config.threads = 1;
   config.eval_every = config.steps;
   std::ostringstream log;
-  const gpt::TrainSummary summary = gpt::train(config, log);
+  const tessera::train::TrainSummary summary = tessera::train::train(config, log);
   INFO("log:\n" << log.str());
   REQUIRE(summary.losses.size() == 60);
   // The output head starts at N(0, 1/C) over RMS-normalised features: logits

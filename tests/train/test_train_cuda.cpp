@@ -22,7 +22,7 @@
 #include "tensor/cuda/transfer.h"
 #include "tensor/error.h"
 
-using gpt::TrainConfig;
+using tessera::train::TrainConfig;
 
 namespace {
 
@@ -53,12 +53,12 @@ struct StepRecord {
 
 std::vector<StepRecord> run_steps(const TrainConfig& config) {
   std::vector<StepRecord> records;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     for (int64_t step = 0; step < config.steps; ++step) {
       const int64_t mallocs = tessera::cuda::CachingAllocator::of(0).stats().device_mallocs;
       const int64_t reads = tessera::cuda::transfer_stats().device_to_host;
-      const gpt::StepMetrics metrics = trainer.train_step();
+      const tessera::train::StepMetrics metrics = trainer.train_step();
       records.push_back({metrics.loss, metrics.grad_norm,
                          tessera::cuda::CachingAllocator::of(0).stats().device_mallocs - mallocs,
                          tessera::cuda::transfer_stats().device_to_host - reads, metrics.peak_mem_bytes});
@@ -87,7 +87,7 @@ TEST_CASE("the tiny GPT trains on cuda as on the cpu: 20 AdamW steps in f32 with
   // Peak device memory: within what the plan says a rank needs (parameters,
   // gradients, AdamW state, gathered parameters and activations), and not far
   // below it (the estimate is an upper bound by design).
-  const double estimate = static_cast<double>(gpt::estimate_rank_memory(tiny_cuda_config(kCuda)).per_rank());
+  const double estimate = static_cast<double>(tessera::train::estimate_rank_memory(tiny_cuda_config(kCuda)).per_rank());
   for (const StepRecord& record : cuda) {
     CHECK(static_cast<double>(record.peak_bytes) <= 1.1 * estimate);
     CHECK(static_cast<double>(record.peak_bytes) >= 0.5 * estimate);
@@ -149,10 +149,10 @@ namespace {
 std::vector<std::pair<double, double>> rank0_steps(const TrainConfig& config,
                                                    std::vector<std::vector<float>>* weights = nullptr) {
   std::vector<std::pair<double, double>> steps;
-  gpt::init_distributed(config, [&](const gpt::Distributed& distributed) {
-    gpt::Trainer trainer(config, gpt::build_data(config), distributed);
+  tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
+    tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
     for (int64_t step = 0; step < config.steps; ++step) {
-      const gpt::StepMetrics metrics = trainer.train_step();
+      const tessera::train::StepMetrics metrics = trainer.train_step();
       if (distributed.rank() == 0) steps.emplace_back(metrics.loss, metrics.grad_norm);
     }
     if (weights == nullptr) return;

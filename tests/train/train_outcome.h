@@ -9,7 +9,7 @@
 #include "train/flag_checks.h"
 #include "train/training_run.h"
 
-namespace gpt::testing {
+namespace tessera::train::testing {
 
 struct Outcome {
   std::string log;
@@ -35,4 +35,4 @@ inline Outcome run(const TrainConfig& config) {
 
 inline bool trained_a_step(const Outcome& outcome) { return outcome.log.find("| loss") != std::string::npos; }
 
-}  // namespace gpt::testing
+}  // namespace tessera::train::testing

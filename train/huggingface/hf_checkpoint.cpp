@@ -14,7 +14,7 @@
 #include "tensor/error.h"
 #include "train/huggingface/hf_tensor_map.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 namespace checkpoint = tessera::checkpoint;
@@ -205,4 +205,4 @@ void export_hf(const std::string& dir, const ModelConfig& config, const checkpoi
   checkpoint::export_through_rank0(state, group, sink ? &*sink : nullptr);
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -18,14 +18,14 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "train/huggingface/hf_config.h"
 
-namespace gpt {
+namespace tessera::train {
 
 inline constexpr const char* kHfConfigFile = "config.json";
 
 // Whether `path` is a directory holding a config.json (then --init-from reads it as a Hugging Face model).
 bool is_hf_model_dir(const std::string& path);
 
-// Whether the model directory holds a tokenizer gpt::Tokenizer::load reads
+// Whether the model directory holds a tokenizer train::Tokenizer::load reads
 // from a directory: tokenizer.json, or GPT-2's vocab.json with merges.txt.
 bool holds_tokenizer(const std::string& dir);
 
@@ -55,4 +55,4 @@ struct HfExportOptions {
 void export_hf(const std::string& dir, const ModelConfig& config,
                const tessera::checkpoint::DistributedStateDict& state, const HfExportOptions& options = {});
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -6,7 +6,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -220,4 +220,4 @@ nlohmann::ordered_json hf_config_from_model(const ModelConfig& model) {
   return json;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -29,7 +29,7 @@
 
 #include "train/model_family.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // An imported model's settings beyond its shape.
 struct HfModelInfo {
@@ -44,4 +44,4 @@ HfModelInfo hf_model_from_config(const nlohmann::json& config, const std::string
 // written untied for a Llama), its "dtype" the parameters'.
 nlohmann::ordered_json hf_config_from_model(const ModelConfig& config);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -9,7 +9,7 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -170,4 +170,4 @@ void read_in_tessera_layout(const HfTensor& tensor, Tensor destination, const Sh
   }
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -31,7 +31,7 @@
 #include "tensor/tensor.h"
 #include "train/model_family.h"
 
-namespace gpt {
+namespace tessera::train {
 
 enum class HfLayout {
   same,           // identical
@@ -70,4 +70,4 @@ using HfBoxReader = std::function<void(const tessera::Tensor& box, const tessera
 void read_in_tessera_layout(const HfTensor& tensor, tessera::Tensor destination, const tessera::Shape& offsets,
                             const HfBoxReader& read_hf_box);
 
-}  // namespace gpt
+}  // namespace tessera::train

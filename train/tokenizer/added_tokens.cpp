@@ -5,7 +5,7 @@
 
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 AddedTokens::AddedTokens(std::vector<AddedToken> tokens) : tokens_(std::move(tokens)) {
   for (const AddedToken& token : tokens_) {
@@ -65,4 +65,4 @@ void AddedTokens::split(std::string_view text, std::vector<TextSegment>& segment
   }
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

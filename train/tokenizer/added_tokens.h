@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-namespace gpt {
+namespace tessera::train {
 
 struct AddedToken {
   std::string content;  // its bytes in the text (UTF-8 of tokenizer.json's "content")
@@ -59,4 +59,4 @@ class AddedTokens {
   Pass normalized_pass_;  // normalized = true
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

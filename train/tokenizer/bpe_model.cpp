@@ -7,7 +7,7 @@
 #include "tensor/error.h"
 #include "train/tokenizer/byte_alphabet.h"
 
-namespace gpt {
+namespace tessera::train {
 
 BpeModel::BpeModel(const BpeSpec& spec) : ignore_merges_(spec.ignore_merges) {
   TESSERA_CHECK(!spec.vocab.empty(), "{}: the vocab is empty", spec.source);
@@ -140,4 +140,4 @@ void BpeModel::merge_by_rank(std::string_view word, std::vector<uint32_t>& ids) 
   for (uint32_t i = n == 0 ? kNone : 0; i != kNone; i = symbols[i].next) ids.push_back(symbols[i].id);
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace gpt {
+namespace tessera::train {
 
 // The largest token id a vocabulary may use (2^24 - 1: a real vocabulary has
 // at most a few hundred thousand tokens).
@@ -76,4 +76,4 @@ class BpeModel {
   bool ignore_merges_ = false;
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

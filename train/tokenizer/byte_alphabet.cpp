@@ -5,7 +5,7 @@
 
 #include "train/tokenizer/utf8_decoder.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -80,4 +80,4 @@ std::optional<std::string> alphabet_text_to_bytes(std::string_view text) {
   return bytes;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

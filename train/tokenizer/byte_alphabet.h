@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace gpt {
+namespace tessera::train {
 
 // The character that stands for `byte`.
 char32_t byte_to_alphabet(uint8_t byte);
@@ -30,4 +30,4 @@ std::optional<std::string> alphabet_text_to_bytes(std::string_view text);
 // `code_point` as UTF-8, appended to `out`.
 void append_utf8(char32_t code_point, std::string& out);
 
-}  // namespace gpt
+}  // namespace tessera::train

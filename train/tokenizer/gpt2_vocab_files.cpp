@@ -4,7 +4,7 @@
 #include "checkpoint/checksum.h"
 #include "tensor/error.h"
 
-namespace gpt {
+namespace tessera::train {
 
 std::vector<std::pair<std::string, uint32_t>> vocab_from_json(const nlohmann::json& vocab, const std::string& where) {
   TESSERA_CHECK(vocab.is_object(), "{}: expected an object of token -> id, got {}", where, vocab.type_name());
@@ -59,4 +59,4 @@ TokenizerSpec read_gpt2_vocab_files(std::string_view vocab_json, const std::stri
   return spec;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

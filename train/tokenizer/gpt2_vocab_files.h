@@ -17,7 +17,7 @@
 
 #include "train/tokenizer/tokenizer_spec.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // Parses the two files' texts; errors (tessera::Error) name the file and,
 // for merges.txt, the line.
@@ -32,4 +32,4 @@ std::vector<std::pair<std::string, uint32_t>> vocab_from_json(const nlohmann::js
 // text on both sides.
 std::optional<std::pair<std::string, std::string>> split_merge(std::string_view text);
 
-}  // namespace gpt
+}  // namespace tessera::train

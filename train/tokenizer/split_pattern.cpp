@@ -6,7 +6,7 @@
 #include "train/tokenizer/unicode_class.h"
 #include "train/tokenizer/utf8_decoder.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -160,4 +160,4 @@ std::vector<size_t> split_words(std::string_view text, SplitPattern pattern) {
   return piece_ends;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-namespace gpt {
+namespace tessera::train {
 
 enum class SplitPattern { gpt2, llama3 };
 
@@ -38,4 +38,4 @@ size_t split_piece_end(std::string_view text, SplitPattern pattern, size_t at);
 // text.size() (none for empty text).
 std::vector<size_t> split_words(std::string_view text, SplitPattern pattern);
 
-}  // namespace gpt
+}  // namespace tessera::train

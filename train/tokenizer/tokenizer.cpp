@@ -12,7 +12,7 @@
 #include "train/tokenizer/gpt2_vocab_files.h"
 #include "train/tokenizer/tokenizer_json.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -124,4 +124,4 @@ std::string Tokenizer::describe() const {
                      added_.tokens().size(), added_.tokens().size() == 1 ? "" : "s");
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

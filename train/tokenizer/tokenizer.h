@@ -8,7 +8,7 @@
 // through a word cache). decode(ids) gives back the bytes, exactly: for every
 // byte string s, decode(encode(s)) == s, ill-formed UTF-8 included.
 //
-//   gpt::Tokenizer tokenizer = gpt::Tokenizer::load("tokenizer.json");
+//   train::Tokenizer tokenizer = train::Tokenizer::load("tokenizer.json");
 //   std::vector<uint32_t> ids = tokenizer.encode("Hello world");
 //   std::string text = tokenizer.decode(ids);
 #pragma once
@@ -26,7 +26,7 @@
 #include "train/tokenizer/tokenizer_spec.h"
 #include "train/tokenizer/word_cache.h"
 
-namespace gpt {
+namespace tessera::train {
 
 class Tokenizer {
  public:
@@ -78,4 +78,4 @@ class Tokenizer {
   std::vector<TextSegment> segments_;  // scratch of encode
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -7,7 +7,7 @@
 #include "tensor/error.h"
 #include "train/tokenizer/gpt2_vocab_files.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -216,4 +216,4 @@ TokenizerSpec read_tokenizer_json(std::string_view text, const std::string& sour
   return spec;
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -16,9 +16,9 @@
 
 #include "train/tokenizer/tokenizer_spec.h"
 
-namespace gpt {
+namespace tessera::train {
 
 // Parses the file's text; `source` names it in errors (tessera::Error).
 TokenizerSpec read_tokenizer_json(std::string_view text, const std::string& source);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -11,7 +11,7 @@
 #include "train/tokenizer/bpe_model.h"
 #include "train/tokenizer/split_pattern.h"
 
-namespace gpt {
+namespace tessera::train {
 
 struct TokenizerSpec {
   BpeSpec bpe;
@@ -23,4 +23,4 @@ struct TokenizerSpec {
   uint32_t content_crc32c = 0;  // CRC-32C of the files' bytes, in the order read
 };
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -8,7 +8,7 @@
 
 #include "train/tokenizer/unicode_class_ranges.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -39,4 +39,4 @@ CharClass char_class(char32_t code_point) {
 
 const char* unicode_version() { return unicode_tables::kUnicodeVersion; }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace gpt {
+namespace tessera::train {
 
 enum class CharClass : uint8_t {
   other,   // none of the three below: punctuation, symbols, marks, controls, unassigned
@@ -21,4 +21,4 @@ CharClass char_class(char32_t code_point);
 // The Unicode version the tables were generated from ("16.0.0").
 const char* unicode_version();
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -6,7 +6,7 @@
 
 #include "train/tokenizer/unicode_class.h"
 
-namespace gpt::unicode_tables {
+namespace tessera::train::unicode_tables {
 
 inline constexpr const char* kUnicodeVersion = "16.0.0";
 
@@ -229,4 +229,4 @@ inline constexpr ClassRange kClassRanges[831] = {
     {0x2F800, 0x2FA1D, L}, {0x30000, 0x3134A, L}, {0x31350, 0x323AF, L},
 };
 
-}  // namespace gpt::unicode_tables
+}  // namespace tessera::train::unicode_tables

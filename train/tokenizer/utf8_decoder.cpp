@@ -1,7 +1,7 @@
 // Lossy UTF-8 decoding by maximal subparts.
 #include "train/tokenizer/utf8_decoder.h"
 
-namespace gpt {
+namespace tessera::train {
 
 namespace {
 
@@ -45,4 +45,4 @@ Utf8Char decode_utf8_char(std::string_view text, size_t at) {
   return {code_point, lead.length, true};
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace gpt {
+namespace tessera::train {
 
 inline constexpr char32_t kReplacementCharacter = 0xFFFD;
 
@@ -23,4 +23,4 @@ struct Utf8Char {
 // The character that starts at byte `at` of `text` (length 0 when at >= size).
 Utf8Char decode_utf8_char(std::string_view text, size_t at);
 
-}  // namespace gpt
+}  // namespace tessera::train

@@ -1,7 +1,7 @@
 // A bounded map from words to their ids, the ids kept in one buffer.
 #include "train/tokenizer/word_cache.h"
 
-namespace gpt {
+namespace tessera::train {
 
 void WordCache::encode(const BpeModel& model, std::string_view word, std::vector<uint32_t>& ids) {
   if (const auto found = index_.find(word); found != index_.end()) {
@@ -23,4 +23,4 @@ void WordCache::clear() {
   ids_.clear();
 }
 
-}  // namespace gpt
+}  // namespace tessera::train

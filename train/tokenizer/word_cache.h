@@ -13,7 +13,7 @@
 
 #include "train/tokenizer/bpe_model.h"
 
-namespace gpt {
+namespace tessera::train {
 
 class WordCache {
  public:
@@ -37,4 +37,4 @@ class WordCache {
   std::vector<uint32_t> ids_;  // every cached word's ids, one after another
 };
 
-}  // namespace gpt
+}  // namespace tessera::train
