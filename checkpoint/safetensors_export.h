@@ -27,7 +27,7 @@ namespace tessera::checkpoint {
 
 struct ExportOptions {
   dist::ProcessGroupPtr group = nullptr;  // null: dist::world(), or this process alone
-  std::map<std::string, std::string> metadata;  // the file's "__metadata__" (string to string)
+  std::map<std::string, std::string> metadata{};  // the file's "__metadata__" (string to string)
   bool sync = true;
 };
 

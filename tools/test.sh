@@ -15,7 +15,15 @@ portable=build-x86-64-v3
 portable_suites=(tensor autograd nn fsdp)
 portable_targets=(tests/tensor/test_tensor tests/autograd/test_autograd tests/nn/test_nn tests/fsdp/test_fsdp)
 
+# Each phase's seconds, printed together before the summary line.
+phases=()
+phase_done() {  # name start-seconds
+  phases+=("$1 $((SECONDS - $2)) s")
+  echo "test: $1 took $((SECONDS - $2)) s"
+}
+
 summary() {  # passed failed
+  [ ${#phases[@]} -eq 0 ] || echo "test: phases: $(IFS=,; echo "${phases[*]}" | sed 's/,/, /g'), total $SECONDS s"
   echo "$1 passed, $2 failed"
   [ "$2" -eq 0 ]
   exit $?
@@ -44,17 +52,19 @@ count_results() {  # build-dir
   total=$((total + $(grep -c . <<<"$results")))
 }
 
+start=$SECONDS
 bash tools/setup.sh || { echo "test: set-up failed"; summary 0 1; }
+phase_done set-up "$start"
 
 start=$SECONDS
 configure "$native" || { echo "test: meson setup of $native failed"; summary 0 1; }
 ninja -C "$native" || { echo "test: build of $native failed"; summary 0 1; }
-echo "test: $native built in $((SECONDS - start)) s"
+phase_done "$native build" "$start"
 start=$SECONDS
 rm -f "$native/meson-logs/testlog.json"
 meson test -C "$native" --print-errorlogs
 count_results "$native"
-echo "test: $native tested in $((SECONDS - start)) s"
+phase_done "$native tests" "$start"
 
 # Without AVX-512 the native build already is the AVX2+FMA build: the same
 # code paths, so the portable variant would only repeat them.
@@ -65,7 +75,7 @@ if echo | c++ -march=native -dM -E - | grep -q '__AVX512F__'; then
   configure "$portable" -Dmarch=x86-64-v3 -Dmpi=disabled -Dcuda=disabled ||
     { echo "test: meson setup of $portable failed"; summary "$passed" 1; }
   ninja -C "$portable" "${portable_targets[@]}" || { echo "test: build of $portable failed"; summary "$passed" 1; }
-  echo "test: $portable built in $((SECONDS - start)) s"
+  phase_done "$portable build" "$start"
   start=$SECONDS
   rm -f "$portable/meson-logs/testlog.json"
   suite_args=()
@@ -73,7 +83,7 @@ if echo | c++ -march=native -dM -E - | grep -q '__AVX512F__'; then
   # OpenBLAS picks its kernels by the CPU it runs on; Haswell's are its AVX2+FMA ones.
   OPENBLAS_CORETYPE=Haswell meson test -C "$portable" --no-rebuild --print-errorlogs "${suite_args[@]}"
   count_results "$portable"
-  echo "test: $portable tested in $((SECONDS - start)) s"
+  phase_done "$portable tests" "$start"
 else
   echo "test: no AVX-512 here: $native is the AVX2+FMA build, so $portable is not built"
 fi
@@ -108,10 +118,10 @@ if command -v nvcc >/dev/null; then
     ninja -C "$nvidia" "${nvidia_targets[@]}" | tee "$nvidia_log" | sed '/^ptxas info/d; /bytes stack frame/d' &&
     python3 tools/check_cuda_resources.py "$nvidia" "$nvidia_log" | tail -1; then
     passed=$((passed + 1))
-    echo "test: $nvidia built and resource-checked in $((SECONDS - start)) s"
   else
     echo "test: $nvidia failed (build or tools/check_cuda_resources.py)"
   fi
+  phase_done "$nvidia build and resource check" "$start"
 else
   echo "test: nvcc not found: the nvidia runtime was not compiled (the simulator's suite ran)"
 fi

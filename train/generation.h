@@ -19,9 +19,9 @@ struct GenerationOptions {
   // Sequence b of the batch draws from stream sampling.key.stream + b (new
   // token i uses draw i): the first prompt of a batch gets the text it gets
   // alone, and equal prompts get different texts.
-  SamplingOptions sampling;
+  SamplingOptions sampling{};
   // A sequence ends with the first of these it samples (kept as its last token).
-  std::vector<uint32_t> stop_tokens;
+  std::vector<uint32_t> stop_tokens{};
   bool kv_cache = true;
 };
 

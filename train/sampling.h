@@ -19,7 +19,7 @@ struct SamplingOptions {
   // candidates, the fewest most likely whose probabilities sum to top_p or
   // more (Hugging Face's TopPLogitsWarper); 1 = all of them.
   double top_p = 1.0;
-  tessera::PhiloxKey key;  // the draws' sequence (generation.h: one stream per sequence of a batch)
+  tessera::PhiloxKey key{};  // the draws' sequence (generation.h: one stream per sequence of a batch)
 };
 
 // Throws tessera::Error, naming `op`, for a temperature that is negative or

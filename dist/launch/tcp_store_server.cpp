@@ -32,8 +32,8 @@ using Bytes = std::vector<std::byte>;
 
 struct Connection {
   Socket socket;
-  Bytes input;
-  Bytes output;
+  Bytes input{};
+  Bytes output{};
   size_t output_sent = 0;
   bool parked = false;        // waiting in a get: later requests wait behind it
   bool close_after = false;   // a refused request: flush the refusal, then close

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs the "disk full" cases of test_examples on a real, small filesystem: a
+# Runs the "disk full" cases of test_train on a real, small filesystem: a
 # tmpfs mounted in a private mount namespace (unshare), so it vanishes with
 # the test however the test ends, and nothing outside the namespace sees it.
 # Root, or unprivileged user namespaces, can do that; otherwise the check is
 # skipped (exit 77) with the reason.
-# Usage: check_disk_full.sh path/to/test_examples [tmpfs size, default 4m]
+# Usage: check_disk_full.sh path/to/test_train [tmpfs size, default 4m]
 set -euo pipefail
 tests=$1
 size=${2:-4m}
