@@ -5,13 +5,13 @@
 // tables, so the generic tensor code is the same in every build and never
 // names the simulator or the CUDA runtime.
 //
-// The seam is at link time. runtime_table() of the cuda namespace is defined
-// by tensor/cuda/device_runtime.cpp in a build with a cuda runtime (sim or
-// nvidia), and by tensor/no_cuda_runtime.cpp otherwise, whose entries raise
-// a tessera::Error naming the device and how to configure a build that has
-// one. It is a call, not a registration by a static initializer: libtessera
-// is linked statically, and the linker drops an object file that nothing
-// references.
+// The seam is at link time: cuda::runtime_table() is defined by
+// tensor/cuda/device_runtime.cpp in a build with a cuda runtime (sim or
+// nvidia), and by tensor/no_cuda_runtime.cpp otherwise, whose entries that
+// need the device raise a tessera::Error naming it and how to configure a
+// build that has one. It is a call, not a registration by a static
+// initializer: libtessera is linked statically, and the linker drops an
+// object file that nothing references.
 //
 // The host needs no table: cpu memory is tensor/cpu/allocator.h's, cpu
 // streams are WorkerStreams (tensor/stream.h), and meta has no bytes. A new
