@@ -4,9 +4,7 @@
 #include <charconv>
 
 #include "tensor/cpu/float_vector.h"
-#if TESSERA_HAVE_CUDA
-#include "tensor/cuda/runtime.h"
-#endif
+#include "tensor/device_runtime.h"
 #include "tensor/error.h"
 
 namespace tessera {
@@ -41,16 +39,9 @@ std::string describe_device(Device device) {
   switch (device.type) {
     case DeviceType::cpu: return fmt::format("cpu ({})", cpu_instruction_set());
     case DeviceType::meta: return "meta (shapes only, no data)";
-    case DeviceType::cuda:
-#if TESSERA_HAVE_CUDA
-      return fmt::format("{} on {}", device.str(), cuda::describe_device(device.index));
-#else
-      break;
-#endif
+    case DeviceType::cuda: return fmt::format("{} on {}", device.str(), device_runtime(device).describe(device));
   }
-  fail("{}: this build has no cuda runtime (configure with the CUDA toolkit: -Dgpu_runtime=sim, the default, or "
-       "-Dgpu_runtime=nvidia)",
-       device.str());
+  return "?";
 }
 
 }  // namespace tessera

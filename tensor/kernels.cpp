@@ -1,6 +1,8 @@
 // Device -> kernel table dispatch.
 #include "tensor/kernels.h"
 
+#include "tensor/device_runtime.h"
+
 namespace tessera {
 
 const KernelTable& kernels(Device device) {
@@ -8,15 +10,9 @@ const KernelTable& kernels(Device device) {
     case DeviceType::cpu: return cpu::kernel_table();
     case DeviceType::meta:
       fail("kernels: meta tensors have no data to compute on (ops on meta stop after shape inference)");
-    case DeviceType::cuda:
-#if TESSERA_HAVE_CUDA
-      return cuda::kernel_table();
-#else
-      break;
-#endif
+    case DeviceType::cuda: return device_runtime(device).kernels(device);
   }
-  fail("kernels: no kernels for {} in this build (configure on a machine with the CUDA toolkit and Boost.Context)",
-       device.str());
+  fail("kernels: unknown device {}", device.str());
 }
 
 DType kernel_dtype(Device device, DType dtype) {

@@ -198,7 +198,9 @@ namespace cpu {
 const KernelTable& kernel_table();  // tensor/cpu/kernel_table.cpp
 }
 namespace cuda {
-const KernelTable& kernel_table();  // tensor/cuda/kernel_table.cpp
+// tensor/cuda/kernel_table.cpp, handed out by the cuda device's runtime
+// table (tensor/device_runtime.h) in a build with a cuda runtime.
+const KernelTable& kernel_table();
 }
 
 }  // namespace tessera

@@ -4,8 +4,8 @@
 #include "tensor/raw_op_guard.h"
 
 #include <algorithm>
-#include <string>
-#include <string_view>
+
+#include "tensor/raw_op_twins.h"  // kTwinsOfTheSameName, written at build time by tensor/raw_op_twins.py
 
 namespace tessera {
 
@@ -17,23 +17,6 @@ struct RawOpState {
 };
 
 thread_local RawOpState raw_op_state;
-
-// Raw ops whose differentiable twin in autograd/functions.h has the same name.
-// The error path is the only reader, so a linear search is fine.
-constexpr std::string_view kTwinsOfTheSameName[] = {
-    "view", "reshape", "flatten", "permute", "transpose", "narrow", "slice", "select", "squeeze", "unsqueeze",
-    "expand", "contiguous", "clone", "to", "cat", "stack", "split", "chunk", "index_select", "add", "sub", "mul",
-    "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "where",
-    "masked_fill", "sum", "mean", "amax", "max", "matmul", "linear", "softmax", "log_softmax", "layer_norm",
-    "rms_norm", "add_layer_norm", "embedding", "cross_entropy", "dropout"};
-
-std::string differentiable_twin(std::string_view op) {
-  if (op == "causal_attention") return "tessera::scaled_dot_product_attention";
-  if (std::ranges::find(kTwinsOfTheSameName, op) != std::end(kTwinsOfTheSameName)) {
-    return "tessera::" + std::string(op);
-  }
-  return {};
-}
 
 [[noreturn]] void refuse(const char* op, const std::string& input) {
   const std::string twin = differentiable_twin(op);
@@ -53,6 +36,15 @@ bool refuses_grad_inputs() { return raw_op_state.grad_mode && !raw_op_state.grad
 bool requires_grad(const Tensor& tensor) { return tensor.defined() && tensor.requires_grad(); }
 
 }  // namespace
+
+// The error path and tests are the only readers, so a linear search is fine.
+std::string differentiable_twin(std::string_view op) {
+  if (op == "causal_attention") return "tessera::scaled_dot_product_attention";
+  if (std::ranges::find(kTwinsOfTheSameName, op) != std::end(kTwinsOfTheSameName)) {
+    return "tessera::" + std::string(op);
+  }
+  return {};
+}
 
 bool grad_mode_enabled() { return raw_op_state.grad_mode; }
 void set_grad_mode_enabled(bool enabled) { raw_op_state.grad_mode = enabled; }

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <initializer_list>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -50,5 +52,12 @@ struct RawOpInput {
 void check_raw_op_inputs(const char* op, std::initializer_list<RawOpInput> inputs);
 // The same for a list input (cat, stack): the message names tensors[i].
 void check_raw_op_inputs(const char* op, const char* name, const std::vector<Tensor>& inputs);
+
+// The differentiable function the refusal of raw op `op` names
+// ("tessera::relu" for ops::relu), or "" when it has none: the function of
+// the same name in autograd/functions.h (the list is read from both headers
+// at build time), and tessera::scaled_dot_product_attention for
+// causal_attention.
+std::string differentiable_twin(std::string_view op);
 
 }  // namespace tessera

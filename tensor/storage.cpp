@@ -1,12 +1,11 @@
-// Storage, device dispatch of allocation, and the statistics every device keeps.
+// Storage, device dispatch of allocation, and the statistics every device
+// keeps. Cpu bytes come from the host's allocator; a device's from its
+// runtime (tensor/device_runtime.h).
 #include "tensor/storage.h"
 
 #include "tensor/cpu/allocator.h"
+#include "tensor/device_runtime.h"
 #include "tensor/error.h"
-#if TESSERA_HAVE_CUDA
-#include "tensor/cuda/caching_allocator.h"
-#include "tensor/stream.h"
-#endif
 
 namespace tessera {
 
@@ -27,21 +26,11 @@ MemoryCounters& device_counters(Device device) {
 
 thread_local std::shared_ptr<MemoryCounters> current_scope;
 
-// Bytes for a new storage on cpu or cuda (meta has none).
+// Bytes for a new storage on cpu or cuda (meta has none). The device's
+// runtime throws its own out-of-memory error, with its statistics.
 void* allocate_data(Device device, int64_t bytes, const char* what) {
-  void* data = nullptr;
-  if (device.is_cpu()) {
-    data = cpu::allocate_bytes(static_cast<size_t>(bytes));
-  } else {
-#if TESSERA_HAVE_CUDA
-    // On the allocating thread's current stream, as PyTorch does; the cuda
-    // allocator throws its own out-of-memory error with its statistics.
-    return cuda::CachingAllocator::of(device.index).allocate(bytes, current_stream(device));
-#else
-    fail("{}: no allocator for device {} in this build (configure with the CUDA toolkit for the cuda device)", what,
-         device.str());
-#endif
-  }
+  if (!device.is_cpu()) return device_runtime(device).allocate(device, bytes, what);
+  void* data = cpu::allocate_bytes(static_cast<size_t>(bytes));
   TESSERA_CHECK(data != nullptr, "{}: out of memory on {} asking for {} bytes", what, device.str(), bytes);
   return data;
 }
@@ -104,10 +93,9 @@ void Storage::free_data() {
     adopted_free_ = nullptr;  // restore_data allocates ordinary memory
   } else if (device_.is_cpu()) {
     cpu::free_bytes(data_, static_cast<size_t>(bytes_));
+  } else if (device_.is_cuda()) {
+    device_runtime(device_).free(device_, data_);
   }
-#if TESSERA_HAVE_CUDA
-  if (device_.is_cuda()) cuda::CachingAllocator::of(device_.index).free(data_);
-#endif
   device_counters(device_).on_free(bytes_);
   if (scope_) scope_->on_free(bytes_);
 }
@@ -143,30 +131,21 @@ std::shared_ptr<Storage> allocate(Device device, int64_t bytes) {
 MemoryStats memory_stats(Device device) {
   MemoryStats stats = device_counters(device).snapshot();
   if (device.is_cpu()) stats.cached_bytes = cpu::cached_bytes();
-#if TESSERA_HAVE_CUDA
-  if (device.is_cuda()) {
-    const cuda::AllocatorStats allocator = cuda::CachingAllocator::of(device.index).stats();
-    stats.cached_bytes = allocator.reserved_bytes - allocator.allocated_bytes;
-  }
-#endif
+  if (device.is_cuda()) stats.cached_bytes = device_runtime(device).cached_bytes(device);
   return stats;
 }
 
 void release_cached_memory(Device device) {
   if (device.is_cpu()) cpu::release_cached_blocks();
-#if TESSERA_HAVE_CUDA
-  if (device.is_cuda()) cuda::CachingAllocator::of(device.index).release_cached_memory();
-#endif
+  if (device.is_cuda()) device_runtime(device).release_cached_memory(device);
 }
 
 void reset_peak_memory(Device device) { device_counters(device).reset_peak(); }
 
-void record_stream([[maybe_unused]] const Storage& storage, [[maybe_unused]] const std::shared_ptr<Stream>& stream) {
-#if TESSERA_HAVE_CUDA
+void record_stream(const Storage& storage, const std::shared_ptr<Stream>& stream) {
   if (storage.device().is_cuda() && storage.data() != nullptr) {
-    cuda::CachingAllocator::of(storage.device().index).record_stream(storage.data(), stream);
+    device_runtime(storage.device()).record_stream(storage.device(), storage.data(), stream);
   }
-#endif
 }
 
 const std::shared_ptr<MemoryCounters>& MemoryScope::current() { return current_scope; }

@@ -1,5 +1,6 @@
 // Streams (worker threads, or inline) and events; the current stream per
-// device and thread.
+// device and thread. A cuda stream comes from the device's runtime
+// (tensor/device_runtime.h).
 #include "tensor/stream.h"
 
 #include <array>
@@ -7,26 +8,12 @@
 #include <map>
 #include <typeinfo>
 
+#include "tensor/device_runtime.h"
 #include "tensor/error.h"
-#if TESSERA_HAVE_CUDA_SIM
-#include "tensor/cuda/sim/sim_stream.h"
-#elif TESSERA_HAVE_CUDA_NVIDIA
-#include "tensor/cuda/nvidia/nvidia_stream.h"
-#endif
 
 namespace tessera {
 
 namespace {
-
-std::shared_ptr<Stream> create_cuda_stream([[maybe_unused]] Device device, [[maybe_unused]] int priority) {
-#if TESSERA_HAVE_CUDA_SIM
-  return cuda::sim::SimStream::create(device, priority);
-#elif TESSERA_HAVE_CUDA_NVIDIA
-  return cuda::nvidia::NvidiaStream::create(device, priority);
-#else
-  fail("Stream: no cuda runtime in this build (configure with the CUDA toolkit for the simulator)");
-#endif
-}
 
 // This thread's current stream per device, and per cuda ordinal.
 thread_local std::map<std::pair<int, int>, std::shared_ptr<Stream>> current_streams;
@@ -43,12 +30,12 @@ std::shared_ptr<Stream> Stream::default_stream(Device device) {
   };
   if (!device.is_cuda()) return inline_streams[static_cast<int>(device.type)];
   auto& stream = current_streams[key(device)];
-  if (!stream) stream = create_cuda_stream(device, 0);
+  if (!stream) stream = device_runtime(device).create_stream(device, 0);
   return stream;
 }
 
 std::shared_ptr<Stream> Stream::create(Device device, int priority) {
-  if (device.is_cuda()) return create_cuda_stream(device, priority);
+  if (device.is_cuda()) return device_runtime(device).create_stream(device, priority);
   return std::make_shared<WorkerStream>(device, priority, true);
 }
 

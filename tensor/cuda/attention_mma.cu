@@ -118,16 +118,19 @@ __device__ const uint16_t* column_block_row(const uint16_t* tile, int n, int k, 
   return tile + (n + (lane >> 4) * 8 + (lane & 7)) * kPitch<kDim> + k + ((lane >> 3) & 1) * 8;
 }
 
-// mma's A fragment for k columns 16 step .. 16 step + 15 of a 16-row
-// accumulator held as 8-column blocks acc[n][4] (mma_layout.h: A's a[0..3]
+// mma's A fragment for 16 k columns of a 16-row accumulator held as 8-column
+// blocks: `low` holds k columns 0-7, `high` 8-15 (mma_layout.h: A's a[0..3]
 // are rows g | g+8 of columns 2t | 2t+8, the accumulator's c[0..3] rows g | g+8
-// of columns 2t of its block).
-template <int kBlocks>
-__device__ void accumulator_as_a(uint32_t (&a)[4], const float (&acc)[kBlocks][4], int step) {
-  a[0] = pack_bf16x2(acc[2 * step][0], acc[2 * step][1]);
-  a[1] = pack_bf16x2(acc[2 * step][2], acc[2 * step][3]);
-  a[2] = pack_bf16x2(acc[2 * step + 1][0], acc[2 * step + 1][1]);
-  a[3] = pack_bf16x2(acc[2 * step + 1][2], acc[2 * step + 1][3]);
+// of columns 2t of its block). The caller picks the blocks: a template over
+// the accumulator's block count made instantiations that differed only in
+// their bounds, which GCC folded into one, then warned (-Warray-bounds) that
+// head dim 128's 2-block accumulator was read through head dim 64's 8-block
+// type; every index was in bounds.
+__device__ void accumulator_as_a(uint32_t (&a)[4], const float (&low)[4], const float (&high)[4]) {
+  a[0] = pack_bf16x2(low[0], low[1]);
+  a[1] = pack_bf16x2(low[2], low[3]);
+  a[2] = pack_bf16x2(high[0], high[1]);
+  a[3] = pack_bf16x2(high[2], high[3]);
 }
 
 // acc[n] (columns 8n..8n+7) += A times the B fragments of two 8-column blocks.
@@ -379,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int step = 0; step < kTile / 16; ++step) {
       if (step >= steps) continue;
       uint32_t a[4];
-      accumulator_as_a(a, s, step);
+      accumulator_as_a(a, s[2 * step], s[2 * step + 1]);
       accumulate_rows<kDim>(o, a, v_tile, step * 16, lane);
     }
   }
@@ -487,9 +490,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int step = 0; step < kColumns / 16; ++step) {
         uint32_t a[4];
-        accumulator_as_a(a, st, step);
+        accumulator_as_a(a, st[2 * step], st[2 * step + 1]);
         accumulate_rows<kDim>(dv, a, go_tile, first_column + step * 16, lane);
-        accumulator_as_a(a, dpt, step);
+        accumulator_as_a(a, dpt[2 * step], dpt[2 * step + 1]);
         if constexpr (kHandOver) store_fragment(score_tile, warp * kWarpRows, first_column + step * 16, a, lane);
         accumulate_rows<kDim>(dk, a, q_tile, first_column + step * 16, lane);
       }
@@ -613,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int step = 0; step < kColumns / 16; ++step) {
         uint32_t a[4];
-        accumulator_as_a(a, s, step);
+        accumulator_as_a(a, s[2 * step], s[2 * step + 1]);
         accumulate_rows<kDim>(dq, a, k_tile, first_column + step * 16, lane);
       }
     }

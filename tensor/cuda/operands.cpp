@@ -1,8 +1,5 @@
 #include "tensor/cuda/operands.h"
 
-#include <algorithm>
-#include <array>
-
 #include "tensor/error.h"
 #include "tensor/stream.h"
 
@@ -42,27 +39,25 @@ BufferUse buffer_use(const char* role, const Tensor& tensor, BufferAccess access
 
 StridedElements StridedElements::of(int64_t element_bytes, int32_t dims, const int64_t* sizes,
                                     const int64_t* strides) {
-  StridedElements view;
+  TESSERA_CHECK(dims >= 0 && dims <= kMaxDims, "StridedElements::of: {} dims; a view has 0 to {}", dims, kMaxDims);
+  // The dims that add elements, by decreasing stride, each inserted in its
+  // place as it comes: at most kMaxDims of them. (std::sort made GCC 12 warn,
+  // -Warray-bounds, of its path for more than 16 elements, which cannot run.)
+  StridedElements sorted;
   int64_t count = 1;
   for (int32_t dim = 0; dim < dims; ++dim) {
-    if (sizes[dim] == 0) return view;
+    if (sizes[dim] == 0) return StridedElements{};
     if (sizes[dim] == 1 || strides[dim] == 0) continue;  // neither adds elements to the set
     count *= sizes[dim];
-    view.sizes[view.dims] = sizes[dim];
-    view.strides[view.dims] = strides[dim];
-    ++view.dims;
+    int32_t at = sorted.dims++;
+    for (; at > 0 && sorted.strides[at - 1] < strides[dim]; --at) {
+      sorted.sizes[at] = sorted.sizes[at - 1];
+      sorted.strides[at] = sorted.strides[at - 1];
+    }
+    sorted.sizes[at] = sizes[dim];
+    sorted.strides[at] = strides[dim];
   }
-  // Decreasing stride; a stride at or below the reach of the dims after it is not nested.
-  std::array<int32_t, kMaxDims> order{};
-  for (int32_t dim = 0; dim < view.dims; ++dim) order[dim] = dim;
-  std::sort(order.begin(), order.begin() + view.dims,
-            [&](int32_t a, int32_t b) { return view.strides[a] > view.strides[b]; });
-  StridedElements sorted;
-  sorted.dims = view.dims;
-  for (int32_t dim = 0; dim < view.dims; ++dim) {
-    sorted.sizes[dim] = view.sizes[order[dim]];
-    sorted.strides[dim] = view.strides[order[dim]];
-  }
+  // A stride at or below the reach of the dims after it is not nested.
   int64_t reach = 0;  // the largest offset the dims after this one reach
   for (int32_t dim = sorted.dims - 1; dim >= 0; --dim) {
     if (sorted.strides[dim] <= reach) return StridedElements{};

@@ -65,7 +65,9 @@ inline unsigned __activemask() { return ::tessera::cuda::sim::active_mask(); }
 
 namespace tessera::cuda::sim {
 // The toolkit's 16-bit float types and their pairs have user-written copy
-// operations, so they are not trivially copyable; their bits are the value.
+// operations, so they are not trivially copyable; their bits are the value,
+// so shuffle copies them as bytes (through void*, which tells g++ so:
+// -Wclass-memaccess).
 template <typename T>
 concept ShuffledBits = sizeof(T) <= sizeof(uint64_t) &&
                        (std::is_trivially_copyable_v<T> || std::is_same_v<T, __half> || std::is_same_v<T, __half2> ||
@@ -77,7 +79,7 @@ T shuffle(WarpOp op, unsigned mask, T value, int argument, int width, std::sourc
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
   bits = warp_operation(op, mask, bits, argument, width, site);
-  std::memcpy(&value, &bits, sizeof(T));
+  std::memcpy(static_cast<void*>(&value), &bits, sizeof(T));
   return value;
 }
 }  // namespace tessera::cuda::sim

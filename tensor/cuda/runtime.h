@@ -1,11 +1,14 @@
 // What the cuda device needs from the runtime underneath it, the same calls
 // for the nvidia runtime (cudaMalloc, cudaFree) and the simulator (its
-// device heap). The caching allocator and the copy API are written once
-// against these.
+// device heap). The caching allocator, the copy API and the cuda device's
+// runtime table (device_runtime.cpp) are written once against these.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "tensor/device.h"
 
 namespace tessera {
 class Stream;
@@ -27,6 +30,10 @@ void check_device_index(int index);
 // GPU by its local rank).
 void set_device(int index);
 int current_device();
+
+// cudaStreamCreateWithPriority on `device` (a cuda device): a non-blocking
+// NvidiaStream, or a SimStream (tensor/stream.h has what streams promise).
+std::shared_ptr<Stream> create_stream(Device device, int priority);
 
 // cudaMalloc on cuda:`device`: a segment of at least `bytes`, or nullptr
 // when the device is out of memory.

@@ -3,12 +3,16 @@
 // and the differentiable function to call instead. Every raw op with a tensor
 // input is called here three ways: with an input that requires grad (refused,
 // with the right message), the same under NoGradGuard, and with a detached
-// input (both accepted, which also shows the call itself is valid). Then the
-// exempt ops, differentiable functions and backward, and a hand-written model
-// that used ops::relu by mistake.
+// input (both accepted, which also shows the call itself is valid). The twin
+// a refusal names is held to the two headers' declarations. Then the exempt
+// ops, differentiable functions and backward, and a hand-written model that
+// used ops::relu by mistake.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <functional>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +22,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
+#include "tensor/raw_op_guard.h"
 
 using namespace tessera;
 using namespace tessera::autograd;
@@ -50,6 +55,23 @@ std::string error_of(const std::function<void()>& op) {
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Every name followed by "(" outside comments in `header` (a path from the
+// source root): each function it declares, however the declaration is laid
+// out, read independently of the build's own reading (tensor/raw_op_twins.py).
+std::set<std::string> called_or_declared(const std::string& header) {
+  std::ifstream file(std::string(TESSERA_SOURCE_ROOT) + "/" + header);
+  REQUIRE(file.good());
+  static const std::regex name_and_parenthesis(R"(\b([A-Za-z_]\w*)\s*\()");
+  std::set<std::string> names;
+  for (std::string line; std::getline(file, line);) {
+    const std::string code = line.substr(0, line.find("//"));
+    for (std::sregex_iterator it(code.begin(), code.end(), name_and_parenthesis), end; it != end; ++it) {
+      names.insert((*it)[1]);
+    }
+  }
+  return names;
+}
 
 void check_close(const Tensor& actual, const Tensor& expected) {
   REQUIRE(actual.sizes() == expected.sizes());
@@ -240,6 +262,25 @@ TEST_CASE("raw op guard: every raw op with a tensor input refuses one that requi
     } else {
       CHECK(contains(message, fmt::format("ops::{} has no differentiable version", raw.op)));
       CHECK(contains(message, "autograd::NoGradGuard"));
+    }
+  }
+}
+
+TEST_CASE("raw op guard: a refusal names the same-named function of autograd/functions.h, and only one it declares") {
+  const std::set<std::string> raw = called_or_declared("tensor/ops.h");
+  const std::set<std::string> differentiable = called_or_declared("autograd/functions.h");
+  REQUIRE(raw.contains("relu"));
+  REQUIRE(differentiable.contains("relu"));
+  for (const std::string& op : raw) {
+    CAPTURE(op);
+    const std::string twin = differentiable_twin(op);
+    if (op == "causal_attention") {
+      CHECK(twin == "tessera::scaled_dot_product_attention");
+      CHECK(differentiable.contains("scaled_dot_product_attention"));
+    } else if (differentiable.contains(op)) {
+      CHECK(twin == "tessera::" + op);  // a same-named twin the refusal must name
+    } else {
+      CHECK(twin == "");  // claims a twin autograd/functions.h lacks
     }
   }
 }

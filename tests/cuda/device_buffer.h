@@ -2,7 +2,10 @@
 // host vectors with memcpy outside kernels: the simulator's device memory is
 // host memory, so these tests need no stream or copy API. A filled buffer is
 // marked written for initcheck, as a copy to the device would be; a buffer
-// made by size alone is unwritten, as cudaMalloc's is.
+// made by size alone is unwritten, as cudaMalloc's is. Elements are copied
+// as bytes, as a copy to the device would: the toolkit's bf16 and f16 types
+// are not trivially copyable, but their bits are their value (the copies go
+// through void*, which tells g++ so: -Wclass-memaccess).
 #pragma once
 
 #include <cstring>
@@ -19,7 +22,7 @@ class DeviceBuffer {
     TESSERA_CHECK(data_ != nullptr, "test: device_malloc of {} elements failed", count);
   }
   explicit DeviceBuffer(const std::vector<T>& values) : DeviceBuffer(values.size()) {
-    std::memcpy(data_, values.data(), values.size() * sizeof(T));
+    std::memcpy(static_cast<void*>(data_), values.data(), values.size() * sizeof(T));
     tessera::cuda::sim::mark_device_written(data_, static_cast<int64_t>(values.size() * sizeof(T)));
   }
   ~DeviceBuffer() { tessera::cuda::sim::device_free(data_); }
@@ -29,7 +32,7 @@ class DeviceBuffer {
   T* get() const { return data_; }
   std::vector<T> read() const {
     std::vector<T> values(count_);
-    std::memcpy(values.data(), data_, count_ * sizeof(T));
+    std::memcpy(static_cast<void*>(values.data()), data_, count_ * sizeof(T));
     return values;
   }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/cuda/launch_config.h"
 #include "tensor/cuda/sim/device_heap.h"
 #include "tensor/cuda/sim/memory_access.h"
 #include "tests/cuda/device_buffer.h"
@@ -100,6 +101,31 @@ TEST_CASE("memcheck holds a strided view to its elements, not its span" * doctes
   fidelity_kernels::write_q_view(packed.get(), rows, width, 3 * width);
   const std::vector<float> values = packed.read();
   for (int i = 0; i < rows * 3 * width; ++i) CHECK(values[i] == (i % (3 * width) < width ? 1.0f : 0.0f));
+}
+
+TEST_CASE("a strided view is described by its dims in decreasing stride; a dense or self-overlapping one by its span") {
+  using tessera::cuda::StridedElements;
+  // Columns 0-2 of a [4, 6] buffer, transposed ([3, 4], strides 1 and 6), with a size-1 dim between.
+  const int64_t sizes[3] = {3, 1, 4}, strides[3] = {1, 100, 6};
+  const StridedElements view = StridedElements::of(4, 3, sizes, strides);
+  CHECK(view.element_bytes == 4);
+  REQUIRE(view.dims == 2);
+  CHECK(view.sizes[0] == 4);
+  CHECK(view.strides[0] == 6);
+  CHECK(view.sizes[1] == 3);
+  CHECK(view.strides[1] == 1);
+  CHECK(view.contains(6 + 2));
+  CHECK_FALSE(view.contains(3));
+  // Dense, overlapping itself (equal strides), or empty: the span describes it.
+  const int64_t dense_sizes[2] = {4, 6}, dense_strides[2] = {6, 1};
+  CHECK(StridedElements::of(4, 2, dense_sizes, dense_strides).element_bytes == 0);
+  const int64_t overlapping_strides[2] = {2, 2};
+  CHECK(StridedElements::of(4, 2, dense_sizes, overlapping_strides).element_bytes == 0);
+  const int64_t empty_sizes[2] = {0, 6};
+  CHECK(StridedElements::of(4, 2, empty_sizes, dense_strides).element_bytes == 0);
+  const int64_t nine[9] = {2, 2, 2, 2, 2, 2, 2, 2, 2};
+  CHECK_THROWS_WITH_AS(StridedElements::of(4, 9, nine, nine), "StridedElements::of: 9 dims; a view has 0 to 8",
+                       tessera::Error);
 }
 
 TEST_CASE("memcheck: misaligned float4 and __nv_bfloat162 accesses fault, as on the hardware" *

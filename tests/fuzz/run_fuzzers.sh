@@ -102,7 +102,17 @@ command -v "$cxx" >/dev/null || skip "$cxx is not installed (tools/setup.sh inst
 # eigen3 (the CPU kernels that tensor/ops pulls in); OpenMP through clang's libomp.
 read -r -a dep_cflags <<<"$(pkg-config --cflags fmt nlohmann_json eigen3)"
 read -r -a dep_libs <<<"$(pkg-config --libs fmt)"
-common_flags=(-std=c++20 -g -fno-omit-frame-pointer -fopenmp -Wno-unknown-warning-option -I"$root" "${dep_cflags[@]}")
+# The header meson writes at build time (tensor/meson.build): the raw ops
+# with a same-named differentiable twin, which raw_op_guard.cpp includes.
+generated="$build/generated"
+twins="$generated/tensor/raw_op_twins.h"
+if [ ! -f "$twins" ] || [ "$root/tensor/raw_op_twins.py" -nt "$twins" ] || [ "$root/tensor/ops.h" -nt "$twins" ] ||
+  [ "$root/autograd/functions.h" -nt "$twins" ]; then
+  mkdir -p "$generated/tensor"
+  python3 "$root/tensor/raw_op_twins.py" "$root/tensor/ops.h" "$root/autograd/functions.h" "$twins"
+fi
+common_flags=(-std=c++20 -g -fno-omit-frame-pointer -fopenmp -Wno-unknown-warning-option -I"$root" -I"$generated"
+  "${dep_cflags[@]}")
 # UB must abort so that libFuzzer saves the input, not print and go on.
 fuzz_flags=(-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all)
 link_sanitizers=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all)
@@ -131,7 +141,8 @@ fuzzed_sources=(
 # `ld --trace` against libtessera.a; a missing file shows as an undefined
 # reference at the link below).
 link_only_sources=(
-  tensor/device.cpp tensor/kernels.cpp tensor/parallel.cpp tensor/philox.cpp tensor/raw_op_guard.cpp tensor/storage.cpp
+  tensor/device.cpp tensor/device_runtime.cpp tensor/kernels.cpp tensor/no_cuda_runtime.cpp tensor/parallel.cpp
+  tensor/philox.cpp tensor/raw_op_guard.cpp tensor/storage.cpp
   tensor/ops/copy.cpp tensor/ops/creation.cpp tensor/ops/views.cpp
   tensor/cpu/allocator.cpp tensor/cpu/attention.cpp tensor/cpu/elementwise.cpp tensor/cpu/gemm.cpp tensor/cpu/indexing.cpp
   tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/optimizer.cpp

@@ -1,5 +1,6 @@
 // The tensor layer's foundations: dtypes and their conversions, devices,
-// storage statistics, Philox streams, CPU streams and events.
+// storage statistics, Philox streams, CPU streams and events, and the cuda
+// device in a build without its runtime.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -11,6 +12,8 @@
 
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/host_staging.h"
+#include "tensor/kernels.h"
 #include "tensor/philox.h"
 #include "tensor/portable_math.h"
 #include "tensor/storage.h"
@@ -272,4 +275,40 @@ TEST_CASE("stream errors surface at synchronize; the default stream runs inline"
 #else
   CHECK_THROWS_WITH_AS(Stream::create(Device(DeviceType::cuda)), doctest::Contains("no cuda runtime"), Error);
 #endif
+}
+
+// The cuda device's runtime table in a build without a cuda runtime
+// (tensor/no_cuda_runtime.cpp): what needs the device names it and how to
+// configure a build that has one; what only asks about it finds nothing.
+TEST_CASE("without a cuda runtime, the cuda device's errors say how to configure one" *
+          doctest::skip(TESSERA_HAVE_CUDA != 0)) {
+  const Device cuda(DeviceType::cuda, 3);
+  CHECK_THROWS_WITH_AS(describe_device(cuda),
+                       "cuda:3: this build has no cuda runtime (configure with the CUDA toolkit: -Dgpu_runtime=sim, "
+                       "the default, or -Dgpu_runtime=nvidia)",
+                       Error);
+  CHECK_THROWS_WITH_AS(allocate(cuda, 16),
+                       "allocate: no allocator for device cuda:3 in this build (configure with the CUDA toolkit for "
+                       "the cuda device)",
+                       Error);
+  CHECK_THROWS_WITH_AS(Storage::released(cuda, 16)->restore_data(),
+                       doctest::Contains("Storage::restore_data: no allocator for device cuda:3"), Error);
+  CHECK_THROWS_WITH_AS(Stream::default_stream(cuda),
+                       "Stream: no cuda runtime in this build (configure with the CUDA toolkit for the simulator)",
+                       Error);
+  CHECK_THROWS_WITH_AS(kernels(cuda),
+                       "kernels: no kernels for cuda:3 in this build (configure on a machine with the CUDA toolkit "
+                       "and Boost.Context)",
+                       Error);
+  CHECK(memory_stats(cuda).cached_bytes == 0);
+  release_cached_memory(cuda);
+  // Host staging: ordinary memory, no copies, nothing to check.
+  const Tensor host = pinned_empty({4}, DType::f32);
+  CHECK(host.device().is_cpu());
+  check_host_access(host, /*writes=*/true, "a test");
+  const Tensor other = pinned_empty({4}, DType::f32);
+  CHECK_THROWS_WITH_AS(copy_to_host_async(host, other, *Stream::default_stream(kCPU)),
+                       "copy_to_host_async: cpu is not a device of this build", Error);
+  CHECK_THROWS_WITH_AS(copy_from_host_async(other, host, *Stream::default_stream(kCPU)),
+                       "copy_from_host_async: cpu is not a device of this build", Error);
 }

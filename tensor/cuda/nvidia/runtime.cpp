@@ -69,6 +69,10 @@ void set_device(int index) {
 
 int current_device() { return t_current_device; }
 
+std::shared_ptr<Stream> create_stream(Device device, int priority) {
+  return nvidia::NvidiaStream::create(device, priority);
+}
+
 void* device_malloc(int device, int64_t bytes) {
   const DeviceScope scope(device);
   void* pointer = nullptr;

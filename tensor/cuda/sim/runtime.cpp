@@ -40,6 +40,8 @@ void set_device(int index) {
 }
 int current_device() { return t_current_device; }
 
+std::shared_ptr<Stream> create_stream(Device device, int priority) { return sim::SimStream::create(device, priority); }
+
 void* device_malloc(int device, int64_t bytes) {
   sim::check_not_in_host_function("cudaMalloc");
   return sim::device_malloc(device, bytes);
