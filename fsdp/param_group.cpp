@@ -214,7 +214,16 @@ void FSDPParamGroup::unshard(bool async_op) {
   // orders the release of the compute buffer the copy-in read.
   pending_all_gather_ = PendingAllGather{gathered, dist::Work(), layout.world, ++all_gathers_issued_,
                                          std::move(read_from_compute), Event()};
-  pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  try {
+    pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  } catch (...) {
+    // Nothing was issued, but the copy-in has read the shards (or the
+    // post-forward slot): compute's waits on `issued` (reshard's, the
+    // destructor's) must still come after that, or compute could write or
+    // free what it reads.
+    if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
+    throw;
+  }
   // What compute waits for besides the Work: a group of one rank copies on
   // the all-gather stream itself.
   if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());

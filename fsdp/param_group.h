@@ -226,7 +226,7 @@ class FSDPParamGroup {
     int world;
     int64_t number;  // counting all-gathers from 1
     Tensor read_from_compute;  // compute's buffer the copy-in read (post-forward slot)
-    Event issued;              // on the all-gather stream after the issue (cuda)
+    Event issued;              // on the all-gather stream after the issue, or its failure (cuda)
   };
   int64_t all_gathers_issued_ = 0;
   std::optional<PendingAllGather> pending_all_gather_;
