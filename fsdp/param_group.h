@@ -82,7 +82,8 @@ class FSDPParamGroup {
                  ReshardAfterForward reshard_after_forward, std::string module_fqn,
                  std::optional<Device> offload_to = std::nullopt);
   // Unwinding mid-step (an error), compute's buffers that a side stream
-  // still reads are released only behind compute's wait for that read.
+  // still reads or writes are released only behind compute's wait for the
+  // side streams' work.
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;

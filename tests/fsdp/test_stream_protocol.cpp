@@ -3,10 +3,10 @@
 // (seeded jitter), training on 2, 3 and 4 ranks, HSDP 2 x 2 and 4 ranks
 // resharding to groups of 2 after forward raises no unordered access and
 // ends with the unjittered run's weights bit for bit;
-// an all-gather that fails as it is issued (a rank killed there) leaves
-// compute ordered after its copy-in; with one wait removed or one buffer
-// freed early (FSDPStreams with that step replaced) the checker stops the
-// run, naming both operations.
+// a run stopped by an error (a rank killed as it issues a collective) leaves
+// nothing unordered, for itself or the next run on the devices; with one wait
+// removed or one buffer freed early (FSDPStreams with that step replaced) the
+// checker stops the run, naming both operations.
 #include <doctest/doctest.h>
 
 #if TESSERA_HAVE_CUDA_SIM
@@ -119,6 +119,26 @@ TEST_CASE("FSDP2's streams: an all-gather that fails as it is issued still order
     CHECK(errors[rank].starts_with(
         fmt::format("injected fault kill@collective,at=3: the rank died at world rank {}'s all_gather_into", rank)));
     CHECK(writes[rank] == "(no error)");
+  }
+}
+
+TEST_CASE("FSDP2's streams: a run stopped at any collective leaves nothing unordered for the next run") {
+  // Rank 1 dies as it issues its k-th collective, for each k from its first
+  // all-gather (its first collective is the mesh's split) to the last
+  // reduce-scatter of its second step; rank 0 fails on the collectives it left.
+  // The next run takes the blocks the stopped one freed, on streams of its
+  // own: whatever a side stream of the stopped run read or wrote must be
+  // ordered before those blocks went, so the next run trains as a clean one.
+  const StackRun run{.nproc = 2, .steps = 2};
+  const std::vector<std::vector<float>> clean = train_layer_stack(run).weights;
+  for (int at = 2; at <= 25; ++at) {
+    CAPTURE(at);
+    const std::string fault = fmt::format("kill@collective,rank=1,at={}", at);
+    {
+      const FaultPlan faults(fault);
+      CHECK(message_of([&] { train_layer_stack(run); }).starts_with("injected fault " + fault + ": "));
+    }
+    CHECK(train_layer_stack(run).weights == clean);
   }
 }
 
