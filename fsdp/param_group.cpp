@@ -113,10 +113,15 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
 }
 
 FSDPParamGroup::~FSDPParamGroup() {
-  if (streams_ == nullptr || !streams_->separate()) return;
-  const std::shared_ptr<Stream> compute = current_stream(device());
-  if (pending_all_gather_) compute->wait_event(pending_all_gather_->issued);
-  if (pending_reduce_scatter_) compute->wait_event(pending_reduce_scatter_->copied_in);
+  if (streams_ == nullptr) return;
+  // Unwinding mid-step (an error), a side stream may still read or write
+  // buffers of compute's that go after this: the shards a copy-in read, the
+  // sharded gradients the reduce-scatter stream adds into, the unsharded
+  // ones its copy-in read. Compute waits for all of their work so far.
+  for (const std::shared_ptr<Stream>* side :
+       {&streams_->copy_in(), &streams_->all_gather(), &streams_->reduce_scatter(), &streams_->all_reduce()}) {
+    streams_->order_compute_after(**side);
+  }
 }
 
 void FSDPParamGroup::set_reshard_after_forward(ReshardAfterForward reshard_after_forward) {
@@ -210,11 +215,20 @@ void FSDPParamGroup::unshard(bool async_op) {
   streams_->order_all_gather_after_copy_in();
   std::optional<StreamGuard> on_all_gather;
   if (streams_->separate()) on_all_gather.emplace(streams_->all_gather());
-  // Pending before the issue: should issuing throw, the destructor still
-  // orders the release of the compute buffer the copy-in read.
+  // Pending before the issue: should issuing throw, the compute buffer the
+  // copy-in read is still held until compute is ordered after it (reshard,
+  // or the destructor).
   pending_all_gather_ = PendingAllGather{gathered, dist::Work(), layout.world, ++all_gathers_issued_,
                                          std::move(read_from_compute), Event()};
-  pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  try {
+    pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  } catch (...) {
+    // Nothing was issued, but the copy-in has read the shards (or the
+    // post-forward slot): compute's wait on `issued` in reshard must still
+    // come after that, or compute could write or free what it reads.
+    if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
+    throw;
+  }
   // What compute waits for besides the Work: a group of one rank copies on
   // the all-gather stream itself.
   if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
@@ -264,6 +278,10 @@ void FSDPParamGroup::wait_for_unshard() {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_out", "fsdp", {{"module", module_fqn_}});
     copy_out(pending_all_gather_->gathered, layout_for(pending_all_gather_->world));
   }
+  // The all-gather buffer is copy_in's, and compute has just read it: it goes
+  // once copy_in has waited for that read, so the allocator's event at its
+  // free comes after it, whichever stream takes the block next.
+  streams_->order(*streams_->copy_in(), *current_stream(device()));
   pending_all_gather_.reset();
   state_ = ShardState::unsharded;
 }

@@ -82,7 +82,8 @@ class FSDPParamGroup {
                  ReshardAfterForward reshard_after_forward, std::string module_fqn,
                  std::optional<Device> offload_to = std::nullopt);
   // Unwinding mid-step (an error), compute's buffers that a side stream
-  // still reads are released only behind compute's wait for that read.
+  // still reads or writes are released only behind compute's wait for the
+  // side streams' work.
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
@@ -226,7 +227,7 @@ class FSDPParamGroup {
     int world;
     int64_t number;  // counting all-gathers from 1
     Tensor read_from_compute;  // compute's buffer the copy-in read (post-forward slot)
-    Event issued;              // on the all-gather stream after the issue (cuda)
+    Event issued;              // on the all-gather stream after the issue, or its failure (cuda)
   };
   int64_t all_gathers_issued_ = 0;
   std::optional<PendingAllGather> pending_all_gather_;

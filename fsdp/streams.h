@@ -10,16 +10,20 @@
 // unshard: copy_in waits for compute (the optimizer wrote the shards), then
 // allocates the all-gather buffer and copies in; all_gather waits for that
 // and issues the collective, whose own stream waits for all_gather. The
-// compute stream waits for the collective before copy-out.
+// compute stream waits for the collective before copy-out, and copy_in for
+// the copy-out before the buffer goes.
 //
-// Lifetimes are held by events, not record_stream. The all-gather buffer
-// is copy_in's: a block freed there is reused only by a later allocation on
-// copy_in, and each comes after copy_in waited for compute, so after every
-// copy-out before it; its buffer can go as soon as copy-out is enqueued.
-// Compute's buffers that copy_in reads (the post-forward slot of
+// Lifetimes are held by events, not record_stream: a buffer goes once the
+// stream it belongs to has waited for every other stream's use of it, so
+// the event the allocator records at its free covers them all, whichever
+// stream takes the block next (the next run's, too, after an error). The
+// all-gather buffer is copy_in's, read by compute's copy-out. Compute's
+// buffers that copy_in reads (the post-forward slot of
 // reshard_after_forward = N) are kept until compute has waited for the
 // all-gather, which waited for copy_in: a block freed earlier could be
-// reused by compute under the copy still reading it.
+// reused by compute under the copy still reading it. Unwinding from an
+// error, compute waits for every side stream before the groups' shards and
+// gradients go.
 //
 // backward: reduce_scatter waits for compute (the gradients are written),
 // copies them in and issues the collective. The previous group's reduce-

@@ -81,6 +81,18 @@ TEST_CASE("an event the host saw complete orders later work on any stream") {
   CHECK(z.read() == ramp(n));
 }
 
+TEST_CASE("a synchronize that reports an error has still waited: later work is ordered after the stream's") {
+  const int n = 32;
+  DeviceBuffer<float> x(ramp(n)), y(n), z(n);
+  auto first = Stream::create(kCuda), second = Stream::create(kCuda);
+  simulator_kernels::reverse_in_shared(x.get(), y.get(), n, first.get());  // writes y
+  first->enqueue([] { fail("a host function that fails"); });
+  CHECK_THROWS_WITH_AS(first->synchronize(), doctest::Contains("a host function that fails"), Error);
+  CHECK_NOTHROW(simulator_kernels::reverse_in_shared(y.get(), z.get(), n, second.get()));  // reads y
+  second->synchronize();
+  CHECK(z.read() == ramp(n));
+}
+
 TEST_CASE("jitter mode: a chain of kernels ping-ponging between streams stays correct and the checker silent") {
   cuda::sim::set_stream_jitter(7, 300);
   const int n = 96;

@@ -158,7 +158,15 @@ void SimStream::synchronize() {
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   schedule_stream_synchronize(*this);
   const StreamOrderChecker::Clock clock = StreamOrderChecker::instance().clock_of(checker_id_);
-  WorkerStream::synchronize();
+  // A synchronize that reports an operation's error has still waited for
+  // everything: the host learns the clock either way, or a buffer the stream
+  // was done with (a staging block) would stay unordered for its next user.
+  try {
+    WorkerStream::synchronize();
+  } catch (...) {
+    StreamOrderChecker::instance().host_learns(clock);
+    throw;
+  }
   StreamOrderChecker::instance().host_learns(clock);
 }
 
