@@ -19,12 +19,12 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxHeaderBytes = 100'000'000;  // the reference's MAX_HEADER_SIZE, decimal
 // Bounds far beyond any real file that keep byte counts below 2^53, so no
 // product or difference in the checks below can overflow int64.
-constexpr uint64_t kMaxElements = uint64_t{1} << 50;  // one tensor, and one extent
+constexpr uint64_t kMaxTensorElements = uint64_t{1} << 50;  // one tensor, and one extent
 constexpr uint64_t kMaxOffset = uint64_t{1} << 52;    // bytes into the data section
 // serde_json, the reference's JSON parser, refuses a 128th nested container.
 // The bound also keeps copying or printing a value (which recurse once per
 // level) far from the end of the stack.
-constexpr int kMaxJsonDepth = 127;
+constexpr int kMaxHeaderJsonDepth = 127;
 
 struct DTypeName {
   DType dtype;
@@ -76,7 +76,7 @@ size_t first_invalid_utf8(std::string_view text) {
 }
 
 // The header's JSON as one value, built from the parser's events so that the
-// reference's rules beyond JSON syntax can hold: at most kMaxJsonDepth nested
+// reference's rules beyond JSON syntax can hold: at most kMaxHeaderJsonDepth nested
 // containers, and a key that an object holds twice kept aside rather than
 // silently replaced, since serde checks the earlier value of a map's key
 // before the last one wins, and refuses a struct's field twice.
@@ -133,8 +133,8 @@ class HeaderJsonBuilder {
     return true;
   }
   bool open(Json container) {
-    if (open_.size() == static_cast<size_t>(kMaxJsonDepth)) {
-      return stop(fmt::format("nests deeper than {} levels (the reference parser's limit)", kMaxJsonDepth));
+    if (open_.size() == static_cast<size_t>(kMaxHeaderJsonDepth)) {
+      return stop(fmt::format("nests deeper than {} levels (the reference parser's limit)", kMaxHeaderJsonDepth));
     }
     open_.push_back(place(std::move(container)));
     return true;
@@ -292,14 +292,14 @@ SafetensorsEntry tessera_entry(const StatedEntry& stated, const std::string& sou
   int64_t numel = 1;
   bool overflow = false;
   for (const uint64_t extent : stated.shape) {
-    TESSERA_CHECK(extent <= kMaxElements, "{}: tensor '{}' has a bad shape entry {} ({}); tessera's extents stop at "
+    TESSERA_CHECK(extent <= kMaxTensorElements, "{}: tensor '{}' has a bad shape entry {} ({}); tessera's extents stop at "
                   "2^50", source, stated.name, extent, where);
     entry.shape.push_back(static_cast<int64_t>(extent));
     overflow = overflow || __builtin_mul_overflow(numel, entry.shape.back(), &numel);
   }
   TESSERA_CHECK(!overflow, "{}: tensor '{}' has shape {} ({}), whose element count overflows 64-bit integers when "
                 "its extents are multiplied in order", source, stated.name, entry.shape, where);
-  TESSERA_CHECK(static_cast<uint64_t>(numel) <= kMaxElements,
+  TESSERA_CHECK(static_cast<uint64_t>(numel) <= kMaxTensorElements,
                 "{}: tensor '{}' has an impossibly large shape {} (over 2^50 elements) ({})", source, stated.name,
                 entry.shape, where);
   for (const uint64_t offset : {stated.begin, stated.end}) {

@@ -105,6 +105,11 @@ bool is_special_file(const std::string& path) {
   return !path.empty() && ::stat(path.c_str(), &info) == 0 && special_mode(info.st_mode);
 }
 
+bool exists_no_follow(const std::string& path) {
+  std::error_code error;
+  return std::filesystem::symlink_status(path, error).type() != std::filesystem::file_type::not_found;
+}
+
 std::optional<FileIdentity> identify_descriptor(int fd) {
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) return std::nullopt;

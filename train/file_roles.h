@@ -44,6 +44,8 @@ std::optional<FileIdentity> identify_descriptor(int fd);
 
 // Whether `path` leads to a device, a FIFO or a socket (FileIdentity::special).
 bool is_special_file(const std::string& path);
+// Whether anything is at `path` itself, a dangling symbolic link included.
+bool exists_no_follow(const std::string& path);
 
 // Throws tessera::Error, "FLAG PATH already exists (an earlier launch's?); HOW",
 // when `path` exists (a link counts, a dangling one too) and is not an empty

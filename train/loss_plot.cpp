@@ -23,11 +23,6 @@ namespace {
 // write_svg writes PATH.partial and renames it over PATH.
 std::string plot_temporary(const std::string& path) { return path + ".partial"; }
 
-bool exists_no_follow(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::symlink_status(path, error).type() != std::filesystem::file_type::not_found;
-}
-
 // The plot and its temporary file against the run's other files (run_files.h
 // checks those among themselves).
 void check_roles(const TrainConfig& config, const std::string& path) {

@@ -28,11 +28,6 @@ std::string export_temporary(const std::string& path) { return path + ".tmp"; }
 // --format hf: the export is a Hugging Face model directory, replaced whole.
 bool exports_directory(const TrainConfig& config) { return config.export_format == "hf"; }
 
-bool exists_no_follow(const std::string& path) {
-  std::error_code error;
-  return fs::symlink_status(path, error).type() != fs::file_type::not_found;
-}
-
 FileRoles roles_of(const TrainConfig& config, const std::string& trace) {
   FileRoles roles;
   if (config.data.empty()) {

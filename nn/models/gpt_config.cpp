@@ -9,14 +9,14 @@ namespace tessera::nn {
 
 namespace {
 
-struct Preset {
+struct GPTPreset {
   const char* name;
   int64_t vocab_size, block_size, n_layer, n_head, n_embd, vocab_padding_multiple;
 };
 
 // GPT-2's vocabulary is padded as llm.c pads it (50304 rows); the byte-level
 // models' 256 is aligned already.
-constexpr std::array<Preset, 6> kPresets{{
+constexpr std::array<GPTPreset, 6> kGPTPresets{{
     {"nano", 256, 32, 1, 2, 16, 1},
     {"tiny", 256, 64, 2, 2, 64, 1},
     {"gpt2-124m", 50257, 1024, 12, 12, 768, 128},
@@ -32,7 +32,7 @@ constexpr int64_t kMaxVocabPaddingMultiple = 1024;
 }  // namespace
 
 GPTConfig GPTConfig::preset(std::string_view name) {
-  for (const Preset& preset : kPresets) {
+  for (const GPTPreset& preset : kGPTPresets) {
     if (name == preset.name) {
       GPTConfig config;
       config.vocab_size = preset.vocab_size;
@@ -49,7 +49,7 @@ GPTConfig GPTConfig::preset(std::string_view name) {
 
 std::vector<std::string> GPTConfig::preset_names() {
   std::vector<std::string> names;
-  for (const Preset& preset : kPresets) names.emplace_back(preset.name);
+  for (const GPTPreset& preset : kGPTPresets) names.emplace_back(preset.name);
   return names;
 }
 

@@ -9,13 +9,13 @@ namespace tessera::nn {
 
 namespace {
 
-struct Preset {
+struct LlamaPreset {
   const char* name;
   int64_t vocab_size, block_size, n_layer, n_head, n_kv_head, n_embd, ffn_hidden;
   double rope_theta;
 };
 
-constexpr std::array<Preset, 5> kPresets{{
+constexpr std::array<LlamaPreset, 5> kLlamaPresets{{
     {"llama-nano", 256, 32, 1, 2, 1, 16, 48, 10000.0},
     {"llama-tiny", 256, 64, 2, 4, 2, 64, 192, 10000.0},
     {"llama-125m", 32000, 1024, 12, 12, 4, 768, 2048, 10000.0},
@@ -26,7 +26,7 @@ constexpr std::array<Preset, 5> kPresets{{
 }  // namespace
 
 LlamaConfig LlamaConfig::preset(std::string_view name) {
-  for (const Preset& preset : kPresets) {
+  for (const LlamaPreset& preset : kLlamaPresets) {
     if (name != preset.name) continue;
     LlamaConfig config;
     config.vocab_size = preset.vocab_size;
@@ -44,7 +44,7 @@ LlamaConfig LlamaConfig::preset(std::string_view name) {
 
 std::vector<std::string> LlamaConfig::preset_names() {
   std::vector<std::string> names;
-  for (const Preset& preset : kPresets) names.emplace_back(preset.name);
+  for (const LlamaPreset& preset : kLlamaPresets) names.emplace_back(preset.name);
   return names;
 }
 

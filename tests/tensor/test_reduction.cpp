@@ -15,7 +15,7 @@ namespace ops = tessera::ops;
 
 namespace {
 
-Tensor tensor_of(const Shape& shape, DType dtype = DType::f32, double seed = 0.0) {
+Tensor varied_tensor(const Shape& shape, DType dtype = DType::f32, double seed = 0.0) {
   std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
   for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(static_cast<double>(i) * 0.37 + seed) * (1 + i % 5);
   return ops::from_vector(values, shape, {.dtype = dtype});
@@ -84,34 +84,34 @@ void check_all(const Tensor& x, const std::vector<int64_t>& dims) {
 }  // namespace
 
 TEST_CASE("sum, amax, amin over every dim set of a 3-d tensor") {
-  const Tensor x = tensor_of({5, 6, 7});
+  const Tensor x = varied_tensor({5, 6, 7});
   const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {2}, {-1}, {0, 1}, {0, 2}, {1, 2}, {2, 0}, {0, 1, 2}};
   for (const auto& dims : dim_sets) check_all(x, dims);
 }
 
 TEST_CASE("reduction layouts: long rows, column sums, middle dims, strided and expanded inputs") {
-  check_all(tensor_of({3, 20000}), {1});           // rows split into blocks
-  check_all(tensor_of({50000}), {});               // one long row over both threads
-  check_all(tensor_of({300, 768}), {0});           // bias grads: [N, C] -> [C]
-  check_all(tensor_of({4, 9, 2000}), {0, 1});      // wide columns
-  check_all(tensor_of({4, 300, 5}), {1});          // [A, R, C] middle dim
-  check_all(tensor_of({2, 3, 4, 5}), {0, 2});      // alternating dims
-  check_all(tensor_of({2, 3, 4, 5}), {1, 3});
-  const Tensor transposed = ops::transpose(tensor_of({40, 30}), 0, 1);  // [30, 40], strides [1, 30]
+  check_all(varied_tensor({3, 20000}), {1});           // rows split into blocks
+  check_all(varied_tensor({50000}), {});               // one long row over both threads
+  check_all(varied_tensor({300, 768}), {0});           // bias grads: [N, C] -> [C]
+  check_all(varied_tensor({4, 9, 2000}), {0, 1});      // wide columns
+  check_all(varied_tensor({4, 300, 5}), {1});          // [A, R, C] middle dim
+  check_all(varied_tensor({2, 3, 4, 5}), {0, 2});      // alternating dims
+  check_all(varied_tensor({2, 3, 4, 5}), {1, 3});
+  const Tensor transposed = ops::transpose(varied_tensor({40, 30}), 0, 1);  // [30, 40], strides [1, 30]
   check_all(transposed, {0});
   check_all(transposed, {1});
   check_all(transposed, {});
-  const Tensor expanded = ops::expand(tensor_of({1, 16}), {50, 16});  // zero stride
+  const Tensor expanded = ops::expand(varied_tensor({1, 16}), {50, 16});  // zero stride
   check_all(expanded, {0});
   check_all(expanded, {1});
-  const Tensor sliced = ops::slice(tensor_of({10, 64}), 1, 1, 64, 3);
+  const Tensor sliced = ops::slice(varied_tensor({10, 64}), 1, 1, 64, 3);
   check_all(sliced, {1});
   check_all(sliced, {0});
-  check_all(ops::permute(tensor_of({3, 4, 5}), {2, 0, 1}), {0, 2});
+  check_all(ops::permute(varied_tensor({3, 4, 5}), {2, 0, 1}), {0, 2});
 }
 
 TEST_CASE("keepdim, negative dims and 0-d tensors") {
-  const Tensor x = tensor_of({2, 3, 4});
+  const Tensor x = varied_tensor({2, 3, 4});
   CHECK(ops::sum(x, {1}).sizes() == Shape{2, 4});
   CHECK(ops::sum(x, {1}, true).sizes() == Shape{2, 1, 4});
   CHECK(ops::sum(x, {-1, 0}).sizes() == Shape{3});
@@ -153,12 +153,12 @@ TEST_CASE("sum and mean dtypes: integers and bools sum to i64, 16-bit floats sta
   CHECK(ops::mean(ints, {1}).to_vector<float>() == std::vector<float>{1.5f, 3.5f});
   CHECK(ops::amax(ints, {0}).dtype() == DType::i64);
   CHECK(ops::amax(ints, {0}).to_vector<int64_t>() == std::vector<int64_t>{3, 4});
-  const Tensor h = ops::to(tensor_of({8, 16}), DType::bf16);
+  const Tensor h = ops::to(varied_tensor({8, 16}), DType::bf16);
   const Tensor hs = ops::sum(h, {1});
   CHECK(hs.dtype() == DType::bf16);
   CHECK(hs.to_vector<float>() == ops::to(ops::sum(ops::to(h, DType::f32), {1}), DType::bf16).to_vector<float>());
   CHECK(ops::mean(ops::to(h, DType::f16)).dtype() == DType::f16);
-  CHECK(ops::sum(tensor_of({3}, DType::f64)).dtype() == DType::f64);
+  CHECK(ops::sum(varied_tensor({3}, DType::f64)).dtype() == DType::f64);
 }
 
 TEST_CASE("empty reductions: sum is 0, mean is NaN, max and min throw") {
@@ -198,7 +198,7 @@ TEST_CASE("max: values and first index along a dim") {
   const Tensor with_nan = ops::from_vector(std::vector<float>{1.f, std::nanf(""), 9.f}, {3});
   CHECK(ops::argmax(with_nan, 0).item() == 1.0);
   // Larger, strided and 16-bit inputs against the reference.
-  const Tensor big = tensor_of({37, 129});
+  const Tensor big = varied_tensor({37, 129});
   const auto expected = reference(big, {1}, Kind::max);
   CHECK(ops::max(big, 1).first.to_vector<double>() == expected);
   CHECK(ops::max(ops::transpose(ops::contiguous(ops::transpose(big, 0, 1)), 0, 1), 1).first.to_vector<double>() ==
@@ -211,7 +211,7 @@ TEST_CASE("max: values and first index along a dim") {
 }
 
 TEST_CASE("sum_to_shape undoes broadcasting") {
-  const Tensor grad = tensor_of({4, 3, 5});
+  const Tensor grad = varied_tensor({4, 3, 5});
   CHECK(ops::sum_to_shape(grad, {4, 3, 5}).is_same(grad));
   const Tensor bias_grad = ops::sum_to_shape(grad, {5});
   CHECK(bias_grad.sizes() == Shape{5});
