@@ -93,4 +93,13 @@ std::string describe(const CodeSite& site) {
   return text;
 }
 
+std::string site_name(const std::source_location& site) {
+  return fmt::format("{}:{}", site.file_name(), site.line());
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
+}
+
 }  // namespace tessera::cuda::sim

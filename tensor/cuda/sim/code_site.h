@@ -38,4 +38,9 @@ std::string describe(const CodeSite& site);
 // std::source_location names the kernel sources.
 std::string relative_source_path(const std::string& file);
 
+// "file:line" of an intrinsic's call, as the simulator's messages name it.
+std::string site_name(const std::source_location& site);
+// Whether two calls are at one place in the source (line, column and file).
+bool same_site(const std::source_location& a, const std::source_location& b);
+
 }  // namespace tessera::cuda::sim

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "tensor/cuda/sim/code_site.h"
 #include "tensor/cuda/sim/launch_state.h"
 #include "tensor/cuda/sim/memory_access.h"
 #include "tensor/cuda/sim/thread_block.h"
@@ -41,12 +42,6 @@ struct ExchangeSlot {
   alignas(16) unsigned char output[kWarpExchangeBytes];
 };
 thread_local std::vector<ExchangeSlot> exchange_slots;
-
-std::string site_name(const std::source_location& site) { return fmt::format("{}:{}", site.file_name(), site.line()); }
-
-bool same_site(const std::source_location& a, const std::source_location& b) {
-  return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
-}
 
 // Run by the first lane to go on after the warp met, while the other 31
 // still wait inside warp_exchange: checks that all 32 are at the same

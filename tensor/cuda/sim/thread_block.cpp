@@ -5,6 +5,7 @@
 #include <map>
 #include <new>
 
+#include "tensor/cuda/sim/code_site.h"
 #include "tensor/cuda/sim/memory_access.h"
 #include "tensor/error.h"
 
@@ -19,15 +20,6 @@ namespace {
 void abandon(boost::context::fiber&& fiber) {
   alignas(boost::context::fiber) static thread_local unsigned char dropped[sizeof(boost::context::fiber)];
   new (dropped) boost::context::fiber(std::move(fiber));
-}
-
-bool same_site(const std::source_location& a, const std::source_location& b) {
-  return a.line() == b.line() && a.column() == b.column() &&
-         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
-}
-
-std::string site_name(const std::source_location& site) {
-  return fmt::format("{}:{}", site.file_name(), site.line());
 }
 
 bool is_shuffle(WarpOp op) {
