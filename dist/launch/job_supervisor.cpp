@@ -52,7 +52,7 @@ std::string_view rank_state_name(RankState state) {
 }
 
 JobSupervisor::JobSupervisor(int port, std::chrono::milliseconds heartbeat_timeout)
-    : listener_(listen_tcp(port)), heartbeat_timeout_(heartbeat_timeout), start_(Clock::now()) {
+    : listener_(listen_tcp(kEveryInterface, port)), heartbeat_timeout_(heartbeat_timeout), start_(Clock::now()) {
   TESSERA_CHECK(heartbeat_timeout.count() > 0, "JobSupervisor: the heartbeat timeout must be positive, got {} ms",
                 heartbeat_timeout.count());
   port_ = bound_port(listener_);

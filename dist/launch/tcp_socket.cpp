@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -104,38 +106,55 @@ std::string endpoint_name(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
 }
 
-Socket listen_tcp(int port) {
-  TESSERA_CHECK(port >= 0 && port <= 65535, "dist::tcp: port {} is outside [0, 65535]", port);
-  // IPv6 on every interface, accepting IPv4 too; IPv4 alone where IPv6 is off.
-  Socket socket(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (socket.valid()) {
-    set_option(socket.fd(), IPPROTO_IPV6, IPV6_V6ONLY, 0, "IPV6_V6ONLY");
-    set_option(socket.fd(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    address.sin6_addr = in6addr_any;
-    address.sin6_port = htons(static_cast<uint16_t>(port));
-    if (::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-      if (errno == EADDRINUSE) fail("dist::tcp: cannot listen on port {}: {}", port, system_reason(errno));
-      socket = Socket();
-    }
-  }
+namespace {
+
+// Binds and listens on one resolved address; an invalid socket, with
+// `error` set, where that address cannot be bound.
+Socket listen_on(const addrinfo& address, int& error) {
+  Socket socket(::socket(address.ai_family, address.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address.ai_protocol));
   if (!socket.valid()) {
-    socket = Socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!socket.valid()) fail("dist::tcp: cannot create a socket: {}", system_reason(errno));
-    set_option(socket.fd(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-      fail("dist::tcp: cannot listen on port {}: {}", port, system_reason(errno));
-    }
+    error = errno;
+    return {};
   }
-  if (::listen(socket.fd(), SOMAXCONN) != 0) {
-    fail("dist::tcp: listen on port {} failed: {}", port, system_reason(errno));
+  set_option(socket.fd(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
+  // One wildcard IPv6 socket serves IPv4 too; a named IPv6 address only itself.
+  if (address.ai_family == AF_INET6) set_option(socket.fd(), IPPROTO_IPV6, IPV6_V6ONLY, 0, "IPV6_V6ONLY");
+  if (::bind(socket.fd(), address.ai_addr, address.ai_addrlen) != 0 || ::listen(socket.fd(), SOMAXCONN) != 0) {
+    error = errno;
+    return {};
   }
   return socket;
+}
+
+}  // namespace
+
+Socket listen_tcp(const std::string& address, int port) {
+  TESSERA_CHECK(port >= 0 && port <= 65535, "dist::tcp: port {} is outside [0, 65535]", port);
+  const bool everywhere = address.empty();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int resolved = ::getaddrinfo(everywhere ? nullptr : address.c_str(), service.c_str(), &hints, &found);
+  if (resolved != 0) fail("dist::tcp: cannot listen on {}: {}", address, ::gai_strerror(resolved));
+  const std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
+  // Every interface: IPv6 first (it takes IPv4 too), IPv4 where IPv6 is off.
+  std::vector<const addrinfo*> candidates;
+  for (const addrinfo* entry = found; entry != nullptr; entry = entry->ai_next) candidates.push_back(entry);
+  if (everywhere) {
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [](const addrinfo* entry) { return entry->ai_family == AF_INET6; });
+  }
+  const std::string where = everywhere ? fmt::format("port {} of every interface", port) : endpoint_name(address, port);
+  int error = 0;
+  for (const addrinfo* candidate : candidates) {
+    Socket socket = listen_on(*candidate, error);
+    if (socket.valid()) return socket;
+    if (error == EADDRINUSE) break;
+  }
+  fail("dist::tcp: cannot listen on {}: {}", where, system_reason(error));
 }
 
 int bound_port(const Socket& socket) {

@@ -39,9 +39,13 @@ class Socket {
 // "host:port" for messages (IPv6 literals in brackets).
 std::string endpoint_name(const std::string& host, int port);
 
-// Listens on every interface (IPv6 with IPv4 mapped where the system has
-// it, else IPv4) on `port`, 0 for one the system picks. Non-blocking.
-Socket listen_tcp(int port);
+// Listens on `address` (a host name or an IPv4 or IPv6 literal: one of this
+// host's addresses, "127.0.0.1" for this host alone) at `port`, 0 for one the
+// system picks. kEveryInterface listens on all of them (IPv6 with IPv4 mapped
+// where the system has it, else IPv4): only for a job whose ranks reach it
+// from other hosts by names this host cannot know. Non-blocking.
+inline const std::string kEveryInterface;
+Socket listen_tcp(const std::string& address, int port);
 // The local port a listening socket is bound to.
 int bound_port(const Socket& socket);
 

@@ -189,7 +189,7 @@ bool write_pending(Connection& connection) {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(int port) : listener_(listen_tcp(port)), port_(bound_port(listener_)) {
+TcpStoreServer::TcpStoreServer(int port) : listener_(listen_tcp(kEveryInterface, port)), port_(bound_port(listener_)) {
   int pipe_ends[2];
   if (::pipe2(pipe_ends, O_CLOEXEC | O_NONBLOCK) != 0) fail("TcpStoreServer: pipe failed: {}", std::strerror(errno));
   wake_read_ = pipe_ends[0];
