@@ -66,7 +66,7 @@ TEST_CASE("the job secret is read from TESSERA_JOB_SECRET, and a malformed one i
   CHECK(job_secret_from(environment_of({{"TESSERA_JOB_SECRET", "0123456789abcdef"}})) == "0123456789abcdef");
   const std::string made_by_a_person = "Preemptible-job/42:aZ!";
   CHECK(job_secret_from(environment_of({{"TESSERA_JOB_SECRET", made_by_a_person}})) == made_by_a_person);
-  for (const std::string bad : {std::string(), std::string("short"), std::string(257, 'a'),
+  for (const std::string& bad : {std::string(), std::string("short"), std::string(257, 'a'),
                                 std::string("has a space in it here"), std::string("tab\there-and-there")}) {
     CAPTURE(bad);
     const std::string message = message_of([&] { job_secret_from(environment_of({{"TESSERA_JOB_SECRET", bad}})); });
