@@ -147,7 +147,7 @@ Socket listen_tcp(const std::string& address, int port) {
     std::stable_partition(candidates.begin(), candidates.end(),
                           [](const addrinfo* entry) { return entry->ai_family == AF_INET6; });
   }
-  const std::string where = everywhere ? fmt::format("port {} of every interface", port) : endpoint_name(address, port);
+  const std::string where = everywhere ? fmt::format("port {}", port) : endpoint_name(address, port);
   int error = 0;
   for (const addrinfo* candidate : candidates) {
     Socket socket = listen_on(*candidate, error);
