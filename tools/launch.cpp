@@ -100,14 +100,17 @@ int main(int argc, char** argv) {
   std::string address;
   int port = 0;
   std::vector<std::string> command;
+  // A day at most: a bound that keeps the conversion to milliseconds exact.
+  constexpr double kLongestWait_s = 86400;
   app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s, "a rank not heard for this long is reported silent")
-      ->check(CLI::PositiveNumber);
+      ->check(tessera::train::number_in(0, kLongestWait_s, /*min_exclusive=*/true));
   app.add_option("--grace-s", grace_s, "after a rank failed or was lost, how long the job may take to end itself")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tessera::train::number_in(0, kLongestWait_s));
   app.add_option("--address", address,
                  "the address the launcher listens on and ranks reach it at (default: 127.0.0.1 for a job on this "
                  "host, else this host's first external IPv4)");
-  app.add_option("--port", port, "the lifelines' port (default: one the system picks)")->check(CLI::Range(0, 65535));
+  app.add_option("--port", port, "the lifelines' port (default: one the system picks)")
+      ->check(tessera::train::integer_in(0, 65535));
   app.add_option("command", command, "the job: mpirun ..., srun ..., or a program")->required();
   try {
     app.parse(argc, argv);

@@ -487,8 +487,8 @@ std::vector<std::string> JobSupervisor::summary() const {
       next = rank + 1;
     }
     for (; next < world_size_ && named.size() < kMissingRanksNamed; ++next) named.push_back(next);
-    const std::string more =
-        missing > static_cast<int64_t>(named.size()) ? fmt::format(" and {} more", missing - static_cast<int64_t>(named.size())) : "";
+    const int64_t unnamed = missing - static_cast<int64_t>(named.size());
+    const std::string more = unnamed > 0 ? fmt::format(" and {} more", unnamed) : "";
     lines.push_back(fmt::format("never heard from: rank{} {}{} (not started, or ended before dist::init)",
                                 missing == 1 ? "" : "s", fmt::join(named, ", "), more));
   }

@@ -12,19 +12,19 @@
 // The first failure by time is the job's root cause: the errors that follow
 // it (other ranks' watchdogs, MPI's teardown) are its consequences.
 //
-// Any process that reaches the port can connect, so nothing a connection
-// says counts until its hello presents the job secret, and then only a
-// hello that fits the job: a rank inside the world, the world size of the
-// first accepted hello (the launcher cannot always read it from the command),
-// one connection per rank. Anything else is closed without effect on the
-// job, with one log line for a stranger's (a few more for what the job's own
-// processes got wrong) and after that a count at most every 10 s. What a peer can make it hold is bounded: kMaxPendingConnections
-// connections before their hello (the rest wait in the kernel's backlog) for
-// at most the hello timeout, one per rank after it, a world of at most
-// kMaxWorldSize, lines of at most kMaxHelloBytes before the hello and
-// kMaxLineBytes after it; the summary walks the records it has, never a
-// number a peer sent. When accept fails for want of descriptors (EMFILE,
-// ENFILE) it stops accepting for a second instead of spinning.
+// Any process that reaches the port can connect, so nothing a connection says
+// counts until its hello presents the job secret, and then only a hello that
+// fits the job: a rank inside the world, the world size of the first accepted
+// hello (the launcher cannot always read it from the command), one connection
+// per rank. Anything else is closed without effect on the job, with one log
+// line for a stranger's (a few more for what the job's own processes got wrong)
+// and after that a count at most every 10 s. What a peer can make it hold is
+// bounded: kMaxPendingConnections connections before their hello (the rest wait
+// in the kernel's backlog) for at most the hello timeout, one per rank after
+// it, a world of at most kMaxWorldSize, lines of at most kMaxHelloBytes before
+// the hello and kMaxLineBytes after it; the summary walks the records it has,
+// never a number a peer sent. When accept fails for want of descriptors
+// (EMFILE, ENFILE) it stops accepting for a second instead of spinning.
 // tools/launch runs one around mpirun or srun; tests drive it directly.
 #pragma once
 

@@ -70,7 +70,7 @@ one_rank_job='
 # ---- a clean job ----
 "$launch" -- "${mpirun[@]}" -np 2 "$test_dist_mpi" >"$log" 2>&1 || { cat "$log" >&2; fail "a clean job failed"; }
 says "clean job" "tessera launch: mpirun exited 0 after" "tessera launch: $host: rank 0 done, rank 1 done" \
-  "tessera launch: lifelines at 127\.0\.0\.1:[0-9]+; running mpirun -np 2"
+  "tessera launch: lifelines at 127\.0\.0\.1:[0-9]+; running .*mpirun"
 grep -q "first failure" "$log" && { cat "$log" >&2; fail "a clean job has a first failure"; }
 echo "check_launch: a clean job: exit 0, both ranks done on $host"
 
@@ -110,11 +110,15 @@ echo "check_launch: a job that does not end after a loss: SIGTERM after the grac
 # ---- where it listens ----
 # The job probes the launcher's port at loopback and at this host's
 # external address: only the one it listens on answers.
-external=$(hostname -I 2>/dev/null | awk '{print $1}')
+external=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -m1 -E '^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$')
 probe_job='
   port=${TESSERA_LAUNCHER##*:}
   for address in "$@"; do
-    if (exec 3<>"/dev/tcp/$address/$port") 2>/dev/null; then echo "probe: reached $address"; else echo "probe: refused at $address"; fi
+    if (exec 3<>"/dev/tcp/$address/$port") 2>/dev/null; then
+      echo "probe: reached $address"
+    else
+      echo "probe: refused at $address"
+    fi
   done'
 if [ -z "$external" ] || [ "${external#127.}" != "$external" ]; then
   echo "check_launch: no external IPv4 address here: only the loopback listen is checked"
@@ -142,20 +146,18 @@ for lines in 'hello 5 8 4242 x\nfailed the job is over\n' 'hello another-jobs-se
   printf "$lines" >&5
   exec 5>&-
 done
-for _ in $(seq 600); do
-  grep -q "connections closed without the job secret" "$log" && break
-  grep -q "did not present the job secret" "$log" && [ "$(grep -c . "$log")" -gt 0 ] && sleep 0.5 && break
-  sleep 0.1
-done
+for _ in $(seq 600); do grep -q "did not present the job secret" "$log" && break; sleep 0.1; done
 : >"$flag"
 status=0
 wait $launcher || status=$?
 [ $status -eq 0 ] || { cat "$log" >&2; fail "a job with strangers at its launcher's port: exit $status, not 0"; }
 says "strangers" "tessera launch: fake-host: rank 0 done" \
   "tessera launch: a connection from 127\.0\.0\.1:[0-9]+ did not present the job secret: closed, nothing taken from it" \
-  "tessera launch: connections closed without the job secret: 3"
+  "tessera launch: connections closed without the job secret: [1-3]$"
 [ "$(grep -c "did not present the job secret" "$log")" -eq 1 ] || { cat "$log" >&2; fail "strangers: not one line for them"; }
-grep -qE "first failure|failed" "$log" && { cat "$log" >&2; fail "strangers changed the job's outcome"; }
+# What a rank's failure or loss would have said (the command, printed, holds "failed" itself).
+rank_trouble="first failure|rank [0-9]+ on .* (failed|lost) [0-9.]+ s in"
+grep -qE "$rank_trouble" "$log" && { cat "$log" >&2; fail "strangers changed the job's outcome"; }
 echo "check_launch: strangers without the secret: exit 0, one log line, nothing taken from them"
 
 # ---- hellos from the job's own processes that do not fit it ----
@@ -166,8 +168,9 @@ status=0
 [ $status -eq 0 ] || { cat "$log" >&2; fail "a job with misfit hellos: exit $status, not 0"; }
 says "misfits" "says the world has 2147483647 ranks; a job has 1 to 65536" "did not present the job secret" \
   "rank 0 said hello twice" "tessera launch: fake-host: rank 0 done" "tessera launch: hellos refused: 2"
-grep -qE "first failure|bad_alloc" "$log" && { cat "$log" >&2; fail "misfit hellos changed the job's outcome"; }
-[ "$(wc -l <"$log")" -lt 20 ] || { cat "$log" >&2; fail "misfit hellos: $(wc -l <"$log") log lines"; }
+grep -qE "$rank_trouble|bad_alloc" "$log" && { cat "$log" >&2; fail "misfit hellos changed the job's outcome"; }
+lines=$(grep -c "^tessera launch:" "$log")
+[ "$lines" -lt 12 ] || { cat "$log" >&2; fail "misfit hellos: $lines lines from the launcher"; }
 echo "check_launch: an absurd world size and a rank twice: refused, the summary small, exit 0"
 
 # ---- a flood of idle connections, with descriptors for fewer than the bound ----
@@ -194,19 +197,25 @@ wait $launcher || status=$?
 says "flood" "cannot accept a lifeline: Too many open files \(holding [0-9]+ connections\); not accepting for 1 s" \
   "accepts that failed: [0-9]+"
 [ "$(grep -c "cannot accept a lifeline" "$log")" -eq 1 ] || { cat "$log" >&2; fail "flood: not one line for the failed accepts"; }
-lines=$(wc -l <"$log")
-[ "$lines" -lt 20 ] || { cat "$log" >&2; fail "flood: $lines log lines"; }
-# Clock ticks are 1/100 s: a launcher that spun would use most of the 3 s.
-[ "$ticks" -lt 100 ] || fail "flood: the launcher used $ticks ticks of CPU in 3 s"
-echo "check_launch: 300 idle connections with 64 descriptors: exit 0, $lines log lines, $ticks ticks of CPU in 3 s"
+lines=$(grep -c "^tessera launch:" "$log")
+[ "$lines" -lt 12 ] || { cat "$log" >&2; fail "flood: $lines lines from the launcher"; }
+# Clock ticks are 1/100 s. A launcher that waits uses next to none; one
+# that spun used over 100 here with both cores busy, more on an idle machine.
+[ "$ticks" -lt 30 ] || fail "flood: the launcher used $ticks ticks of CPU in 3 s"
+echo "check_launch: 300 idle connections with 64 descriptors: exit 0, $lines lines from the launcher, $ticks ticks of CPU in 3 s"
 
 # ---- usage ----
-for arguments in "" "--port nope -- true" "--no-such-flag -- true" "--grace-s -1 -- true"; do
+status=0
+"$launch" >"$log" 2>&1 || status=$?
+[ $status -eq 2 ] || { cat "$log" >&2; fail "launch without a command: exit $status, not 2 (a usage error)"; }
+says "usage" "command is required"
+for arguments in "--port nope -- true" "--port 70000 -- true" "--no-such-flag -- true" "--grace-s -1 -- true" \
+                 "--heartbeat-timeout-s 1e300 -- true" "--heartbeat-timeout-s nan -- true"; do
   status=0
   # shellcheck disable=SC2086
   "$launch" $arguments >"$log" 2>&1 || status=$?
   [ $status -eq 2 ] || { cat "$log" >&2; fail "launch $arguments: exit $status, not 2 (a usage error)"; }
 done
-says "usage" "command is required"
+says "usage" "--heartbeat-timeout-s: must be"
 "$launch" --help >"$log" 2>&1 || fail "launch --help did not exit 0"
 echo "check_launch: usage errors exit 2, --help 0"

@@ -58,7 +58,8 @@ inline std::vector<std::string> poll_until(dist::JobSupervisor& supervisor, cons
 }
 
 // Polls until an event contains every one of `texts` or 20 s pass; returns every event seen.
-inline std::vector<std::string> poll_for_events(dist::JobSupervisor& supervisor, const std::vector<std::string>& texts) {
+inline std::vector<std::string> poll_for_events(dist::JobSupervisor& supervisor,
+                                                const std::vector<std::string>& texts) {
   std::vector<std::string> events;
   const auto all_seen = [&] {
     return std::all_of(texts.begin(), texts.end(), [&](const std::string& text) { return any_contains(events, text); });
@@ -104,14 +105,20 @@ inline dist::Socket raw_connection(const dist::JobSupervisor& supervisor) {
   return dist::connect_tcp("127.0.0.1", supervisor.port(), Clock::now() + 10s);
 }
 
+// A connection that has sent `text` and waits.
+inline dist::Socket peer_sending(const dist::JobSupervisor& supervisor, const std::string& text) {
+  dist::Socket socket = raw_connection(supervisor);
+  send_text(socket, text);
+  return socket;
+}
+
 // A rank as the kernel leaves it when the process dies: hello (with the job
 // secret), then the connection closes with nothing more; or, left open, a
 // rank gone quiet.
 inline dist::Socket raw_rank(const dist::JobSupervisor& supervisor, int rank, int world_size,
                              const std::string& host) {
-  dist::Socket socket = raw_connection(supervisor);
-  send_text(socket, fmt::format("hello {} {} {} {} {}\n", kTestJobSecret, rank, world_size, 1000 + rank, host));
-  return socket;
+  return peer_sending(supervisor,
+                      fmt::format("hello {} {} {} {} {}\n", kTestJobSecret, rank, world_size, 1000 + rank, host));
 }
 
 // Whether the other end closed `socket`, without waiting (what it is sent

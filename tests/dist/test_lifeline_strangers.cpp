@@ -93,8 +93,7 @@ TEST_SUITE("dist lifeline strangers") {
 TEST_CASE("a stranger who knows the port but not the secret cannot change the job's outcome") {
   JobSupervisor supervisor(supervisor_options(10s));
   // First, before any rank: a stranger's hello must not fix the world size.
-  Socket early = raw_connection(supervisor);
-  send_text(early, "hello 5 8 4242 x\nfailed the job is over\n");
+  Socket early = peer_sending(supervisor, "hello 5 8 4242 x\nfailed the job is over\n");
   std::vector<std::string> events = poll_until_closed(supervisor, early);
   CHECK(supervisor.world_size() == 0);
 
@@ -104,13 +103,13 @@ TEST_CASE("a stranger who knows the port but not the secret cannot change the jo
   // The issue's line; another job's secret; this job's secret but one
   // character short; no hello at all; a line of nothing.
   const std::string short_secret = kTestJobSecret.substr(0, kTestJobSecret.size() - 1);
-  for (const std::string& attempt :
-       {std::string("hello 5 8 4242 x\nfailed ...\n"), std::string("hello another-jobs-secret-0000 1 2 4242 host-b\nfailed x\n"),
-        fmt::format("hello {} 1 2 4242 host-b\nfailed x\n", short_secret), std::string("failed rank 0 is dead\n"),
-        std::string("\n")}) {
+  const std::vector<std::string> attempts = {"hello 5 8 4242 x\nfailed ...\n",
+                                             "hello another-jobs-secret-0000 1 2 4242 host-b\nfailed x\n",
+                                             fmt::format("hello {} 1 2 4242 host-b\nfailed x\n", short_secret),
+                                             "failed rank 0 is dead\n", "\n"};
+  for (const std::string& attempt : attempts) {
     CAPTURE(attempt);
-    Socket stranger = raw_connection(supervisor);
-    send_text(stranger, attempt);
+    Socket stranger = peer_sending(supervisor, attempt);
     for (std::string& event : poll_until_closed(supervisor, stranger)) events.push_back(std::move(event));
   }
   // A lifeline of another job: its hello is sent, and nothing comes of it.
@@ -146,8 +145,7 @@ TEST_CASE("a hello with an absurd world size is refused, and the summary never g
   Socket absurd = raw_rank(supervisor, 5, 2147483647, "h");
   std::vector<std::string> events = poll_until_closed(supervisor, absurd);
   CHECK(any_contains(events, "rank 5 on h (pid 1005) says the world has 2147483647 ranks; a job has 1 to 65536"));
-  Socket overflowing = raw_connection(supervisor);
-  send_text(overflowing, fmt::format("hello {} 5 99999999999999999999 1 h\n", kTestJobSecret));
+  Socket overflowing = peer_sending(supervisor, fmt::format("hello {} 5 99999999999999999999 1 h\n", kTestJobSecret));
   events = poll_until_closed(supervisor, overflowing);
   CHECK(any_contains(events, "refused: not 'hello <secret> <rank> <world size> <pid> <host>'"));
   CHECK(supervisor.world_size() == 0);
@@ -179,24 +177,16 @@ TEST_CASE("a hello that does not fit the job is refused and closed: a rank twice
   };
   refused([&] { return raw_rank(supervisor, 0, 2, "host-b"); },
           "refused: rank 0 said hello twice: from host-a (pid 1000), now from host-b (pid 1000)");
-  refused([&] { return raw_rank(supervisor, 2, 2, "host-b"); }, "refused: rank 2 on host-b (pid 1002) is outside a world of 2");
-  refused([&] { return raw_rank(supervisor, -1, 2, "host-b"); }, "refused: rank -1 on host-b (pid 999) is outside a world of 2");
+  refused([&] { return raw_rank(supervisor, 2, 2, "host-b"); },
+          "refused: rank 2 on host-b (pid 1002) is outside a world of 2");
+  refused([&] { return raw_rank(supervisor, -1, 2, "host-b"); },
+          "refused: rank -1 on host-b (pid 999) is outside a world of 2");
   refused([&] { return raw_rank(supervisor, 1, 3, "host-b"); },
           "refused: rank 1 on host-b (pid 1001) says the world has 3 ranks; the job's first hello said 2");
-  refused(
-      [&] {
-        Socket socket = raw_connection(supervisor);
-        send_text(socket, fmt::format("hello {} 1 2 0 host-b\n", kTestJobSecret));
-        return socket;
-      },
-      "refused: pid 0 or a host name of 6 bytes is not a process's");
-  refused(
-      [&] {
-        Socket socket = raw_connection(supervisor);
-        send_text(socket, fmt::format("hello {} 1 2 77 host b\n", kTestJobSecret));
-        return socket;
-      },
-      "refused: not 'hello <secret> <rank> <world size> <pid> <host>'");
+  refused([&] { return peer_sending(supervisor, fmt::format("hello {} 1 2 0 host-b\n", kTestJobSecret)); },
+          "refused: pid 0 or a host name of 6 bytes is not a process's");
+  refused([&] { return peer_sending(supervisor, fmt::format("hello {} 1 2 77 host b\n", kTestJobSecret)); },
+          "refused: not 'hello <secret> <rank> <world size> <pid> <host>'");
   CHECK(supervisor.ranks().size() == 1);
   CHECK(supervisor.world_size() == 2);
   CHECK_FALSE(supervisor.job_failed());
@@ -208,8 +198,7 @@ TEST_CASE("a hello that does not fit the job is refused and closed: a rank twice
 
 TEST_CASE("lines are bounded: a stranger's before its hello, a rank's after it") {
   JobSupervisor supervisor(supervisor_options(10s));
-  Socket stranger = raw_connection(supervisor);
-  send_text(stranger, std::string(2 * JobSupervisor::kMaxHelloBytes, 'x'));
+  Socket stranger = peer_sending(supervisor, std::string(2 * JobSupervisor::kMaxHelloBytes, 'x'));
   std::vector<std::string> events = poll_until_closed(supervisor, stranger);
   CHECK(any_contains(events, "sent over 1024 bytes without a hello: closed, nothing taken from it"));
   CHECK(supervisor.ranks().empty());
@@ -256,7 +245,7 @@ TEST_CASE("a flood of idle connections is held within the bound and closed in ti
   REQUIRE(flooded);
   CHECK(cost.most_connections <= JobSupervisor::kMaxPendingConnections + 1);
   CHECK(cost.polls < kPollsThatAreNoSpin);
-  CHECK(cost.cpu < 1s);
+  CHECK(cost.cpu < 500ms);
   // Each batch of the bound is closed a hello timeout after it came in, and the next let in.
   const std::string all_closed = fmt::format("connections closed without the job secret: {}", kFlood);
   for (std::string& event : poll_until(supervisor, [&] { return any_contains(supervisor.summary(), all_closed); })) {
@@ -289,7 +278,7 @@ TEST_CASE("an accept that fails for want of descriptors pauses accepting: one lo
   CHECK(cost.events[0].starts_with("cannot accept a lifeline: Too many open files (holding 0 connections); not "
                                    "accepting for 1 s"));
   CHECK(cost.polls < kPollsThatAreNoSpin);
-  CHECK(cost.cpu < 1s);
+  CHECK(cost.cpu < 500ms);
   // With descriptors again, the ranks waiting in the backlog come in.
   poll_until(supervisor, [&] { return supervisor.ranks().size() == 3; });
   CHECK(any_contains(supervisor.summary(), "accepts that failed: "));
