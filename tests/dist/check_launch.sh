@@ -36,6 +36,14 @@ wait_for_file() {  # FILE WHAT: until FILE exists, 60 s at most
   cat "$log" >&2
   fail "$2 did not happen within 60 s"
 }
+# start_launcher ARGS...: tools/launch in the background ($launcher), its
+# log in $log, emptied first: now, not when the background job gets to it,
+# so that launcher_port cannot read the last run's port.
+start_launcher() {
+  : >"$log"
+  "$launch" "$@" >"$log" 2>&1 &
+  launcher=$!
+}
 launcher_port() {  # the port of the launcher writing $log, once it has said it
   local port
   for _ in $(seq 600); do
@@ -135,14 +143,13 @@ fi
 
 # ---- a stranger who knows the port but not the secret ----
 rm -f "$flag" "$flag".*
-"$launch" -- bash -c "$one_rank_job" one-rank "$flag" >"$log" 2>&1 &
-launcher=$!
+start_launcher -- bash -c "$one_rank_job" one-rank "$flag"
 port=$(launcher_port)
 wait_for_file "$flag.hello" "the rank's hello"
 # The issue's lines, another job's secret, and no hello at all.
 for lines in 'hello 5 8 4242 x\nfailed the job is over\n' 'hello another-jobs-secret-00000 0 1 4242 x\nfailed x\n' \
              'failed rank 0 is dead\n'; do
-  exec 5<>"/dev/tcp/127.0.0.1/$port"
+  exec 5<>"/dev/tcp/127.0.0.1/$port" || fail "strangers: cannot connect to the launcher at port $port"
   printf "$lines" >&5
   exec 5>&-
 done
@@ -178,11 +185,12 @@ echo "check_launch: an absurd world size and a rank twice: refused, the summary 
 # descriptors in all its accepts fail (EMFILE) before that. 300 connections
 # wait: it must say so once and not spin.
 rm -f "$flag" "$flag".*
-(ulimit -n 64 && exec "$launch" -- bash -c "$one_rank_job" one-rank "$flag") >"$log" 2>&1 &
+: >"$log"  # as start_launcher does
+(ulimit -Sn 64 && exec "$launch" -- bash -c "$one_rank_job" one-rank "$flag") >"$log" 2>&1 &
 launcher=$!
 port=$(launcher_port)
 wait_for_file "$flag.hello" "the rank's hello"
-( for _ in $(seq 300); do exec {fd}<>"/dev/tcp/127.0.0.1/$port"; done; : >"$flag.flooded"; exec sleep 600 ) &
+( for _ in $(seq 300); do exec {fd}<>"/dev/tcp/127.0.0.1/$port" || exit 1; done; : >"$flag.flooded"; exec sleep 600 ) &
 flooder=$!
 wait_for_file "$flag.flooded" "the flood"
 ticks_before=$(awk '{print $14 + $15}' "/proc/$launcher/stat")
@@ -210,12 +218,13 @@ status=0
 [ $status -eq 2 ] || { cat "$log" >&2; fail "launch without a command: exit $status, not 2 (a usage error)"; }
 says "usage" "command is required"
 for arguments in "--port nope -- true" "--port 70000 -- true" "--no-such-flag -- true" "--grace-s -1 -- true" \
-                 "--heartbeat-timeout-s 1e300 -- true" "--heartbeat-timeout-s nan -- true"; do
+                 "--heartbeat-timeout-s 1e300 -- true" "--heartbeat-timeout-s nan -- true" \
+                 "--address 192.0.2.7 -- true"; do
   status=0
   # shellcheck disable=SC2086
   "$launch" $arguments >"$log" 2>&1 || status=$?
   [ $status -eq 2 ] || { cat "$log" >&2; fail "launch $arguments: exit $status, not 2 (a usage error)"; }
 done
-says "usage" "--heartbeat-timeout-s: must be"
+says "usage" "tessera launch: dist::tcp: cannot listen on 192\.0\.2\.7:0: "  # TEST-NET-1: never this host's
 "$launch" --help >"$log" 2>&1 || fail "launch --help did not exit 0"
 echo "check_launch: usage errors exit 2, --help 0"
