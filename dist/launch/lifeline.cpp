@@ -39,6 +39,7 @@ std::string hello_host_name() {
   return host;
 }
 
+// Where a launcher that judged the whole job to be on its host listens.
 bool is_loopback_name(std::string_view host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
