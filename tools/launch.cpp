@@ -10,15 +10,16 @@
 //     ends, also when mpirun would wait for a host it cannot reach;
 //   - it ends with one line per host, saying how each rank ended.
 // Usage: launch [--heartbeat-timeout-s S] [--grace-s S] [--address A] [--port P] -- COMMAND...
-// The ranks find the launcher by TESSERA_LAUNCHER=address:port, which it
-// sets and, for mpirun, forwards with -x. --address is the one the ranks'
-// hosts can reach: by default this host's first IPv4 address that is up
-// and not loopback. Exit status: the command's (128 + N for signal N), or 1
-// when it exited 0 but a rank failed or was lost.
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
+// The ranks find the launcher by TESSERA_LAUNCHER=address:port and prove
+// they belong to the job by TESSERA_JOB_SECRET (the one in the launcher's
+// environment, else a new random one), which it sets and, for mpirun,
+// forwards with -x; a connection without the secret changes nothing.
+// It listens only on --address. By default that is loopback when every rank
+// runs on this host (a program or script, or mpirun naming no hosts outside
+// a batch allocation: dist/launch/launch_command.h has the rule), else this
+// host's first IPv4 address that is up and not loopback, the one the ranks'
+// hosts must reach. Exit status: the command's (128 + N for signal N), 1
+// when it exited 0 but a rank failed or was lost, 2 for a usage error.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,8 +37,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "dist/launch/job_secret.h"
 #include "dist/launch/job_supervisor.h"
+#include "dist/launch/launch_command.h"
 #include "dist/launch/lifeline.h"
+#include "train/flag_checks.h"
 
 namespace {
 
@@ -51,35 +56,7 @@ void say(const std::string& line) {
   std::fflush(stderr);
 }
 
-std::string first_external_ipv4() {
-  ifaddrs* interfaces = nullptr;
-  if (::getifaddrs(&interfaces) != 0) return "127.0.0.1";
-  std::string found = "127.0.0.1";
-  for (const ifaddrs* entry = interfaces; entry != nullptr; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
-    if (!(entry->ifa_flags & IFF_UP) || (entry->ifa_flags & IFF_LOOPBACK)) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    const auto* address = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-    if (::inet_ntop(AF_INET, &address->sin_addr, text, sizeof text) != nullptr) {
-      found = text;
-      break;
-    }
-  }
-  ::freeifaddrs(interfaces);
-  return found;
-}
-
-// mpirun starts remote ranks with its own environment, not ours: -x names
-// the variable it must pass on. srun and local commands inherit it.
 std::string program_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
-
-std::vector<std::string> with_launcher_forwarded(std::vector<std::string> command) {
-  const std::string program = program_name(command.front());
-  if (program == "mpirun" || program == "mpiexec" || program == "orterun") {
-    command.insert(command.begin() + 1, {"-x", tessera::dist::kLauncherVariable});
-  }
-  return command;
-}
 
 pid_t start(const std::vector<std::string>& command) {
   std::vector<char*> argv;
@@ -123,32 +100,49 @@ int main(int argc, char** argv) {
   std::string address;
   int port = 0;
   std::vector<std::string> command;
+  // A day at most: a bound that keeps the conversion to milliseconds exact.
+  constexpr double kLongestWait_s = 86400;
   app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s, "a rank not heard for this long is reported silent")
-      ->check(CLI::PositiveNumber);
+      ->check(tessera::train::number_in(0, kLongestWait_s, /*min_exclusive=*/true));
   app.add_option("--grace-s", grace_s, "after a rank failed or was lost, how long the job may take to end itself")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--address", address, "the address ranks reach the launcher at (default: first external IPv4)");
-  app.add_option("--port", port, "the lifelines' port (default: one the system picks)")->check(CLI::Range(0, 65535));
+      ->check(tessera::train::number_in(0, kLongestWait_s));
+  app.add_option("--address", address,
+                 "the address the launcher listens on and ranks reach it at (default: 127.0.0.1 for a job on this "
+                 "host, else this host's first external IPv4)");
+  app.add_option("--port", port, "the lifelines' port (default: one the system picks)")
+      ->check(tessera::train::integer_in(0, 65535));
   app.add_option("command", command, "the job: mpirun ..., srun ..., or a program")->required();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return tessera::train::exit_after_parse_error(app, error, std::cout, std::cerr);
+  }
 
   std::optional<tessera::dist::JobSupervisor> supervisor;
+  std::string secret;
   try {
-    supervisor.emplace(port, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::duration<double>(heartbeat_timeout_s)));
+    secret = tessera::dist::job_secret_from().value_or(tessera::dist::new_job_secret());
+    if (address.empty()) address = tessera::dist::default_launcher_address(command);
+    supervisor.emplace(tessera::dist::JobSupervisorOptions{
+        .address = address,
+        .port = port,
+        .job_secret = secret,
+        .heartbeat_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::duration<double>(heartbeat_timeout_s))});
   } catch (const std::exception& error) {
-    say(fmt::format("cannot listen for lifelines: {}", error.what()));
-    return 2;
+    say(error.what());  // an address or port it cannot have, or a malformed secret: each names itself
+    return tessera::train::kUsageExitCode;
   }
-  if (address.empty()) address = first_external_ipv4();
   const std::string endpoint = tessera::dist::endpoint_name(address, supervisor->port());
   ::setenv(tessera::dist::kLauncherVariable, endpoint.c_str(), 1);
+  ::setenv(tessera::dist::kJobSecretVariable, secret.c_str(), 1);
   ::signal(SIGINT, remember_signal);
   ::signal(SIGTERM, remember_signal);
   ::signal(SIGHUP, remember_signal);
 
   const Clock::time_point started = Clock::now();
-  const pid_t child = start(with_launcher_forwarded(command));
+  const pid_t child = start(tessera::dist::with_variables_forwarded(
+      command, {tessera::dist::kLauncherVariable, tessera::dist::kJobSecretVariable}));
   say(fmt::format("lifelines at {}; running {}", endpoint, fmt::join(command, " ")));
 
   std::optional<Clock::time_point> failed_at, terminated_at;

@@ -11,10 +11,26 @@
 //     began, is named as lost.
 // The first failure by time is the job's root cause: the errors that follow
 // it (other ranks' watchdogs, MPI's teardown) are its consequences.
+//
+// Any process that reaches the port can connect, so nothing a connection says
+// counts until its hello presents the job secret, and then only a hello that
+// fits the job: a rank inside the world, the world size of the first accepted
+// hello (the launcher cannot always read it from the command), one connection
+// per rank. Anything else is closed without effect on the job, with one log
+// line for a stranger's (a few more for what the job's own processes got wrong)
+// and after that a count at most every 10 s. What a peer can make it hold is
+// bounded: kMaxPendingConnections connections before their hello (the rest wait
+// in the kernel's backlog) for at most the hello timeout, one per rank after
+// it, a world of at most kMaxWorldSize, lines of at most kMaxHelloBytes before
+// the hello and kMaxLineBytes after it; the summary walks the records it has,
+// never a number a peer sent. When accept fails for want of descriptors
+// (EMFILE, ENFILE) it stops accepting for a second instead of spinning.
 // tools/launch runs one around mpirun or srun; tests drive it directly.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,22 +62,44 @@ struct RankRecord {
   std::optional<Clock::time_point> silent_from, silent_until;
 };
 
+struct JobSupervisorOptions {
+  // Where the lifelines connect: an address of this host ("127.0.0.1" for a
+  // job on this host alone, kEveryInterface for all of them) and a port (0:
+  // one the system picks).
+  std::string address = "127.0.0.1";
+  int port = 0;
+  // What every hello must present (dist/launch/job_secret.h).
+  std::string job_secret;
+  // A rank not heard for this long turns silent.
+  std::chrono::milliseconds heartbeat_timeout{10'000};
+  // A connection with no accepted hello after this long is closed.
+  std::chrono::milliseconds hello_timeout{10'000};
+};
+
 class JobSupervisor {
  public:
-  // Listens on `port` (0: one the system picks); a rank not heard for
-  // `heartbeat_timeout` turns silent.
-  JobSupervisor(int port, std::chrono::milliseconds heartbeat_timeout);
+  // The bounds on what a peer can make the supervisor hold.
+  static constexpr int kMaxPendingConnections = 64;
+  static constexpr int kMaxWorldSize = 1 << 16;
+  static constexpr size_t kMaxHelloBytes = 1024;
+  static constexpr size_t kMaxLineBytes = 64 * 1024;
+
+  // Listens where `options` say; an address or port it cannot have, or a
+  // secret that cannot travel in a hello line, is an Error naming it.
+  explicit JobSupervisor(JobSupervisorOptions options);
   ~JobSupervisor();
   JobSupervisor(const JobSupervisor&) = delete;
   JobSupervisor& operator=(const JobSupervisor&) = delete;
 
   int port() const { return port_; }
+  // Connections held now, accepted hello or not.
+  int connections() const;
 
   // Accepts lifelines and reads them for up to `wait`; returns the events
   // of that time, one line each ("rank 2 on host-b (pid 41): ...").
   std::vector<std::string> poll(std::chrono::milliseconds wait);
 
-  // The world size the ranks announced (0 before any hello).
+  // The world size the first accepted hello announced (0 before it).
   int world_size() const { return world_size_; }
   const std::vector<RankRecord>& ranks() const { return ranks_; }
   // Lifelines open with no result yet (the ranks still running or silent).
@@ -79,16 +117,34 @@ class JobSupervisor {
   // A silence counts only while it lasted up to the first failure or loss:
   // one a busy machine caused and that ended before is no cause.
   std::string root_cause() const;
-  // One line per host: its ranks and how each ended or stands.
+  // One line per host: its ranks and how each ended or stands; then the
+  // ranks never heard from, and what was refused, if anything.
   std::vector<std::string> summary() const;
 
  private:
   struct Connection;
-  RankRecord* record_of(int rank);
+  // Refusals and failures of one kind, which a peer can repeat at will.
+  struct Repeats {
+    int64_t total = 0;
+    int64_t unreported = 0;
+    Clock::time_point last_report;
+  };
+  RankRecord& record_of(const Connection& connection);
+  int pending_connections() const;
+  // Whether to poll the listener: not while accepting is paused, nor with
+  // the pending connections at their bound.
+  bool accepting(Clock::time_point now) const;
   void accept_waiting(std::vector<std::string>& events);
-  // Reads what a connection has; false once it has closed.
+  // Reads what a connection has; false once it has closed or is refused.
   bool read_from(Connection& connection, std::vector<std::string>& events);
-  void handle_line(Connection& connection, const std::string& line, std::vector<std::string>& events);
+  // Handles one line; false when the connection is refused.
+  bool handle_line(Connection& connection, const std::string& line, std::vector<std::string>& events);
+  bool accept_hello(Connection& connection, const std::string& line, std::vector<std::string>& events);
+  void close_overdue_hellos(std::vector<std::string>& events);
+  // The first `in_full` of a `kind` are reported as their `message`; later
+  // ones are counted, and the count reported at most every 10 s.
+  void report_repeating(const std::string& kind, const std::string& message, int in_full,
+                        std::vector<std::string>& events);
   void end_connection(Connection& connection, std::vector<std::string>& events);
   // Running ranks not heard for `limit` turn silent.
   void check_silence(std::chrono::milliseconds limit, std::vector<std::string>& events);
@@ -104,14 +160,17 @@ class JobSupervisor {
   std::string describe(const RankRecord& record) const;
   double seconds_since_start(Clock::time_point when) const;
 
+  JobSupervisorOptions options_;
   Socket listener_;
   int port_ = 0;
-  std::chrono::milliseconds heartbeat_timeout_;
   Clock::time_point start_;
+  Clock::time_point accepting_paused_until_;
   std::vector<Connection> connections_;
-  std::vector<RankRecord> ranks_;  // by hello order
+  std::vector<RankRecord> ranks_;       // by hello order
+  std::map<int, size_t> record_index_;  // rank -> its place in ranks_
   int world_size_ = 0;
   std::vector<std::string> hosts_named_lost_;
+  std::map<std::string, Repeats> repeats_;  // by kind
 };
 
 }  // namespace tessera::dist

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "dist/launch/job_secret.h"
+
 namespace tessera::dist {
 namespace {
 
@@ -35,6 +37,11 @@ std::string hello_host_name() {
     if (c == ' ') c = '_';  // the hello line is space-separated
   }
   return host;
+}
+
+// Where a launcher that judged the whole job to be on its host listens.
+bool is_loopback_name(std::string_view host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
 // A process may join several jobs in turn (test programs call dist::init
@@ -74,14 +81,21 @@ std::pair<std::string, int> parse_endpoint(std::string_view value, std::string_v
   return {std::string(host), port};
 }
 
-Lifeline::Lifeline(const std::string& endpoint, LifelineIdentity identity,
+Lifeline::Lifeline(const std::string& endpoint, const std::string& job_secret, LifelineIdentity identity,
                    std::chrono::milliseconds heartbeat_interval, std::chrono::milliseconds connect_timeout) {
   TESSERA_CHECK(heartbeat_interval.count() > 0, "Lifeline: the heartbeat interval must be positive, got {} ms",
                 heartbeat_interval.count());
   const auto [host, port] = parse_endpoint(endpoint, kLauncherVariable);
-  socket_ = connect_tcp(host, port, Clock::now() + connect_timeout);
-  const std::string hello =
-      fmt::format("hello {} {} {} {}", identity.rank, identity.world_size, identity.pid, identity.host);
+  try {
+    socket_ = connect_tcp(host, port, Clock::now() + connect_timeout);
+  } catch (const Error& error) {
+    if (!is_loopback_name(host)) throw;
+    fail("{} (the launcher listens on loopback when it judges the whole job to run on its own host; for ranks on "
+         "other hosts give it --address)",
+         error.what());
+  }
+  const std::string hello = fmt::format("hello {} {} {} {} {}", job_secret, identity.rank, identity.world_size,
+                                        identity.pid, identity.host);
   if (!send_line(hello)) fail("Lifeline: the launcher at {} closed the connection before the hello", endpoint);
   heartbeat_ = std::thread([this, heartbeat_interval] { beat_until_stopped(heartbeat_interval); });
 }
@@ -148,11 +162,17 @@ void Lifeline::report_done() {
 void open_process_lifeline(int rank, int world_size, const EnvironmentLookup& environment) {
   const std::optional<std::string> endpoint = environment(kLauncherVariable);
   if (!endpoint || endpoint->empty()) return;
+  const std::optional<std::string> secret = job_secret_from(environment);
+  TESSERA_CHECK(secret.has_value(),
+                "{} is set but {} is not: the launcher sets both (and forwards both with mpirun's -x); a rank "
+                "without the secret cannot join its lifelines",
+                kLauncherVariable, kJobSecretVariable);
   std::lock_guard lock(process_lifeline_mutex);
   process_lifeline.ended_cleanly = false;
   if (process_lifeline.lifeline) return;
   process_lifeline.lifeline = std::make_unique<Lifeline>(
-      *endpoint, LifelineIdentity{.rank = rank, .world_size = world_size, .pid = ::getpid(), .host = hello_host_name()},
+      *endpoint, *secret,
+      LifelineIdentity{.rank = rank, .world_size = world_size, .pid = ::getpid(), .host = hello_host_name()},
       std::chrono::seconds(1), std::chrono::seconds(30));
 }
 

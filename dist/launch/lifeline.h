@@ -11,8 +11,10 @@
 // whose host went down: the kernel closes a dead process's sockets, so the
 // launcher hears of a death at once and can name it.
 //
-// The wire format is one text line per message: "hello <rank> <world size>
-// <pid> <host>", "beat", "failed <text>", "done", "exited".
+// The wire format is one text line per message: "hello <secret> <rank>
+// <world size> <pid> <host>", "beat", "failed <text>", "done", "exited".
+// The secret (TESSERA_JOB_SECRET, dist/launch/job_secret.h) comes first: the
+// launcher reads nothing else from a connection that does not present it.
 #pragma once
 
 #include <chrono>
@@ -40,9 +42,10 @@ struct LifelineIdentity {
 class Lifeline {
  public:
   // Connects to `endpoint` ("host:port", "[v6]:port") within `connect_timeout`
-  // and says hello; a connect that fails is an Error naming the endpoint.
-  Lifeline(const std::string& endpoint, LifelineIdentity identity, std::chrono::milliseconds heartbeat_interval,
-           std::chrono::milliseconds connect_timeout);
+  // and says hello with `job_secret`; a connect that fails is an Error
+  // naming the endpoint.
+  Lifeline(const std::string& endpoint, const std::string& job_secret, LifelineIdentity identity,
+           std::chrono::milliseconds heartbeat_interval, std::chrono::milliseconds connect_timeout);
   // Stops the heartbeat and closes the line, saying "exited" if no result
   // was sent (a killed process never gets here: its line just closes).
   ~Lifeline();
@@ -77,9 +80,10 @@ class Lifeline {
 std::pair<std::string, int> parse_endpoint(std::string_view value, std::string_view variable);
 
 // This process's lifeline: dist::init opens it for a rank of a multi-process
-// job when TESSERA_LAUNCHER is set (heartbeat every second; once, for a
-// process that joins several jobs in turn), and the reports below go to it;
-// without one they do nothing. A failure is sent at once (the job is about
+// job when TESSERA_LAUNCHER is set, presenting TESSERA_JOB_SECRET (the
+// launcher sets both: one without the other is an Error naming them), with
+// a heartbeat every second; once, for a process that joins several jobs in
+// turn. The reports below go to it; without one they do nothing. A failure is sent at once (the job is about
 // to be aborted); a clean end of dist::init is sent as "done" when the
 // process exits, and a later dist::init takes it back.
 void open_process_lifeline(int rank, int world_size, const EnvironmentLookup& environment = process_environment);

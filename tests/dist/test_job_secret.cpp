@@ -2,9 +2,6 @@
 // secret (dist/launch/job_secret.h) and a listening socket bound where it is
 // asked (dist/launch/tcp_socket.h).
 #include <doctest/doctest.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <map>
@@ -13,42 +10,16 @@
 #include <string>
 
 #include "dist/launch/job_secret.h"
+#include "dist/launch/launch_command.h"
 #include "dist/launch/tcp_socket.h"
 #include "tests/dist/error_message.h"
+#include "tests/dist/fake_environment.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using tessera::test::fake_environment;
 using tessera::test::message_of;
 using namespace std::chrono_literals;
-
-namespace {
-
-EnvironmentLookup environment_of(std::map<std::string, std::string> variables) {
-  return [variables](const std::string& name) -> std::optional<std::string> {
-    const auto found = variables.find(name);
-    if (found == variables.end()) return std::nullopt;
-    return found->second;
-  };
-}
-
-// This host's first IPv4 address that is up and not loopback, if any.
-std::optional<std::string> external_ipv4() {
-  ifaddrs* interfaces = nullptr;
-  if (::getifaddrs(&interfaces) != 0) return std::nullopt;
-  std::optional<std::string> found;
-  for (const ifaddrs* entry = interfaces; entry != nullptr && !found; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
-    const auto* address = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-    const uint32_t host_order = ntohl(address->sin_addr.s_addr);
-    if ((host_order >> 24) == 127) continue;
-    found = fmt::format("{}.{}.{}.{}", host_order >> 24, (host_order >> 16) & 255, (host_order >> 8) & 255,
-                        host_order & 255);
-  }
-  ::freeifaddrs(interfaces);
-  return found;
-}
-
-}  // namespace
 
 TEST_CASE("a new job secret is 32 hexadecimal digits, different every time") {
   std::set<std::string> seen;
@@ -62,14 +33,14 @@ TEST_CASE("a new job secret is 32 hexadecimal digits, different every time") {
 }
 
 TEST_CASE("the job secret is read from TESSERA_JOB_SECRET, and a malformed one is refused by name") {
-  CHECK_FALSE(job_secret_from(environment_of({})).has_value());
-  CHECK(job_secret_from(environment_of({{"TESSERA_JOB_SECRET", "0123456789abcdef"}})) == "0123456789abcdef");
+  CHECK_FALSE(job_secret_from(fake_environment({})).has_value());
+  CHECK(job_secret_from(fake_environment({{"TESSERA_JOB_SECRET", "0123456789abcdef"}})) == "0123456789abcdef");
   const std::string made_by_a_person = "Preemptible-job/42:aZ!";
-  CHECK(job_secret_from(environment_of({{"TESSERA_JOB_SECRET", made_by_a_person}})) == made_by_a_person);
+  CHECK(job_secret_from(fake_environment({{"TESSERA_JOB_SECRET", made_by_a_person}})) == made_by_a_person);
   for (const std::string& bad : {std::string(), std::string("short"), std::string(257, 'a'),
                                 std::string("has a space in it here"), std::string("tab\there-and-there")}) {
     CAPTURE(bad);
-    const std::string message = message_of([&] { job_secret_from(environment_of({{"TESSERA_JOB_SECRET", bad}})); });
+    const std::string message = message_of([&] { job_secret_from(fake_environment({{"TESSERA_JOB_SECRET", bad}})); });
     CHECK(message.find("TESSERA_JOB_SECRET") != std::string::npos);
   }
 }
@@ -87,7 +58,7 @@ TEST_CASE("a listener bound to loopback cannot be reached at this host's other a
   const int port = bound_port(listener);
   CHECK(port > 0);
   CHECK(connect_tcp("127.0.0.1", port, Clock::now() + 5s).valid());
-  const std::optional<std::string> external = external_ipv4();
+  const std::optional<std::string> external = first_external_ipv4();
   if (!external) {
     MESSAGE("no external IPv4 address here: only loopback is checked");
     return;
@@ -101,7 +72,7 @@ TEST_CASE("a listener on every interface is reached at loopback and at this host
   const Socket listener = listen_tcp(kEveryInterface, 0);
   const int port = bound_port(listener);
   CHECK(connect_tcp("127.0.0.1", port, Clock::now() + 5s).valid());
-  if (const std::optional<std::string> external = external_ipv4()) {
+  if (const std::optional<std::string> external = first_external_ipv4()) {
     CHECK(connect_tcp(*external, port, Clock::now() + 5s).valid());
   }
 }

@@ -11,23 +11,16 @@
 #include "dist/init.h"
 #include "dist/launch/launch_environment.h"
 #include "tensor/ops.h"
+#include "tests/dist/fake_environment.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using tessera::test::fake_environment;
 namespace ops = tessera::ops;
 
 namespace {
 
 using Variables = std::map<std::string, std::string>;
-
-// An environment holding exactly `variables`.
-EnvironmentLookup fake_environment(Variables variables) {
-  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
-    auto found = variables.find(name);
-    if (found == variables.end()) return std::nullopt;
-    return found->second;
-  };
-}
 
 LaunchInfo detect(const Variables& variables) { return detect_launch(fake_environment(variables)); }
 

@@ -1,15 +1,12 @@
 // Lifelines and the JobSupervisor that reads them (dist/launch/lifeline.h,
 // dist/launch/job_supervisor.h), over real TCP on this machine. A killed rank is a
 // raw connection that said hello and closed; a stopped one, a connection
-// that stops beating. Waits poll until what is expected happened, bounded
-// generously, so a busy machine does not fail them.
+// that stops beating (tests/dist/lifeline_peers.h). What strangers and bad
+// hellos can do is tests/dist/test_lifeline_strangers.cpp's.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,79 +14,13 @@
 #include "dist/launch/fault_injection.h"
 #include "dist/launch/job_supervisor.h"
 #include "dist/launch/lifeline.h"
+#include "tests/dist/error_message.h"
+#include "tests/dist/lifeline_peers.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using namespace tessera::test;
 using namespace std::chrono_literals;
-
-namespace {
-
-// Polls until `done` holds or 20 s pass; returns every event seen.
-std::vector<std::string> poll_until(JobSupervisor& supervisor, const std::function<bool()>& done) {
-  std::vector<std::string> events;
-  const Clock::time_point limit = Clock::now() + 20s;
-  while (!done() && Clock::now() < limit) {
-    for (std::string& event : supervisor.poll(20ms)) events.push_back(std::move(event));
-  }
-  REQUIRE_MESSAGE(done(), "the supervisor did not get there within 20 s");
-  return events;
-}
-
-bool any_contains(const std::vector<std::string>& lines, const std::string& text);
-
-// Polls until an event contains every one of `texts` or 20 s pass; returns every event seen.
-std::vector<std::string> poll_for_events(JobSupervisor& supervisor, const std::vector<std::string>& texts) {
-  std::vector<std::string> events;
-  const auto all_seen = [&] {
-    return std::all_of(texts.begin(), texts.end(), [&](const std::string& text) { return any_contains(events, text); });
-  };
-  const Clock::time_point limit = Clock::now() + 20s;
-  while (!all_seen() && Clock::now() < limit) {
-    for (std::string& event : supervisor.poll(20ms)) events.push_back(std::move(event));
-  }
-  REQUIRE_MESSAGE(all_seen(), "the supervisor did not report them within 20 s");
-  return events;
-}
-
-bool any_contains(const std::vector<std::string>& lines, const std::string& text) {
-  return std::any_of(lines.begin(), lines.end(), [&](const std::string& line) { return line.find(text) != std::string::npos; });
-}
-
-const RankRecord* record_of(const JobSupervisor& supervisor, int rank) {
-  for (const RankRecord& record : supervisor.ranks()) {
-    if (record.rank == rank) return &record;
-  }
-  return nullptr;
-}
-
-std::function<bool()> state_is(const JobSupervisor& supervisor, int rank, RankState state) {
-  return [&supervisor, rank, state] {
-    const RankRecord* record = record_of(supervisor, rank);
-    return record != nullptr && record->state == state;
-  };
-}
-
-std::string endpoint_of(const JobSupervisor& supervisor) { return fmt::format("127.0.0.1:{}", supervisor.port()); }
-
-Lifeline lifeline_to(const JobSupervisor& supervisor, int rank, int world_size, const std::string& host) {
-  return Lifeline(endpoint_of(supervisor), {.rank = rank, .world_size = world_size, .pid = 1000 + rank, .host = host},
-                  50ms, 10s);
-}
-
-// A rank as the kernel leaves it when the process dies: hello, then the
-// connection closes with nothing more; or, left open, a rank gone quiet.
-Socket raw_rank(const JobSupervisor& supervisor, int rank, int world_size, const std::string& host) {
-  Socket socket = connect_tcp("127.0.0.1", supervisor.port(), Clock::now() + 10s);
-  const std::string hello = fmt::format("hello {} {} {} {}\n", rank, world_size, 1000 + rank, host);
-  send_all(socket, std::as_bytes(std::span(hello)), Clock::now() + 10s, "hello");
-  return socket;
-}
-
-void send_text(const Socket& socket, const std::string& text) {
-  send_all(socket, std::as_bytes(std::span(text)), Clock::now() + 10s, "lifeline test");
-}
-
-}  // namespace
 
 TEST_SUITE("dist lifeline") {
 
@@ -106,7 +37,7 @@ TEST_CASE("a launcher's endpoint is host:port, an IPv6 address in brackets") {
 }
 
 TEST_CASE("ranks that end cleanly: each host and rank named, no failure") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   {
     Lifeline rank0 = lifeline_to(supervisor, 0, 2, "host-a");
     Lifeline rank1 = lifeline_to(supervisor, 1, 2, "host-b");
@@ -124,7 +55,7 @@ TEST_CASE("ranks that end cleanly: each host and rank named, no failure") {
 }
 
 TEST_CASE("a rank whose line closes with no result was lost: the launcher names it, its host and pid") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   Lifeline survivor = lifeline_to(supervisor, 0, 2, "host-a");
   {
     Socket killed = raw_rank(supervisor, 1, 2, "host-b");
@@ -140,7 +71,7 @@ TEST_CASE("a rank whose line closes with no result was lost: the launcher names 
 }
 
 TEST_CASE("a rank's failure is reported with its message, on one line; the first failure is the root cause") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   Lifeline first = lifeline_to(supervisor, 0, 3, "host-a");
   Lifeline second = lifeline_to(supervisor, 1, 3, "host-a");
   poll_until(supervisor, [&] { return supervisor.ranks().size() == 2; });
@@ -158,7 +89,7 @@ TEST_CASE("a rank's failure is reported with its message, on one line; the first
 }
 
 TEST_CASE("a rank that stops beating turns silent, and answers again when it beats") {
-  JobSupervisor supervisor(0, 300ms);
+  JobSupervisor supervisor(supervisor_options(300ms));
   Socket quiet = raw_rank(supervisor, 0, 1, "host-a");
   std::vector<std::string> events = poll_until(supervisor, state_is(supervisor, 0, RankState::silent));
   CHECK(any_contains(events, "rank 0 on host-a (pid 1000) silent: no heartbeat for"));
@@ -170,7 +101,7 @@ TEST_CASE("a rank that stops beating turns silent, and answers again when it bea
 }
 
 TEST_CASE("the first failure: a silence that lasted up to a rank's failure, not one that ended before") {
-  JobSupervisor supervisor(0, 300ms);
+  JobSupervisor supervisor(supervisor_options(300ms));
   Socket blip = raw_rank(supervisor, 0, 3, "host-a");     // silent, then heard again before any failure
   Socket stopped = raw_rank(supervisor, 1, 3, "host-b");  // silent until after it (woken to be killed)
   Lifeline failing = lifeline_to(supervisor, 2, 3, "host-a");
@@ -188,7 +119,7 @@ TEST_CASE("the first failure: a silence that lasted up to a rank's failure, not 
 }
 
 TEST_CASE("a host whose every rank is lost or silent is named as lost") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   Lifeline on_a = lifeline_to(supervisor, 0, 3, "host-a");
   Socket stopped = raw_rank(supervisor, 2, 3, "host-b");
   std::vector<std::string> events;
@@ -209,7 +140,7 @@ TEST_CASE("a host whose every rank is lost or silent is named as lost") {
 }
 
 TEST_CASE("an injected disconnect shuts the process's connections: the launcher hears the rank lost") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   Lifeline rank0 = lifeline_to(supervisor, 0, 1, "host-a");
   poll_until(supervisor, [&] { return supervisor.ranks().size() == 1; });
   // This test process is the rank: its lifeline (and the supervisor's own
@@ -220,7 +151,7 @@ TEST_CASE("an injected disconnect shuts the process's connections: the launcher 
 }
 
 TEST_CASE("a host whose ranks are lost after the trouble began elsewhere is not named: that is the teardown") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   std::vector<Socket> host_b;
   {
     Socket first = raw_rank(supervisor, 0, 3, "host-a");
@@ -238,38 +169,36 @@ TEST_CASE("a host whose ranks are lost after the trouble began elsewhere is not 
 }
 
 TEST_CASE("a lifeline dropped without a result says the process exited on its own") {
-  JobSupervisor supervisor(0, 10s);
+  JobSupervisor supervisor(supervisor_options(10s));
   { Lifeline rank0 = lifeline_to(supervisor, 0, 1, "host-a"); }
   const std::vector<std::string> events = poll_until(supervisor, state_is(supervisor, 0, RankState::exited));
   CHECK(any_contains(events, "rank 0 on host-a (pid 1000) exited before its job ended"));
   CHECK_FALSE(supervisor.job_failed());
 }
 
-TEST_CASE("what is not a lifeline is reported and ignored") {
-  JobSupervisor supervisor(0, 10s);
-  Socket stray = connect_tcp("127.0.0.1", supervisor.port(), Clock::now() + 10s);
-  send_text(stray, "GET / HTTP/1.1\n");
-  poll_for_events(supervisor, {"a lifeline began with 'GET / HTTP/1.1', not a hello: ignored"});
-  CHECK(supervisor.open_lifelines() == 0);
-  Socket twice_a = raw_rank(supervisor, 0, 2, "host-a");
-  Socket twice_b = raw_rank(supervisor, 0, 2, "host-b");
-  send_text(twice_a, "nonsense\n");
-  const std::vector<std::string> events = poll_for_events(
-      supervisor, {"rank 0 said hello twice: from host-a (pid 1000), now from host-b (pid 1000)",
-                   "rank 0 on host-a (pid 1000) sent 'nonsense': not a lifeline message; ignored"});
-  CHECK(supervisor.ranks().size() == 1);
+TEST_CASE("a line from a rank that is no lifeline message is reported and ignored") {
+  JobSupervisor supervisor(supervisor_options(10s));
+  Socket rank0 = raw_rank(supervisor, 0, 2, "host-a");
+  send_text(rank0, "nonsense\n");
+  poll_for_events(supervisor, {"rank 0 on host-a (pid 1000) sent 'nonsense': not a lifeline message; ignored"});
+  CHECK(state_is(supervisor, 0, RankState::running)());
+  CHECK(supervisor.open_lifelines() == 1);
 }
 
 TEST_CASE("a lifeline to a launcher that is not there fails within its timeout, naming it") {
   int port = 0;
   {
-    JobSupervisor gone(0, 1s);
+    JobSupervisor gone(supervisor_options(1s));
     port = gone.port();
   }
   const Clock::time_point start = Clock::now();
-  CHECK_THROWS_WITH_AS(Lifeline(fmt::format("127.0.0.1:{}", port), {.rank = 0, .world_size = 1, .pid = 1, .host = "h"},
-                                50ms, 300ms),
-                       doctest::Contains(fmt::format("127.0.0.1:{}", port).c_str()), Error);
+  const std::string message = message_of([&] {
+    Lifeline(fmt::format("127.0.0.1:{}", port), kTestJobSecret, {.rank = 0, .world_size = 1, .pid = 1, .host = "h"},
+             50ms, 300ms);
+  });
+  CHECK(message.find(fmt::format("127.0.0.1:{}", port)) != std::string::npos);
+  // A launcher on loopback is one that judged the job to be on its own host.
+  CHECK(message.find("for ranks on other hosts give it --address") != std::string::npos);
   CHECK(Clock::now() - start < 20s);
 }
 
@@ -277,8 +206,21 @@ TEST_CASE("without TESSERA_LAUNCHER no lifeline is opened, and the reports do no
   open_process_lifeline(0, 1, [](const std::string&) { return std::nullopt; });
   report_failure_to_launcher("nobody listens");
   report_clean_end_to_launcher();
-  CHECK_THROWS_WITH_AS(open_process_lifeline(0, 1, [](const std::string&) { return std::string("nowhere"); }),
+  const auto launcher_nowhere = [](const std::string& name) -> std::optional<std::string> {
+    return name == kLauncherVariable ? "nowhere" : kTestJobSecret;
+  };
+  CHECK_THROWS_WITH_AS(open_process_lifeline(0, 1, launcher_nowhere),
                        doctest::Contains("TESSERA_LAUNCHER='nowhere' is not host:port"), Error);
+}
+
+TEST_CASE("a rank told where the launcher is but not the job secret fails, naming both variables") {
+  const auto launcher_only = [](const std::string& name) -> std::optional<std::string> {
+    if (name == kLauncherVariable) return "127.0.0.1:1";
+    return std::nullopt;
+  };
+  CHECK(message_of([&] { open_process_lifeline(0, 2, launcher_only); }) ==
+        "TESSERA_LAUNCHER is set but TESSERA_JOB_SECRET is not: the launcher sets both (and forwards both with "
+        "mpirun's -x); a rank without the secret cannot join its lifelines");
 }
 
 }  // TEST_SUITE
