@@ -158,12 +158,21 @@ Socket listen_tcp(const std::string& address, int port) {
   fail("dist::tcp: cannot listen on {}: {}", where, system_reason(error));
 }
 
-int bound_port(const Socket& socket) {
+namespace {
+
+sockaddr_storage local_address(const Socket& socket) {
   sockaddr_storage address{};
   socklen_t length = sizeof address;
   if (::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     fail("dist::tcp: getsockname failed: {}", system_reason(errno));
   }
+  return address;
+}
+
+}  // namespace
+
+int bound_port(const Socket& socket) {
+  const sockaddr_storage address = local_address(socket);
   if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
   return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
 }
@@ -191,11 +200,7 @@ bool is_loopback_host(const std::string& host) {
 }
 
 bool is_bound_to_loopback(const Socket& socket) {
-  sockaddr_storage address{};
-  socklen_t length = sizeof address;
-  if (::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    fail("dist::tcp: getsockname failed: {}", system_reason(errno));
-  }
+  const sockaddr_storage address = local_address(socket);
   if (address.ss_family == AF_INET) return is_loopback_ipv4(reinterpret_cast<const sockaddr_in&>(address).sin_addr);
   if (address.ss_family == AF_INET6) return is_loopback_ipv6(reinterpret_cast<const sockaddr_in6&>(address).sin6_addr);
   return false;

@@ -2,8 +2,6 @@
 // secret (dist/launch/job_secret.h) and a listening socket bound where it is
 // asked (dist/launch/tcp_socket.h).
 #include <doctest/doctest.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -15,9 +13,11 @@
 #include "dist/launch/job_secret.h"
 #include "dist/launch/tcp_socket.h"
 #include "tests/dist/error_message.h"
+#include "tests/dist/external_address.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using tessera::test::external_ipv4;
 using tessera::test::message_of;
 using namespace std::chrono_literals;
 
@@ -29,23 +29,6 @@ EnvironmentLookup environment_of(std::map<std::string, std::string> variables) {
     if (found == variables.end()) return std::nullopt;
     return found->second;
   };
-}
-
-// This host's first IPv4 address that is up and not loopback, if any.
-std::optional<std::string> external_ipv4() {
-  ifaddrs* interfaces = nullptr;
-  if (::getifaddrs(&interfaces) != 0) return std::nullopt;
-  std::optional<std::string> found;
-  for (const ifaddrs* entry = interfaces; entry != nullptr && !found; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
-    const auto* address = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-    const uint32_t host_order = ntohl(address->sin_addr.s_addr);
-    if ((host_order >> 24) == 127) continue;
-    found = fmt::format("{}.{}.{}.{}", host_order >> 24, (host_order >> 16) & 255, (host_order >> 8) & 255,
-                        host_order & 255);
-  }
-  ::freeifaddrs(interfaces);
-  return found;
 }
 
 }  // namespace

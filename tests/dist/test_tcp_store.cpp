@@ -4,12 +4,8 @@
 // protocol without TcpStore's checks. Timeouts are asserted from below (a
 // wait lasts at least its timeout) and bounded generously from above, so a
 // busy machine does not fail them.
-#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,9 +25,11 @@
 #include "dist/launch/store_protocol.h"
 #include "dist/launch/tcp_store.h"
 #include "tests/dist/error_message.h"
+#include "tests/dist/external_address.h"
 
 using namespace tessera;
 using namespace tessera::dist;
+using tessera::test::external_ipv4;
 using tessera::test::message_of;
 using namespace std::chrono_literals;
 
@@ -110,23 +108,6 @@ TcpStoreServer::Stats stats_when(const TcpStoreServer& server,
     stats = server.stats();
   }
   return stats;
-}
-
-// This machine's first IPv4 address that is up and not loopback: where
-// another host would reach it.
-std::optional<std::string> external_ipv4() {
-  ifaddrs* interfaces = nullptr;
-  if (::getifaddrs(&interfaces) != 0) return std::nullopt;
-  std::optional<std::string> found;
-  for (const ifaddrs* entry = interfaces; entry != nullptr && !found; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
-    if ((entry->ifa_flags & IFF_UP) == 0 || (entry->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
-    found = text;
-  }
-  ::freeifaddrs(interfaces);
-  return found;
 }
 
 // Checks that nothing answers at this host's external address on `port`
