@@ -13,9 +13,11 @@
 // (docs/distributed.md#security-model).
 //
 // What it will hold: StoreLimits bounds every key, value and connection,
-// the bytes waiting on a connection and the bytes held in all. A request
-// over a bound is refused as its header announces it, never read; the
-// refusal names the bound, the connection closes, and the others go on.
+// the bytes waiting on a connection and the bytes held in all. A key or
+// value over its bound is refused as the request's header announces it,
+// never read; a set or add that would take the total over is refused
+// without effect. The refusal names the bound, the connection closes, and
+// the others go on.
 #pragma once
 
 #include <chrono>
