@@ -1,11 +1,12 @@
 // TcpStoreServer (contract in tcp_store_server.h). One poll() loop over the
-// listening socket, a wake pipe and every connection. Each connection has an
-// input buffer (requests may arrive in pieces; at most its largest request
-// waits there) and an output buffer holding one reply at a time (its next
-// request is handled once the last reply has gone out), so a slow or stalled
-// client never blocks the others and none can make the server buffer without
-// bound. A get of a missing key parks the connection in `waiters` until a
-// set or add creates the key.
+// listening socket, a wake pipe and every connection (StoreService), over
+// the keys and values and what each request does to them (StoreState).
+// Each connection has an input buffer (requests may arrive in pieces; at
+// most its largest request waits there) and an output buffer holding one
+// reply at a time (its next request is handled once the last reply has
+// gone out), so a slow or stalled client never blocks the others and none
+// can make the server buffer without bound. A get of a missing key parks
+// the connection in `waiters` until a set or add creates the key.
 #include "dist/launch/tcp_store_server.h"
 
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -335,6 +337,168 @@ int milliseconds_until(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
 }
 
+// The serving thread's connections and store, and the steps of one turn
+// of its poll() loop, in the order serve() takes them.
+class StoreService {
+ public:
+  using Stats = TcpStoreServer::Stats;
+
+  StoreService(int listener, int port, std::optional<std::string> secret, StoreLimits limits,
+               std::function<void(const Stats&)> publish)
+      : listener_(listener), port_(port), limits_(limits), state_(std::move(secret), limits),
+        publish_(std::move(publish)) {}
+
+  // Fills `polled` with the wake pipe, the listener (-1 while it rests) and
+  // every connection; returns how long poll() may wait: until the next
+  // deadline (the listener's rest, a connection's admission), or for ever.
+  int poll_list(int wake, std::vector<pollfd>& polled) {
+    const bool accepting = Clock::now() >= accept_paused_until_;
+    std::optional<Clock::time_point> next_deadline;
+    if (!accepting) next_deadline = accept_paused_until_;
+    polled.assign({pollfd{.fd = wake, .events = POLLIN, .revents = 0},
+                   pollfd{.fd = accepting ? listener_ : -1, .events = POLLIN, .revents = 0}});
+    polled_ids_.clear();
+    for (auto& [id, connection] : connections_) {
+      const short reading = connection.close_after ? 0 : POLLIN;
+      const short events = static_cast<short>(reading | (connection.output.empty() ? 0 : POLLOUT));
+      polled.push_back({.fd = connection.socket.fd(), .events = events, .revents = 0});
+      polled_ids_.push_back(id);
+      if (!connection.admitted && !connection.close_after) {
+        next_deadline = std::min(next_deadline.value_or(connection.admit_by), connection.admit_by);
+      }
+    }
+    return next_deadline ? milliseconds_until(*next_deadline) : -1;
+  }
+
+  // Takes every waiting connection, refusing those over the bound; rests
+  // the listener when the process is out of descriptors.
+  void accept_connections() {
+    for (;;) {
+      const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EMFILE || errno == ENFILE) {
+          accept_paused_until_ = Clock::now() + kAcceptPause;
+          if (is_power_of_two(++accept_failures_)) {
+            log_line(port_, fmt::format("cannot accept a connection ({}; {} times so far): resting {} ms",
+                                        std::strerror(errno), accept_failures_, kAcceptPause.count()));
+          }
+        }
+        return;  // EAGAIN: none left (other errors: the client gave up; it retries)
+      }
+      Socket socket(fd);
+      if (static_cast<int64_t>(connections_.size()) >= limits_.max_connections) {
+        const std::string message = fmt::format(
+            "TcpStoreServer: {} connections are open, the bound (max_connections); this one is refused",
+            connections_.size());
+        refuse_connection(std::move(socket), message);
+        if (is_power_of_two(++stats_.connections_refused)) {
+          log_line(port_, fmt::format("{} ({} refused so far)", message, stats_.connections_refused));
+        }
+        continue;
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      connections_.emplace(next_id_++, Connection{.socket = std::move(socket),
+                                                  .admitted = !state_.has_secret(),
+                                                  .admit_by = Clock::now() + limits_.admission_timeout});
+      ++stats_.connections_accepted;
+    }
+  }
+
+  // Reads what the polled connections have, each up to its bound; drops
+  // those that closed.
+  void read_ready(const std::vector<pollfd>& polled) {
+    for (size_t index = 2; index < polled.size(); ++index) {
+      const uint64_t id = polled_ids_[index - 2];
+      Connection& connection = connections_.at(id);
+      if ((polled[index].revents & (POLLIN | POLLHUP | POLLERR)) == 0 || connection.close_after) continue;
+      if (!read_available(connection, state_.input_bound(connection))) {
+        drop(id);
+        continue;
+      }
+      stats_.largest_input_bytes = std::max<uint64_t>(stats_.largest_input_bytes, connection.input.size());
+    }
+  }
+
+  // Handles requests, releases the gets they answer and sends the replies,
+  // again and again until no connection has a request it can take. The
+  // stats go out before the replies: a client that has its reply sees its
+  // request counted.
+  void answer_requests() {
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      for (auto& [id, connection] : connections_) progressed = state_.handle_input(id, connection) || progressed;
+      state_.release_waiters(connections_);
+      publish();
+      for (auto& [id, connection] : connections_) {
+        if (!connection.close_after && !write_pending(connection)) connection.close_after = true;
+      }
+    }
+  }
+
+  // Refuses a connection whose input is full and cannot be handled (a flood
+  // behind a parked get), and one not admitted in time.
+  void cut_off_stalled() {
+    const Clock::time_point now = Clock::now();
+    for (auto& [id, connection] : connections_) {
+      if (connection.close_after) continue;
+      if (connection.input_full) {
+        if (connection.input.size() >= state_.input_bound(connection)) {
+          const std::string message = fmt::format(
+              "TcpStoreServer: more than {} bytes wait on a connection, the bound a connection may buffer "
+              "(max_input_bytes: its largest request); it is closed",
+              state_.input_bound(connection));
+          log_line(port_, message);
+          refuse(connection, message);
+          state_.forget(id);
+        }
+        connection.input_full = false;  // it took some: read again
+      } else if (!connection.admitted && now >= connection.admit_by) {
+        refuse(connection, fmt::format("TcpStoreServer: the job secret did not come within {} ms of connecting",
+                                       limits_.admission_timeout.count()));
+      }
+    }
+  }
+
+  // Sends what the sockets take; closes the connections that failed and the
+  // refused ones whose refusal has gone out.
+  void flush_and_close() {
+    std::vector<uint64_t> finished;
+    for (auto& [id, connection] : connections_) {
+      const bool alive = write_pending(connection);
+      if (!alive || (connection.close_after && connection.output.empty())) finished.push_back(id);
+    }
+    for (const uint64_t id : finished) drop(id);
+    publish();
+  }
+
+ private:
+  void drop(uint64_t id) {
+    state_.forget(id);
+    connections_.erase(id);
+  }
+
+  void publish() {
+    stats_.connections_open = static_cast<int64_t>(connections_.size());
+    stats_.parked_gets = state_.parked_gets();
+    stats_.held_bytes = state_.held_bytes();
+    publish_(stats_);
+  }
+
+  int listener_;
+  int port_;
+  StoreLimits limits_;
+  StoreState state_;
+  std::function<void(const Stats&)> publish_;
+  std::map<uint64_t, Connection> connections_;
+  std::vector<uint64_t> polled_ids_;  // the connection of each polled entry after the first two
+  uint64_t next_id_ = 0;
+  Stats stats_;
+  int64_t accept_failures_ = 0;
+  Clock::time_point accept_paused_until_{};
+};
+
 }  // namespace
 
 int default_store_connection_bound() {
@@ -388,140 +552,21 @@ void TcpStoreServer::publish(const Stats& stats) {
 }
 
 void TcpStoreServer::serve() {
-  StoreState state(secret_, limits_);
-  std::map<uint64_t, Connection> connections;
-  uint64_t next_id = 0;
-  Stats stats;
-  int64_t accept_failures = 0;
-  Clock::time_point accept_paused_until{};
+  StoreService service(listener_.fd(), port_, secret_, limits_, [this](const Stats& stats) { publish(stats); });
   std::vector<pollfd> polled;
-  std::vector<uint64_t> polled_ids;
   for (;;) {
-    // Wait for the wake pipe, the listener (unless resting), every connection,
-    // or the next deadline: the listener's rest, a connection's admission.
-    const bool accepting = Clock::now() >= accept_paused_until;
-    std::optional<Clock::time_point> next_deadline;
-    if (!accepting) next_deadline = accept_paused_until;
-    polled.assign({pollfd{.fd = wake_read_, .events = POLLIN, .revents = 0},
-                   pollfd{.fd = accepting ? listener_.fd() : -1, .events = POLLIN, .revents = 0}});
-    polled_ids.clear();
-    for (auto& [id, connection] : connections) {
-      const short reading = connection.close_after ? 0 : POLLIN;
-      const short events = static_cast<short>(reading | (connection.output.empty() ? 0 : POLLOUT));
-      polled.push_back({.fd = connection.socket.fd(), .events = events, .revents = 0});
-      polled_ids.push_back(id);
-      if (!connection.admitted && !connection.close_after) {
-        next_deadline = std::min(next_deadline.value_or(connection.admit_by), connection.admit_by);
-      }
-    }
-    if (::poll(polled.data(), polled.size(), next_deadline ? milliseconds_until(*next_deadline) : -1) < 0) {
+    const int wait_milliseconds = service.poll_list(wake_read_, polled);
+    if (::poll(polled.data(), polled.size(), wait_milliseconds) < 0) {
       if (errno == EINTR) continue;
       log_line(port_, fmt::format("poll failed ({}); the store stops", std::strerror(errno)));
       return;
     }
     if (polled[0].revents != 0) return;  // the destructor's wake-up
-
-    if (polled[1].revents & POLLIN) {
-      for (;;) {
-        const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EMFILE || errno == ENFILE) {
-            accept_paused_until = Clock::now() + kAcceptPause;
-            if (is_power_of_two(++accept_failures)) {
-              log_line(port_, fmt::format("cannot accept a connection ({}; {} times so far): resting {} ms",
-                                          std::strerror(errno), accept_failures, kAcceptPause.count()));
-            }
-          }
-          break;  // EAGAIN: none left (other errors: the client gave up; it retries)
-        }
-        Socket socket(fd);
-        if (static_cast<int64_t>(connections.size()) >= limits_.max_connections) {
-          const std::string message = fmt::format(
-              "TcpStoreServer: {} connections are open, the bound (max_connections); this one is refused",
-              connections.size());
-          refuse_connection(std::move(socket), message);
-          if (is_power_of_two(++stats.connections_refused)) {
-            log_line(port_, fmt::format("{} ({} refused so far)", message, stats.connections_refused));
-          }
-          continue;
-        }
-        const int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        connections.emplace(next_id++, Connection{.socket = std::move(socket),
-                                                  .admitted = !state.has_secret(),
-                                                  .admit_by = Clock::now() + limits_.admission_timeout});
-        ++stats.connections_accepted;
-      }
-    }
-
-    std::vector<uint64_t> closed;
-    for (size_t index = 2; index < polled.size(); ++index) {
-      const uint64_t id = polled_ids[index - 2];
-      Connection& connection = connections.at(id);
-      if ((polled[index].revents & (POLLIN | POLLHUP | POLLERR)) == 0 || connection.close_after) continue;
-      if (!read_available(connection, state.input_bound(connection))) closed.push_back(id);
-      stats.largest_input_bytes = std::max<uint64_t>(stats.largest_input_bytes, connection.input.size());
-    }
-    for (const uint64_t id : closed) {
-      state.forget(id);
-      connections.erase(id);
-    }
-
-    // The stats go out before the replies, so that a client that has its
-    // reply sees its request counted.
-    const auto publish_stats = [&] {
-      stats.connections_open = static_cast<int64_t>(connections.size());
-      stats.parked_gets = state.parked_gets();
-      stats.held_bytes = state.held_bytes();
-      publish(stats);
-    };
-
-    // Handle requests, release the gets they answer, send the replies, and
-    // again, until no connection has a request it can take.
-    for (bool progressed = true; progressed;) {
-      progressed = false;
-      for (auto& [id, connection] : connections) progressed = state.handle_input(id, connection) || progressed;
-      state.release_waiters(connections);
-      publish_stats();
-      for (auto& [id, connection] : connections) {
-        if (!connection.close_after && !write_pending(connection)) connection.close_after = true;
-      }
-    }
-
-    // Cut off a connection whose input is full and cannot be handled (a
-    // flood behind a parked get), and one not admitted in time.
-    const Clock::time_point now = Clock::now();
-    for (auto& [id, connection] : connections) {
-      if (connection.close_after) continue;
-      if (connection.input_full) {
-        if (connection.input.size() >= state.input_bound(connection)) {
-          const std::string message = fmt::format(
-              "TcpStoreServer: more than {} bytes wait on a connection, the bound a connection may buffer "
-              "(max_input_bytes: its largest request); it is closed",
-              state.input_bound(connection));
-          log_line(port_, message);
-          refuse(connection, message);
-          state.forget(id);
-        }
-        connection.input_full = false;  // handled some: read again
-      } else if (!connection.admitted && now >= connection.admit_by) {
-        refuse(connection, fmt::format("TcpStoreServer: the job secret did not come within {} ms of connecting",
-                                       limits_.admission_timeout.count()));
-      }
-    }
-
-    for (auto connection = connections.begin(); connection != connections.end();) {
-      const bool alive = write_pending(connection->second);
-      const bool done = connection->second.close_after && connection->second.output.empty();
-      if (!alive || done) {
-        state.forget(connection->first);
-        connection = connections.erase(connection);
-      } else {
-        ++connection;
-      }
-    }
-    publish_stats();
+    if (polled[1].revents & POLLIN) service.accept_connections();
+    service.read_ready(polled);
+    service.answer_requests();
+    service.cut_off_stalled();
+    service.flush_and_close();
   }
 }
 
