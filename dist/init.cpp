@@ -16,6 +16,8 @@
 
 #include "dist/backends/mpi_backend.h"
 #include "dist/backends/nccl_backend.h"
+#include "dist/launch/fault_injection.h"
+#include "dist/launch/job_secret.h"
 #include "dist/launch/launch_environment.h"
 #include "dist/launch/lifeline.h"
 #include "dist/launch/tcp_store.h"
@@ -85,9 +87,13 @@ void run_nccl_rank(const LaunchInfo& launch, const InitOptions& options,
                   "dist::init: NCCL with no launcher runs one rank (asked for {}): NCCL takes one process per GPU, "
                   "so start {} processes with mpirun, srun or torchrun-style variables",
                   options.local_ranks, options.local_ranks);
+    check_faults_fit_world(1);
+    // A world of one meets only itself: on loopback, with a secret of its own.
+    const std::string secret = new_job_secret();
     LaunchStore own_store;
-    own_store.server = std::make_unique<TcpStoreServer>(0);
-    own_store.store = std::make_shared<TcpStore>("127.0.0.1", own_store.server->port(), options.local.group.timeout);
+    own_store.server = std::make_unique<TcpStoreServer>("127.0.0.1", 0, secret);
+    own_store.store =
+        std::make_shared<TcpStore>("127.0.0.1", own_store.server->port(), options.local.group.timeout, secret);
     return run_on_nccl_world(launch, own_store, options, fn);
   }
   LaunchStore launch_store = connect_launch_store(launch, options.local.group.timeout);
@@ -143,6 +149,7 @@ void run_mpi_rank(const LaunchInfo& launch, const InitOptions& options,
 
 void init(const InitOptions& options, const std::function<void(const ProcessGroupPtr& world)>& fn) {
   const LaunchInfo launch = detect_launch();
+  if (launch.launcher != Launcher::local) check_faults_fit_world(launch.world_size);  // run_local checks its own
   switch (launch.launcher) {
     case Launcher::mpirun:
     case Launcher::slurm: return run_mpi_rank(launch, options, fn);

@@ -4,9 +4,12 @@
 #include "dist/process_group.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
+#include <string_view>
 
 #include "dist/errors.h"
 #include "dist/launch/fault_injection.h"
@@ -24,6 +27,21 @@ bool environment_flag(const char* name) {
   if (text == "1" || text == "true" || text == "on") return true;
   if (text.empty() || text == "0" || text == "false" || text == "off") return false;
   fail("{}: expected 0/1, true/false or on/off, got '{}'", name, text);
+}
+
+// The value of "DIGITS" or "DIGITS.DIGITS", nothing else: no sign, space,
+// exponent, hexadecimal, inf or nan, which strtod would take.
+std::optional<double> plain_decimal(std::string_view text) {
+  const size_t point = text.find('.');
+  const std::string_view whole = text.substr(0, point);
+  const std::string_view fraction = point == std::string_view::npos ? std::string_view("0") : text.substr(point + 1);
+  const auto all_digits = [](std::string_view part) {
+    return !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (!all_digits(whole) || !all_digits(fraction)) return std::nullopt;
+  double value = 0.0;
+  std::from_chars(text.data(), text.data() + text.size(), value, std::chars_format::fixed);  // as the C locale reads it
+  return value;
 }
 
 bool is_communicable(DType dtype) {
@@ -142,13 +160,13 @@ std::vector<uint8_t> to_bytes(const std::vector<int64_t>& words) {
 ProcessGroupOptions ProcessGroupOptions::from_environment() {
   ProcessGroupOptions options;
   if (const char* timeout = std::getenv("TESSERA_DIST_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double seconds = std::strtod(timeout, &end);
+    const std::optional<double> seconds = plain_decimal(timeout);
     // The bound keeps the milliseconds (and every deadline computed from them) far from overflow.
-    TESSERA_CHECK(end != timeout && *end == '\0' && seconds >= kMinTimeoutSeconds && seconds <= kMaxTimeoutSeconds,
-                  "TESSERA_DIST_TIMEOUT_S: expected seconds in [{:g}, {:g}] (a week), got '{}'", kMinTimeoutSeconds,
-                  kMaxTimeoutSeconds, timeout);
-    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+    TESSERA_CHECK(seconds && *seconds >= kMinTimeoutSeconds && *seconds <= kMaxTimeoutSeconds,
+                  "TESSERA_DIST_TIMEOUT_S: expected seconds in [{:g}, {:g}] (a week), got '{}'; write a plain "
+                  "decimal number such as 30 or 0.5",
+                  kMinTimeoutSeconds, kMaxTimeoutSeconds, timeout);
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000.0 + 0.5));
   }
   options.deterministic = environment_flag("TESSERA_DIST_DETERMINISTIC");
   options.check_collectives = environment_flag("TESSERA_DIST_DEBUG");

@@ -46,10 +46,10 @@ struct ProcessGroupOptions {
   // Debug mode: ranks compare a signature of every collective before running it.
   bool check_collectives = false;
 
-  // Defaults overridden by TESSERA_DIST_TIMEOUT_S (seconds, may be
-  // fractional, in [kMinTimeoutSeconds, kMaxTimeoutSeconds]),
-  // TESSERA_DIST_DETERMINISTIC=1 and TESSERA_DIST_DEBUG=1; a value outside
-  // its range throws tessera::Error naming the variable and the range.
+  // Defaults overridden by TESSERA_DIST_TIMEOUT_S (seconds as a plain
+  // decimal number, "30" or "0.5", in [kMinTimeoutSeconds, kMaxTimeoutSeconds]),
+  // TESSERA_DIST_DETERMINISTIC=1 and TESSERA_DIST_DEBUG=1; any other value
+  // throws tessera::Error naming the variable, the value and the range.
   static ProcessGroupOptions from_environment();
   static constexpr double kMinTimeoutSeconds = 0.001;
   static constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;

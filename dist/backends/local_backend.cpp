@@ -17,6 +17,7 @@
 #include "dist/backends/local_job.h"
 #include "dist/backends/streaming_copy.h"
 #include "dist/init.h"
+#include "dist/launch/fault_injection.h"
 #include "dist/reduction.h"
 #include "tensor/parallel.h"
 #if TESSERA_HAVE_CUDA_SIM
@@ -310,6 +311,7 @@ void run_local(int world_size, const std::function<void(const ProcessGroupPtr& w
   TESSERA_CHECK(world_size >= 1, "run_local: world_size must be at least 1, got {}", world_size);
   TESSERA_CHECK(options.threads_per_rank >= 0,
                 "run_local: threads_per_rank must be >= 0 (0: cores / world size), got {}", options.threads_per_rank);
+  check_faults_fit_world(world_size);
   const int threads = options.threads_per_rank > 0 ? options.threads_per_rank : default_threads_per_rank(world_size);
   const auto job = std::make_shared<LocalJob>(world_size);
   std::vector<std::thread> ranks;

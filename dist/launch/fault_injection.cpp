@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -96,6 +97,7 @@ Fault parse_fault(std::string_view text) {
   TESSERA_CHECK(takes(fault.point, fault.action), "TESSERA_FAULT: '{}': {} cannot {}", text, point, action);
 
   bool has_seconds = false;
+  std::vector<std::string_view> keys_given;
   while (!rest.empty()) {
     const size_t end = rest.find(',');
     const std::string_view pair = rest.substr(0, end);
@@ -103,6 +105,10 @@ Fault parse_fault(std::string_view text) {
     const size_t equals = pair.find('=');
     TESSERA_CHECK(equals != std::string_view::npos, "TESSERA_FAULT: '{}': '{}' is not KEY=VALUE", text, pair);
     const std::string_view key = pair.substr(0, equals), value = pair.substr(equals + 1);
+    // A second value would silently win over the first.
+    TESSERA_CHECK(std::find(keys_given.begin(), keys_given.end(), key) == keys_given.end(),
+                  "TESSERA_FAULT: '{}': {} is given twice", text, key);
+    keys_given.push_back(key);
     if (key == "rank") {
       fault.rank = static_cast<int>(parse_integer(text, key, value, 0));
     } else if (key == "at") {
@@ -143,6 +149,15 @@ Plan& plan() {
 
 // Whether any fault is planned, without the lock: the common case is none.
 std::atomic<int> g_planned{-1};  // -1: TESSERA_FAULT not read yet
+
+// Reads TESSERA_FAULT unless a plan is loaded (the caller holds the lock).
+void load_plan(Plan& state) {
+  if (state.loaded) return;
+  const char* text = std::getenv("TESSERA_FAULT");
+  state.faults = parse_faults(text ? text : "");
+  state.loaded = true;
+  g_planned = state.faults.empty() ? 0 : 1;
+}
 
 // A host losing its network, as its peers see it: every TCP socket of this
 // process (its MPI links, its launcher's lifeline, a store's) is shut down
@@ -202,16 +217,23 @@ void set_faults(std::vector<Fault> faults) {
   g_planned = state.faults.empty() ? 0 : 1;
 }
 
+void check_faults_fit_world(int world_size) {
+  if (g_planned.load(std::memory_order_relaxed) == 0) return;
+  Plan& state = plan();
+  std::lock_guard lock(state.mutex);
+  load_plan(state);
+  for (const Fault& fault : state.faults) {
+    TESSERA_CHECK(!fault.rank || *fault.rank < world_size,
+                  "TESSERA_FAULT: '{}': rank={} is outside this world of {} ranks (0 to {}), so it would never fire",
+                  fault.to_string(), *fault.rank, world_size, world_size - 1);
+  }
+}
+
 std::optional<Fault> fault_at(FaultPoint point, int rank) {
   if (g_planned.load(std::memory_order_relaxed) == 0) return std::nullopt;
   Plan& state = plan();
   std::lock_guard lock(state.mutex);
-  if (!state.loaded) {
-    const char* text = std::getenv("TESSERA_FAULT");
-    state.faults = parse_faults(text ? text : "");
-    state.loaded = true;
-    g_planned = state.faults.empty() ? 0 : 1;
-  }
+  load_plan(state);
   if (state.faults.empty()) return std::nullopt;
   const int64_t arrival = ++state.arrivals[{point, rank}];
   for (const Fault& fault : state.faults) {

@@ -17,9 +17,10 @@
 //   kill@checkpoint_commit,at=2        rank 0 dies as it is about to commit the 2nd checkpoint
 //   fail@data,rank=3,at=10,errno=EIO   rank 3's 10th training micro-batch fails to load
 //
-// `rank` is a world rank (any rank when left out); `at` counts that rank's
-// arrivals at the point from 1 (default 1; a fault with no rank counts each
-// rank's arrivals separately). Collectives count every call a rank makes on
+// `rank` is a world rank (any rank when left out; one outside the world is
+// refused as the world starts); `at` counts that rank's arrivals at the
+// point from 1 (default 1; a fault with no rank counts each rank's arrivals
+// separately). Collectives count every call a rank makes on
 // any of its groups. A kill ends the process as a crash would (SIGKILL) when
 // each rank is a process; among thread ranks (the local backend) it throws
 // InjectedFault on the rank's thread, which ends the run like a failed rank.
@@ -61,10 +62,16 @@ class InjectedFault : public Error {
 
 // The faults of a TESSERA_FAULT value ("" = none). Throws tessera::Error
 // naming the fault and what is wrong with it: an unknown action or point, an
-// action the point does not take, an unknown key, a bad number, a rank below
-// 0 or `at` below 1, a delay without seconds, a fail without an errno name
-// (ENOSPC, EIO, EDQUOT, EROFS, ENOMEM).
+// action the point does not take, an unknown key or one given twice, a bad
+// number, a rank below 0 or `at` below 1, a delay without seconds, a fail
+// without an errno name (ENOSPC, EIO, EDQUOT, EROFS, ENOMEM).
 std::vector<Fault> parse_faults(std::string_view text);
+
+// Checks the plan (TESSERA_FAULT, read now if it was not yet, or
+// set_faults') against a world of `world_size` ranks: a fault for a rank
+// outside it would never fire, so it is a tessera::Error naming the fault.
+// Called where a world starts (dist::init, run_local).
+void check_faults_fit_world(int world_size);
 
 // Replaces the planned faults and restarts the counts (tests); the plan is
 // otherwise TESSERA_FAULT's, read at the first point reached.

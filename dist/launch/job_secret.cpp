@@ -16,8 +16,6 @@ namespace tessera::dist {
 namespace {
 
 constexpr size_t kSecretBytes = 16;
-constexpr size_t kShortestSecret = 16;
-constexpr size_t kLongestSecret = 256;
 
 bool is_secret_character(char c) { return c > ' ' && c < 0x7f; }
 
@@ -42,8 +40,8 @@ std::string new_job_secret() {
 std::optional<std::string> job_secret_from(const EnvironmentLookup& environment) {
   std::optional<std::string> secret = environment(kJobSecretVariable);
   if (!secret) return std::nullopt;
-  TESSERA_CHECK(secret->size() >= kShortestSecret && secret->size() <= kLongestSecret,
-                "{} must hold {} to {} characters, it holds {}", kJobSecretVariable, kShortestSecret, kLongestSecret,
+  TESSERA_CHECK(secret->size() >= kShortestJobSecret && secret->size() <= kLongestJobSecret,
+                "{} must hold {} to {} characters, it holds {}", kJobSecretVariable, kShortestJobSecret, kLongestJobSecret,
                 secret->size());
   TESSERA_CHECK(std::all_of(secret->begin(), secret->end(), is_secret_character),
                 "{} must be printable ASCII with no spaces", kJobSecretVariable);

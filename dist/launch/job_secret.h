@@ -7,6 +7,7 @@
 // itself is not encrypted (docs/distributed.md#security-model).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +17,9 @@
 namespace tessera::dist {
 
 inline constexpr const char* kJobSecretVariable = "TESSERA_JOB_SECRET";
+// The lengths a secret may have (a listener refuses a longer one unread).
+inline constexpr size_t kShortestJobSecret = 16;
+inline constexpr size_t kLongestJobSecret = 256;
 
 // 32 hexadecimal digits from the kernel's random source (128 bits).
 std::string new_job_secret();

@@ -34,7 +34,7 @@ namespace {
 // Reads per connection and poll: one peer that never stops sending cannot
 // keep the others waiting.
 constexpr int kReadsPerPoll = 16;
-constexpr std::chrono::seconds kAcceptPause{1};
+constexpr std::chrono::seconds kLifelineAcceptPause{1};
 constexpr std::chrono::seconds kRepeatReportInterval{10};
 constexpr size_t kMaxHostBytes = 255;
 // The ranks never heard from that the summary names; the rest are counted.
@@ -221,10 +221,10 @@ void JobSupervisor::accept_waiting(std::vector<std::string>& events) {
       // EMFILE, ENFILE, ENOBUFS: the connection stays in the backlog and the
       // listener stays readable, so polling it again at once would spin.
       const int error = errno;
-      accepting_paused_until_ = Clock::now() + kAcceptPause;
+      accepting_paused_until_ = Clock::now() + kLifelineAcceptPause;
       report_repeating(kFailedAccepts,
                        fmt::format("cannot accept a lifeline: {} (holding {} connections); not accepting for {} s",
-                                   std::strerror(error), connections_.size(), kAcceptPause.count()),
+                                   std::strerror(error), connections_.size(), kLifelineAcceptPause.count()),
                        kStrangerLines, events);
       return;
     }

@@ -5,6 +5,11 @@
 // get's reply carries the value (sent once the key exists: the server parks
 // the request until then); add's request and reply carry an i64; check's
 // reply one byte (1 when the key exists); a refusal carries its message.
+// A server started with a job secret (dist/launch/job_secret.h) answers
+// nothing on a connection until its first request, authenticate with the
+// secret as its key and no value, is answered ok: anything else first, or a
+// wrong secret, is refused and the connection closed without effect.
+// A client sends its next request once the last one's reply has come.
 #pragma once
 
 #include <array>
@@ -14,11 +19,12 @@
 
 namespace tessera::dist::store_protocol {
 
-enum class Op : uint8_t { set = 1, get = 2, add = 3, check = 4 };
+enum class Op : uint8_t { set = 1, get = 2, add = 3, check = 4, authenticate = 5 };
 enum class Status : uint8_t { ok = 0, refused = 1 };
 
-// Bounds a server enforces, so a stray connection cannot make it allocate
-// without limit; clients check them first and name the key.
+// The bounds a server enforces by default (StoreLimits can lower them), so a
+// stray connection cannot make it allocate without limit; clients check them
+// first and name the key.
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr uint64_t kMaxValueBytes = uint64_t{64} << 20;
 

@@ -2,6 +2,7 @@
 // poll(): every wait is bounded by the caller's deadline.
 #include "dist/launch/tcp_socket.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -157,14 +158,52 @@ Socket listen_tcp(const std::string& address, int port) {
   fail("dist::tcp: cannot listen on {}: {}", where, system_reason(error));
 }
 
-int bound_port(const Socket& socket) {
+namespace {
+
+sockaddr_storage local_address(const Socket& socket) {
   sockaddr_storage address{};
   socklen_t length = sizeof address;
   if (::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     fail("dist::tcp: getsockname failed: {}", system_reason(errno));
   }
+  return address;
+}
+
+}  // namespace
+
+int bound_port(const Socket& socket) {
+  const sockaddr_storage address = local_address(socket);
   if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
   return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+}
+
+namespace {
+
+bool is_loopback_ipv4(const in_addr& address) { return (ntohl(address.s_addr) >> 24) == 127; }
+
+bool is_loopback_ipv6(const in6_addr& address) {
+  if (IN6_IS_ADDR_LOOPBACK(&address)) return true;
+  if (!IN6_IS_ADDR_V4MAPPED(&address)) return false;
+  in_addr mapped{};
+  std::memcpy(&mapped, address.s6_addr + 12, sizeof mapped);
+  return is_loopback_ipv4(mapped);
+}
+
+}  // namespace
+
+bool is_loopback_host(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr ipv4{};
+  if (::inet_pton(AF_INET, host.c_str(), &ipv4) == 1) return is_loopback_ipv4(ipv4);
+  in6_addr ipv6{};
+  return ::inet_pton(AF_INET6, host.c_str(), &ipv6) == 1 && is_loopback_ipv6(ipv6);
+}
+
+bool is_bound_to_loopback(const Socket& socket) {
+  const sockaddr_storage address = local_address(socket);
+  if (address.ss_family == AF_INET) return is_loopback_ipv4(reinterpret_cast<const sockaddr_in&>(address).sin_addr);
+  if (address.ss_family == AF_INET6) return is_loopback_ipv6(reinterpret_cast<const sockaddr_in6&>(address).sin6_addr);
+  return false;
 }
 
 Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline) {

@@ -49,6 +49,13 @@ Socket listen_tcp(const std::string& address, int port);
 // The local port a listening socket is bound to.
 int bound_port(const Socket& socket);
 
+// Whether `host` is this host's loopback ("localhost", 127.0.0.0/8, ::1): a
+// listener there is reached from this host alone.
+bool is_loopback_host(const std::string& host);
+// Whether a listening socket is bound to a loopback address (not to every
+// interface, nor to one that other hosts reach).
+bool is_bound_to_loopback(const Socket& socket);
+
 // Connects to host:port, retrying refused and unreachable attempts until
 // `deadline` (StoreTimeout then, with the last reason); a host that does
 // not resolve fails at once. The socket is blocking, with TCP_NODELAY.

@@ -22,7 +22,7 @@ std::shared_ptr<TcpStore> connect(const TcpStoreServer& server) {
 }  // namespace
 
 TEST_CASE("CollectiveProgress: the ranks behind a collective, with what each issued last") {
-  TcpStoreServer server(0);
+  TcpStoreServer server("127.0.0.1", 0);
   CollectiveProgress rank0(connect(server), "nccl/world", 0, 4);
   CollectiveProgress rank1(connect(server), "nccl/world", 1, 4);
   CollectiveProgress rank2(connect(server), "nccl/world", 2, 4);
@@ -54,7 +54,7 @@ TEST_CASE("CollectiveProgress: the ranks behind a collective, with what each iss
 }
 
 TEST_CASE("CollectiveProgress: groups under different prefixes do not see each other") {
-  TcpStoreServer server(0);
+  TcpStoreServer server("127.0.0.1", 0);
   CollectiveProgress world(connect(server), "nccl/world", 0, 2);
   CollectiveProgress other_world_rank1(connect(server), "nccl/world", 1, 2);
   CollectiveProgress shard(connect(server), "nccl/world/shard.0.0", 0, 2);
@@ -68,7 +68,7 @@ TEST_CASE("CollectiveProgress: a store that went away is reported, not waited fo
   std::shared_ptr<TcpStore> store;
   std::optional<CollectiveProgress> progress;
   {
-    TcpStoreServer server(0);
+    TcpStoreServer server("127.0.0.1", 0);
     store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 500ms);
     progress.emplace(store, "nccl/world", 0, 2);
     progress->post(1);
@@ -80,7 +80,7 @@ TEST_CASE("CollectiveProgress: a store that went away is reported, not waited fo
 }
 
 TEST_CASE("CollectiveProgress: bad construction is an error") {
-  TcpStoreServer server(0);
+  TcpStoreServer server("127.0.0.1", 0);
   CHECK_THROWS_WITH(CollectiveProgress(nullptr, "p", 0, 1), "CollectiveProgress 'p': no store");
   CHECK_THROWS_WITH(CollectiveProgress(connect(server), "p", 2, 2), "CollectiveProgress 'p': rank 2 is outside [0, 2)");
 }

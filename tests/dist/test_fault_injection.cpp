@@ -4,6 +4,7 @@
 // nothing but the time).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -65,6 +66,28 @@ TEST_CASE("fault plans: a bad one is refused, naming the fault and what is wrong
   refused("fail@checkpoint_write", "a fail needs errno=NAME (ENOSPC, EIO, EDQUOT, EROFS, ENOMEM)");
   refused("fail@checkpoint_write,errno=EPERM", "errno=EPERM is not one of ENOSPC");
   refused("kill@collective;oops", "'oops' is not ACTION@POINT");
+  // A second value would otherwise win silently over the first.
+  refused("kill@collective,rank=1,rank=2", "TESSERA_FAULT: 'kill@collective,rank=1,rank=2': rank is given twice");
+  refused("kill@collective,at=3,rank=0,at=4", "at is given twice");
+  refused("delay@collective,seconds=1,seconds=2", "seconds is given twice");
+  refused("fail@data,errno=EIO,errno=ENOSPC", "errno is given twice");
+}
+
+TEST_CASE("fault plans: a rank outside the world is refused as the world starts, naming the fault") {
+  ClearFaults clear;
+  dist::set_faults(dist::parse_faults("fail@data,errno=EIO;kill@collective,rank=3,at=1000"));
+  std::atomic<int> ran{0};
+  CHECK_THROWS_WITH_AS(dist::run_local(3, [&](const dist::ProcessGroupPtr&) { ran.fetch_add(1); }),
+                       "TESSERA_FAULT: 'kill@collective,rank=3,at=1000': rank=3 is outside this world of 3 ranks (0 "
+                       "to 2), so it would never fire",
+                       Error);
+  CHECK(ran.load() == 0);
+  CHECK_NOTHROW(dist::check_faults_fit_world(4));
+  dist::run_local(4, [&](const dist::ProcessGroupPtr&) { ran.fetch_add(1); });
+  CHECK(ran.load() == 4);
+  dist::set_faults(dist::parse_faults("fail@data,errno=EIO"));  // no rank: any world
+  dist::run_local(1, [&](const dist::ProcessGroupPtr&) { ran.fetch_add(1); });
+  CHECK(ran.load() == 5);
 }
 
 TEST_CASE("fault plans: arrivals are counted per point and per rank") {

@@ -248,6 +248,26 @@ TEST_CASE("launch: torchrun-style variables without an MPI launcher") {
   }
 }
 
+TEST_CASE("launch: TESSERA_DIST_TIMEOUT_S is a plain decimal number of seconds; anything else is refused by name") {
+  const std::map<std::string, int64_t> accepted{
+      {"5", 5000}, {"0.5", 500}, {"30", 30000}, {"0.001", 1}, {"604800", 604800000}, {"007.250", 7250}};
+  for (const auto& [value, milliseconds] : accepted) {
+    CAPTURE(value);
+    const ScopedEnvironment environment(Variables{{"TESSERA_DIST_TIMEOUT_S", value}});
+    CHECK(ProcessGroupOptions::from_environment().timeout == std::chrono::milliseconds(milliseconds));
+  }
+  for (const char* value : {" 5", "5 ", "0x10", "1e3", "+5", "-1", "5.", ".5", "inf", "nan", "", "5s", "1,5", "0",
+                            "0.0001", "604801", "99999999999999999999999999999999999999"}) {
+    CAPTURE(value);
+    const ScopedEnvironment environment(Variables{{"TESSERA_DIST_TIMEOUT_S", value}});
+    CHECK_THROWS_WITH_AS(ProcessGroupOptions::from_environment(),
+                         (std::string("TESSERA_DIST_TIMEOUT_S: expected seconds in [0.001, 604800] (a week), got '") +
+                          value + "'; write a plain decimal number such as 30 or 0.5")
+                             .c_str(),
+                         Error);
+  }
+}
+
 TEST_CASE("launch: world() outside a distributed context throws") {
   CHECK_THROWS_WITH_AS(
       world(), "dist::world(): no distributed context on this thread; call inside dist::init or dist::run_local",

@@ -357,7 +357,7 @@ TEST_CASE("nccl watchdog: a collective that does not finish within the timeout i
 }
 
 TEST_CASE("nccl init: a rank that never arrives is named within the timeout") {
-  TcpStoreServer server(0);
+  TcpStoreServer server("127.0.0.1", 0);
   auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 10s);
   ProcessGroupOptions options;
   options.timeout = 2000ms;
@@ -372,7 +372,7 @@ TEST_CASE("nccl init: a rank that never arrives is named within the timeout") {
 }
 
 TEST_CASE("nccl init: two ranks on one GPU are refused with NCCL's reason") {
-  TcpStoreServer server(0);
+  TcpStoreServer server("127.0.0.1", 0);
   ProcessGroupOptions options;
   options.timeout = 20s;
   std::vector<std::string> messages(2);
@@ -397,7 +397,7 @@ TEST_CASE("nccl init: two ranks on one GPU are refused with NCCL's reason") {
 }
 
 TEST_CASE("nccl init: a local rank without a GPU of its own is an error naming both") {
-  TcpStoreServer server(0);
+  TcpStoreServer server("127.0.0.1", 0);
   auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 10s);
   const int gpus = cuda::device_count();
   const LaunchInfo launch{.launcher = Launcher::torchrun, .rank = gpus, .world_size = gpus + 1,
