@@ -12,7 +12,6 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <sstream>
 #include <thread>
 
 #include "checkpoint/file_io.h"
@@ -25,6 +24,7 @@
 
 namespace fs = std::filesystem;
 using tessera::checkpoint::testing::TempDir;
+using tessera::train::testing::parse_flags;
 
 namespace {
 
@@ -70,15 +70,6 @@ std::string hf_dir_with_fifo(const TempDir& tmp, const std::string& fifo_name) {
   return dir;
 }
 
-std::optional<int> parse(std::vector<const char*> args, tessera::train::TrainConfig& config, std::string& err) {
-  args.insert(args.begin(), "train");
-  std::ostringstream out, errors;
-  const std::optional<int> exit_code =
-      tessera::train::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, errors);
-  err = errors.str();
-  return exit_code;
-}
-
 }  // namespace
 
 TEST_CASE("fifo inputs: a FIFO where a file is read is refused by its type at once") {
@@ -102,6 +93,7 @@ TEST_CASE("fifo inputs: train --init-from a FIFO, generate's loader too, fail na
   config.model = tessera::nn::GPTConfig::preset("nano");
   config.data = tessera::train::kSyntheticData;
   config.steps = 1;
+  config.warmup = 0;
   config.batch = 2;
   config.seq_len = 16;
   config.init_from = fifo;
@@ -123,16 +115,16 @@ TEST_CASE("fifo inputs: a Hugging Face directory whose config.json or shard is a
   // train reads config.json while parsing its flags (the model comes from it): a usage error.
   tessera::train::TrainConfig parsed;
   std::string err;
-  CHECK(parse({"--init-from", config_fifo.c_str()}, parsed, err) == tessera::train::kUsageExitCode);
+  CHECK(parse_flags({"--init-from", config_fifo.c_str()}, parsed, err) == tessera::train::kUsageExitCode);
   CHECK(err.find("config.json: a FIFO, not a regular file") != std::string::npos);
   CHECK_THROWS_WITH_AS(tessera::train::load_model_from_export(config_fifo),
                        doctest::Contains("config.json: a FIFO"), tessera::Error);
 
   // The shard is read once the run has started.
   tessera::train::TrainConfig config;
-  REQUIRE_FALSE(parse({"--init-from", shard_fifo.c_str(), "--data", "synthetic", "--steps", "1", "--batch", "2",
-                       "--seq-len", "16"},
-                      config, err)
+  REQUIRE_FALSE(parse_flags({"--init-from", shard_fifo.c_str(), "--data", "synthetic", "--steps", "1", "--batch", "2",
+                             "--seq-len", "16"},
+                            config, err)
                     .has_value());
   const tessera::train::testing::Outcome refused = tessera::train::testing::run(config);
   INFO(refused.error);
