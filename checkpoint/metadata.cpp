@@ -203,8 +203,8 @@ void CheckpointMetadata::check_rank_file_header(const std::string& file, const S
                                           safetensors_dtype(entry.dtype), safetensors_dtype(info.dtype)));
       }
       if (entry.shape != chunk.sizes) {
-        differences.push_back(fmt::format("'{}' has shape {} in the file, {} in the metadata", name, entry.shape,
-                                          chunk.sizes));
+        differences.push_back(
+            fmt::format("'{}' has shape {} in the file, {} in the metadata", name, entry.shape, chunk.sizes));
       }
       const int64_t begin = header.data_offset + entry.begin;
       const int64_t end = header.data_offset + entry.end;

@@ -64,7 +64,9 @@ FoundCheckpoint inspect_checkpoint(int64_t step, const std::string& path) {
   try {
     const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(path);
     found.run_id = metadata.run_id;
-    found.damage = step_name_disagreement(path, metadata.step);
+    // Every save of a manager records its step.
+    found.damage = metadata.step ? step_name_disagreement(path, metadata.step)
+                                 : fmt::format("its metadata records no step, its name step {}", step);
   } catch (const std::exception& error) {
     found.damage = error.what();
   }
@@ -133,9 +135,8 @@ std::string step_name_disagreement(const std::string& path, const std::optional<
   fs::path name(path);
   if (!name.has_filename()) name = name.parent_path();  // "step-00000004/"
   const std::optional<int64_t> named_step = step_of(name.filename().string());
-  if (!named_step || recorded_step == named_step) return {};
-  return fmt::format("its metadata says step {}, its name step {}",
-                     recorded_step ? std::to_string(*recorded_step) : "none", *named_step);
+  if (!named_step || !recorded_step || recorded_step == named_step) return {};
+  return fmt::format("its metadata says step {}, its name step {}", *recorded_step, *named_step);
 }
 
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {

@@ -298,7 +298,7 @@ TEST_CASE("output claims: two train launches started together with one --log-jso
   const char* train = std::getenv("TESSERA_TRAIN_PROGRAM");
   REQUIRE_MESSAGE(train != nullptr, "TESSERA_TRAIN_PROGRAM names the train program");
   TempDir tmp;
-  constexpr int kLaunchTries = 3;
+  constexpr int kLaunchTries = 5;
   for (const std::string flag : {"--log-json", "--export"}) {
     for (int attempt = 0; attempt < kLaunchTries; ++attempt) {
       INFO(flag << ", try " << attempt);
