@@ -14,6 +14,16 @@ bool loads_into(DType stored, DType destination) {
   return stored == destination || (is_floating(stored) && is_floating(destination));
 }
 
+bool chunk_overlaps(const ChunkInfo& chunk, const Shape& piece_offsets, const Shape& piece_sizes) {
+  for (size_t d = 0; d < chunk.sizes.size(); ++d) {
+    if (std::max(chunk.offsets[d], piece_offsets[d]) >=
+        std::min(chunk.offsets[d] + chunk.sizes[d], piece_offsets[d] + piece_sizes[d])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void read_chunk_overlap(const std::string& dir, const ChunkInfo& chunk, DType dtype, const std::string& tensor_name,
                         Tensor& piece, const Shape& piece_offsets) {
   const std::string path = (std::filesystem::path(dir) / chunk.file).string();

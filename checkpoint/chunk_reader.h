@@ -18,6 +18,9 @@ namespace tessera::checkpoint {
 // float parameters would be a silent change of meaning, not a load.
 bool loads_into(DType stored, DType destination);
 
+// Whether `chunk` and the piece of `piece_sizes` at `piece_offsets` share an element.
+bool chunk_overlaps(const ChunkInfo& chunk, const Shape& piece_offsets, const Shape& piece_sizes);
+
 // Copies the overlap of `chunk` (elements of `dtype`, in DIR/chunk.file)
 // with `piece`, which holds the box of the same tensor that starts at
 // `piece_offsets`, into `piece`, converting to its dtype (loads_into must

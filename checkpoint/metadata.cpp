@@ -183,4 +183,42 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text, const std:
   return metadata;
 }
 
+void CheckpointMetadata::check_rank_file_header(const std::string& file, const SafetensorsHeader& header,
+                                                const std::string& path) const {
+  std::map<std::string, const SafetensorsEntry*> unmatched;
+  for (const SafetensorsEntry& entry : header.entries) unmatched[entry.name] = &entry;
+  std::vector<std::string> differences;
+  for (const auto& [name, info] : tensors) {
+    for (const ChunkInfo& chunk : info.chunks) {
+      if (chunk.file != file) continue;
+      const auto found = unmatched.find(name);
+      if (found == unmatched.end()) {
+        differences.push_back(fmt::format("'{}' is not in the file", name));
+        continue;
+      }
+      const SafetensorsEntry& entry = *found->second;
+      unmatched.erase(found);
+      if (entry.dtype != info.dtype) {
+        differences.push_back(fmt::format("'{}' is {} in the file, {} in the metadata", name,
+                                          safetensors_dtype(entry.dtype), safetensors_dtype(info.dtype)));
+      }
+      if (entry.shape != chunk.sizes) {
+        differences.push_back(
+            fmt::format("'{}' has shape {} in the file, {} in the metadata", name, entry.shape, chunk.sizes));
+      }
+      const int64_t begin = header.data_offset + entry.begin;
+      const int64_t end = header.data_offset + entry.end;
+      if (begin != chunk.byte_begin || end != chunk.byte_end) {
+        differences.push_back(fmt::format("'{}' is at bytes [{}, {}) in the file, [{}, {}) in the metadata", name,
+                                          begin, end, chunk.byte_begin, chunk.byte_end));
+      }
+    }
+  }
+  for (const auto& [name, entry] : unmatched) {
+    differences.push_back(fmt::format("'{}' is in the file, not in the metadata", name));
+  }
+  TESSERA_CHECK(differences.empty(), "{}: its safetensors header disagrees with {} (edited after the save?): {}", path,
+                kMetadataFile, fmt::join(differences, "; "));
+}
+
 }  // namespace tessera::checkpoint

@@ -17,7 +17,9 @@
 // absolute in the chunk's file (a valid .safetensors file whose tensor of the
 // same name is exactly those bytes); crc32c lists the CRC-32C of each
 // kChecksumBlock-byte block of those bytes (the last one shorter), so a rank
-// that reads part of a chunk verifies just the blocks it reads.
+// that reads part of a chunk verifies just the blocks it reads. A rank file's
+// own header is checked against the chunks instead (check_rank_file_header):
+// the file must say of itself what the metadata says of it.
 // Together the chunks of a tensor tile it exactly once.
 #pragma once
 
@@ -53,6 +55,8 @@ struct TensorInfo {
   std::vector<ChunkInfo> chunks;
 };
 
+struct SafetensorsHeader;
+
 struct CheckpointMetadata {
   std::optional<int64_t> step;  // the manager's step; nullopt for a plain save
   std::string run_id;           // the manager's run; "" for a plain save
@@ -64,6 +68,14 @@ struct CheckpointMetadata {
   // tensor, the chunks tiling it exactly once, byte ranges that match the
   // sizes); errors name `source` and the tensor.
   static CheckpointMetadata parse(const std::string& text, const std::string& source);
+
+  // Throws, naming `path` and every difference, unless `header` (of the rank
+  // file `file`, read from `path`) holds exactly the chunks stored in that
+  // file, each with the tensor's dtype, the chunk's sizes and its byte range.
+  // A rank file is a safetensors file of its own, which tools read without
+  // the metadata, and no checksum covers its header: an edit there (F32 made
+  // I32) would misread the file everywhere but here.
+  void check_rank_file_header(const std::string& file, const SafetensorsHeader& header, const std::string& path) const;
 };
 
 }  // namespace tessera::checkpoint

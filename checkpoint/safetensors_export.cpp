@@ -227,11 +227,11 @@ void export_through_rank0(const DistributedStateDict& state, const dist::Process
 
 namespace {
 
-// One .safetensors file, written to PATH.tmp and renamed over PATH once complete.
+// One .safetensors file, written to PATH.tmp and published as PATH once complete.
 class SingleFileSink final : public ExportSink {
  public:
   SingleFileSink(std::string path, const ExportOptions& options)
-      : path_(std::move(path)), tmp_(path_ + ".tmp"), options_(options) {}
+      : path_(std::move(path)), tmp_(export_temporary_path(path_)), options_(options) {}
 
   void begin(const std::vector<SafetensorsEntry>& entries) override {
     writer_.emplace(tmp_, layout_safetensors(entries, options_.metadata));
@@ -239,13 +239,15 @@ class SingleFileSink final : public ExportSink {
   void write(const std::string& /*name*/, const Tensor& whole) override { writer_->append(whole); }
   void commit() override {
     writer_->close(options_.sync);
-    fs::rename(tmp_, path_);
+    complete_ = true;
+    publish(tmp_, path_, options_.publish);
     if (options_.sync) sync_directory(fs::absolute(path_).parent_path().string());
   }
+  // A complete file that could not be published stays, named in the error.
   void abandon() noexcept override {
     writer_.reset();
     std::error_code ignored;
-    fs::remove(tmp_, ignored);
+    if (!complete_) fs::remove(tmp_, ignored);
   }
 
  private:
@@ -253,9 +255,12 @@ class SingleFileSink final : public ExportSink {
   std::string tmp_;
   const ExportOptions& options_;
   std::optional<SafetensorsWriter> writer_;
+  bool complete_ = false;
 };
 
 }  // namespace
+
+std::string export_temporary_path(const std::string& path) { return path + ".tmp"; }
 
 void export_safetensors(const std::string& path, const DistributedStateDict& state, const ExportOptions& options) {
   const dist::ProcessGroupPtr group = resolve_group(options.group);

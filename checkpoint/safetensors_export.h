@@ -8,8 +8,9 @@
 // pieces send them to rank 0 one at a time, and rank 0 assembles the tensor,
 // appends its bytes and drops it. Rank 0 holds at most one gathered tensor
 // plus one piece in flight, every other rank at most one piece. The file goes
-// to PATH.tmp, is fsynced and renamed over PATH, like a checkpoint; an error
-// on any rank is raised on every rank.
+// to PATH.tmp, is fsynced and renamed to PATH (over it, or never over a
+// written file: ExportOptions::publish), like a checkpoint; an error on any
+// rank is raised on every rank.
 //
 // import_safetensors lets every rank read only the byte span of each tensor
 // that covers its piece (a row shard reads just its rows), so no rank reads
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 
@@ -29,7 +31,11 @@ struct ExportOptions {
   dist::ProcessGroupPtr group = nullptr;  // null: dist::world(), or this process alone
   std::map<std::string, std::string> metadata{};  // the file's "__metadata__" (string to string)
   bool sync = true;
+  Publish publish = Publish::replace;  // no_clobber: an existing PATH is an error, and PATH.tmp is kept
 };
+
+// PATH.tmp: where an export to PATH is written before it is published.
+std::string export_temporary_path(const std::string& path);
 
 // Rank 0's end of a streamed export: begin() with every entry (name, dtype,
 // global shape; offsets unset) once the ranks agree, write() with each

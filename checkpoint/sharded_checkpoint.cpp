@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "autograd/grad_mode.h"
@@ -258,6 +259,21 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
     }
   }
   TESSERA_CHECK(problems.empty(), "checkpoint::load: {} does not fit the state dict: {}", dir, fmt::join(problems, "; "));
+
+  // The header of every rank file this rank reads from, before any of its data.
+  std::set<std::string> files_read;
+  for (const auto& [name, entry] : state) {
+    const auto found = metadata.tensors.find(name);
+    const Piece piece = piece_of(entry, rank);
+    if (found == metadata.tensors.end() || !piece.local.defined()) continue;
+    for (const ChunkInfo& chunk : found->second.chunks) {
+      if (chunk_overlaps(chunk, piece.offsets, piece.local.sizes())) files_read.insert(chunk.file);
+    }
+  }
+  for (const std::string& file : files_read) {
+    const std::string path = (fs::path(dir) / file).string();
+    metadata.check_rank_file_header(file, read_safetensors_header(path), path);
+  }
 
   for (const auto& [name, entry] : state) {
     const auto found = metadata.tensors.find(name);

@@ -64,10 +64,9 @@ FoundCheckpoint inspect_checkpoint(int64_t step, const std::string& path) {
   try {
     const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(path);
     found.run_id = metadata.run_id;
-    if (metadata.step != step) {
-      found.damage = fmt::format("its metadata says step {}, its name step {}",
-                                 metadata.step ? std::to_string(*metadata.step) : "none", step);
-    }
+    // Every save of a manager records its step.
+    found.damage = metadata.step ? step_name_disagreement(path, metadata.step)
+                                 : fmt::format("its metadata records no step, its name step {}", step);
   } catch (const std::exception& error) {
     found.damage = error.what();
   }
@@ -132,6 +131,14 @@ std::string checkpoint_path(const std::string& root, int64_t step) {
   return (fs::path(root) / fmt::format("{}{:08d}", kStepPrefix, step)).string();
 }
 
+std::string step_name_disagreement(const std::string& path, const std::optional<int64_t>& recorded_step) {
+  fs::path name(path);
+  if (!name.has_filename()) name = name.parent_path();  // "step-00000004/"
+  const std::optional<int64_t> named_step = step_of(name.filename().string());
+  if (!named_step || !recorded_step || recorded_step == named_step) return {};
+  return fmt::format("its metadata says step {}, its name step {}", *recorded_step, *named_step);
+}
+
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
   std::vector<CheckpointEntry> entries;
   std::error_code error;
@@ -182,7 +189,17 @@ RunRecord claim_record(const std::string& root, const RootContents& contents, co
   const std::string record_path = (fs::path(root) / kRunRecordFile).string();
   const bool holds_steps = !contents.checkpoints.empty() || !contents.torn.empty() || !contents.leftovers.empty();
   std::optional<RunRecord> recorded;
-  if (contents.has_record) recorded = RunRecord::read(record_path);
+  try {
+    if (contents.has_record) recorded = RunRecord::read(record_path);
+  } catch (const tessera::Error& error) {
+    // The record names the run its checkpoints belong to; with none in the
+    // root, nothing depends on it.
+    TESSERA_CHECK(holds_steps, "{}\n{} holds no checkpoint, so nothing depends on its {}: it only says which run "
+                  "claimed the root, and that run saved nothing. Delete the file and launch again (this launch "
+                  "then claims the root), or choose another root.",
+                  error.what(), root, kRunRecordFile);
+    throw;
+  }
   if (!recorded || !holds_steps) {
     TESSERA_CHECK(!holds_steps,
                   "{} holds checkpoint directories but no {} saying which run wrote them (an older tessera, or "

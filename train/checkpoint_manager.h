@@ -40,6 +40,13 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 std::optional<CheckpointEntry> latest_checkpoint(const std::string& root);
 // ROOT/step-NNNNNNNN.
 std::string checkpoint_path(const std::string& root, int64_t step);
+// Why the checkpoint at `path` is not the one its name says, "" when it is:
+// a step-N directory whose metadata records a step must record N (a
+// checkpoint copied or renamed to another step's name would resume, or
+// sample, the wrong step). A name that is not step-N, or metadata without a
+// step (a plain checkpoint::save; the manager refuses those in its root),
+// has nothing to disagree with. The manager and `generate` share it.
+std::string step_name_disagreement(const std::string& path, const std::optional<int64_t>& recorded_step);
 // Whether an entry of a root (a name, not a path) is the manager's: the run
 // record, the lock, step directories and their leftovers. Anything else in a
 // root is left alone, and may be read by a run (FileRoles).

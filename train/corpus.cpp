@@ -6,9 +6,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iterator>
+#include <optional>
 
+#include "checkpoint/file_io.h"
 #include "tensor/error.h"
 
 namespace tessera::train {
@@ -17,12 +18,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Through checkpoint::ReadFile, like every input: a FIFO put in place of a
+// checked file is refused, never waited on.
 std::vector<char> read_bytes(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  TESSERA_CHECK(file, "data: cannot open '{}'", path.string());
-  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  TESSERA_CHECK(!file.bad(), "data: error while reading '{}'", path.string());
-  return bytes;
+  try {
+    const checkpoint::ReadFile file(path.string());
+    std::vector<char> bytes(static_cast<size_t>(file.size()));
+    file.read_at(0, bytes.data(), file.size());
+    return bytes;
+  } catch (const tessera::Error& error) {
+    tessera::fail("data: {}", error.what());
+  }
 }
 
 bool starts_with_llmc_magic(const std::vector<char>& bytes) {
@@ -183,13 +189,15 @@ TokenData load_token_file(const fs::path& path) {
 }
 
 TokenFileSize token_size_of_file(const fs::path& path) {
-  std::error_code error;
-  const auto size = static_cast<int64_t>(fs::file_size(path, error));
-  if (error) return {};
-  std::ifstream file(path, std::ios::binary);
-  std::vector<char> header(static_cast<size_t>(llmc_header_bytes()));
-  file.read(header.data(), static_cast<std::streamsize>(header.size()));
-  header.resize(static_cast<size_t>(file.gcount()));
+  std::optional<checkpoint::ReadFile> file;
+  try {
+    file.emplace(path.string());
+  } catch (const tessera::Error&) {
+    return {};  // loading it will say why
+  }
+  const int64_t size = file->size();
+  std::vector<char> header(static_cast<size_t>(std::min(size, llmc_header_bytes())));
+  file->read_at(0, header.data(), static_cast<int64_t>(header.size()));
   if (!starts_with_llmc_magic(header)) {
     return {size, size * static_cast<int64_t>(sizeof(uint16_t))};  // text: a token a byte
   }

@@ -20,15 +20,12 @@ namespace checkpoint = tessera::checkpoint;
 
 namespace {
 
-// write_svg writes PATH.partial and renames it over PATH.
-std::string plot_temporary(const std::string& path) { return path + ".partial"; }
-
 // The plot and its temporary file against the run's other files (run_files.h
 // checks those among themselves).
 void check_roles(const TrainConfig& config, const std::string& path) {
   FileRoles roles;
   roles.add_output(path == config.loss_plot ? "--loss-plot" : "--loss-plot (this launch's)", path);
-  roles.add_output("--loss-plot's temporary file", plot_temporary(path));
+  roles.add_output("--loss-plot's temporary file", partial_path(path));
   if (config.data.empty()) {
     for (const auto& file : default_corpus_files()) roles.add_input("--data (the default corpus)", file.string());
   } else if (config.data != kSyntheticData) {
@@ -98,8 +95,8 @@ std::string settle_loss_plot(const TrainConfig& config) {
   return path;
 }
 
-void write_loss_plot(const std::string& path, const LossHistory& history, const std::string& title) {
-  charts::write_svg(path, charts::to_svg(loss_chart(history, title)));
+void write_loss_plot(const OutputClaim& plot, const LossHistory& history, const std::string& title) {
+  plot.write(charts::to_svg(loss_chart(history, title)));
 }
 
 }  // namespace tessera::train

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "train/output_claim.h"
 #include "train/svg_chart.h"
 #include "train/train_config.h"
 
@@ -34,7 +35,8 @@ charts::LineChart loss_chart(const LossHistory& history, const std::string& titl
 // PATH.from-step-N.svg beside it. Reads only. Throws tessera::Error.
 std::string settle_loss_plot(const TrainConfig& config);
 
-// Draws `history` to `path` (through a temporary file renamed into place).
-void write_loss_plot(const std::string& path, const LossHistory& history, const std::string& title);
+// Draws `history` to the output `plot` claimed at the start (its temporary
+// PATH.partial, published as PATH: output_claim.h).
+void write_loss_plot(const OutputClaim& plot, const LossHistory& history, const std::string& title);
 
 }  // namespace tessera::train

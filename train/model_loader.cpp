@@ -99,6 +99,10 @@ LoadedModel load_model_from_checkpoint(const std::string& path) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string metadata_path = (fs::path(dir) / checkpoint::kMetadataFile).string();
   const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(dir);
+  const std::string renamed = step_name_disagreement(dir, metadata.step);
+  TESSERA_CHECK(renamed.empty(), "{}: {}: not the checkpoint its name says (copied or renamed?); train refuses to "
+                "resume from it too",
+                dir, renamed);
   const ModelConfig config = model_config_from_json(model_config_json(metadata.training_state, metadata_path),
                                                     metadata_path + " training_state.config.model");
 

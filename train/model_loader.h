@@ -30,8 +30,10 @@ std::string resolve_checkpoint_dir(const std::string& path);
 // Reads training_state.config.model from the checkpoint's metadata.json,
 // builds that model and loads its "model.*" entries (the optimizer's "optim.*"
 // entries are skipped). Throws tessera::Error naming the checkpoint when the
-// config is missing or malformed, or when a parameter of the model is absent
-// from the checkpoint (or the checkpoint holds model entries it lacks).
+// config is missing or malformed, when a parameter of the model is absent
+// from the checkpoint (or the checkpoint holds model entries it lacks), or
+// when its metadata's step is not the N of its step-N name, as `train` does
+// (step_name_disagreement).
 LoadedModel load_model_from_checkpoint(const std::string& path);
 
 // Reads the model config from the file's __metadata__ "tessera.gpt_config"

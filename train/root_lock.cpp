@@ -1,12 +1,9 @@
-// flock on ROOT/.lock, with the holder written inside for the error message.
+// FileLock on ROOT/.lock, with the holder written inside for the error message.
 #include "train/root_lock.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -24,9 +21,11 @@ std::string host_name() {
   return name;
 }
 
-std::string read_holder(int fd) {
+std::string read_holder(const std::string& path) {
   char text[512] = {};
-  const ssize_t got = ::pread(fd, text, sizeof(text) - 1, 0);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const ssize_t got = fd >= 0 ? ::pread(fd, text, sizeof(text) - 1, 0) : -1;
+  if (fd >= 0) ::close(fd);
   return got > 0 ? std::string(text, static_cast<size_t>(got)) : std::string("an unknown process");
 }
 
@@ -34,26 +33,14 @@ std::string read_holder(int fd) {
 
 RootLock::RootLock(const std::string& root) {
   const std::string path = (std::filesystem::path(root) / kRootLockFile).string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  TESSERA_CHECK(fd_ >= 0, "{}: cannot open the root's lock file: {}", path, std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    const std::string holder = read_holder(fd_);
-    ::close(fd_);
-    fd_ = -1;
-    TESSERA_CHECK(error != EWOULDBLOCK, "{}: another launch is using this checkpoint root ({}); wait for it to end, "
-                  "or save to another root", root, holder);
-    fail("{}: cannot lock: {}", path, std::strerror(error));
-  }
+  lock_ = FileLock::try_lock(path);
+  TESSERA_CHECK(lock_, "{}: another launch is using this checkpoint root ({}); wait for it to end, or save to another "
+                "root", root, read_holder(path));
   const std::string holder = fmt::format("pid {} on {}", ::getpid(), host_name());
   // The holder's name is for messages only; failing to write it is harmless.
-  if (::ftruncate(fd_, 0) == 0) {
-    [[maybe_unused]] const ssize_t written = ::pwrite(fd_, holder.data(), holder.size(), 0);
+  if (::ftruncate(lock_->fd(), 0) == 0) {
+    [[maybe_unused]] const ssize_t written = ::pwrite(lock_->fd(), holder.data(), holder.size(), 0);
   }
-}
-
-RootLock::~RootLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 }  // namespace tessera::train

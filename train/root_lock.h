@@ -1,5 +1,5 @@
 // One launch at a time per checkpoint root: an exclusive advisory lock
-// (flock) on ROOT/.lock, held by the rank that manages the root for as long
+// (flock: file_lock.h) on ROOT/.lock, held by the rank that manages the root for as long
 // as its CheckpointManager lives. A second launch into the same root (a job
 // resubmitted while the first still runs) is refused with the holder's
 // host and pid instead of two runs interleaving their saves and prunes.
@@ -7,7 +7,10 @@
 // leaves a stale lock.
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include "train/file_lock.h"
 
 namespace tessera::train {
 
@@ -18,12 +21,9 @@ class RootLock {
   // Throws tessera::Error naming the holder when another process (or another
   // manager in this one) holds the root.
   explicit RootLock(const std::string& root);
-  ~RootLock();
-  RootLock(const RootLock&) = delete;
-  RootLock& operator=(const RootLock&) = delete;
 
  private:
-  int fd_ = -1;
+  std::optional<FileLock> lock_;
 };
 
 }  // namespace tessera::train

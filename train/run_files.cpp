@@ -8,10 +8,12 @@
 #include <fmt/format.h>
 
 #include "checkpoint/file_io.h"
+#include "checkpoint/safetensors_export.h"
 #include "tensor/error.h"
 #include "train/checkpoint_manager.h"
 #include "train/corpus.h"
 #include "train/file_roles.h"
+#include "train/output_claim.h"
 #include "train/step_log.h"
 
 namespace tessera::train {
@@ -21,9 +23,9 @@ namespace checkpoint = tessera::checkpoint;
 
 namespace {
 
-// The export is written to PATH.tmp and renamed over PATH (safetensors_export.h,
+// The export is written to PATH.tmp and renamed to PATH (safetensors_export.h,
 // or hf_checkpoint.h for a directory).
-std::string export_temporary(const std::string& path) { return path + ".tmp"; }
+std::string export_temporary(const std::string& path) { return checkpoint::export_temporary_path(path); }
 
 // --format hf: the export is a Hugging Face model directory, replaced whole.
 bool exports_directory(const TrainConfig& config) { return config.export_format == "hf"; }
@@ -40,6 +42,7 @@ FileRoles roles_of(const TrainConfig& config, const std::string& trace) {
   if (!config.ckpt_dir.empty()) roles.add_output_directory("--ckpt-dir", config.ckpt_dir, is_managed_entry);
   if (!config.log_json.empty()) roles.add_output("--log-json", config.log_json);
   if (!trace.empty()) roles.add_output(trace == config.trace ? "--trace" : "--trace (this launch's)", trace);
+  if (!trace.empty() && !is_special_file(trace)) roles.add_output("--trace's temporary file", partial_path(trace));
   if (!config.export_path.empty() && exports_directory(config)) {
     roles.add_output_directory("--export", config.export_path);
     roles.add_output_directory("--export's temporary directory", export_temporary(config.export_path));

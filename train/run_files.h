@@ -8,7 +8,9 @@
 //     banner, when the old one exists);
 //   - the export's temporary file (PATH.tmp) is free to be written;
 //   - the disks have room for the checkpoints and the export (disk_space.h).
-// Every error names the flags involved and says how to choose.
+// Every error names the flags involved and says how to choose. These checks
+// come before the start; what another launch may do after them is settled by
+// claiming each output for the run once it starts (output_claim.h, step_log.h).
 #pragma once
 
 #include <cstdint>

@@ -7,14 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 
 #include "dist/comm_stats.h"
 #include "dist/launch/launch_environment.h"
 #include "tensor/error.h"
 #include "train/file_roles.h"
 #include "train/model_family.h"
+#include "train/output_claim.h"
 #include "train/resource_limits.h"
 
 namespace tessera::train {
@@ -68,21 +67,12 @@ void print_sweep(const TrainConfig& config, const Sweep& sweep, std::ostream& ou
   for (const std::string& reason : sweep.skipped) out << "  skipped " << reason << '\n';
 }
 
-// `text` to `path` through a temporary file renamed into place, so a reader
-// never sees half a file.
-void write_file(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".partial";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    TESSERA_CHECK(file.good(), "--sweep-out: cannot open {} for writing", temporary);
-    file << text;
-    file.flush();
-    TESSERA_CHECK(file.good(), "--sweep-out: writing {} failed", temporary);
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    tessera::fail("--sweep-out: cannot rename {} to {}", temporary, path);
-  }
+// `text` as the output `path` (given by `flag`): claimed, written to
+// PATH.partial and renamed into place, so that a reader never sees half a
+// file and two plans given one path never mix theirs (output_claim.h).
+void write_output(const TrainConfig& config, const char* flag, const std::string& path, const std::string& text) {
+  const checkpoint::Publish publish = config.overwrite ? checkpoint::Publish::replace : checkpoint::Publish::no_clobber;
+  OutputClaim(flag, path, partial_path(path), publish).write(text);
 }
 
 // A CSV field: quoted when it holds a comma or a quote (doubled inside).
@@ -255,12 +245,12 @@ void print_plan(const TrainConfig& config, std::ostream& out) {
   const Sweep sweep = sweep_plans(config, *model);
   print_sweep(config, sweep, out);
   if (!config.sweep_out.empty()) {
-    write_file(config.sweep_out,
-               config.sweep_out.ends_with(".csv") ? sweep_csv(sweep) : sweep_json(config, sweep).dump(2) + "\n");
+    write_output(config, "--sweep-out", config.sweep_out,
+                 config.sweep_out.ends_with(".csv") ? sweep_csv(sweep) : sweep_json(config, sweep).dump(2) + "\n");
     out << fmt::format("  wrote {}\n", config.sweep_out);
   }
   if (!config.sweep_svg.empty()) {
-    charts::write_svg(config.sweep_svg, charts::to_svg(sweep_chart(config, sweep)));
+    write_output(config, "--sweep-svg", config.sweep_svg, charts::to_svg(sweep_chart(config, sweep)));
     out << fmt::format("  wrote {}\n", config.sweep_svg);
   }
   out << std::flush;

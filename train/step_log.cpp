@@ -1,8 +1,17 @@
-// The JSON-lines step log: strict reading, the cut at a resume, appending.
+// The JSON-lines step log: strict reading, the cut at a resume, appending under a lock.
 #include "train/step_log.h"
 
-#include <filesystem>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "checkpoint/file_io.h"
 #include "tensor/error.h"
 #include "train/file_roles.h"
 
@@ -60,28 +69,66 @@ StepLogCut scan_step_log(const std::string& path, int64_t keep_through) {
   return cut;
 }
 
-StepLog::StepLog(std::string path, std::ios::openmode mode, StepLogCut cut)
-    : path_(std::move(path)), file_(path_, mode), cut_(cut) {
-  TESSERA_CHECK(file_.is_open(), "{}: cannot open for writing", path_);
+namespace {
+
+int open_device(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  TESSERA_CHECK(fd >= 0, "{}: cannot open for writing: {}", path, std::strerror(errno));
+  return fd;
 }
 
-StepLog StepLog::create(const std::string& path) { return StepLog(path, std::ios::trunc, {}); }
+FileLock lock_log(const std::string& path) {
+  std::optional<FileLock> lock = FileLock::try_lock(path);
+  TESSERA_CHECK(lock, "{}: another launch is writing this log (two launches given one --log-json?); give each "
+                "launch its own path, or wait for that one to end", path);
+  return std::move(*lock);
+}
+
+// Cuts the file to its first `bytes` and writes on from there.
+void cut_to(const FileLock& lock, int64_t bytes) {
+  TESSERA_CHECK(::ftruncate(lock.fd(), bytes) == 0 && ::lseek(lock.fd(), bytes, SEEK_SET) == bytes,
+                "{}: cannot cut the file to its first {} bytes: {}", lock.path(), bytes, std::strerror(errno));
+}
+
+}  // namespace
+
+StepLog::StepLog(std::string path, std::optional<FileLock> lock, int device_fd, StepLogCut cut)
+    : path_(std::move(path)), lock_(std::move(lock)), device_fd_(device_fd), cut_(cut) {}
+
+StepLog::StepLog(StepLog&& other) noexcept
+    : path_(std::move(other.path_)),
+      lock_(std::move(other.lock_)),
+      device_fd_(std::exchange(other.device_fd_, -1)),
+      cut_(other.cut_) {}
+
+StepLog::~StepLog() {
+  if (device_fd_ >= 0) ::close(device_fd_);
+}
+
+StepLog StepLog::create(const std::string& path, bool replace) {
+  if (is_special_file(path)) return StepLog(path, std::nullopt, open_device(path), {});  // /dev/null
+  FileLock lock = lock_log(path);
+  struct stat info {};
+  TESSERA_CHECK(::fstat(lock.fd(), &info) == 0, "{}: cannot examine: {}", path, std::strerror(errno));
+  // The launch checked before its start that the file held nothing; lines
+  // now are another launch's, written since.
+  TESSERA_CHECK(info.st_size == 0 || replace, "{}: another launch wrote this log since this one started (two "
+                "launches given one --log-json?); give each launch its own path", path);
+  cut_to(lock, 0);
+  return StepLog(path, std::move(lock), -1, {});
+}
 
 StepLog StepLog::resume(const std::string& path, int64_t keep_through) {
-  if (is_special_file(path)) return StepLog(path, std::ios::app, {});  // /dev/null
+  if (is_special_file(path)) return StepLog(path, std::nullopt, open_device(path), {});
+  FileLock lock = lock_log(path);
   const StepLogCut cut = scan_step_log(path, keep_through);
-  std::error_code error;
-  if (fs::exists(path, error)) {
-    fs::resize_file(path, static_cast<uintmax_t>(cut.keep_bytes), error);
-    TESSERA_CHECK(!error, "{}: cannot cut the lines after step {}: {}", path, keep_through, error.message());
-  }
-  return StepLog(path, std::ios::app, cut);
+  cut_to(lock, cut.keep_bytes);
+  return StepLog(path, std::move(lock), -1, cut);
 }
 
 void StepLog::write(const nlohmann::ordered_json& record) {
-  file_ << record.dump() << '\n';
-  file_.flush();
-  TESSERA_CHECK(file_.good(), "{}: writing the log failed", path_);
+  const std::string line = record.dump() + '\n';
+  checkpoint::write_all(fd(), line.data(), static_cast<int64_t>(line.size()), path_);
 }
 
 }  // namespace tessera::train

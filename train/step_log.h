@@ -5,13 +5,23 @@
 // (which it trains again) are cut, and its own lines follow, so the file
 // reads as one uninterrupted run. The file is read strictly first: one that
 // is not such a log is never cut.
+//
+// A log is written over the whole run, so it is claimed for the whole run:
+// locked (file_lock.h) from the moment it is opened until the StepLog is
+// destroyed, and checked (empty, or scanned and cut) only once the lock is
+// held. Of two launches given one log, however close together they start,
+// exactly one writes it; the other is refused, naming the file. (Creating
+// the file with O_EXCL would settle only a fresh run's race: a resume
+// continues an existing file, and an empty file, as mktemp makes, is taken.)
 #pragma once
 
 #include <cstdint>
-#include <fstream>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "train/file_lock.h"
 
 namespace tessera::train {
 
@@ -30,24 +40,32 @@ struct StepLogCut {
 // rule.
 StepLogCut scan_step_log(const std::string& path, int64_t keep_through);
 
+// Each throws tessera::Error naming the file when another launch holds it.
+// A device such as /dev/null is only written to, never locked or cut.
 class StepLog {
  public:
-  // A new log at `path`, replacing what is there.
-  static StepLog create(const std::string& path);
+  // A new log at `path` (created when absent). A file with lines in it is an
+  // earlier launch's log: replaced only when `replace` (--overwrite).
+  static StepLog create(const std::string& path, bool replace);
   // Continues the log at `path` (created when absent) after step
-  // `keep_through` (scan_step_log's rules and cut); a device such as
-  // /dev/null is only written to.
+  // `keep_through` (scan_step_log's rules and cut).
   static StepLog resume(const std::string& path, int64_t keep_through);
+
+  StepLog(StepLog&& other) noexcept;
+  StepLog& operator=(StepLog&&) = delete;
+  ~StepLog();
 
   void write(const nlohmann::ordered_json& record);
   const std::string& path() const { return path_; }
   const StepLogCut& cut() const { return cut_; }
 
  private:
-  StepLog(std::string path, std::ios::openmode mode, StepLogCut cut);
+  StepLog(std::string path, std::optional<FileLock> lock, int device_fd, StepLogCut cut);
+  int fd() const { return lock_ ? lock_->fd() : device_fd_; }
 
   std::string path_;
-  std::ofstream file_;
+  std::optional<FileLock> lock_;  // a regular file's
+  int device_fd_ = -1;            // a device's (no lock)
   StepLogCut cut_;
 };
 

@@ -506,9 +506,12 @@ void Trainer::init_from(const std::string& path) {
 
 void Trainer::export_to(const std::string& path) {
   settle_optimizer_step();
+  // Without --overwrite, a file that appeared at PATH during the run is never replaced (output_claim.h).
+  const tessera::checkpoint::Publish publish =
+      config_.overwrite ? tessera::checkpoint::Publish::replace : tessera::checkpoint::Publish::no_clobber;
   if (config_.export_format == "hf") {
     export_hf(path, config_.model_config(), tessera::checkpoint::model_state(*model_, ""),
-              {.group = distributed_ ? distributed_->world : nullptr});
+              {.group = distributed_ ? distributed_->world : nullptr, .publish = publish});
     return;
   }
   tessera::checkpoint::export_safetensors(
@@ -516,7 +519,8 @@ void Trainer::export_to(const std::string& path) {
       {.group = distributed_ ? distributed_->world : nullptr,
        .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model_config()).dump()},
                     {kStepMetadataKey, std::to_string(step_)}},
-       .sync = true});
+       .sync = true,
+       .publish = publish});
 }
 
 }  // namespace tessera::train

@@ -125,7 +125,8 @@ class Trainer {
   void init_from(const std::string& path);
   // Writes the model as one .safetensors file with its parameter names and
   // the model config in the file's metadata, or with export_format "hf" as a
-  // Hugging Face model directory (collective).
+  // Hugging Face model directory (collective). Replaces what is at PATH only
+  // with --overwrite; else a file written there meanwhile is an error.
   void export_to(const std::string& path);
 
   int64_t steps_done() const { return step_; }

@@ -9,15 +9,18 @@
 #include <memory>
 
 #include "checkpoint/rank_errors.h"
+#include "checkpoint/safetensors_export.h"
 #include "dist/process_group.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
 #include "train/checkpoint_manager.h"
 #include "train/config_json.h"
+#include "train/file_roles.h"
 #include "train/flag_checks.h"
 #include "train/graceful_stop.h"
 #include "train/loss_plot.h"
 #include "train/metrics.h"
+#include "train/output_claim.h"
 #include "train/resource_limits.h"
 #include "train/run_files.h"
 #include "train/run_identity.h"
@@ -67,23 +70,47 @@ auto before_start(const Check& check) -> decltype(check()) {
   }
 }
 
-// The log (--log-json) is opened on rank 0 once the root is claimed: a fresh
-// run's replaces the file (settle_run_files refused an earlier launch's
-// unless --overwrite), a resumed run's continues it after the checkpoint's step.
-std::optional<StepLog> open_log(const TrainConfig& config, const Distributed& distributed,
-                                const std::optional<CheckpointEntry>& resume_point) {
+// What rank 0 writes, claimed for the run once the root is (a launch the
+// root refuses has touched none of it): the temporaries of the outputs
+// written at the end (output_claim.h), then the log, locked and opened (a
+// fresh run's emptied, a resumed run's cut after the checkpoint's step:
+// step_log.h), last, so that a refused claim leaves the log as it was.
+struct ClaimedOutputs {
+  std::optional<OutputClaim> export_file;
+  std::optional<OutputClaim> trace;
+  std::optional<OutputClaim> loss_plot;
   std::optional<StepLog> log;
+};
+
+ClaimedOutputs claim_outputs(const TrainConfig& config, const RunFiles& files, const std::string& loss_plot,
+                             const Distributed& distributed, const std::optional<CheckpointEntry>& resume_point) {
+  ClaimedOutputs claimed;
   std::string error;
-  if (distributed.rank() == 0 && !config.log_json.empty()) {
+  if (distributed.rank() == 0) {
+    const checkpoint::Publish publish = config.overwrite ? checkpoint::Publish::replace : checkpoint::Publish::no_clobber;
     try {
-      log.emplace(config.resume ? StepLog::resume(config.log_json, resume_point ? resume_point->step : 0)
-                                : StepLog::create(config.log_json));
+      if (!config.export_path.empty()) {
+        claimed.export_file.emplace("--export", config.export_path, checkpoint::export_temporary_path(config.export_path),
+                                    publish, config.export_format == "hf" ? FileLock::Kind::directory : FileLock::Kind::file);
+      }
+      if (!files.trace.empty() && !is_special_file(files.trace)) {  // a device is written to, not claimed
+        claimed.trace.emplace("--trace", files.trace, partial_path(files.trace), publish);
+      }
+      if (!loss_plot.empty()) claimed.loss_plot.emplace("--loss-plot", loss_plot, partial_path(loss_plot), publish);
+      if (!config.log_json.empty()) {
+        try {
+          claimed.log.emplace(config.resume ? StepLog::resume(config.log_json, resume_point ? resume_point->step : 0)
+                                            : StepLog::create(config.log_json, config.overwrite));
+        } catch (const tessera::Error& failure) {
+          tessera::fail("--log-json {}", failure.what());
+        }
+      }
     } catch (const tessera::Error& failure) {
-      error = fmt::format("--log-json {}", failure.what());
+      error = failure.what();
     }
   }
   agree_on_errors(distributed, error);
-  return log;
+  return claimed;
 }
 
 // The model family of the run recorded in a checkpoint root, when its
@@ -209,11 +236,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     const bool leader = distributed.rank() == 0;
 
     // ---- before the first step: everything the run will need ----
-    // The root first: a launch it refuses has not yet touched the log.
+    // The root first: a launch it refuses has not yet touched its outputs.
     const std::unique_ptr<CheckpointManager> checkpoints = open_checkpoints(config, data, distributed);
     std::optional<CheckpointEntry> resume_point;
     if (checkpoints && config.resume) resume_point = checkpoints->latest();
-    std::optional<StepLog> log = open_log(config, distributed, resume_point);
+    ClaimedOutputs outputs = claim_outputs(config, files, loss_plot, distributed, resume_point);
     const ResumeSettings settings =
         resume_point ? settings_from_checkpoint(config, checkpoint::read_metadata(resume_point->path).training_state,
                                                 resume_point->path)
@@ -298,7 +325,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
                              *metrics.ckpt_blocked_ms);
         }
         out.flush();
-        if (log) log->write(to_json(metrics));
+        if (outputs.log) outputs.log->write(to_json(metrics));
       }
       if (stopping) break;
     }
@@ -320,7 +347,12 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       }
     }
 
-    if (distributed.tracer) tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world, files.trace);
+    if (distributed.tracer) {
+      // Rank 0 writes the claimed temporary, then publishes it.
+      tessera::dist::write_chrome_trace(*distributed.tracer, *distributed.world,
+                                        outputs.trace ? outputs.trace->temporary() : files.trace);
+      if (outputs.trace) outputs.trace->publish();
+    }
     // Under MPI each process has its own summary (its exit status says how
     // it stopped); the local backend's ranks share one, written by rank 0.
     if (leader || run.backend == "mpi") {
@@ -341,7 +373,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
     }
     if (distributed.tracer) out << fmt::format("trace    {} (open in ui.perfetto.dev)\n", files.trace);
     if (!loss_plot.empty() && !summary.losses.empty()) {
-      write_loss_plot(loss_plot, {first_step, summary.losses, summary.val_losses, summary.unigram_entropy},
+      write_loss_plot(*outputs.loss_plot, {first_step, summary.losses, summary.val_losses, summary.unigram_entropy},
                       loss_plot_title(run));
       out << fmt::format("plot     {} (loss of steps {} to {}; open it in a web browser)\n", loss_plot, first_step,
                          first_step + static_cast<int64_t>(summary.losses.size()) - 1);

@@ -187,6 +187,52 @@ TEST_CASE("checkpoint: corrupt, truncated, missing and foreign files are reporte
   check_load_on(2, {2}, tmp / "ckpt");
 }
 
+TEST_CASE("checkpoint: a rank file's header that disagrees with the metadata is refused, before any data is read") {
+  // A rank file is a safetensors file of its own; no checksum covers its
+  // header, so the load holds the header to the sealed metadata.
+  TempDir tmp;
+  save_on(2, {2}, tmp / "ckpt");
+  const std::string rank1 = tmp / "ckpt/rank-00001.safetensors";
+  const std::string pristine = [&] {
+    std::ifstream in(rank1, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const SafetensorsHeader header = read_safetensors_header(rank1);
+  const SafetensorsEntry& embedding = header.entry("embedding", "test");
+  REQUIRE(embedding.dtype == DType::f32);
+  REQUIRE(embedding.shape.size() == 2);
+  // Each edit keeps the header's length, so the file still parses as safetensors.
+  const auto edited = [&](const std::string& from, const std::string& to) {
+    const size_t at = pristine.find(from);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(at < static_cast<size_t>(header.data_offset));
+    REQUIRE(from.size() == to.size());
+    std::string bytes = pristine;
+    bytes.replace(at, from.size(), to);
+    std::ofstream(rank1, std::ios::binary | std::ios::trunc) << bytes;
+    read_safetensors_header(rank1);  // a valid file all the same
+  };
+  const auto expect_refused = [&](const std::string& fragment) {
+    INFO(fragment);
+    CHECK_THROWS_WITH_AS(check_load_on(2, {2}, tmp / "ckpt"),
+                         doctest::Contains((rank1 + ": its safetensors header disagrees with metadata.json").c_str()),
+                         Error);
+    CHECK_THROWS_WITH_AS(check_load_on(1, {1}, tmp / "ckpt"), doctest::Contains(fragment.c_str()), Error);
+  };
+  edited("\"dtype\":\"F32\"", "\"dtype\":\"I32\"");  // the issue's edit: same bytes, read as integers
+  expect_refused("'embedding' is I32 in the file, F32 in the metadata");
+  const std::string shape = fmt::format("[{},{}]", embedding.shape[0], embedding.shape[1]);
+  const std::string transposed = fmt::format("[{},{}]", embedding.shape[1], embedding.shape[0]);
+  edited("\"shape\":" + shape, "\"shape\":" + transposed);
+  expect_refused(fmt::format("'embedding' has shape {} in the file, {} in the metadata",
+                             Shape{embedding.shape[1], embedding.shape[0]}, embedding.shape));
+  edited("\"half\":", "\"halt\":");
+  expect_refused("'half' is not in the file; 'halt' is in the file, not in the metadata");
+  std::ofstream(rank1, std::ios::binary | std::ios::trunc) << pristine;
+  check_load_on(2, {2}, tmp / "ckpt");
+  check_load_on(1, {1}, tmp / "ckpt");
+}
+
 TEST_CASE("checkpoint: names and shapes are validated first, every offending key in one error") {
   TempDir tmp;
   DistributedStateDict state{{"a", ops::zeros({3})}, {"b", ops::zeros({2, 2})}};

@@ -20,6 +20,7 @@
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "tests/fsdp/plan_text.h"
+#include "tests/train/train_outcome.h"
 #include "train/flag_checks.h"
 #include "train/model_family.h"
 #include "train/run_plan.h"
@@ -29,18 +30,10 @@
 using tessera::train::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
 namespace fsdp = tessera::fsdp;
+using tessera::train::testing::parse_flags;
 using tessera::fsdp::testing::table_row;
 
 namespace {
-
-std::optional<int> parse(std::vector<const char*> args, TrainConfig& config, std::string& err) {
-  args.insert(args.begin(), "train");
-  std::ostringstream out, errors;
-  const std::optional<int> exit_code =
-      tessera::train::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, errors);
-  err = errors.str();
-  return exit_code;
-}
 
 // The tiny GPT on synthetic tokens, vocab 97: uneven shards on 2, 3 and 4 ranks.
 TrainConfig small_run() {
@@ -84,12 +77,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 TEST_CASE("train --plan: --sweep belongs to --plan, --sweep-out is .json or .csv, any --nproc plans") {
   TrainConfig config;
   std::string err;
-  REQUIRE_FALSE(parse({"--plan", "--preset", "gpt2-1558m", "--nproc", "1024"}, config, err));
+  REQUIRE_FALSE(parse_flags({"--plan", "--preset", "gpt2-1558m", "--nproc", "1024"}, config, err));
   CHECK(config.plan);
   CHECK(config.nproc == 1024);
-  REQUIRE_FALSE(parse({"--plan", "--sweep", "--sweep-out", "s.csv", "--sweep-svg", "s.svg", "--hsdp", "4", "--nproc",
-                       "64"},
-                      config, err));
+  REQUIRE_FALSE(parse_flags({"--plan", "--sweep", "--sweep-out", "s.csv", "--sweep-svg", "s.svg", "--hsdp", "4",
+                             "--nproc", "64"},
+                            config, err));
   CHECK(config.sweep);
   CHECK(config.sweep_out == "s.csv");
   CHECK(config.sweep_svg == "s.svg");
@@ -109,7 +102,7 @@ TEST_CASE("train --plan: --sweep belongs to --plan, --sweep-out is .json or .csv
   for (const auto& [args, message] : refused) {
     CAPTURE(message);
     TrainConfig refused_config;
-    const std::optional<int> exit_code = parse(args, refused_config, err);
+    const std::optional<int> exit_code = parse_flags(args, refused_config, err);
     REQUIRE(exit_code.has_value());
     CHECK(*exit_code == tessera::train::kUsageExitCode);
     CHECK(err.find(message) != std::string::npos);

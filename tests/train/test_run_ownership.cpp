@@ -14,6 +14,7 @@
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "train/checkpoint_manager.h"
+#include "train/model_loader.h"
 #include "train/run_record.h"
 
 using namespace tessera;
@@ -84,6 +85,39 @@ TEST_CASE("run ownership: a fresh run into a root holding this run's checkpoints
   CHECK(RunRecord::read(tmp / "empty-run/run.json").identity == kSeed42);
 }
 
+TEST_CASE("run ownership: a torn run.json in a root without checkpoints may be deleted, and the error says why") {
+  TempDir tmp;
+  const std::string root = tmp / "ckpt";
+  save_steps(root, kSeed1, {});  // a launch that died before its first save
+  const std::string record = fs::path(root) / kRunRecordFile;
+  const std::string text = read_file(record);
+  const std::string torn = text.substr(0, text.size() / 2);
+  write_file(record, torn);
+  for (const RootMode mode : {RootMode::new_run, RootMode::continue_run}) {
+    CHECK_THROWS_WITH_AS(CheckpointManager(root, run_options(mode, kSeed1)),
+                         doctest::Contains((record + ": not a JSON object (corrupt file?)").c_str()), Error);
+    CHECK_THROWS_WITH_AS(CheckpointManager(root, run_options(mode, kSeed1)),
+                         doctest::Contains((root + " holds no checkpoint, so nothing depends on its run.json").c_str()),
+                         Error);
+    CHECK_THROWS_WITH_AS(CheckpointManager(root, run_options(mode, kSeed1)),
+                         doctest::Contains("Delete the file and launch again"), Error);
+  }
+  CHECK(read_file(record) == torn);  // never rewritten unasked
+  fs::remove(record);
+  CheckpointManager taken(root, run_options(RootMode::new_run, kSeed1));  // as the message says
+
+  // With checkpoints, the record says whose they are: no such advice.
+  save_steps(tmp / "saved", kSeed1, {2});
+  write_file(tmp / "saved/run.json", torn);
+  try {
+    CheckpointManager refused(tmp / "saved", run_options(RootMode::continue_run, kSeed1));
+    FAIL("a torn record beside checkpoints was accepted");
+  } catch (const Error& error) {
+    CHECK(std::string(error.what()).find("corrupt file?") != std::string::npos);
+    CHECK(std::string(error.what()).find("Delete") == std::string::npos);
+  }
+}
+
 TEST_CASE("run ownership: torn, foreign and unrecorded step directories are named") {
   TempDir tmp;
   const std::string root = tmp / "ckpt";
@@ -140,6 +174,16 @@ TEST_CASE("run ownership: a changed metadata.json is found, and the step must be
   write_file(metadata, seal_json(json));
   CHECK_THROWS_WITH_AS(CheckpointManager(root, run_options(RootMode::continue_run, kSeed1)),
                        doctest::Contains("its metadata says step 5, its name step 4"), Error);
+  // generate refuses it the same way, given the directory or its root (one check: step_name_disagreement).
+  for (const std::string& given : {checkpoint_path(root, 4), root, checkpoint_path(root, 4) + "/"}) {
+    INFO(given);
+    CHECK_THROWS_WITH_AS(load_model_from_checkpoint(given),
+                         doctest::Contains("its metadata says step 5, its name step 4: not the checkpoint its name says"),
+                         Error);
+  }
+  CHECK(step_name_disagreement(tmp / "best", 5).empty());  // a name without a step says none
+  CHECK(step_name_disagreement(checkpoint_path(root, 4), 4).empty());
+  CHECK(step_name_disagreement(checkpoint_path(root, 4), std::nullopt).empty());  // a plain save records none
 
   // An older damaged checkpoint does not block a resume from the newest, and pruning keeps it.
   write_file(metadata, pristine);

@@ -1,9 +1,11 @@
 // One run of `train` inside a test: what it printed, how it failed (a usage
-// error told apart from a later failure) and its summary.
+// error told apart from a later failure) and its summary; and its flags parsed.
 #pragma once
 
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tensor/error.h"
 #include "train/flag_checks.h"
@@ -31,6 +33,17 @@ inline Outcome run(const TrainConfig& config) {
   }
   outcome.log = log.str();
   return outcome;
+}
+
+// train's flags (`args`, without the program's name) parsed into `config`:
+// parse_command_line's exit code (nullopt: go on), its error text in `err`.
+inline std::optional<int> parse_flags(std::vector<const char*> args, TrainConfig& config, std::string& err) {
+  args.insert(args.begin(), "train");
+  std::ostringstream out, errors;
+  const std::optional<int> exit_code =
+      parse_command_line(static_cast<int>(args.size()), args.data(), config, out, errors);
+  err = errors.str();
+  return exit_code;
 }
 
 inline bool trained_a_step(const Outcome& outcome) { return outcome.log.find("| loss") != std::string::npos; }

@@ -49,7 +49,7 @@ void write_text_file(const std::string& path, const std::string& text, bool sync
 class HfDirectorySink final : public checkpoint::ExportSink {
  public:
   HfDirectorySink(std::string dir, const ModelConfig& config, const HfExportOptions& options)
-      : dir_(std::move(dir)), tmp_(dir_ + ".tmp"), config_(config), options_(options) {}
+      : dir_(std::move(dir)), tmp_(checkpoint::export_temporary_path(dir_)), config_(config), options_(options) {}
 
   void begin(const std::vector<checkpoint::SafetensorsEntry>& entries) override {
     std::vector<checkpoint::SafetensorsEntry> stored;
@@ -59,9 +59,9 @@ class HfDirectorySink final : public checkpoint::ExportSink {
       tensors_.emplace(entry.name, tensor);
     }
     shards_ = checkpoint::plan_safetensors_shards(stored, options_.max_shard_bytes);
-    std::error_code ignored;
-    fs::remove_all(tmp_, ignored);  // an interrupted export's
+    // Emptied, not replaced: a claim (output_claim.h) holds this very directory.
     fs::create_directories(tmp_);
+    for (const fs::directory_entry& leftover : fs::directory_iterator(tmp_)) fs::remove_all(leftover.path());
     write_text_file((fs::path(tmp_) / kHfConfigFile).string(), hf_config_from_model(config_).dump(2) + "\n",
                     options_.sync);
   }
@@ -81,20 +81,26 @@ class HfDirectorySink final : public checkpoint::ExportSink {
                       checkpoint::safetensors_index_json(shards_), options_.sync);
     }
     if (options_.sync) checkpoint::sync_directory(tmp_);
-    // Replace DIR only once the new one is complete: DIR -> DIR.old, DIR.tmp -> DIR.
-    const std::string old = dir_ + ".old";
-    std::error_code ignored;
-    fs::remove_all(old, ignored);
-    if (fs::exists(dir_)) fs::rename(dir_, old);
-    fs::rename(tmp_, dir_);
-    fs::remove_all(old, ignored);
+    complete_ = true;
+    if (options_.publish == checkpoint::Publish::no_clobber) {
+      checkpoint::publish(tmp_, dir_, checkpoint::Publish::no_clobber);
+    } else {
+      // Replace DIR only once the new one is complete: DIR -> DIR.old, DIR.tmp -> DIR.
+      const std::string old = dir_ + ".old";
+      std::error_code ignored;
+      fs::remove_all(old, ignored);
+      if (fs::exists(dir_)) fs::rename(dir_, old);
+      fs::rename(tmp_, dir_);
+      fs::remove_all(old, ignored);
+    }
     if (options_.sync) checkpoint::sync_directory(fs::absolute(dir_).parent_path().string());
   }
 
+  // A complete directory that could not be published stays, named in the error.
   void abandon() noexcept override {
     writer_.reset();
     std::error_code ignored;
-    fs::remove_all(tmp_, ignored);
+    if (!complete_) fs::remove_all(tmp_, ignored);
   }
 
  private:
@@ -117,6 +123,7 @@ class HfDirectorySink final : public checkpoint::ExportSink {
   size_t shard_ = 0;
   size_t written_in_shard_ = 0;
   std::optional<checkpoint::SafetensorsWriter> writer_;
+  bool complete_ = false;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "checkpoint/file_io.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "train/huggingface/hf_config.h"
 
@@ -45,13 +46,17 @@ struct HfExportOptions {
   tessera::dist::ProcessGroupPtr group = nullptr;  // null: dist::world(), or this process alone
   int64_t max_shard_bytes = int64_t{5} << 30;      // transformers' default shard size
   bool sync = true;                                // fsync the files and the directory
+  // no_clobber: an existing DIR is an error (and the complete DIR.tmp is kept).
+  tessera::checkpoint::Publish publish = tessera::checkpoint::Publish::replace;
 };
 
 // Collective: writes the model (`state` as for load_hf_weights) to DIR as
 // config.json and model.safetensors (or shards and their index) in the
 // checkpoint's layout, in the parameters' dtype. Everything is written to
-// DIR.tmp first, then DIR.tmp is renamed to DIR; an existing DIR is replaced
-// only after the new one is complete. An error on any rank is raised on every rank.
+// DIR.tmp first (emptied when it exists: an interrupted export's, or the
+// directory a claim holds, output_claim.h), then DIR.tmp is renamed to DIR;
+// an existing DIR is replaced only after the new one is complete. An error
+// on any rank is raised on every rank.
 void export_hf(const std::string& dir, const ModelConfig& config,
                const tessera::checkpoint::DistributedStateDict& state, const HfExportOptions& options = {});
 
