@@ -8,13 +8,21 @@
 //     by itself (MPI_Abort, mpirun's own teardown), then sends SIGTERM to
 //     the command's process group and, 5 s later, SIGKILL: the job always
 //     ends, also when mpirun would wait for a host it cannot reach;
+//   - a SIGTERM, SIGINT or SIGHUP to it is a stop: it passes it on to the
+//     ranks (dist/launch/stop_forwarding.h), gives them --stop-grace-s to
+//     save and end, and only then tears the job down as above; a SIGINT
+//     after that kills the job at once;
+//   - once every rank has ended, an mpirun still running 3 s later is only
+//     sleeping in its teardown: it is ended;
 //   - it ends with one line per host, saying how each rank ended.
-// Usage: launch [--heartbeat-timeout-s S] [--grace-s S] [--address A] [--port P] -- COMMAND...
+// Usage: launch [--heartbeat-timeout-s S] [--grace-s S] [--stop-grace-s S] [--address A] [--port P] -- COMMAND...
 // The ranks find the launcher by TESSERA_LAUNCHER=address:port, which it
 // sets and, for mpirun, forwards with -x. --address is the one the ranks'
 // hosts can reach: by default this host's first IPv4 address that is up
 // and not loopback. Exit status: the command's (128 + N for signal N), or 1
-// when it exited 0 but a rank failed or was lost.
+// when it exited 0 but a rank failed or was lost; when the launcher ended a
+// lingering mpirun, 75 if every rank stopped on request (train's status for
+// a stop), 1 if one failed or was lost, else 0.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -23,9 +31,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -37,11 +47,18 @@
 
 #include "dist/launch/job_supervisor.h"
 #include "dist/launch/lifeline.h"
+#include "dist/launch/stop_forwarding.h"
 
 namespace {
 
 using tessera::dist::Clock;
+using tessera::dist::JobCommand;
 using namespace std::chrono_literals;
+
+// train's exit status after a graceful stop (train/graceful_stop.h).
+constexpr int kStoppedExitCode = 75;
+// mpirun exits within a second of its last rank, unless its teardown sleeps.
+constexpr auto kMpirunLingerLimit = 3s;
 
 std::atomic<int> pending_signal{0};
 void remember_signal(int signal) { pending_signal.store(signal); }
@@ -102,6 +119,34 @@ pid_t start(const std::vector<std::string>& command) {
   return child;
 }
 
+// mpirun's teardown sends SIGTERM one kill timeout after it began, SIGKILL
+// after two: half the stop's grace leaves the ranks, signalled together
+// with mpirun, the whole grace.
+int mpirun_kill_timeout_s(double stop_grace_s) { return std::max(1, static_cast<int>(std::ceil(stop_grace_s / 2))); }
+
+// Passes a stop on to the ranks (dist/launch/stop_forwarding.h) and says how.
+void pass_stop_on(int signal, const tessera::dist::JobSupervisor& supervisor, JobCommand kind, pid_t child,
+                  const std::string& program, const std::string& endpoint, double stop_grace_s) {
+  const tessera::dist::StopDelivery delivery =
+      tessera::dist::plan_stop_delivery(supervisor.ranks(), supervisor.world_size(), tessera::dist::host_name(), kind,
+                                        signal, [&](int pid) {
+                                          return pid != child && tessera::dist::is_rank_of_launcher(pid, endpoint);
+                                        });
+  for (const int pid : delivery.pids) ::kill(pid, SIGTERM);
+  if (delivery.command_signal != 0) ::kill(child, delivery.command_signal);
+  std::vector<std::string> ways;
+  if (!delivery.pids.empty()) {
+    ways.push_back(fmt::format("SIGTERM to {} rank{} on this host", delivery.pids.size(),
+                               delivery.pids.size() == 1 ? "" : "s"));
+  }
+  if (delivery.command_signal != 0) {
+    ways.push_back(fmt::format("SIG{} to {}{}", sigabbrev_np(delivery.command_signal), program,
+                               delivery.pids.empty() ? "" : " for the others"));
+  }
+  say(fmt::format("SIG{}: stopping the job ({}); the ranks have {:g} s to save and end (--stop-grace-s)",
+                  sigabbrev_np(signal), fmt::join(ways, ", "), stop_grace_s));
+}
+
 int exit_status_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -120,6 +165,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera launch: runs a multi-process job and supervises its ranks (docs/distributed.md)"};
   double heartbeat_timeout_s = 10;
   double grace_s = 30;
+  double stop_grace_s = 60;
   std::string address;
   int port = 0;
   std::vector<std::string> command;
@@ -127,6 +173,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--grace-s", grace_s, "after a rank failed or was lost, how long the job may take to end itself")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-grace-s", stop_grace_s,
+                 "after a stop (SIGTERM, SIGINT, SIGHUP) reached the ranks, how long they have to save and end")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double seconds = 0;
+            if (!CLI::detail::lexical_cast(text, seconds) || !std::isfinite(seconds) || seconds < 0 ||
+                seconds > 86400) {
+              return "expected seconds in [0, 86400], got " + text;
+            }
+            return {};
+          },
+          "SECONDS", "seconds in [0, 86400]"));
   app.add_option("--address", address, "the address ranks reach the launcher at (default: first external IPv4)");
   app.add_option("--port", port, "the lifelines' port (default: one the system picks)")->check(CLI::Range(0, 65535));
   app.add_option("command", command, "the job: mpirun ..., srun ..., or a program")->required();
@@ -148,28 +206,57 @@ int main(int argc, char** argv) {
   ::signal(SIGHUP, remember_signal);
 
   const Clock::time_point started = Clock::now();
-  const pid_t child = start(with_launcher_forwarded(command));
+  const JobCommand kind = tessera::dist::job_command_of(command);
+  const pid_t child = start(
+      tessera::dist::with_mpirun_kill_timeout(with_launcher_forwarded(command), mpirun_kill_timeout_s(stop_grace_s)));
   say(fmt::format("lifelines at {}; running {}", endpoint, fmt::join(command, " ")));
 
-  std::optional<Clock::time_point> failed_at, terminated_at;
+  std::optional<Clock::time_point> failed_at, stop_at, terminated_at, every_rank_ended_at;
   bool killed = false;
+  bool lingering_mpirun_ended = false;
   int status = 0;
   for (;;) {
     for (const std::string& event : supervisor->poll(100ms)) say(event);
+    const Clock::time_point now = Clock::now();
     if (const int signal = pending_signal.exchange(0)) {
-      // A stop asked of the launcher goes to the job (mpirun passes SIGTERM
-      // on to the ranks, whose graceful stop saves); a second one kills it.
-      say(fmt::format("{}: passing it on to the job", strsignal(signal)));
-      ::kill(terminated_at ? -child : child, terminated_at ? SIGKILL : signal);
-      if (!terminated_at) terminated_at = Clock::now();
+      if (!stop_at && !terminated_at) {
+        pass_stop_on(signal, *supervisor, kind, child, program_name(command.front()), endpoint, stop_grace_s);
+        stop_at = now;
+      } else if (signal == SIGINT || terminated_at) {
+        say(fmt::format("SIG{} again: SIGKILL to the job's process group", sigabbrev_np(signal)));
+        ::kill(-child, SIGKILL);
+        killed = true;
+        if (!terminated_at) terminated_at = now;
+      } else {
+        // Schedulers repeat SIGTERM (Slurm signals every process of a job),
+        // and follow with SIGKILL when they will not wait.
+        say(fmt::format("SIG{}: the ranks are already stopping (a SIGINT kills the job at once)",
+                        sigabbrev_np(signal)));
+      }
     }
     if (::waitpid(child, &status, WNOHANG) == child) break;
-    const Clock::time_point now = Clock::now();
     if (!failed_at && supervisor->job_failed()) failed_at = now;
     if (failed_at && !terminated_at && now - *failed_at > std::chrono::duration<double>(grace_s)) {
       say(fmt::format("the job did not end within {:g} s of the failure: SIGTERM to its process group", grace_s));
       ::kill(-child, SIGTERM);
       terminated_at = now;
+    }
+    if (stop_at && !terminated_at && now - *stop_at > std::chrono::duration<double>(stop_grace_s)) {
+      say(fmt::format("the job did not end within {:g} s of the stop: SIGTERM to its process group", stop_grace_s));
+      ::kill(-child, SIGTERM);
+      terminated_at = now;
+    }
+    // After a rank's non-zero exit (a stop's 75, a failure) mpirun tears the
+    // job down: SIGCONT, then it sleeps its kill timeout twice, whether or not
+    // any rank is left. With every rank ended, nothing is left to wait for.
+    if (kind == JobCommand::mpirun && !killed && supervisor->every_rank_ended()) {
+      if (!every_rank_ended_at) every_rank_ended_at = now;
+      if (now - *every_rank_ended_at > kMpirunLingerLimit) {
+        say("every rank has ended, but mpirun is still in its teardown: SIGKILL to it");
+        ::kill(-child, SIGKILL);
+        killed = lingering_mpirun_ended = true;
+        if (!terminated_at) terminated_at = now;
+      }
     }
     if (terminated_at && !killed && now - *terminated_at > 5s) {
       say("still running 5 s after SIGTERM: SIGKILL to its process group");
@@ -190,7 +277,11 @@ int main(int argc, char** argv) {
 
   const std::string cause = supervisor->root_cause();
   if (!cause.empty()) say("first failure: " + cause);
+  if (supervisor->job_stopped()) say("the job stopped on request: every rank ended its graceful stop");
   for (const std::string& line : supervisor->summary()) say(line);
+  if (lingering_mpirun_ended) {
+    return supervisor->job_stopped() ? kStoppedExitCode : supervisor->job_failed() ? 1 : 0;
+  }
   const int exit_status = exit_status_of(status);
   if (exit_status == 0 && supervisor->job_failed()) return 1;
   return exit_status;
