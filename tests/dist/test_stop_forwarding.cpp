@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,13 +59,19 @@ class ChildWith {
   int pid_ = -1;
 };
 
-// Until the child has exec'd (its environment is then the one given), at most 10 s.
+// Until the child has exec'd and its environment is in place (exec points
+// /proc/<pid>/exe at the new program a moment before it sets the
+// environment's bounds), at most 10 s.
 bool wait_for_exec(int pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     char target[256] = {};
-    const std::string link = "/proc/" + std::to_string(pid) + "/exe";
-    const ssize_t length = ::readlink(link.c_str(), target, sizeof target - 1);
-    if (length > 0 && std::string(target, static_cast<size_t>(length)).ends_with("sleep")) return true;
+    const ssize_t length = ::readlink((proc + "/exe").c_str(), target, sizeof target - 1);
+    std::ifstream environment(proc + "/environ", std::ios::binary);
+    const bool has_environment = environment && environment.peek() != std::ifstream::traits_type::eof();
+    if (length > 0 && std::string(target, static_cast<size_t>(length)).ends_with("sleep") && has_environment) {
+      return true;
+    }
     ::usleep(10'000);
   }
   return false;
