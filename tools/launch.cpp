@@ -12,17 +12,15 @@
 //     ranks (dist/launch/stop_forwarding.h), gives them --stop-grace-s to
 //     save and end, and only then tears the job down as above; a SIGINT
 //     after that kills the job at once;
-//   - once every rank has ended, an mpirun still running 3 s later is only
-//     sleeping in its teardown: it is ended;
 //   - it ends with one line per host, saying how each rank ended.
 // Usage: launch [--heartbeat-timeout-s S] [--grace-s S] [--stop-grace-s S] [--address A] [--port P] -- COMMAND...
 // The ranks find the launcher by TESSERA_LAUNCHER=address:port, which it
 // sets and, for mpirun, forwards with -x. --address is the one the ranks'
 // hosts can reach: by default this host's first IPv4 address that is up
 // and not loopback. Exit status: the command's (128 + N for signal N), or 1
-// when it exited 0 but a rank failed or was lost; when the launcher ended a
-// lingering mpirun, 75 if every rank stopped on request (train's status for
-// a stop), 1 if one failed or was lost, else 0.
+// when it exited 0 but a rank failed or was lost; for mpirun, 75 when every
+// rank stopped on request (train's status for a stop), whatever mpirun's
+// teardown made of it.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -57,8 +55,6 @@ using namespace std::chrono_literals;
 
 // train's exit status after a graceful stop (train/graceful_stop.h).
 constexpr int kStoppedExitCode = 75;
-// mpirun exits within a second of its last rank, unless its teardown sleeps.
-constexpr auto kMpirunLingerLimit = 3s;
 
 std::atomic<int> pending_signal{0};
 void remember_signal(int signal) { pending_signal.store(signal); }
@@ -121,7 +117,7 @@ pid_t start(const std::vector<std::string>& command) {
 
 // mpirun's teardown sends SIGTERM one kill timeout after it began, SIGKILL
 // after two: half the stop's grace leaves the ranks, signalled together
-// with mpirun, the whole grace.
+// with mpirun (inside a batch allocation: stop_forwarding.h), the whole grace.
 int mpirun_kill_timeout_s(double stop_grace_s) { return std::max(1, static_cast<int>(std::ceil(stop_grace_s / 2))); }
 
 // Passes a stop on to the ranks (dist/launch/stop_forwarding.h) and says how.
@@ -213,7 +209,6 @@ int main(int argc, char** argv) {
 
   std::optional<Clock::time_point> failed_at, stop_at, terminated_at, every_rank_ended_at;
   bool killed = false;
-  bool lingering_mpirun_ended = false;
   int status = 0;
   for (;;) {
     for (const std::string& event : supervisor->poll(100ms)) say(event);
@@ -236,27 +231,27 @@ int main(int argc, char** argv) {
     }
     if (::waitpid(child, &status, WNOHANG) == child) break;
     if (!failed_at && supervisor->job_failed()) failed_at = now;
+    if (!every_rank_ended_at && supervisor->every_rank_ended()) every_rank_ended_at = now;
     if (failed_at && !terminated_at && now - *failed_at > std::chrono::duration<double>(grace_s)) {
       say(fmt::format("the job did not end within {:g} s of the failure: SIGTERM to its process group", grace_s));
       ::kill(-child, SIGTERM);
       terminated_at = now;
     }
-    if (stop_at && !terminated_at && now - *stop_at > std::chrono::duration<double>(stop_grace_s)) {
+    if (stop_at && !terminated_at && !every_rank_ended_at &&
+        now - *stop_at > std::chrono::duration<double>(stop_grace_s)) {
       say(fmt::format("the job did not end within {:g} s of the stop: SIGTERM to its process group", stop_grace_s));
       ::kill(-child, SIGTERM);
       terminated_at = now;
     }
-    // After a rank's non-zero exit (a stop's 75, a failure) mpirun tears the
-    // job down: SIGCONT, then it sleeps its kill timeout twice, whether or not
-    // any rank is left. With every rank ended, nothing is left to wait for.
-    if (kind == JobCommand::mpirun && !killed && supervisor->every_rank_ended()) {
-      if (!every_rank_ended_at) every_rank_ended_at = now;
-      if (now - *every_rank_ended_at > kMpirunLingerLimit) {
-        say("every rank has ended, but mpirun is still in its teardown: SIGKILL to it");
-        ::kill(-child, SIGKILL);
-        killed = lingering_mpirun_ended = true;
-        if (!terminated_at) terminated_at = now;
-      }
+    // With every rank ended, mpirun may still be in its teardown: it sleeps
+    // its kill timeout (at most half the stop's grace) twice before it
+    // forwards the ranks' last output and exits. Past that it is stuck.
+    if (kind == JobCommand::mpirun && every_rank_ended_at && !terminated_at &&
+        now - *every_rank_ended_at > std::chrono::duration<double>(stop_grace_s) + 3s) {
+      say(fmt::format("every rank ended {:g} s ago, but mpirun is still running: SIGTERM to its process group",
+                      stop_grace_s + 3));
+      ::kill(-child, SIGTERM);
+      terminated_at = now;
     }
     if (terminated_at && !killed && now - *terminated_at > 5s) {
       say("still running 5 s after SIGTERM: SIGKILL to its process group");
@@ -279,9 +274,8 @@ int main(int argc, char** argv) {
   if (!cause.empty()) say("first failure: " + cause);
   if (supervisor->job_stopped()) say("the job stopped on request: every rank ended its graceful stop");
   for (const std::string& line : supervisor->summary()) say(line);
-  if (lingering_mpirun_ended) {
-    return supervisor->job_stopped() ? kStoppedExitCode : supervisor->job_failed() ? 1 : 0;
-  }
+  // mpirun's status after a stop is its teardown's (1 after a SIGTERM to it).
+  if (kind == JobCommand::mpirun && supervisor->job_stopped()) return kStoppedExitCode;
   const int exit_status = exit_status_of(status);
   if (exit_status == 0 && supervisor->job_failed()) return 1;
   return exit_status;

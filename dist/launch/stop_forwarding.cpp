@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "dist/launch/lifeline.h"
@@ -14,6 +15,10 @@ namespace tessera::dist {
 namespace {
 
 std::string program_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+// Set by the schedulers that signal every process of a job: Slurm, PBS,
+// Grid Engine, LSF.
+constexpr const char* kAllocationVariables[] = {"SLURM_JOB_ID", "PBS_NODEFILE", "PE_HOSTFILE", "LSB_MCPU_HOSTS"};
 
 }  // namespace
 
@@ -26,9 +31,14 @@ JobCommand job_command_of(const std::vector<std::string>& command) {
   return program == "srun" ? JobCommand::srun : JobCommand::other;
 }
 
+bool in_batch_allocation(const EnvironmentLookup& environment) {
+  return std::any_of(std::begin(kAllocationVariables), std::end(kAllocationVariables),
+                     [&](const char* name) { return environment(name).has_value(); });
+}
+
 std::vector<std::string> with_mpirun_kill_timeout(std::vector<std::string> command, int seconds,
                                                   const EnvironmentLookup& environment) {
-  if (job_command_of(command) != JobCommand::mpirun) return command;
+  if (job_command_of(command) != JobCommand::mpirun || !in_batch_allocation(environment)) return command;
   if (environment(std::string("OMPI_MCA_") + kMpirunKillTimeout)) return command;
   const bool set_already = std::any_of(command.begin(), command.end(), [](const std::string& word) {
     return word.find(kMpirunKillTimeout) != std::string::npos;

@@ -10,10 +10,13 @@
 //     down: SIGTERM to the ranks only after its odls_base_sigkill_timeout,
 //     SIGKILL after twice that); srun gets SIGTERM, which it passes on; any
 //     other command gets the launcher's own signal;
-//   - mpirun is started with odls_base_sigkill_timeout set to half the stop's
-//     grace (OpenMPI's default is 1 s), so that a SIGTERM that reaches mpirun
-//     and the ranks together (Slurm's scancel and preemption signal every
-//     process of a job) leaves the ranks the grace to save.
+//   - inside a batch allocation, where the scheduler's SIGTERM reaches every
+//     process of the job together (Slurm's scancel, a preemption or a time
+//     limit), mpirun and its daemons included, mpirun is started with
+//     odls_base_sigkill_timeout at half the stop's grace (OpenMPI's default
+//     is 1 s), so that its teardown leaves the ranks the grace to save.
+//     Elsewhere the default stands: it is also how long a failed job's
+//     teardown sleeps, twice.
 #pragma once
 
 #include <functional>
@@ -35,10 +38,15 @@ JobCommand job_command_of(const std::vector<std::string>& command);
 // before SIGTERM, and again before SIGKILL.
 inline constexpr const char* kMpirunKillTimeout = "odls_base_sigkill_timeout";
 
-// The command with mpirun's kill timeout set to `seconds` ("--mca
-// odls_base_sigkill_timeout N" after the program); as it is when it is not
-// mpirun, or when the command or OMPI_MCA_odls_base_sigkill_timeout already
-// sets the parameter (the user's choice stands).
+// Whether this process runs inside a batch allocation: SLURM_JOB_ID,
+// PBS_NODEFILE, PE_HOSTFILE (Grid Engine) or LSB_MCPU_HOSTS (LSF) is set.
+bool in_batch_allocation(const EnvironmentLookup& environment = process_environment);
+
+// Inside a batch allocation, the command with mpirun's kill timeout set to
+// `seconds` ("--mca odls_base_sigkill_timeout N" after the program); as it
+// is elsewhere, when it is not mpirun, or when the command or
+// OMPI_MCA_odls_base_sigkill_timeout already sets the parameter (the user's
+// choice stands).
 std::vector<std::string> with_mpirun_kill_timeout(std::vector<std::string> command, int seconds,
                                                   const EnvironmentLookup& environment = process_environment);
 

@@ -91,18 +91,25 @@ TEST_CASE("the command's kind comes from its program's name") {
   CHECK(job_command_of({}) == JobCommand::other);
 }
 
-TEST_CASE("mpirun gets a kill timeout unless the user set one; other commands are left alone") {
-  CHECK(with_mpirun_kill_timeout({"mpirun", "-np", "2", "train"}, 30, no_variables) ==
+TEST_CASE("inside a batch allocation mpirun gets a kill timeout, unless the user set one; elsewhere nothing changes") {
+  const auto in_slurm = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "SLURM_JOB_ID") return "42";
+    return std::nullopt;
+  };
+  CHECK(in_batch_allocation(in_slurm));
+  CHECK_FALSE(in_batch_allocation(no_variables));
+  CHECK(with_mpirun_kill_timeout({"mpirun", "-np", "2", "train"}, 30, in_slurm) ==
         std::vector<std::string>{"mpirun", "--mca", "odls_base_sigkill_timeout", "30", "-np", "2", "train"});
-  const std::vector<std::string> set_by_user{"mpirun", "--mca", "odls_base_sigkill_timeout", "5", "train"};
-  CHECK(with_mpirun_kill_timeout(set_by_user, 30, no_variables) == set_by_user);
   const std::vector<std::string> plain{"mpirun", "train"};
-  CHECK(with_mpirun_kill_timeout(plain, 30, [](const std::string& name) -> std::optional<std::string> {
+  CHECK(with_mpirun_kill_timeout(plain, 30, no_variables) == plain);
+  const std::vector<std::string> set_by_user{"mpirun", "--mca", "odls_base_sigkill_timeout", "5", "train"};
+  CHECK(with_mpirun_kill_timeout(set_by_user, 30, in_slurm) == set_by_user);
+  CHECK(with_mpirun_kill_timeout(plain, 30, [&](const std::string& name) -> std::optional<std::string> {
           if (name == "OMPI_MCA_odls_base_sigkill_timeout") return "5";
-          return std::nullopt;
+          return in_slurm(name);
         }) == plain);
   const std::vector<std::string> srun{"srun", "train"};
-  CHECK(with_mpirun_kill_timeout(srun, 30, no_variables) == srun);
+  CHECK(with_mpirun_kill_timeout(srun, 30, in_slurm) == srun);
 }
 
 TEST_CASE("ranks of this host that are ours are signalled directly; the command only when some are out of reach") {

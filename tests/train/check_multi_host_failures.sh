@@ -29,10 +29,8 @@ on_hosts 2 "$0" "$@"
 set -e
 train=$1
 # A silent rank is named after 3 s; a job that does not end 20 s after a
-# rank failed or was lost is torn down by the launcher. mpirun's own
-# teardown, which the launcher sizes for a stop's save (half of
-# --stop-grace-s, twice), must fit in the bound below too.
-launcher=("$2" --heartbeat-timeout-s 3 --grace-s 20 --stop-grace-s 10 --)
+# rank failed or was lost is torn down by the launcher.
+launcher=("$2" --heartbeat-timeout-s 3 --grace-s 20 --)
 
 timeout_s=5
 # The margin on top of the timeout within which the job must be gone: mpirun

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Preemption of a 2-rank `train --backend mpi` job on a loaded machine (a busy
 # loop on every core, for the whole check): a SIGTERM to mpirun, to
-# tools/launch or to one rank, TRIES times each, must every time commit the
-# last finished step, and `--resume` must end where an uninterrupted run
-# ends, bitwise (deterministic mode).
+# tools/launch, to one rank, or to all of them at once as a scheduler sends
+# it, TRIES times each, must every time commit the last finished step, and
+# `--resume` must end where an uninterrupted run ends, bitwise
+# (deterministic mode).
 #   - mpirun: started with --mca odls_base_sigkill_timeout 3, as
 #     docs/training.md says. On SIGTERM, OpenMPI 4.1's mpirun sends the ranks
 #     SIGCONT, then SIGTERM after that timeout and SIGKILL after twice it
@@ -12,6 +13,11 @@
 #     and the launcher says every rank stopped.
 #   - one rank: the ranks agree to stop after the same step; mpirun, with
 #     its defaults, exits 75.
+#   - everything (Slurm's scancel and preemption signal every process of a
+#     job): tools/launch --stop-grace-s 8 inside a batch allocation, where it
+#     raises mpirun's kill timeout to 4 s; SIGTERM to the launcher, mpirun
+#     and both ranks together; the launcher exits 75. The allocation is
+#     LSF's variable, which this OpenMPI (no LSF support) does not read.
 # The resumes run as threads of one process (--nproc 2): deterministic mode
 # gives them the bits of MPI ranks.
 # Usage: check_preemption.sh path/to/train path/to/launch path/to/mpirun [TRIES]
@@ -63,6 +69,9 @@ start_job() {
     mpirun) exec "$mpirun" "${mpirun_flags[@]}" --mca odls_base_sigkill_timeout $kill_timeout_s -np 2 "${run[@]}" ;;
     launch) exec "$launch" --stop-grace-s 30 -- "$mpirun" "${mpirun_flags[@]}" -np 2 "${run[@]}" ;;
     rank) exec "$mpirun" "${mpirun_flags[@]}" -np 2 "${run[@]}" ;;
+    everything)
+      LSB_MCPU_HOSTS="$(hostname) 2" exec "$launch" --stop-grace-s 8 -- "$mpirun" "${mpirun_flags[@]}" -np 2 "${run[@]}"
+      ;;
   esac >"$work/$name.out" 2>&1 &
   job=$!
   for _ in $(seq 1 3000); do
@@ -105,6 +114,18 @@ try() {
       [ -n "$rank_pid" ] || fail "$name: no rank process under mpirun"
       kill -TERM "$rank_pid"
       ;;
+    everything)
+      local mpirun_pid rank_pids
+      mpirun_pid=$(pgrep -P "$job" | head -n 1)
+      rank_pids=$(pgrep -P "$mpirun_pid" -x train | tr '\n' ' ')
+      [ -n "$mpirun_pid" ] && [ "$(wc -w <<<"$rank_pids")" -eq 2 ] || fail "$name: no mpirun and 2 ranks under the launcher"
+      local mpirun_command
+      mpirun_command=$(tr '\0' ' ' <"/proc/$mpirun_pid/cmdline")
+      [[ $mpirun_command == *"--mca odls_base_sigkill_timeout 4 "* ]] ||
+        fail "$name: mpirun was not given the kill timeout: $mpirun_command"
+      # shellcheck disable=SC2086
+      kill -TERM "$job" "$mpirun_pid" $rank_pids
+      ;;
   esac
   wait_for_job 300
   local out="$work/$name.out"
@@ -117,7 +138,7 @@ try() {
   grep -qF "stopped  on SIGTERM after step $last of $steps: $checkpoint committed; continue with --resume" "$out" ||
     { cat "$out" >&2; fail "$name: no stop line naming the checkpoint of step $last"; }
   [ -f "$checkpoint/metadata.json" ] || { cat "$out" >&2; fail "$name: $checkpoint was not committed"; }
-  if [ "$mode" = launch ]; then
+  if [ "$mode" = launch ] || [ "$mode" = everything ]; then
     grep -qF "tessera launch: the job stopped on request: every rank ended its graceful stop" "$out" &&
       grep -qE "tessera launch: [^ ]+: rank 0 stopped, rank 1 stopped$" "$out" ||
       { cat "$out" >&2; fail "$name: the launcher does not report a stop"; }
@@ -135,7 +156,7 @@ try() {
   rm -rf "${work:?}/$name"
 }
 
-for mode in mpirun launch rank; do
+for mode in mpirun launch rank everything; do
   for i in $(seq "$tries"); do try "$mode" "$i"; done
 done
-echo "preemption: $saved of $((3 * tries)) tries saved and resumed bitwise under load (40 steps took $measured_s s; $slow_steps steps under mpirun)"
+echo "preemption: $saved of $((4 * tries)) tries saved and resumed bitwise under load (40 steps took $measured_s s; $slow_steps steps under mpirun)"
