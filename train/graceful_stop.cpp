@@ -1,4 +1,4 @@
-// SIGINT / SIGTERM / SIGHUP handlers: a flag on the first, an immediate exit on the second.
+// The stop signals' handler: a flag on the first; an immediate exit on a SIGINT after it.
 #include "train/graceful_stop.h"
 
 #include <signal.h>
@@ -17,7 +17,7 @@ namespace {
 std::atomic<int> g_requested{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler may only touch lock-free atomics");
 std::atomic<bool> g_installed{false};
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 struct sigaction g_previous[std::size(kStopSignals)] {};
 struct sigaction g_previous_pipe {};
 
@@ -31,14 +31,17 @@ void on_signal(int signal) {
   if (g_requested.compare_exchange_strong(expected, signal)) {
     write_message("\ntrain: ");
     write_message(signal_name(signal));
-    write_message(": stopping after the current micro-batch, saving the last finished step (send it again to exit "
+    write_message(": stopping after the current micro-batch, saving the last finished step (SIGINT, Ctrl-C, exits "
                   "at once)\n");
     return;
   }
-  write_message("train: second ");
+  if (signal == SIGINT) {
+    write_message("train: SIGINT while stopping: exiting now\n");
+    ::_exit(128 + signal);
+  }
+  write_message("train: ");
   write_message(signal_name(signal));
-  write_message(": exiting now\n");
-  ::_exit(128 + signal);
+  write_message(": already stopping (SIGINT exits at once)\n");
 }
 
 }  // namespace
@@ -75,6 +78,7 @@ const char* signal_name(int signal) {
   if (signal == SIGINT) return "SIGINT";
   if (signal == SIGTERM) return "SIGTERM";
   if (signal == SIGHUP) return "SIGHUP";
+  if (signal == SIGUSR1) return "SIGUSR1";
   return "a signal";
 }
 

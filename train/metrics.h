@@ -23,7 +23,7 @@ struct StepMetrics {
   int64_t comm_bytes = 0;      // bytes one rank sent during the step (FSDP's collectives and the trainer's)
   std::optional<double> val_loss;  // set on evaluation steps
   std::optional<double> ckpt_blocked_ms;  // set on checkpoint steps: how long the save held training up
-  int stop_signal = 0;  // SIGINT/SIGTERM/SIGHUP received by any rank by the end of the step (GracefulStop); 0: none
+  int stop_signal = 0;  // a stop signal (GracefulStop) received by any rank by the end of the step; 0: none
   // Set when the stop came between micro-batches: the step was cut short after
   // this many and not applied (step is then the last finished one).
   std::optional<int64_t> interrupted_after_micro_batches;

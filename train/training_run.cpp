@@ -10,6 +10,7 @@
 
 #include "checkpoint/rank_errors.h"
 #include "checkpoint/safetensors_export.h"
+#include "dist/launch/lifeline.h"
 #include "dist/process_group.h"
 #include "tensor/gemm_backend.h"
 #include "tensor/parallel.h"
@@ -301,11 +302,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& out) {
       metrics = trainer.train_step();
       if (metrics.interrupted_after_micro_batches) {  // cut short: nothing to log, the last finished step to save
         stopped_by = metrics.stop_signal;
+        tessera::dist::report_stopping_to_launcher();
         if (checkpoints && trainer.steps_done() > last_saved) save(false);
         break;
       }
       const bool last = step == run.steps;
       const bool stopping = metrics.stop_signal != 0 && !last;  // a stop in the last step just finishes
+      if (stopping) tessera::dist::report_stopping_to_launcher();  // so that tools/launch says "stopped", not "done"
       if (!stopping && run.eval_every > 0 && (step % run.eval_every == 0 || last)) metrics.val_loss = trainer.evaluate();
       if (checkpoints && (stopping || last || (run.ckpt_every > 0 && step % run.ckpt_every == 0))) {
         metrics.ckpt_blocked_ms = save(run.async_ckpt && !stopping);

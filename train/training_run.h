@@ -34,7 +34,7 @@ struct TrainSummary {
 // training (run_plan.h), refusing no model for its size. A --resume takes
 // its lr schedule, weight decay and clipping from the checkpoint and says
 // which flags that overrides. Every save first proves the state finite
-// (Trainer::require_finite_state). A SIGINT or SIGTERM (GracefulStop) ends
+// (Trainer::require_finite_state). A stop signal (GracefulStop) ends
 // the run after the step in progress, with a checkpoint when config.ckpt_dir
 // is set, and no export. With config.loss_plot, rank 0 draws the loss curve
 // at the end (loss_plot.h; a stopped run's too) and names the file in the

@@ -93,6 +93,7 @@ std::string_view rank_state_name(RankState state) {
     case RankState::running: return "running";
     case RankState::silent: return "silent";
     case RankState::done: return "done";
+    case RankState::stopped: return "stopped";
     case RankState::exited: return "exited";
     case RankState::failed: return "failed";
     case RankState::lost: return "lost";
@@ -133,6 +134,19 @@ bool JobSupervisor::job_failed() const {
   return std::any_of(ranks_.begin(), ranks_.end(), [](const RankRecord& record) {
     return record.state == RankState::failed || record.state == RankState::lost;
   });
+}
+
+bool JobSupervisor::every_rank_ended() const {
+  if (world_size_ == 0 || ranks_.size() != static_cast<size_t>(world_size_)) return false;
+  return std::none_of(ranks_.begin(), ranks_.end(), [](const RankRecord& record) {
+    return record.state == RankState::running || record.state == RankState::silent;
+  });
+}
+
+bool JobSupervisor::job_stopped() const {
+  return every_rank_ended() && std::all_of(ranks_.begin(), ranks_.end(), [](const RankRecord& record) {
+           return record.state == RankState::stopped;
+         });
 }
 
 double JobSupervisor::seconds_since_start(Clock::time_point when) const {
@@ -331,8 +345,20 @@ bool JobSupervisor::handle_line(Connection& connection, const std::string& line,
   }
   if (line == "beat") return true;
   if (connection.result) return true;  // a rank's first result stands
+  if (line == "stopping") {
+    // One line for the job: every rank says it within a step of the first.
+    const bool first =
+        std::none_of(ranks_.begin(), ranks_.end(), [](const RankRecord& other) { return other.stopping; });
+    if (first) {
+      events.push_back(fmt::format("{} stopping on request {:.1f} s in: the ranks save their last finished step, "
+                                   "then end",
+                                   describe(record), seconds_since_start(now)));
+    }
+    record.stopping = true;
+    return true;
+  }
   if (line == "done" || line == "exited") {
-    record.state = line == "done" ? RankState::done : RankState::exited;
+    record.state = line == "exited" ? RankState::exited : record.stopping ? RankState::stopped : RankState::done;
     if (record.state == RankState::exited) {
       events.push_back(fmt::format("{} exited before its job ended (std::exit in a rank?)", describe(record)));
     }
@@ -454,7 +480,8 @@ std::string JobSupervisor::root_cause() const {
     case RankState::exited: return fmt::format("{} exited {:.1f} s in, before its job ended", describe(*first), at);
     case RankState::running:
     case RankState::silent:
-    case RankState::done: break;
+    case RankState::done:
+    case RankState::stopped: break;
   }
   return {};
 }
@@ -469,6 +496,7 @@ std::vector<std::string> JobSupervisor::summary() const {
     std::vector<std::string> states;
     for (const RankRecord* record : records) {
       std::string state = fmt::format("rank {} {}", record->rank, rank_state_name(record->state));
+      if (record->stopping && record->state != RankState::stopped) state += " (while stopping)";
       if (record->silent_from && record->state != RankState::silent) {
         state += fmt::format(" (silent from {:.1f} s)", seconds_since_start(*record->silent_from));
       }

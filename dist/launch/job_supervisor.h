@@ -4,6 +4,8 @@
 // into events a person can act on:
 //   - a rank whose line closes with no result was killed, or its host died;
 //   - a rank that reports a failure ended the job with that error;
+//   - ranks that say they are stopping (a graceful stop on request) and
+//     then end cleanly stopped: no failure;
 //   - a rank silent past the heartbeat timeout is stopped, or its host or
 //     link is down (silence alone never ends a job: a busy machine can
 //     delay a heartbeat; it is reported, and cleared when the rank speaks);
@@ -43,6 +45,7 @@ enum class RankState {
   running,  // said hello, no result yet
   silent,   // running, but not heard for longer than the heartbeat timeout
   done,     // dist::init returned
+  stopped,  // said it was stopping on request, then dist::init returned
   exited,   // the process exited on its own before that
   failed,   // reported the error it ends the job with
   lost,     // its line closed with no result: killed, or its host went down
@@ -57,6 +60,7 @@ struct RankRecord {
   Clock::time_point last_heard;
   Clock::time_point ended;  // when its result came or its line closed
   std::string failure;      // a failed rank's message
+  bool stopping = false;    // said "stopping": its graceful stop began
   // Its first silence: from its last beat before it, until it spoke again
   // (OpenMPI wakes a stopped rank with SIGCONT before it kills it).
   std::optional<Clock::time_point> silent_from, silent_until;
@@ -113,6 +117,11 @@ class JobSupervisor {
 
   // Whether a rank failed or was lost: the job is over and must end.
   bool job_failed() const;
+  // Whether every rank of the world has ended (each said hello, and its line
+  // has a result or closed): what is left of the job is its launcher.
+  bool every_rank_ended() const;
+  // Whether every rank of the world stopped on request (RankState::stopped).
+  bool job_stopped() const;
   // The earliest failure, loss or silence, as a sentence; empty when none.
   // A silence counts only while it lasted up to the first failure or loss:
   // one a busy machine caused and that ended before is no cause.

@@ -42,14 +42,29 @@ bool names_hosts(std::string_view word) {
   return std::find(kHostOptions.begin(), kHostOptions.end(), word) != kHostOptions.end();
 }
 
-// Variables under which mpirun takes its hosts from elsewhere: a batch
-// allocation, or a default hostfile set through an MCA parameter (which
-// "--mca orte_default_hostfile FILE" on the command line sets too).
-constexpr std::array<const char*, 6> kHostSources = {
-    "SLURM_JOB_ID",   "PBS_NODEFILE", "PE_HOSTFILE", "LSB_MCPU_HOSTS", "OMPI_MCA_orte_default_hostfile",
-    "PRTE_MCA_prte_default_hostfile"};
+// Set by the schedulers that signal every process of a job and hand mpirun
+// its hosts: Slurm, PBS, Grid Engine, LSF.
+constexpr std::array<const char*, 4> kAllocationVariables = {"SLURM_JOB_ID", "PBS_NODEFILE", "PE_HOSTFILE",
+                                                             "LSB_MCPU_HOSTS"};
+// A default hostfile set through an MCA parameter (which "--mca
+// orte_default_hostfile FILE" on the command line sets too).
+constexpr std::array<const char*, 2> kHostfileVariables = {"OMPI_MCA_orte_default_hostfile",
+                                                           "PRTE_MCA_prte_default_hostfile"};
+
+bool any_set(const auto& variables, const EnvironmentLookup& environment) {
+  return std::any_of(variables.begin(), variables.end(),
+                     [&](const char* variable) { return environment(variable).has_value(); });
+}
 
 }  // namespace
+
+JobCommand job_command_of(const std::vector<std::string>& command) {
+  if (command.empty()) return JobCommand::other;
+  if (is_mpirun(command.front())) return JobCommand::mpirun;
+  return is_program(command.front(), "srun") ? JobCommand::srun : JobCommand::other;
+}
+
+bool in_batch_allocation(const EnvironmentLookup& environment) { return any_set(kAllocationVariables, environment); }
 
 std::vector<std::string> with_variables_forwarded(std::vector<std::string> command,
                                                   const std::vector<std::string>& variables) {
@@ -72,8 +87,7 @@ bool job_stays_on_this_host(const std::vector<std::string>& command, const Envir
   const bool hosts_named = std::any_of(command.begin() + 1, command.end(), [](const std::string& word) {
     return names_hosts(word) || word.find("default_hostfile") != std::string::npos;
   });
-  const bool hosts_elsewhere = std::any_of(kHostSources.begin(), kHostSources.end(),
-                                           [&](const char* variable) { return environment(variable).has_value(); });
+  const bool hosts_elsewhere = in_batch_allocation(environment) || any_set(kHostfileVariables, environment);
   return !hosts_named && !hosts_elsewhere;
 }
 

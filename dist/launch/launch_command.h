@@ -12,6 +12,17 @@
 
 namespace tessera::dist {
 
+enum class JobCommand { mpirun, srun, other };
+// What the command is, by its program's name: mpirun (also mpiexec, orterun
+// and Debian's mpirun.openmpi), srun, or anything else.
+JobCommand job_command_of(const std::vector<std::string>& command);
+
+// Whether this process runs inside a batch allocation: SLURM_JOB_ID,
+// PBS_NODEFILE, PE_HOSTFILE (Grid Engine) or LSB_MCPU_HOSTS (LSF) is set.
+// The schedulers that set them signal every process of a job together, and
+// mpirun takes its hosts from them.
+bool in_batch_allocation(const EnvironmentLookup& environment = process_environment);
+
 // The command with `variables` forwarded to its ranks: mpirun (mpiexec,
 // orterun, mpirun.openmpi) starts remote ranks with its own environment, so
 // it gets "-x NAME" for each; srun and a program pass on the environment by

@@ -150,6 +150,13 @@ void Lifeline::report_failure(std::string_view message) {
   send_locked("failed " + one_line(message));
 }
 
+void Lifeline::report_stopping() {
+  std::lock_guard lock(send_mutex_);
+  if (result_sent_ || stopping_sent_) return;
+  stopping_sent_ = true;
+  send_locked("stopping");
+}
+
 void Lifeline::report_done() {
   stop_heartbeat();
   std::lock_guard lock(send_mutex_);
@@ -179,6 +186,11 @@ void open_process_lifeline(int rank, int world_size, const EnvironmentLookup& en
 void report_failure_to_launcher(std::string_view message) {
   std::lock_guard lock(process_lifeline_mutex);
   if (process_lifeline.lifeline) process_lifeline.lifeline->report_failure(message);
+}
+
+void report_stopping_to_launcher() {
+  std::lock_guard lock(process_lifeline_mutex);
+  if (process_lifeline.lifeline) process_lifeline.lifeline->report_stopping();
 }
 
 void report_clean_end_to_launcher() {

@@ -5,6 +5,8 @@
 //   beat    every interval from a thread of its own, so that a stopped
 //           process or a host that went silent shows as silence;
 //   failed  the error a rank ends the job with (sent before MPI_Abort);
+//   stopping  the rank is ending the job on request (train's graceful stop:
+//           it saves its last finished step, then ends cleanly);
 //   done    a clean end of dist::init;
 //   exited  the process exited on its own before that (std::exit in a rank).
 // A lifeline that closes with no result is a process that was killed, or
@@ -12,9 +14,10 @@
 // launcher hears of a death at once and can name it.
 //
 // The wire format is one text line per message: "hello <secret> <rank>
-// <world size> <pid> <host>", "beat", "failed <text>", "done", "exited".
-// The secret (TESSERA_JOB_SECRET, dist/launch/job_secret.h) comes first: the
-// launcher reads nothing else from a connection that does not present it.
+// <world size> <pid> <host>", "beat", "failed <text>", "stopping", "done",
+// "exited". The secret (TESSERA_JOB_SECRET, dist/launch/job_secret.h) comes
+// first: the launcher reads nothing else from a connection that does not
+// present it.
 #pragma once
 
 #include <chrono>
@@ -55,6 +58,8 @@ class Lifeline {
   // The rank's error (newlines become " | "); the line stays open, beating,
   // until the process ends. Only the first result is sent.
   void report_failure(std::string_view message);
+  // The rank is stopping on request; sent once, and only before a result.
+  void report_stopping();
   // A clean end: the heartbeat stops and the line closes.
   void report_done();
 
@@ -69,6 +74,7 @@ class Lifeline {
   std::mutex send_mutex_;
   Socket socket_;
   bool result_sent_ = false;
+  bool stopping_sent_ = false;
   std::mutex stop_mutex_;
   std::condition_variable stop_signal_;
   bool stopping_ = false;
@@ -88,6 +94,7 @@ std::pair<std::string, int> parse_endpoint(std::string_view value, std::string_v
 // process exits, and a later dist::init takes it back.
 void open_process_lifeline(int rank, int world_size, const EnvironmentLookup& environment = process_environment);
 void report_failure_to_launcher(std::string_view message);
+void report_stopping_to_launcher();
 void report_clean_end_to_launcher();
 
 }  // namespace tessera::dist

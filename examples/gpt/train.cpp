@@ -5,8 +5,9 @@
 // train --help; the library behind it: train/training_run.h. Exit
 // status: 0 trained (or --plan printed), 1 failed after it started, 2 usage
 // error (a bad flag, clashing files, resources this machine lacks: nothing
-// was written), 75 stopped by SIGINT/SIGTERM/SIGHUP after saving
-// (graceful_stop.h), 128 + N killed by a second signal N.
+// was written), 75 stopped by SIGINT/SIGTERM/SIGHUP/SIGUSR1 after saving
+// (graceful_stop.h), 130 a second SIGINT during the stop, 128 + N killed by
+// signal N.
 #include <exception>
 #include <iostream>
 

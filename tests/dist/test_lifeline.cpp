@@ -54,6 +54,51 @@ TEST_CASE("ranks that end cleanly: each host and rank named, no failure") {
   CHECK(record_of(supervisor, 1)->pid == 1001);
 }
 
+TEST_CASE("ranks that stop on request and end cleanly stopped; one killed while stopping was lost") {
+  JobSupervisor supervisor(supervisor_options(10s));
+  {
+    Lifeline rank0 = lifeline_to(supervisor, 0, 2, "host-a");
+    Lifeline rank1 = lifeline_to(supervisor, 1, 2, "host-a");
+    poll_until(supervisor, [&] { return supervisor.ranks().size() == 2; });
+    rank0.report_stopping();
+    rank1.report_stopping();
+    rank1.report_stopping();  // sent once
+    const std::vector<std::string> events = poll_until(
+        supervisor, [&] { return record_of(supervisor, 0)->stopping && record_of(supervisor, 1)->stopping; });
+    CHECK(any_contains(events, "stopping on request"));
+    CHECK(std::count_if(events.begin(), events.end(), [](const std::string& event) {
+            return event.find("stopping") != std::string::npos;
+          }) == 1);  // one line for the job
+    CHECK_FALSE(supervisor.every_rank_ended());
+    rank0.report_done();
+    rank1.report_done();
+    poll_until(supervisor, [&] { return supervisor.every_rank_ended(); });
+  }
+  CHECK(supervisor.job_stopped());
+  CHECK_FALSE(supervisor.job_failed());
+  CHECK(supervisor.root_cause().empty());
+  CHECK(supervisor.summary() == std::vector<std::string>{"host-a: rank 0 stopped, rank 1 stopped"});
+
+  JobSupervisor killed_while_stopping(supervisor_options(10s));
+  Lifeline survivor = lifeline_to(killed_while_stopping, 0, 2, "host-a");
+  {
+    Socket killed = raw_rank(killed_while_stopping, 1, 2, "host-a");
+    send_text(killed, "stopping\n");
+    poll_until(killed_while_stopping, [&] {
+      const RankRecord* record = record_of(killed_while_stopping, 1);
+      return record != nullptr && record->stopping;
+    });
+  }  // killed during its save
+  poll_until(killed_while_stopping, state_is(killed_while_stopping, 1, RankState::lost));
+  survivor.report_stopping();
+  survivor.report_done();
+  poll_until(killed_while_stopping, [&] { return killed_while_stopping.every_rank_ended(); });
+  CHECK(killed_while_stopping.job_failed());
+  CHECK_FALSE(killed_while_stopping.job_stopped());
+  CHECK(killed_while_stopping.summary() ==
+        std::vector<std::string>{"host-a: rank 0 stopped, rank 1 lost (while stopping)"});
+}
+
 TEST_CASE("a rank whose line closes with no result was lost: the launcher names it, its host and pid") {
   JobSupervisor supervisor(supervisor_options(10s));
   Lifeline survivor = lifeline_to(supervisor, 0, 2, "host-a");

@@ -2,8 +2,10 @@
 # `train` as a scheduler stops it: SIGTERM mid-run finishes the step in
 # progress, commits a checkpoint, says so and exits 75; `--resume
 # --deterministic` then continues with bitwise the losses of an uninterrupted
-# run. A closed terminal (SIGHUP) stops it the same way. A second SIGTERM
-# exits at once (143) and leaves a root that resumes.
+# run. A closed terminal (SIGHUP) and SIGUSR1 (what mpirun and srun pass on
+# at once) stop it the same way. A repeated SIGTERM changes nothing (the run
+# still saves and exits 75); a SIGINT during the stop exits at once (130) and
+# leaves a root that resumes.
 # Usage: check_graceful_stop.sh path/to/train
 set -euo pipefail
 train=$1
@@ -12,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "graceful stop: $*"; exit 1; }
 common=(--data synthetic --warmup 10 --eval-every 0 --nproc 2 --deterministic --threads 1)
 nano=(--preset nano --batch 8 --seq-len 32 --steps 300)
-wider=(--preset tiny --batch 64 --seq-len 64 --steps 30)  # steps long enough to send a second signal within one
+wider=(--preset tiny --batch 64 --seq-len 64 --steps 30)  # steps long enough to send another signal within one
 
 # The losses of a JSON-lines log, one per line, as written (17 significant digits).
 losses() { sed -E 's/.*"loss":([^,}]*).*/\1/' "$1"; }
@@ -41,7 +43,7 @@ wait "$pid" || status=$?
 last=$(wc -l <"$work/stopped.jsonl")
 [ "$last" -lt 300 ] || fail "the run finished before the signal arrived; the test proves nothing"
 checkpoint=$(printf '%s/stopped/step-%08d' "$work" "$last")
-grep -qF "train: SIGTERM: stopping after the current micro-batch, saving the last finished step (send it again to exit at once)" "$work/stopped.out" ||
+grep -qF "train: SIGTERM: stopping after the current micro-batch, saving the last finished step (SIGINT, Ctrl-C, exits at once)" "$work/stopped.out" ||
   { cat "$work/stopped.out"; fail "no message on the signal"; }
 grep -qF "stopped  on SIGTERM after step $last of 300: $checkpoint committed; continue with --resume" \
   "$work/stopped.out" || { cat "$work/stopped.out"; fail "no stop line naming the checkpoint of step $last"; }
@@ -55,30 +57,47 @@ if ! diff <(losses "$work/whole.jsonl") <(cat <(losses "$work/stopped.jsonl") <(
   fail "the stopped and resumed losses differ from the uninterrupted run's"
 fi
 
-# The terminal or ssh session closes: SIGHUP saves and stops like SIGTERM.
-start_run hangup "${nano[@]}"
-kill -HUP "$pid"
-status=0
-wait "$pid" || status=$?
-[ "$status" -eq 75 ] || { cat "$work/hangup.out"; fail "exit status $status after SIGHUP, expected 75"; }
-hangup_steps=$(wc -l <"$work/hangup.jsonl")
-grep -qF "stopped  on SIGHUP after step $hangup_steps of 300: $(printf '%s/hangup/step-%08d' "$work" "$hangup_steps") committed" \
-  "$work/hangup.out" || { cat "$work/hangup.out"; fail "no stop line after SIGHUP"; }
-
-# Signals sent back to back merge into one while pending, so the second goes
-# once the first has been handled; steps of a wider model leave time for it.
-start_run killed "${wider[@]}"
-kill -TERM "$pid"
-for _ in $(seq 1 2000); do
-  grep -qF "stopping after the current micro-batch" "$work/killed.out" && break
-  sleep 0.002
+# The terminal or ssh session closes: SIGHUP saves and stops like SIGTERM;
+# so does SIGUSR1.
+for signal in HUP USR1; do
+  start_run "$signal" "${nano[@]}"
+  kill -"$signal" "$pid"
+  status=0
+  wait "$pid" || status=$?
+  [ "$status" -eq 75 ] || { cat "$work/$signal.out"; fail "exit status $status after SIG$signal, expected 75"; }
+  steps=$(wc -l <"$work/$signal.jsonl")
+  grep -qF "stopped  on SIG$signal after step $steps of 300: $(printf '%s/%s/step-%08d' "$work" "$signal" "$steps") committed" \
+    "$work/$signal.out" || { cat "$work/$signal.out"; fail "no stop line after SIG$signal"; }
 done
-kill -TERM "$pid"
-status=0
-wait "$pid" || status=$?
-[ "$status" -eq 143 ] || { cat "$work/killed.out"; fail "exit status $status after two signals, expected 143"; }
-grep -qF "train: second SIGTERM: exiting now" "$work/killed.out" || { cat "$work/killed.out"; fail "no message"; }
+
+# Signals sent back to back merge into one while pending, so the next goes
+# once the first has been handled; steps of a wider model leave time for it.
+# send_during_stop NAME SIGNAL: SIGTERM to a run into $work/NAME, then SIGNAL
+# while it stops; its exit status in $status.
+send_during_stop() {
+  start_run "$1" "${wider[@]}"
+  kill -TERM "$pid"
+  for _ in $(seq 1 2000); do
+    grep -qF "stopping after the current micro-batch" "$work/$1.out" && break
+    sleep 0.002
+  done
+  kill -"$2" "$pid"
+  status=0
+  wait "$pid" || status=$?
+}
+
+# A scheduler or launcher that repeats its SIGTERM does not cut the save short.
+send_during_stop repeated TERM
+[ "$status" -eq 75 ] || { cat "$work/repeated.out"; fail "exit status $status after two SIGTERMs, expected 75"; }
+grep -qF "train: SIGTERM: already stopping (SIGINT exits at once)" "$work/repeated.out" ||
+  { cat "$work/repeated.out"; fail "no message on the repeated SIGTERM"; }
+grep -qF "committed; continue with --resume" "$work/repeated.out" || { cat "$work/repeated.out"; fail "no checkpoint"; }
+
+# A person pressing Ctrl-C during the stop means now.
+send_during_stop killed INT
+[ "$status" -eq 130 ] || { cat "$work/killed.out"; fail "exit status $status after SIGINT during the stop, expected 130"; }
+grep -qF "train: SIGINT while stopping: exiting now" "$work/killed.out" || { cat "$work/killed.out"; fail "no message"; }
 "$train" "${common[@]}" "${wider[@]}" --ckpt-dir "$work/killed" --resume >"$work/killed-resume.out" ||
   { cat "$work/killed-resume.out"; fail "the root of the killed run does not resume"; }
 grep -qF "done     30 steps" "$work/killed-resume.out" || { cat "$work/killed-resume.out"; fail "the resume did not finish"; }
-echo "graceful stop: stopped after step $last (exit 75), resumed bitwise; SIGHUP saves and stops too; two signals exit 143 and the root resumes"
+echo "graceful stop: stopped after step $last (exit 75), resumed bitwise; SIGHUP and SIGUSR1 save and stop too; a repeated SIGTERM still saves; SIGINT during the stop exits 130 and the root resumes"

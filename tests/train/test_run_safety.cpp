@@ -286,3 +286,13 @@ TEST_CASE("run safety: a SIGTERM ends the run after the step in progress, saved,
   REQUIRE(resumed.summary.losses.size() == 5);
   for (size_t i = 0; i < 5; ++i) CHECK(resumed.summary.losses[i] == uninterrupted.summary.losses[i + 1]);
 }
+
+TEST_CASE("run safety: a repeated SIGTERM, SIGHUP or SIGUSR1 leaves the first stop request in place") {
+  // Schedulers and launchers repeat them (graceful_stop.h): the process lives
+  // on to save, and the first signal is the one the run reports.
+  const tessera::train::GracefulStop graceful_stop;
+  std::raise(SIGUSR1);
+  for (const int signal : {SIGTERM, SIGHUP, SIGUSR1, SIGTERM}) std::raise(signal);
+  CHECK(tessera::train::GracefulStop::requested() == SIGUSR1);
+  CHECK(std::string(tessera::train::signal_name(SIGUSR1)) == "SIGUSR1");
+}
