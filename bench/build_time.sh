@@ -73,7 +73,7 @@ slowest_units() {  # build-dir count
 }
 
 echo "build_time: commit $commit, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"\
-  "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2, no AVX-512'); work folder $work"
+  "$(echo | c++ -march=native -dM -E - | grep __AVX512F__ >/dev/null && echo AVX-512 || echo 'AVX2, no AVX-512 (as the compiler sees it)'); work folder $work"
 [ $load -eq 0 ] || { start_load; echo "build_time: loading the cores with another full build ($work/load)"; }
 
 if [ "$what" != test ]; then

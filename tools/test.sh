@@ -68,7 +68,10 @@ phase_done "$native tests" "$start"
 
 # Without AVX-512 the native build already is the AVX2+FMA build: the same
 # code paths, so the portable variant would only repeat them.
-if echo | c++ -march=native -dM -E - | grep -q '__AVX512F__'; then
+# grep reads all of the compiler's output: with -q it would stop at the match,
+# and c++, writing on into a closed pipe, would fail the pipeline (pipefail),
+# leaving an AVX-512 machine's AVX2 paths untested, as it did at random.
+if echo | c++ -march=native -dM -E - | grep '__AVX512F__' >/dev/null; then
   start=$SECONDS
   # The cuda simulator's kernels are plain C++ with no vector paths of their
   # own, tested in the native build; the portable build leaves them out.
