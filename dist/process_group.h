@@ -1,6 +1,6 @@
 // ProcessGroup: the ranks that take part in collectives together, and the
 // collectives themselves. One interface over every backend (local threads,
-// MPI processes, later NCCL); the base class does everything that is the same
+// MPI processes, NCCL on GPUs: dist/backends/); the base class does everything that is the same
 // for all of them, so a backend only moves bytes:
 //   - checks every call before any rank blocks (sizes, dtypes, contiguity);
 //   - numbers collectives (per group, from 0) and runs them in issue order on
