@@ -41,7 +41,7 @@ Tensor requiring_grad(const Shape& shape) {
   return t;
 }
 
-Tensor indices(const std::vector<int64_t>& values) {
+Tensor index_tensor(const std::vector<int64_t>& values) {
   return ops::from_vector(values, {static_cast<int64_t>(values.size())});
 }
 
@@ -94,7 +94,7 @@ std::vector<RawCall> raw_calls() {
   const Shape s{2, 3};
   const Tensor other = data(s);
   const Tensor mask = ops::gt(data(s), 1.0);
-  const Tensor row = indices({1});
+  const Tensor row = index_tensor({1});
   const PhiloxKey key{7, 0};
   auto attention = [](const Tensor& q, const Tensor& k, const Tensor& v) { return ops::causal_attention(q, k, v); };
   const Shape qkv{1, 1, 2, 3};
@@ -221,13 +221,13 @@ std::vector<RawCall> raw_calls() {
       {"rms_norm_backward", "x", nullptr, s,
        [norm](const Tensor& t) { ops::rms_norm_backward(data({2, 3}), t, Tensor(), norm.rstd); }},
       {"embedding", "weight", "tessera::embedding", {4, 3},
-       [](const Tensor& t) { ops::embedding(t, indices({3, 0})); }},
+       [](const Tensor& t) { ops::embedding(t, index_tensor({3, 0})); }},
       {"embedding_backward", "grad_out", nullptr, s,
-       [](const Tensor& t) { ops::embedding_backward(t, indices({3, 0}), 4); }},
+       [](const Tensor& t) { ops::embedding_backward(t, index_tensor({3, 0}), 4); }},
       {"cross_entropy", "logits", "tessera::cross_entropy", s,
-       [](const Tensor& t) { ops::cross_entropy(t, indices({2, 0})); }},
+       [](const Tensor& t) { ops::cross_entropy(t, index_tensor({2, 0})); }},
       {"cross_entropy_backward", "grad_loss", nullptr, {},
-       [](const Tensor& t) { ops::cross_entropy_backward(t, data({2, 3}), indices({2, 0})); }},
+       [](const Tensor& t) { ops::cross_entropy_backward(t, data({2, 3}), index_tensor({2, 0})); }},
       {"causal_attention", "v", "tessera::scaled_dot_product_attention", qkv,
        [attention, qkv](const Tensor& t) { attention(data(qkv), data(qkv), t); }},
       {"causal_attention_backward", "out", nullptr, qkv,
@@ -334,7 +334,7 @@ TEST_CASE("raw op guard: ops whose results carry no gradient, and in-place desti
   ops::mul_(weight, other);
   CHECK(weight.to_vector<double>()[0] == doctest::Approx(1.5));
   ops::zero_(weight);
-  ops::index_add_(weight, 0, indices({1}), data({1, 3}));
+  ops::index_add_(weight, 0, index_tensor({1}), data({1, 3}));
   CHECK(weight.to_vector<double>() == std::vector<double>{0, 0, 0, 0.5, 0.5 + 1.0 / 3.0, 0.5 + 2.0 / 3.0});
   ops::normal_(weight, PhiloxKey{1, 0}, 0.0, 1.0);
   ops::uniform_(weight, PhiloxKey{1, 0}, 0.0, 1.0);
@@ -343,7 +343,7 @@ TEST_CASE("raw op guard: ops whose results carry no gradient, and in-place desti
   f32_weight.set_requires_grad(true);
   ops::add_(f32_weight, other);
   ops::mul_(f32_weight, 2.0);
-  ops::index_add_(f32_weight, 0, indices({0}), ops::ones({1, 3}));
+  ops::index_add_(f32_weight, 0, index_tensor({0}), ops::ones({1, 3}));
   CHECK(f32_weight.to_vector<double>()[0] == doctest::Approx(2.0));
   CHECK(weight.requires_grad());
 }

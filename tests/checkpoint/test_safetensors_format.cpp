@@ -216,7 +216,7 @@ std::string error_of(Load&& load) {
   return "";
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
+bool bytes_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && hex_bytes(ops::clone(a.detach())) == hex_bytes(ops::clone(b.detach()));
 }
 
@@ -342,8 +342,8 @@ TEST_CASE("import_safetensors: integer and bool tensors are refused by float par
     CHECK(message.find(path) != std::string::npos);
     CHECK(message.find(fmt::format("w: dtype {} in the file, f32 here", safetensors_dtype(stored))) !=
           std::string::npos);
-    CHECK(same_bytes(a, a_before));
-    CHECK(same_bytes(w, w_before));
+    CHECK(bytes_equal(a, a_before));
+    CHECK(bytes_equal(w, w_before));
   }
 }
 
@@ -376,10 +376,10 @@ TEST_CASE("import_safetensors: F16, BF16 and F64 tensors still convert into f32,
   const DistributedStateDict state{{"h", ops::zeros({3})}, {"b", ops::zeros({3})}, {"d", ops::zeros({3})},
                                    {"s", ops::zeros({3}, {.dtype = DType::bf16})}};
   import_safetensors(path, state);
-  CHECK(same_bytes(std::get<Tensor>(state.at("h")), ops::to(ops::to(source, DType::f16), DType::f32)));
-  CHECK(same_bytes(std::get<Tensor>(state.at("b")), ops::to(ops::to(source, DType::bf16), DType::f32)));
-  CHECK(same_bytes(std::get<Tensor>(state.at("d")), ops::to(source, DType::f32)));
-  CHECK(same_bytes(std::get<Tensor>(state.at("s")), ops::to(ops::to(source, DType::f32), DType::bf16)));
+  CHECK(bytes_equal(std::get<Tensor>(state.at("h")), ops::to(ops::to(source, DType::f16), DType::f32)));
+  CHECK(bytes_equal(std::get<Tensor>(state.at("b")), ops::to(ops::to(source, DType::bf16), DType::f32)));
+  CHECK(bytes_equal(std::get<Tensor>(state.at("d")), ops::to(source, DType::f32)));
+  CHECK(bytes_equal(std::get<Tensor>(state.at("s")), ops::to(ops::to(source, DType::f32), DType::bf16)));
 }
 
 TEST_CASE("checkpoint::load: an integer tensor is refused by a float one before anything is read; floats convert") {
@@ -393,8 +393,8 @@ TEST_CASE("checkpoint::load: an integer tensor is refused by a float one before 
   CAPTURE(message);
   CHECK(message.find(dir) != std::string::npos);
   CHECK(message.find("w: dtype i32 in the checkpoint, f32 here") != std::string::npos);
-  CHECK(same_bytes(a, a_before));
-  CHECK(same_bytes(w, w_before));
+  CHECK(bytes_equal(a, a_before));
+  CHECK(bytes_equal(w, w_before));
 
   const DistributedStateDict converted{{"a", ops::zeros({3}, {.dtype = DType::bf16})},
                                        {"w", ops::zeros({2}, {.dtype = DType::i32})}};

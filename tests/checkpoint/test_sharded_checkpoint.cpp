@@ -29,7 +29,7 @@ using tessera::checkpoint::testing::zeros_like_state;
 namespace {
 
 // The global tensors every test saves: awkward sizes, several dtypes.
-std::map<std::string, Tensor> globals() {
+std::map<std::string, Tensor> global_tensors() {
   return {{"embedding", ops::randn({97, 5}, PhiloxKey{1, 1})},
           {"bias", ops::randn({7}, PhiloxKey{1, 2}, {.dtype = DType::f64})},
           {"half", ops::randn({13, 3}, PhiloxKey{1, 3}, {.dtype = DType::bf16})},
@@ -50,7 +50,7 @@ DistributedStateDict distribute_all(const std::map<std::string, Tensor>& tensors
 void save_on(int world, const Shape& mesh_shape, const std::string& dir) {
   dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, mesh_shape);
-    save(dir, distribute_all(globals(), mesh), {.group = group, .training_state = {{"step", 42}}});
+    save(dir, distribute_all(global_tensors(), mesh), {.group = group, .training_state = {{"step", 42}}});
   });
 }
 
@@ -59,7 +59,7 @@ void check_load_on(int world, const Shape& mesh_shape, const std::string& dir) {
   std::atomic<int> wrong{0};
   dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
     const dist::DeviceMesh mesh(group, kCPU, mesh_shape);
-    const DistributedStateDict expected = distribute_all(globals(), mesh);
+    const DistributedStateDict expected = distribute_all(global_tensors(), mesh);
     const DistributedStateDict loaded = zeros_like_state(expected);
     const LoadReport report = load(dir, loaded, {.group = group});
     if (report.training_state.value("step", 0) != 42) ++wrong;
@@ -121,7 +121,7 @@ TEST_CASE("checkpoint: every rank file is a valid safetensors file") {
   const SafetensorsEntry& embedding = header.entry("embedding", "test");
   CHECK(embedding.shape == Shape{33, 5});
   CHECK(read_safetensors_tensor(tmp / "ckpt/rank-00001.safetensors", "embedding").to_vector<float>() ==
-        ops::narrow(globals().at("embedding"), 0, 33, 33).to_vector<float>());
+        ops::narrow(global_tensors().at("embedding"), 0, 33, 33).to_vector<float>());
 }
 
 TEST_CASE("checkpoint: the commit is atomic and never overwrites") {

@@ -34,7 +34,7 @@ namespace {
 Device device_of_rank(int rank) { return Device(DeviceType::cuda, rank); }
 
 // Small integers and halves: exact in every dtype, different for every rank.
-Tensor contribution(int rank, int64_t count, DType dtype) {
+Tensor device_contribution(int rank, int64_t count, DType dtype) {
   std::vector<double> values(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = ((rank * 7 + i * 3) % 17) * 0.5 - 4;
   return ops::from_vector(values, {count}, {.dtype = dtype});
@@ -48,7 +48,7 @@ void check_against_host(int world_size, DType dtype,
                         const std::function<Tensor(const ProcessGroupPtr&, const Tensor& input)>& collective) {
   std::vector<std::vector<double>> host(static_cast<size_t>(world_size)), device(static_cast<size_t>(world_size));
   run_local(world_size, [&](const ProcessGroupPtr& world) {
-    const Tensor input = contribution(world->rank(), 4 * 1000, dtype);
+    const Tensor input = device_contribution(world->rank(), 4 * 1000, dtype);
     host[static_cast<size_t>(world->rank())] = as_doubles(collective(world, input));
     const Tensor on_device = ops::to(input, device_of_rank(world->rank()));
     device[static_cast<size_t>(world->rank())] = as_doubles(collective(world, on_device));
@@ -147,7 +147,7 @@ TEST_CASE("coalesced device collectives: one batch, each equal to the single cal
     std::vector<Tensor> ins, outs, singles;
     for (const auto& [count, dtype] : std::vector<std::pair<int64_t, DType>>{{5, DType::f32}, {700, DType::bf16},
                                                                               {3, DType::f64}}) {
-      ins.push_back(ops::to(contribution(world->rank(), count, dtype), device));
+      ins.push_back(ops::to(device_contribution(world->rank(), count, dtype), device));
       outs.push_back(ops::empty({count * 3}, {.dtype = dtype, .device = device}));
       singles.push_back(ops::empty({count * 3}, {.dtype = dtype, .device = device}));
       world->all_gather_into(singles.back(), ins.back());
@@ -172,7 +172,7 @@ TEST_CASE("coalesced device collectives: one batch, each equal to the single cal
     const std::vector<Tensor> summed = {ops::to(ins[0], DType::f32), ops::to(ins[2], DType::f64)};
     world->all_reduce_coalesced(summed, ReduceOp::sum);
     double expected = 0;
-    for (int rank = 0; rank < 3; ++rank) expected += as_doubles(contribution(rank, 3, DType::f64))[1];
+    for (int rank = 0; rank < 3; ++rank) expected += as_doubles(device_contribution(rank, 3, DType::f64))[1];
     CHECK(as_doubles(summed[1])[1] == expected);
 
     CHECK(message_of([&] { world->all_reduce_coalesced({ins[0], ops::ones({2})}); }) ==

@@ -18,7 +18,7 @@ namespace ops = tessera::ops;
 
 namespace {
 
-LocalOptions quick_options() {
+LocalOptions dtensor_options() {
   LocalOptions options;
   options.group.timeout = std::chrono::seconds(2);
   return options;
@@ -317,7 +317,7 @@ TEST_CASE("DTensor: constructor and distribute errors name what was expected and
         CHECK_THROWS_WITH_AS(distribute(ops::zeros({5}), DeviceMesh(), {}),
                              "distribute: the mesh is empty (default-constructed)", Error);
       },
-      quick_options());
+      dtensor_options());
   CHECK_THROWS_WITH_AS(DTensor().full_tensor(), "DTensor::full_tensor: the DTensor is undefined", Error);
   CHECK(DTensor().to_string() == "DTensor(undefined)");
 }

@@ -26,8 +26,8 @@ namespace ops = tessera::ops;
 
 namespace {
 
-const DType kDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
-const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+const DType kCollectiveDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
+const ReduceOp kCollectiveOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 
 // What `rank` contributes at element i: small integers, exact in every dtype
 // (sums over 8 ranks too), different for every rank.
@@ -40,7 +40,7 @@ Tensor contribution(int rank, int64_t count, DType dtype) {
 }
 
 // An f32 value rounded into a 16-bit float type (or kept, for f32).
-double round_to(DType dtype, float value) {
+double round_float_to(DType dtype, float value) {
   if (dtype == DType::bf16) return static_cast<float>(BFloat16(value));
   if (dtype == DType::f16) return static_cast<float>(Half(value));
   return value;
@@ -63,7 +63,7 @@ double reduced_at(int world_size, int64_t i, ReduceOp op, DType dtype) {
   }
   if (dtype == DType::i32 || dtype == DType::i64) return static_cast<double>(static_cast<int64_t>(sum) / world_size);
   if (dtype == DType::f64) return sum / world_size;
-  return round_to(dtype, static_cast<float>(sum) / static_cast<float>(world_size));
+  return round_float_to(dtype, static_cast<float>(sum) / static_cast<float>(world_size));
 }
 
 std::vector<double> gathered(int world_size, int64_t count) {
@@ -104,7 +104,7 @@ void check_every_collective(const ProcessGroupPtr& world, int64_t count, DType d
   world->broadcast(data, root);
   CHECK(data.to_vector<double>() == contribution(root, count, dtype).to_vector<double>());
 
-  for (ReduceOp op : kOps) {
+  for (ReduceOp op : kCollectiveOps) {
     CAPTURE(reduce_op_name(op));
     Tensor chunk = ops::zeros({count}, {.dtype = dtype});
     world->reduce_scatter_into(chunk, contribution(r, n * count, dtype), op);
@@ -122,7 +122,7 @@ TEST_CASE("local: every collective x dtype x op is exact for world sizes 1 to 8"
   for (int n = 1; n <= 8; ++n) {
     run_local(n, [&](const ProcessGroupPtr& world) {
       CHECK(world->backend_name() == "local");
-      for (DType dtype : kDTypes) check_every_collective(world, 7, dtype);
+      for (DType dtype : kCollectiveDTypes) check_every_collective(world, 7, dtype);
       check_every_collective(world, 0, DType::f32);  // empty tensors are fine too
     });
   }

@@ -28,7 +28,7 @@ RankRecord rank_on(int rank, const std::string& host, RankState state = RankStat
 
 const auto every_pid_ours = [](int) { return true; };
 
-std::optional<std::string> no_variables(const std::string&) { return std::nullopt; }
+std::optional<std::string> no_environment(const std::string&) { return std::nullopt; }
 
 // A child process started with `environment`, ended with its scope.
 class ChildWith {
@@ -97,11 +97,11 @@ TEST_CASE("inside a batch allocation mpirun gets a kill timeout, unless the user
     return std::nullopt;
   };
   CHECK(in_batch_allocation(in_slurm));
-  CHECK_FALSE(in_batch_allocation(no_variables));
+  CHECK_FALSE(in_batch_allocation(no_environment));
   CHECK(with_mpirun_kill_timeout({"mpirun", "-np", "2", "train"}, 30, in_slurm) ==
         std::vector<std::string>{"mpirun", "--mca", "odls_base_sigkill_timeout", "30", "-np", "2", "train"});
   const std::vector<std::string> plain{"mpirun", "train"};
-  CHECK(with_mpirun_kill_timeout(plain, 30, no_variables) == plain);
+  CHECK(with_mpirun_kill_timeout(plain, 30, no_environment) == plain);
   const std::vector<std::string> set_by_user{"mpirun", "--mca", "odls_base_sigkill_timeout", "5", "train"};
   CHECK(with_mpirun_kill_timeout(set_by_user, 30, in_slurm) == set_by_user);
   CHECK(with_mpirun_kill_timeout(plain, 30, [&](const std::string& name) -> std::optional<std::string> {

@@ -45,7 +45,7 @@ const std::string kWrongSecret =
     "TcpStoreServer: wrong job secret: this store admits only its job's processes (TESSERA_JOB_SECRET must be the "
     "same for every rank)";
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double store_seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string address_of(const TcpStoreServer& server) { return "127.0.0.1:" + std::to_string(server.port()); }
 
@@ -224,7 +224,7 @@ TEST_CASE("TcpStore: a get of a key nobody sets ends at the timeout, naming the 
   } catch (const StoreTimeout& timeout) {
     message = timeout.what();
   }
-  const double waited = seconds_since(start);
+  const double waited = store_seconds_since(start);
   CHECK(message == "TcpStore: get('nccl/never') at 127.0.0.1:" + std::to_string(server.port()) +
                        ": timed out after 0.3 s waiting for a rank to set the key");
   CHECK(waited >= 0.29);
@@ -284,7 +284,7 @@ TEST_CASE("TcpStore: clients may start before the server; without one, connect e
   const std::string message = message_of([&] { TcpStore store("127.0.0.1", closed_port, 300ms); });
   CHECK(message.starts_with("dist::tcp: could not connect to 127.0.0.1:" + std::to_string(closed_port) + " within "));
   CHECK(message.ends_with("Connection refused"));
-  CHECK(seconds_since(start) >= 0.2);
+  CHECK(store_seconds_since(start) >= 0.2);
 }
 
 TEST_CASE("TcpStore: a server that goes away ends a waiting get with an error, not a hang") {
@@ -299,7 +299,7 @@ TEST_CASE("TcpStore: a server that goes away ends a waiting get with an error, n
   waiter.join();
   CHECK(message == "TcpStore: get('never') at 127.0.0.1:" + std::to_string(port) +
                        ": the server closed the connection");
-  CHECK(seconds_since(start) < 20.0);
+  CHECK(store_seconds_since(start) < 20.0);
 }
 
 TEST_CASE("TcpStore: bad arguments and hosts are errors naming them") {
@@ -470,7 +470,7 @@ TEST_CASE("TcpStore: with a job secret, a stranger who knows the port can neithe
   CHECK(message_of([&] { stranger.add("arrivals", 1); }) == "TcpStore: add('arrivals')" + at + kUnauthenticated);
   CHECK(message_of([&] { stranger.check("nccl/world/id"); }) ==
         "TcpStore: check('nccl/world/id')" + at + kUnauthenticated);
-  CHECK(seconds_since(start) < 20.0);  // the get of a missing key did not park for its 30 s
+  CHECK(store_seconds_since(start) < 20.0);  // the get of a missing key did not park for its 30 s
 
   const std::string wrong(32, '0');
   CHECK(message_of([&] { TcpStore guess(kLoopback, server.port(), 30s, wrong); }) ==
@@ -506,7 +506,7 @@ TEST_CASE("TcpStoreServer: a connection that does not present the secret in time
   const Clock::time_point start = Clock::now();
   Socket idle = connect_tcp("127.0.0.1", server.port(), Clock::now() + 30s);
   const Reply reply = receive_reply(idle);
-  const double waited = seconds_since(start);
+  const double waited = store_seconds_since(start);
   CHECK(reply.payload == "TcpStoreServer: the job secret did not come within 300 ms of connecting");
   CHECK(after_reply(idle) == "raw: the server closed the connection");
   CHECK(waited >= 0.29);

@@ -55,7 +55,7 @@ json read_json(const std::filesystem::path& path) {
   return json::parse(file);
 }
 
-LocalOptions quick_options() {
+LocalOptions traced_options() {
   LocalOptions options;
   options.group.timeout = std::chrono::seconds(2);
   return options;
@@ -272,7 +272,7 @@ TEST_CASE("local: a traced group records one event per collective on its comm tr
         world->all_reduce(sum);
         world->barrier();
       },
-      quick_options());
+      traced_options());
   const std::vector<TraceEvent> events = tracer->events();
   REQUIRE(events.size() == 9);
   std::map<int, std::vector<TraceEvent>> by_rank;
@@ -325,7 +325,7 @@ TEST_CASE("local: stats count calls and bytes per kind; reset_stats zeroes them"
         world->reset_stats();
         after_reset[static_cast<size_t>(rank)] = world->stats();
       },
-      quick_options());
+      traced_options());
   for (int rank = 0; rank < 4; ++rank) {
     CAPTURE(rank);
     const CommStats& mine = stats[static_cast<size_t>(rank)];
@@ -383,7 +383,7 @@ TEST_CASE("local: an async all-gather issued before a compute span overlaps it i
           peer_done = true;
         }
       },
-      quick_options());
+      traced_options());
   CHECK(waits_ok[0]);
   CHECK(waits_ok[1]);
   const TraceEvent* collective = nullptr;
@@ -418,7 +418,7 @@ TEST_CASE("local: write_chrome_trace over a group merges every rank's events onc
           world->barrier();
           write_chrome_trace(mine, *world, path.string());
         },
-        quick_options());
+        traced_options());
     const json trace = read_json(path);
     std::filesystem::remove(path);
     std::map<int, std::vector<std::string>> names_by_pid;
@@ -443,7 +443,7 @@ TEST_CASE("local: write_chrome_trace over a group merges every rank's events onc
           world->barrier();
           write_chrome_trace(*tracer, *world, path.string());
         },
-        quick_options());
+        traced_options());
     const json trace = read_json(path);
     std::filesystem::remove(path);
     const std::vector<json> complete = events_with_phase(trace, "X");
@@ -456,7 +456,7 @@ TEST_CASE("local: write_chrome_trace over a group merges every rank's events onc
     Tracer tracer;
     CHECK_THROWS_WITH_AS(
         run_local(
-            2, [&](const ProcessGroupPtr& world) { write_chrome_trace(tracer, *world, bad); }, quick_options()),
+            2, [&](const ProcessGroupPtr& world) { write_chrome_trace(tracer, *world, bad); }, traced_options()),
         doctest::Contains("cannot open '/nonexistent-tessera-dir/merged.json'"), Error);
   }
 }

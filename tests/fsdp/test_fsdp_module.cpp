@@ -24,7 +24,7 @@ int64_t calls(const FSDPModule& module, Kind kind, bool recurse = true) {
   return module.communication_stats(recurse)[kind].calls;
 }
 
-int64_t bytes_of(const std::vector<std::shared_ptr<nn::Parameter>>& params) {
+int64_t parameter_bytes(const std::vector<std::shared_ptr<nn::Parameter>>& params) {
   int64_t bytes = 0;
   for (const auto& param : params) bytes += shape_numel(param->global_shape()) * 4;
   return bytes;
@@ -348,17 +348,17 @@ TEST_CASE("FSDPModule::unsharded_memory: zero before the first forward; what eac
       // The root (never resharded after forward) holds its parameters whole; a
       // block holds nothing, all of its parameters, or its rows of a 2-way split.
       const auto block_params = group_parameters(sharded.model->block(0));
-      const int64_t kept = mode.is_always() ? 0 : mode.is_never() ? bytes_of(block_params)
+      const int64_t kept = mode.is_always() ? 0 : mode.is_never() ? parameter_bytes(block_params)
                                                                   : slot_numel(block_params, 2) * 4;
       CHECK(sharded.blocks[0].unsharded_memory(/*recurse=*/false).live_bytes == kept);
       const int64_t root_own = sharded.root->unsharded_memory(/*recurse=*/false).live_bytes;
-      CHECK(root_own == bytes_of(group_parameters(*sharded.model)));
+      CHECK(root_own == parameter_bytes(group_parameters(*sharded.model)));
       CHECK(sharded.root->unsharded_memory().live_bytes == root_own + kAwkward.n_layer * kept);
       autograd::backward(loss);
 
       CHECK(sharded.root->unsharded_memory().live_bytes == 0);
       const MemoryStats block = sharded.blocks[0].unsharded_memory(/*recurse=*/false);
-      CHECK(block.peak_bytes >= bytes_of(block_params));
+      CHECK(block.peak_bytes >= parameter_bytes(block_params));
       CHECK(block.allocation_count > 0);
       sharded.blocks[0].reset_unsharded_memory_peak(/*recurse=*/false);
       CHECK(sharded.blocks[0].unsharded_memory(/*recurse=*/false).peak_bytes == 0);

@@ -33,7 +33,7 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t row_numel(const Shape& shape) {
+int64_t elements_per_row(const Shape& shape) {
   int64_t numel = 1;
   for (size_t d = 1; d < shape.size(); ++d) numel *= shape[d];
   return numel;
@@ -43,7 +43,7 @@ int64_t row_numel(const Shape& shape) {
 int64_t slot_of(const std::vector<std::shared_ptr<nn::Parameter>>& params, int64_t world) {
   int64_t numel = 0;
   for (const auto& param : params) {
-    numel += ceil_div(param->global_shape()[0], world) * row_numel(param->global_shape());
+    numel += ceil_div(param->global_shape()[0], world) * elements_per_row(param->global_shape());
   }
   return numel;
 }
@@ -98,7 +98,7 @@ TEST_CASE("plan: every rank's shards are ceil(rows / S) rows of each parameter; 
     const int64_t S = mesh.shard;
     int64_t shards = 0, padding = 0, gradients = 0, tensors = 0;
     for (const auto& [name, param] : model.named_parameters()) {
-      const int64_t rows = param->global_shape()[0], row = row_numel(param->global_shape());
+      const int64_t rows = param->global_shape()[0], row = elements_per_row(param->global_shape());
       shards += ceil_div(rows, S) * row * 4;
       padding += (ceil_div(rows, S) * S - rows) * row * 4;
       gradients += std::min(ceil_div(rows, S), rows) * row * 4;

@@ -83,7 +83,7 @@ GoldenComparison compare_with_golden(DType dtype) {
 }
 
 // A fixed batch of byte tokens: idx [B, T] and targets shifted by one.
-std::pair<Tensor, Tensor> fixed_batch(int64_t B, int64_t T, int64_t vocab) {
+std::pair<Tensor, Tensor> llama_batch(int64_t B, int64_t T, int64_t vocab) {
   std::vector<int64_t> idx, targets;
   for (int64_t i = 0; i < B * T; ++i) {
     idx.push_back((i * 37 + (i / 5) * 11) % vocab);
@@ -276,7 +276,7 @@ TEST_CASE("Llama: names, untied head, input errors") {
                      "layers.0.feed_forward.w3.weight", "norm.weight", "output.weight"});
   CHECK_FALSE(model.output().weight().tensor().is_same(model.tok_embeddings().weight().tensor()));
   CHECK(model.blocks().size() == 1);
-  const auto [idx, targets] = fixed_batch(2, 8, 256);
+  const auto [idx, targets] = llama_batch(2, 8, 256);
   CHECK(model(idx).sizes() == Shape{2, 8, 256});
   CHECK_THROWS_WITH_AS(model(ops::zeros({2, 33}, {.dtype = DType::i64})),
                        doctest::Contains("Llama: sequence length 33 is outside [1, block_size 32]"), Error);
@@ -288,7 +288,7 @@ TEST_CASE("Llama: a few AdamW steps overfit a fixed batch") {
   manual_seed(24);
   nn::Llama model(nn::LlamaConfig::preset("llama-tiny"));
   optim::AdamW adamw(model.named_parameters(), {.lr = 3e-3, .weight_decay = 0.0});
-  const auto [idx, targets] = fixed_batch(4, 32, 256);
+  const auto [idx, targets] = llama_batch(4, 32, 256);
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
     const Tensor loss = model.loss(idx, targets);

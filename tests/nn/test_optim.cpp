@@ -34,7 +34,7 @@ void set_grad(const std::shared_ptr<nn::Parameter>& parameter, const std::vector
 // The optimizers' few operations per step round by a few units of the
 // dtype's precision: rtol 1e-12 for f64 (2^-53 = 1.1e-16), 1e-6 for f32
 // (2^-24 = 6e-8, and the f32 inputs are the f64 values rounded).
-void check_close(const std::vector<double>& actual, const std::vector<double>& expected, double rtol) {
+void check_relative_close(const std::vector<double>& actual, const std::vector<double>& expected, double rtol) {
   REQUIRE(actual.size() == expected.size());
   for (size_t i = 0; i < actual.size(); ++i) {
     INFO("element " << i << ": " << actual[i] << " vs " << expected[i]);
@@ -42,7 +42,7 @@ void check_close(const std::vector<double>& actual, const std::vector<double>& e
   }
 }
 
-std::vector<double> values(const std::shared_ptr<nn::Parameter>& parameter) {
+std::vector<double> parameter_values(const std::shared_ptr<nn::Parameter>& parameter) {
   return parameter->tensor().to_vector<double>();
 }
 
@@ -53,13 +53,13 @@ TEST_CASE("SGD: plain, weight decay, momentum and Nesterov steps") {
   optim::SGD plain({{"p", p}}, {.lr = 0.1});
   set_grad(p, {0.5, -1.0});
   plain.step();
-  check_close(values(p), {1.0 - 0.05, 2.0 + 0.1}, 1e-12);
+  check_relative_close(parameter_values(p), {1.0 - 0.05, 2.0 + 0.1}, 1e-12);
 
   auto q = make_parameter({1.0, 2.0}, DType::f64);
   optim::SGD decayed({{"q", q}}, {.lr = 0.1, .weight_decay = 0.5});
   set_grad(q, {0.5, -1.0});
   decayed.step();  // g + wd p = [1.0, 0.0]
-  check_close(values(q), {0.9, 2.0}, 1e-12);
+  check_relative_close(parameter_values(q), {0.9, 2.0}, 1e-12);
 
   // Momentum 0.9: buf1 = g1, buf2 = 0.9 buf1 + g2.
   for (bool nesterov : {false, true}) {
@@ -70,13 +70,13 @@ TEST_CASE("SGD: plain, weight decay, momentum and Nesterov steps") {
     momentum.step();
     const double buf1 = 1.0;
     double expected = 1.0 - 0.1 * (nesterov ? 1.0 + 0.9 * buf1 : buf1);
-    check_close(values(r), {expected}, 1e-12);
+    check_relative_close(parameter_values(r), {expected}, 1e-12);
     set_grad(r, {2.0});
     momentum.step();
     const double buf2 = 0.9 * buf1 + 2.0;
     expected -= 0.1 * (nesterov ? 2.0 + 0.9 * buf2 : buf2);
-    check_close(values(r), {expected}, 1e-12);
-    check_close({momentum.state("r").at("momentum_buffer").item()}, {buf2}, 1e-12);
+    check_relative_close(parameter_values(r), {expected}, 1e-12);
+    check_relative_close({momentum.state("r").at("momentum_buffer").item()}, {buf2}, 1e-12);
     CHECK(momentum.state("r").at("step").item() == 2);
   }
   CHECK_THROWS_AS(optim::SGD({{"p", p}}, {.nesterov = true}), Error);
@@ -109,11 +109,11 @@ TEST_CASE("AdamW: two steps match the hand-computed update (f32 and f64)") {
       adamw.step();
     }
     const double tolerance = dtype == DType::f32 ? 1e-6 : 1e-12;
-    check_close(values(parameter), p, tolerance);
+    check_relative_close(parameter_values(parameter), p, tolerance);
     const optim::ParamState& state = adamw.state("w");
     CHECK(state.at("step").item() == 2);
-    check_close(state.at("exp_avg").to_vector<double>(), m, tolerance);
-    check_close(state.at("exp_avg_sq").to_vector<double>(), v, tolerance);
+    check_relative_close(state.at("exp_avg").to_vector<double>(), m, tolerance);
+    check_relative_close(state.at("exp_avg_sq").to_vector<double>(), v, tolerance);
     CHECK(adamw.step_count() == 2);
   }
 }
@@ -129,13 +129,13 @@ TEST_CASE("AdamW: a big parameter takes the threaded path and matches a small on
   optim::AdamW adamw({{"big", big}}, {.lr = 0.1});
   set_grad(big, grad);
   adamw.step();
-  const std::vector<double> after = values(big);
+  const std::vector<double> after = parameter_values(big);
   for (int64_t i : {int64_t{0}, int64_t{12345}, n - 1}) {
     auto one = make_parameter({start[i]});
     optim::AdamW single({{"one", one}}, {.lr = 0.1});
     set_grad(one, {grad[i]});
     single.step();
-    CHECK(after[i] == values(one)[0]);
+    CHECK(after[i] == parameter_values(one)[0]);
   }
 }
 
@@ -158,13 +158,13 @@ TEST_CASE("optimizer: step_in_parts makes step()'s update part by part, in order
   parts_adamw.step_in_parts({{in_parts[2].second.get()}, {in_parts[0].second.get()}}, [&](size_t part) {
     calls.push_back(part);
     // A part is updated before its call; the unlisted ones after the last.
-    CHECK(values(in_parts[part == 0 ? 2 : 0].second) == values(whole[part == 0 ? 2 : 0].second));
-    CHECK(values(in_parts[1].second) == std::vector<double>{2.0, -2.0, 0.5});
+    CHECK(parameter_values(in_parts[part == 0 ? 2 : 0].second) == parameter_values(whole[part == 0 ? 2 : 0].second));
+    CHECK(parameter_values(in_parts[1].second) == std::vector<double>{2.0, -2.0, 0.5});
   });
   CHECK(calls == std::vector<size_t>{0, 1});
   for (size_t index = 0; index < whole.size(); ++index) {
     CAPTURE(index);
-    CHECK(values(in_parts[index].second) == values(whole[index].second));
+    CHECK(parameter_values(in_parts[index].second) == parameter_values(whole[index].second));
   }
   CHECK(parts_adamw.step_count() == 1);
 }
@@ -220,7 +220,7 @@ TEST_CASE("optimizer: named state, skipped parameters, init_state and errors") {
   adamw.step();
   CHECK(adamw.state("a").size() == 3);
   CHECK(adamw.state("b").empty());  // no gradient, no step, no state
-  CHECK(values(b) == std::vector<double>{3.0});
+  CHECK(parameter_values(b) == std::vector<double>{3.0});
   CHECK_THROWS_WITH_AS(adamw.state("c"), "AdamW: no parameter named 'c'", Error);
 
   adamw.init_state();
@@ -243,15 +243,15 @@ TEST_CASE("optimizer: named state, skipped parameters, init_state and errors") {
 TEST_CASE("WarmupCosineSchedule: warmup, cosine decay and the floor") {
   // Closed forms in f64, each a few roundings from the value: within 1e-12.
   const optim::WarmupCosineSchedule schedule(1.0, 0.1, 10, 110);
-  check_close({schedule.lr(0), schedule.lr(4), schedule.lr(9), schedule.lr(10), schedule.lr(60), schedule.lr(110),
+  check_relative_close({schedule.lr(0), schedule.lr(4), schedule.lr(9), schedule.lr(10), schedule.lr(60), schedule.lr(110),
                schedule(5000)},
               {0.1, 0.5, 1.0, 1.0, 0.55, 0.1, 0.1}, 1e-12);
-  check_close({schedule.lr(35)}, {0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 0.25))}, 1e-12);
+  check_relative_close({schedule.lr(35)}, {0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 0.25))}, 1e-12);
   CHECK(schedule.lr(109) > 0.1);
   for (int64_t step = 10; step < 110; ++step) CHECK(schedule.lr(step + 1) <= schedule.lr(step));
 
   const optim::WarmupCosineSchedule no_warmup(3e-4, 0.0, 0, 100);
-  check_close({no_warmup.lr(0), no_warmup.lr(50)}, {3e-4, 1.5e-4}, 1e-12);
+  check_relative_close({no_warmup.lr(0), no_warmup.lr(50)}, {3e-4, 1.5e-4}, 1e-12);
   CHECK_THROWS_AS(optim::WarmupCosineSchedule(1.0, 2.0, 0, 10), Error);
   CHECK_THROWS_AS(optim::WarmupCosineSchedule(1.0, 0.0, 20, 10), Error);
   CHECK_THROWS_AS(schedule.lr(-1), Error);
@@ -271,9 +271,9 @@ TEST_CASE("clip_grad_norm_: returns the true norm and scales only when above max
   CHECK(optim::clip_grad_norm_(params, 6.5) == 13.0);
   // The f32 gradients are scaled and rounded once (6e-8 relative).
   const double scale = 6.5 / (13.0 + 1e-6);
-  check_close(a->grad().to_vector<double>(), {3.0 * scale, 4.0 * scale}, 1e-6);
-  check_close(b->grad().to_vector<double>(), {12.0 * scale}, 1e-6);
-  check_close({optim::clip_grad_norm_(params, 100.0)}, {6.5}, 1e-6);
+  check_relative_close(a->grad().to_vector<double>(), {3.0 * scale, 4.0 * scale}, 1e-6);
+  check_relative_close(b->grad().to_vector<double>(), {12.0 * scale}, 1e-6);
+  check_relative_close({optim::clip_grad_norm_(params, 100.0)}, {6.5}, 1e-6);
 
   // A million f32 ones: an f32 running sum would drift; f64 is exact.
   auto big = std::make_shared<nn::Parameter>(ops::zeros({1000003}));

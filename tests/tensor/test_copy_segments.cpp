@@ -24,7 +24,7 @@ bool contains_all(const std::string& text, std::initializer_list<const char*> pa
   return true;
 }
 
-std::string error_of(const std::vector<CopySegment>& segments) {
+std::string segments_error(const std::vector<CopySegment>& segments) {
   try {
     ops::copy_segments(segments);
   } catch (const Error& error) {
@@ -70,28 +70,28 @@ TEST_CASE("copy_segments refuses what it cannot copy, naming the segment") {
   const Tensor source = ops::ones({8});
   Tensor grid = ops::zeros({4, 6});
 
-  CHECK(error_of({{.dst = ops::narrow(flat, 0, 0, 8), .src = source}, {.dst = ops::narrow(flat, 0, 8, 4), .src = source}}) ==
+  CHECK(segments_error({{.dst = ops::narrow(flat, 0, 0, 8), .src = source}, {.dst = ops::narrow(flat, 0, 8, 4), .src = source}}) ==
         "copy_segments: segment 1: the destination f32[4] has 4 elements, the source f32[8] has 8");
-  CHECK(contains_all(error_of({{.dst = ops::transpose(grid, 0, 1), .value = 1.0}}),
+  CHECK(contains_all(segments_error({{.dst = ops::transpose(grid, 0, 1), .value = 1.0}}),
                      {"copy_segments: segment 0: the destination f32[6, 4]", "strides [1, 6] is not contiguous"}));
-  CHECK(contains_all(error_of({{.dst = ops::narrow(flat, 0, 0, 3), .src = ops::slice(source, 0, 0, 6, 2)}}),
+  CHECK(contains_all(segments_error({{.dst = ops::narrow(flat, 0, 0, 3), .src = ops::slice(source, 0, 0, 6, 2)}}),
                      {"segment 0: the source f32[3]", "strides [2] is not contiguous"}));
-  CHECK(contains_all(error_of({{.dst = ops::narrow(flat, 0, 0, 8), .src = source},
+  CHECK(contains_all(segments_error({{.dst = ops::narrow(flat, 0, 0, 8), .src = source},
                                {.dst = ops::empty({8}, {.device = kMeta}), .value = 0.0}}),
                      {"segment 1: the destination is on meta, segment 0's destination on cpu; one call runs on one device"}));
-  CHECK(contains_all(error_of({{.dst = ops::narrow(flat, 0, 0, 8), .src = ops::ones({8}, {.dtype = DType::i32})}}),
+  CHECK(contains_all(segments_error({{.dst = ops::narrow(flat, 0, 0, 8), .src = ops::ones({8}, {.dtype = DType::i32})}}),
                      {"segment 0: the source is i32; copy_segments moves f32, f64, bf16 and f16"}));
-  CHECK(contains_all(error_of({{.dst = ops::zeros({2}, {.dtype = DType::boolean}), .value = 1.0}}),
+  CHECK(contains_all(segments_error({{.dst = ops::zeros({2}, {.dtype = DType::boolean}), .value = 1.0}}),
                      {"segment 0: the destination is bool"}));
-  CHECK(error_of({{.dst = Tensor(), .value = 1.0}}) == "copy_segments: segment 0: the destination is an undefined tensor");
+  CHECK(segments_error({{.dst = Tensor(), .value = 1.0}}) == "copy_segments: segment 0: the destination is an undefined tensor");
 
   // Overlaps: the result would depend on the order the device runs the segments in.
-  CHECK(error_of({{.dst = ops::narrow(flat, 0, 0, 8), .src = source},
+  CHECK(segments_error({{.dst = ops::narrow(flat, 0, 0, 8), .src = source},
                   {.dst = ops::narrow(other, 0, 0, 8), .value = 1.0},
                   {.dst = ops::narrow(flat, 0, 7, 2), .value = 1.0}}) ==
         "copy_segments: segments 0 and 2 write overlapping bytes (f32[8] at element 0 and f32[2] at element 7 of one "
         "buffer)");
-  CHECK(error_of({{.dst = ops::narrow(flat, 0, 0, 8), .src = ops::narrow(flat, 0, 4, 8)}}) ==
+  CHECK(segments_error({{.dst = ops::narrow(flat, 0, 0, 8), .src = ops::narrow(flat, 0, 4, 8)}}) ==
         "copy_segments: segment 0 reads bytes that segment 0 writes (f32[8] at element 4 and f32[8] at element 0 of "
         "one buffer); copy through a temporary");
   // Adjacent segments and a source read twice are fine.

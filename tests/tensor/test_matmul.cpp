@@ -15,7 +15,7 @@ using namespace tessera;
 
 namespace {
 
-Tensor random_tensor(const Shape& shape, DType dtype = DType::f32, uint32_t seed = 1) {
+Tensor random_matrix(const Shape& shape, DType dtype = DType::f32, uint32_t seed = 1) {
   std::mt19937 generator(seed);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
   std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
@@ -115,11 +115,11 @@ void check_matmul(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 TEST_CASE("matmul: 2-d products match the naive loop in f32 and f64") {
-  check_matmul(random_tensor({5, 7}), random_tensor({7, 3}, DType::f32, 2));
-  check_matmul(random_tensor({5, 7}, DType::f64), random_tensor({7, 3}, DType::f64, 2));
-  check_matmul(random_tensor({1, 9}), random_tensor({9, 1}, DType::f32, 3));
+  check_matmul(random_matrix({5, 7}), random_matrix({7, 3}, DType::f32, 2));
+  check_matmul(random_matrix({5, 7}, DType::f64), random_matrix({7, 3}, DType::f64, 2));
+  check_matmul(random_matrix({1, 9}), random_matrix({9, 1}, DType::f32, 3));
   // Large enough for Eigen to block and (with threads) split the GEMM.
-  check_matmul(random_tensor({130, 257}), random_tensor({257, 140}, DType::f32, 4));
+  check_matmul(random_matrix({130, 257}), random_matrix({257, 140}, DType::f32, 4));
 }
 
 TEST_CASE("matmul: 1-d operands are promoted and the added dim dropped") {
@@ -127,43 +127,43 @@ TEST_CASE("matmul: 1-d operands are promoted and the added dim dropped") {
                                  ops::from_vector(std::vector<double>{4, 5, 6}, {3}));
   CHECK(dot.dim() == 0);
   CHECK(dot.item() == 32.0);  // exact in f64
-  check_matmul(random_tensor({4}), random_tensor({4, 6}, DType::f32, 2));     // [4] x [4, 6] -> [6]
-  check_matmul(random_tensor({5, 4}), random_tensor({4}, DType::f32, 2));     // [5, 4] x [4] -> [5]
-  check_matmul(random_tensor({4}), random_tensor({3, 4, 6}, DType::f32, 2));  // -> [3, 6]
-  check_matmul(random_tensor({3, 5, 4}), random_tensor({4}, DType::f32, 2));  // -> [3, 5]
+  check_matmul(random_matrix({4}), random_matrix({4, 6}, DType::f32, 2));     // [4] x [4, 6] -> [6]
+  check_matmul(random_matrix({5, 4}), random_matrix({4}, DType::f32, 2));     // [5, 4] x [4] -> [5]
+  check_matmul(random_matrix({4}), random_matrix({3, 4, 6}, DType::f32, 2));  // -> [3, 6]
+  check_matmul(random_matrix({3, 5, 4}), random_matrix({4}, DType::f32, 2));  // -> [3, 5]
 }
 
 TEST_CASE("matmul: batched and broadcast batch dims") {
-  check_matmul(random_tensor({2, 3, 4, 5}), random_tensor({2, 3, 5, 6}, DType::f32, 2));
-  check_matmul(random_tensor({2, 1, 4, 5}), random_tensor({3, 5, 6}, DType::f32, 2));  // -> [2, 3, 4, 6]
-  check_matmul(random_tensor({4, 5}), random_tensor({3, 5, 6}, DType::f32, 2));        // a shared by all batches
-  check_matmul(random_tensor({2, 4, 5}), random_tensor({5, 3}, DType::f32, 2));        // folds into one GEMM
+  check_matmul(random_matrix({2, 3, 4, 5}), random_matrix({2, 3, 5, 6}, DType::f32, 2));
+  check_matmul(random_matrix({2, 1, 4, 5}), random_matrix({3, 5, 6}, DType::f32, 2));  // -> [2, 3, 4, 6]
+  check_matmul(random_matrix({4, 5}), random_matrix({3, 5, 6}, DType::f32, 2));        // a shared by all batches
+  check_matmul(random_matrix({2, 4, 5}), random_matrix({5, 3}, DType::f32, 2));        // folds into one GEMM
   // Many small GEMMs: split over batches across threads.
-  check_matmul(random_tensor({64, 16, 16}), random_tensor({64, 16, 16}, DType::f32, 2));
+  check_matmul(random_matrix({64, 16, 16}), random_matrix({64, 16, 16}, DType::f32, 2));
 }
 
 TEST_CASE("matmul: transposed, sliced and expanded views give the same values") {
-  const Tensor a_t = ops::transpose(random_tensor({7, 5}), 0, 1);  // [5, 7], column-major
-  const Tensor b_t = ops::transpose(random_tensor({3, 7}, DType::f32, 2), 0, 1);  // [7, 3], column-major
-  check_matmul(a_t, random_tensor({7, 3}, DType::f32, 3));
-  check_matmul(random_tensor({5, 7}, DType::f32, 3), b_t);
+  const Tensor a_t = ops::transpose(random_matrix({7, 5}), 0, 1);  // [5, 7], column-major
+  const Tensor b_t = ops::transpose(random_matrix({3, 7}, DType::f32, 2), 0, 1);  // [7, 3], column-major
+  check_matmul(a_t, random_matrix({7, 3}, DType::f32, 3));
+  check_matmul(random_matrix({5, 7}, DType::f32, 3), b_t);
   check_matmul(a_t, b_t);
   // Batched transposes (dW = dY^T X style): [B, N, K]^T.
-  check_matmul(ops::transpose(random_tensor({2, 6, 4}), 1, 2), random_tensor({2, 6, 3}, DType::f32, 2));
-  check_matmul(random_tensor({2, 4, 6}), ops::transpose(random_tensor({2, 3, 6}, DType::f32, 2), 1, 2));
+  check_matmul(ops::transpose(random_matrix({2, 6, 4}), 1, 2), random_matrix({2, 6, 3}, DType::f32, 2));
+  check_matmul(random_matrix({2, 4, 6}), ops::transpose(random_matrix({2, 3, 6}, DType::f32, 2), 1, 2));
   // No unit stride in the last two dims: packed before the GEMM.
-  const Tensor every_other = ops::slice(random_tensor({5, 14}), 1, 0, 14, 2);  // [5, 7] strides [14, 2]
-  check_matmul(every_other, random_tensor({7, 3}, DType::f32, 2));
-  check_matmul(random_tensor({3, 7}, DType::f32, 2), ops::transpose(every_other, 0, 1));
+  const Tensor every_other = ops::slice(random_matrix({5, 14}), 1, 0, 14, 2);  // [5, 7] strides [14, 2]
+  check_matmul(every_other, random_matrix({7, 3}, DType::f32, 2));
+  check_matmul(random_matrix({3, 7}, DType::f32, 2), ops::transpose(every_other, 0, 1));
   // Stride 0 inside the matrix (a repeated row).
-  check_matmul(random_tensor({4, 6}), ops::expand(random_tensor({1, 3}, DType::f32, 2), {6, 3}));
+  check_matmul(random_matrix({4, 6}), ops::expand(random_matrix({1, 3}, DType::f32, 2), {6, 3}));
   // A batch that cannot fold into rows (every other batch of x).
-  check_matmul(ops::slice(random_tensor({4, 3, 5}), 0, 0, 4, 2), random_tensor({5, 2}, DType::f32, 2));
+  check_matmul(ops::slice(random_matrix({4, 3, 5}), 0, 0, 4, 2), random_matrix({5, 2}, DType::f32, 2));
 }
 
 TEST_CASE("matmul: transposed operands are not copied") {
-  const Tensor a = ops::transpose(random_tensor({64, 32}), 0, 1);  // [32, 64]
-  const Tensor b = ops::transpose(random_tensor({16, 64}, DType::f32, 2), 0, 1);  // [64, 16]
+  const Tensor a = ops::transpose(random_matrix({64, 32}), 0, 1);  // [32, 64]
+  const Tensor b = ops::transpose(random_matrix({16, 64}, DType::f32, 2), 0, 1);  // [64, 16]
   const int64_t before = memory_stats(kCPU).allocation_count;
   const Tensor out = ops::matmul(a, b);
   CHECK(memory_stats(kCPU).allocation_count - before == 1);  // the output only
@@ -185,12 +185,12 @@ TEST_CASE("matmul: bf16 and f16 compute in f32 and round once") {
     return ops::to(f32_result, dtype).to_vector<float>();
   };
   for (DType dtype : {DType::bf16, DType::f16}) {
-    const Tensor a = random_tensor({6, 32}, dtype), b = random_tensor({32, 5}, dtype, 2);
+    const Tensor a = random_matrix({6, 32}, dtype), b = random_matrix({32, 5}, dtype, 2);
     const Tensor out = ops::matmul(a, b);
     CHECK(out.dtype() == dtype);
     CHECK(out.to_vector<float>() == rounded(ops::matmul(ops::to(a, DType::f32), ops::to(b, DType::f32)), dtype));
     // linear: x [2, 3, 32] (a batch over one weight), bias added before the single rounding.
-    const Tensor x = random_tensor({2, 3, 32}, dtype, 3), bias = random_tensor({5}, dtype, 4);
+    const Tensor x = random_matrix({2, 3, 32}, dtype, 3), bias = random_matrix({5}, dtype, 4);
     const Tensor weight = ops::transpose(b, 0, 1);  // [5, 32]
     const Tensor y = ops::linear(x, weight, bias);
     CHECK(y.dtype() == dtype);
@@ -225,9 +225,9 @@ TEST_CASE("matmul: bad operands throw naming the shapes") {
 }
 
 TEST_CASE("linear: x @ weight^T + bias over any leading dims") {
-  const Tensor x = random_tensor({2, 3, 4});
-  const Tensor weight = random_tensor({5, 4}, DType::f32, 2);
-  const Tensor bias = random_tensor({5}, DType::f32, 3);
+  const Tensor x = random_matrix({2, 3, 4});
+  const Tensor weight = random_matrix({5, 4}, DType::f32, 2);
+  const Tensor bias = random_matrix({5}, DType::f32, 3);
   const ReferenceProduct product = reference_matmul(x, ops::transpose(weight, 0, 1));
   ReferenceProduct with_bias_expected = product;  // k + 1 terms: the bias is one more
   const std::vector<double> bias_values = bias.to_vector<double>();
@@ -241,7 +241,7 @@ TEST_CASE("linear: x @ weight^T + bias over any leading dims") {
   check_within_rounding(with_bias.to_vector<double>(), with_bias_expected, DType::f32, product.inner + 1);
   check_within_rounding(ops::linear(x, weight, Tensor()).to_vector<double>(), product, DType::f32, product.inner);
 
-  const Tensor row = ops::linear(random_tensor({4}), weight, bias);  // 1-d input
+  const Tensor row = ops::linear(random_matrix({4}), weight, bias);  // 1-d input
   CHECK(row.sizes() == Shape{5});
   // A non-contiguous input (a transposed [B, T] pair).
   const Tensor x_t = ops::transpose(ops::contiguous(ops::transpose(x, 0, 1)), 0, 1);
@@ -250,8 +250,8 @@ TEST_CASE("linear: x @ weight^T + bias over any leading dims") {
 }
 
 TEST_CASE("linear: the weight is used as a transposed view, not copied") {
-  const Tensor x = random_tensor({8, 16, 32});
-  const Tensor weight = random_tensor({24, 32}, DType::f32, 2);
+  const Tensor x = random_matrix({8, 16, 32});
+  const Tensor weight = random_matrix({24, 32}, DType::f32, 2);
   const int64_t before = memory_stats(kCPU).allocation_count;
   const Tensor out = ops::linear(x, weight, Tensor());
   CHECK(memory_stats(kCPU).allocation_count - before == 1);
@@ -281,15 +281,15 @@ TEST_CASE("linear_gelu, matmul_gelu_backward, linear_weight_backward: on cpu the
   };
   for (const DType dtype : {DType::f32, DType::bf16, DType::f64}) {
     CAPTURE(dtype_name(dtype));
-    const Tensor x = random_tensor({2, 3, 8}, dtype, 11), w = random_tensor({16, 8}, dtype, 12);
-    const Tensor b = random_tensor({16}, dtype, 13), g = random_tensor({2, 3, 16}, dtype, 14);
+    const Tensor x = random_matrix({2, 3, 8}, dtype, 11), w = random_matrix({16, 8}, dtype, 12);
+    const Tensor b = random_matrix({16}, dtype, 13), g = random_matrix({2, 3, 16}, dtype, 14);
     const ops::LinearGeluOutput fused = ops::linear_gelu(x, w, b);
     const Tensor pre = ops::linear(x, w, b);
     same_bits(fused.pre, pre);
     same_bits(fused.y, ops::gelu(pre, GeluApproximation::tanh));
     same_bits(ops::linear_gelu(x, w, Tensor()).pre, ops::linear(x, w, Tensor()));
     // proj's weight [8, 16]: g [.., 8] @ it -> [.., 16], through gelu at pre.
-    const Tensor proj = random_tensor({8, 16}, dtype, 15), g_out = random_tensor({2, 3, 8}, dtype, 16);
+    const Tensor proj = random_matrix({8, 16}, dtype, 15), g_out = random_matrix({2, 3, 8}, dtype, 16);
     same_bits(ops::matmul_gelu_backward(g_out, proj, pre),
               ops::gelu_backward(ops::matmul(g_out, proj), pre, GeluApproximation::tanh));
     const ops::LinearWeightGrads grads = ops::linear_weight_backward(g, x, true);
@@ -299,9 +299,9 @@ TEST_CASE("linear_gelu, matmul_gelu_backward, linear_weight_backward: on cpu the
     CHECK_FALSE(ops::linear_weight_backward(g, x, false).bias.defined());
   }
   // A 1-d input is one row.
-  const Tensor x1 = random_tensor({8}, DType::f32, 17), w1 = random_tensor({16, 8}, DType::f32, 18);
+  const Tensor x1 = random_matrix({8}, DType::f32, 17), w1 = random_matrix({16, 8}, DType::f32, 18);
   CHECK(ops::linear_gelu(x1, w1, Tensor()).y.sizes() == Shape{16});
-  CHECK(ops::linear_weight_backward(random_tensor({16}), x1, true).weight.sizes() == Shape{16, 8});
+  CHECK(ops::linear_weight_backward(random_matrix({16}), x1, true).weight.sizes() == Shape{16, 8});
 }
 
 TEST_CASE("linear_gelu, matmul_gelu_backward, linear_weight_backward: meta shapes and errors") {
@@ -341,8 +341,8 @@ TEST_CASE("linear_gelu, matmul_gelu_backward, linear_weight_backward: meta shape
 
 TEST_CASE("matmul: the same values on 1 and 2 threads") {
   const int threads = num_threads();
-  const Tensor a = random_tensor({96, 200}), b = random_tensor({200, 300}, DType::f32, 2);
-  const Tensor batched_a = random_tensor({32, 8, 8}), batched_b = random_tensor({32, 8, 8}, DType::f32, 2);
+  const Tensor a = random_matrix({96, 200}), b = random_matrix({200, 300}, DType::f32, 2);
+  const Tensor batched_a = random_matrix({32, 8, 8}), batched_b = random_matrix({32, 8, 8}, DType::f32, 2);
   set_num_threads(1);
   const std::vector<float> one = ops::matmul(a, b).to_vector<float>();
   const std::vector<float> batched_one = ops::matmul(batched_a, batched_b).to_vector<float>();
@@ -371,13 +371,13 @@ struct GemmBackendScope {
 }  // namespace
 
 TEST_CASE("matmul: every GEMM backend built in is within rounding on every layout, and reproducible") {
-  const Tensor a = random_tensor({37, 53}), b = random_tensor({53, 29}, DType::f32, 2);
-  const Tensor at = ops::transpose(random_tensor({53, 37}, DType::f32, 3), 0, 1);  // column-major [37, 53]
-  const Tensor bt = ops::transpose(random_tensor({29, 53}, DType::f32, 4), 0, 1);  // column-major [53, 29]
-  const Tensor strided = ops::narrow(random_tensor({37, 106}, DType::f32, 5), 1, 0, 53);  // rows 106 apart
-  const Tensor every_other = ops::slice(random_tensor({37, 106}, DType::f32, 6), 1, 0, 106, 2);  // packed
-  const Tensor batched = random_tensor({3, 5, 37, 53}, DType::f32, 7), shared = random_tensor({53, 29}, DType::f32, 8);
-  const Tensor a64 = random_tensor({37, 53}, DType::f64, 9), b64 = random_tensor({53, 29}, DType::f64, 10);
+  const Tensor a = random_matrix({37, 53}), b = random_matrix({53, 29}, DType::f32, 2);
+  const Tensor at = ops::transpose(random_matrix({53, 37}, DType::f32, 3), 0, 1);  // column-major [37, 53]
+  const Tensor bt = ops::transpose(random_matrix({29, 53}, DType::f32, 4), 0, 1);  // column-major [53, 29]
+  const Tensor strided = ops::narrow(random_matrix({37, 106}, DType::f32, 5), 1, 0, 53);  // rows 106 apart
+  const Tensor every_other = ops::slice(random_matrix({37, 106}, DType::f32, 6), 1, 0, 106, 2);  // packed
+  const Tensor batched = random_matrix({3, 5, 37, 53}, DType::f32, 7), shared = random_matrix({53, 29}, DType::f32, 8);
+  const Tensor a64 = random_matrix({37, 53}, DType::f64, 9), b64 = random_matrix({53, 29}, DType::f64, 10);
   const std::vector<std::pair<Tensor, Tensor>> products = {
       {a, b}, {a, bt}, {at, b}, {at, bt}, {strided, b}, {every_other, bt}, {batched, shared}, {a64, b64}};
   for (const GemmBackend backend : {GemmBackend::eigen, GemmBackend::blas}) {

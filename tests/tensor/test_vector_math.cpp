@@ -33,7 +33,7 @@ float float_of_bits(uint32_t bits) {
   std::memcpy(&value, &bits, sizeof value);
   return value;
 }
-uint32_t bits_of(float value) {
+uint32_t float_bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
@@ -215,7 +215,7 @@ TEST_CASE("vector maths: the same bits on every instruction set with FMA") {
   uint64_t digest = 14695981039346656037ull;
   const auto absorb = [&](const std::vector<float>& values) {
     for (float value : values) {
-      digest ^= std::isnan(value) ? 0x7fc00000u : bits_of(value);  // which NaN the hardware propagates varies
+      digest ^= std::isnan(value) ? 0x7fc00000u : float_bits(value);  // which NaN the hardware propagates varies
       digest *= 1099511628211ull;
     }
   };

@@ -35,14 +35,15 @@
 #include "tensor/host_staging.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tests/train/cuda_device.h"
 
 using tessera::train::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
 namespace checkpoint = tessera::checkpoint;
 
-namespace {
+using tessera::testing::kCuda;
 
-const tessera::Device kCuda(tessera::DeviceType::cuda);
+namespace {
 
 TrainConfig tiny_config(tessera::Device device, int64_t steps) {
   TrainConfig config;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensor/error.h"
+#include "tests/train/text_file.h"
 #include "train/corpus.h"
 #include "train/data_loader.h"
 
@@ -20,23 +21,20 @@ using tessera::train::DataLoader;
 using tessera::train::LoaderOptions;
 using tessera::train::TokenData;
 
+using tessera::testing::write_file;
+
 namespace {
 
 // A fresh directory under /tmp, removed at the end of the test.
-struct TempDir {
+struct ScratchDir {
   fs::path path;
-  TempDir() {
+  ScratchDir() {
     std::string pattern = (fs::temp_directory_path() / "tessera-test-XXXXXX").string();
     REQUIRE(mkdtemp(pattern.data()) != nullptr);
     path = pattern;
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~ScratchDir() { fs::remove_all(path); }
 };
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream file(path, std::ios::binary);
-  file << text;
-}
 
 // Writes an llm.c token file by hand: header [256 x int32], then the tokens
 // (uint16 or uint32, whatever Token is).
@@ -86,7 +84,7 @@ std::vector<int64_t> tokens_seen(const DataLoader& loader, int64_t steps, int64_
 }  // namespace
 
 TEST_CASE("llm.c token files are read by their magic; broken headers are errors") {
-  TempDir dir;
+  ScratchDir dir;
   const std::vector<uint16_t> tokens = {50256, 15496, 11, 995, 0, 7};
   write_llmc(dir.path / "ok.bin", tokens, 1, 6);
   TokenData data = tessera::train::load_token_file(dir.path / "ok.bin");
@@ -133,7 +131,7 @@ TEST_CASE("llm.c token files are read by their magic; broken headers are errors"
 }
 
 TEST_CASE("default corpus: fortunes' plain files, else the licence texts, else a clear error") {
-  TempDir dir;
+  ScratchDir dir;
   const fs::path fortunes = dir.path / "fortunes", licenses = dir.path / "licenses";
   fs::create_directories(fortunes);
   fs::create_directories(licenses);

@@ -18,6 +18,7 @@
 #include "tensor/error.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "train/checkpoint_manager.h"
 #include "train/file_roles.h"
 #include "train/run_record.h"
@@ -28,11 +29,10 @@ using namespace tessera::train;
 using tessera::checkpoint::testing::TempDir;
 namespace fs = std::filesystem;
 
-namespace {
+using tessera::testing::write_file;
+using tessera::testing::contains;
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
+namespace {
 
 std::string error_of(const FileRoles& roles) {
   try {
@@ -42,8 +42,6 @@ std::string error_of(const FileRoles& roles) {
   }
   return "";
 }
-
-bool contains(const std::string& text, const std::string& piece) { return text.find(piece) != std::string::npos; }
 
 ManagerOptions options(RootMode mode) {
   return {.group = nullptr, .keep_last = 0, .sync = false, .mode = mode, .identity = {{"seed", 1}}};
@@ -215,7 +213,7 @@ TEST_CASE("checkpoint save: a save that fails takes its partial directory with i
   TempDir tmp;
   const std::string root = tmp / "r";
   CheckpointManager manager(root, options(RootMode::new_run));
-  manager.save(2, testing::known_state(nullptr, 2, 10), {{"step", 2}});
+  manager.save(2, checkpoint::testing::known_state(nullptr, 2, 10), {{"step", 2}});
   // A write that fails as a full disk makes it fail: past RLIMIT_FSIZE a
   // write returns EFBIG (with SIGXFSZ ignored), where a full disk gives ENOSPC.
   struct rlimit saved_limit {};
@@ -226,7 +224,7 @@ TEST_CASE("checkpoint save: a save that fails takes its partial directory with i
   REQUIRE(::setrlimit(RLIMIT_FSIZE, &tiny) == 0);
   std::string error;
   try {
-    manager.save(4, testing::known_state(nullptr, 4, 10), {{"step", 4}});
+    manager.save(4, checkpoint::testing::known_state(nullptr, 4, 10), {{"step", 4}});
   } catch (const Error& failure) {
     error = failure.what();
   }
@@ -238,6 +236,6 @@ TEST_CASE("checkpoint save: a save that fails takes its partial directory with i
   CHECK_FALSE(fs::exists(checkpoint_path(root, 4)));
   REQUIRE(manager.latest().has_value());
   CHECK(manager.latest()->step == 2);
-  manager.save(4, testing::known_state(nullptr, 4, 10), {{"step", 4}});  // once the cause is gone
+  manager.save(4, checkpoint::testing::known_state(nullptr, 4, 10), {{"step", 4}});  // once the cause is gone
   CHECK(list_checkpoints(root).size() == 2);
 }

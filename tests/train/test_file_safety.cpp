@@ -17,6 +17,7 @@
 #include "checkpoint/save_points.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "tests/train/train_outcome.h"
 #include "train/checkpoint_manager.h"
 #include "train/disk_space.h"
@@ -34,6 +35,8 @@ using tessera::train::testing::Outcome;
 using tessera::train::testing::run;
 using tessera::train::testing::trained_a_step;
 using tessera::checkpoint::testing::TempDir;
+
+using tessera::testing::contains;
 
 namespace {
 
@@ -53,7 +56,7 @@ std::string corpus_text() {
   return text;
 }
 
-TrainConfig quick_config(const std::string& data) {
+TrainConfig config_reading(const std::string& data) {
   TrainConfig config;
   config.model = tessera::nn::GPTConfig::preset("nano");
   config.data = data;
@@ -65,8 +68,6 @@ TrainConfig quick_config(const std::string& data) {
   return config;
 }
 
-
-bool contains(const std::string& text, const std::string& piece) { return text.find(piece) != std::string::npos; }
 
 std::vector<int64_t> logged_steps(const std::string& path) {
   std::vector<int64_t> steps;
@@ -109,7 +110,7 @@ TEST_CASE("file safety: an output naming an input or another output is refused; 
   };
   for (const Case& c : cases) {
     INFO(c.what);
-    TrainConfig config = quick_config(corpus);
+    TrainConfig config = config_reading(corpus);
     c.set(config);
     const Outcome refused = run(config);
     INFO(refused.error);
@@ -126,7 +127,7 @@ TEST_CASE("file safety: an output inside the checkpoint root is refused; run.jso
   TempDir tmp;
   const std::string corpus = tmp / "c.txt";
   write_bytes(corpus, corpus_text());
-  TrainConfig config = quick_config(corpus);
+  TrainConfig config = config_reading(corpus);
   config.ckpt_dir = tmp / "r";
   config.steps = 2;
   REQUIRE(run(config).error.empty());
@@ -148,7 +149,7 @@ TEST_CASE("file safety: an output inside the checkpoint root is refused; run.jso
 
 TEST_CASE("file safety: /dev/null takes the log and the trace, fresh or resumed, but never the export") {
   TempDir tmp;
-  TrainConfig config = quick_config(tessera::train::kSyntheticData);
+  TrainConfig config = config_reading(tessera::train::kSyntheticData);
   config.steps = 2;
   config.ckpt_dir = tmp / "r";
   config.log_json = config.trace = "/dev/null";  // devices are written to, never replaced
@@ -159,7 +160,7 @@ TEST_CASE("file safety: /dev/null takes the log and the trace, fresh or resumed,
   const Outcome resumed = run(resume);
   REQUIRE(resumed.error.empty());
   CHECK(contains(resumed.log, "trace    /dev/null"));
-  TrainConfig exported = quick_config(tessera::train::kSyntheticData);
+  TrainConfig exported = config_reading(tessera::train::kSyntheticData);
   exported.export_path = "/dev/null";
   const Outcome refused = run(exported);
   CHECK(contains(refused.error, "--export /dev/null: a device, FIFO or socket; the export is written to "
@@ -177,7 +178,7 @@ TEST_CASE("file safety: a fresh run refuses an earlier launch's log, trace or ex
     INFO(flag);
     const std::string path = tmp / (std::string("out") + flag);
     write_bytes(path, earlier);
-    TrainConfig config = quick_config(corpus);
+    TrainConfig config = config_reading(corpus);
     config.steps = 2;
     std::string& field = std::string(flag) == "--log-json" ? config.log_json
                          : std::string(flag) == "--trace"  ? config.trace
@@ -194,7 +195,7 @@ TEST_CASE("file safety: a fresh run refuses an earlier launch's log, trace or ex
   }
   // An empty file (mktemp's) is no earlier launch's.
   write_bytes(tmp / "empty.jsonl", "");
-  TrainConfig config = quick_config(corpus);
+  TrainConfig config = config_reading(corpus);
   config.steps = 2;
   config.log_json = tmp / "empty.jsonl";
   REQUIRE(run(config).error.empty());
@@ -205,7 +206,7 @@ TEST_CASE("file safety: a resume continues the log: later steps are cut, the res
   TempDir tmp;
   const std::string corpus = tmp / "c.txt", log = tmp / "L.jsonl";
   write_bytes(corpus, corpus_text());
-  TrainConfig config = quick_config(corpus);
+  TrainConfig config = config_reading(corpus);
   config.ckpt_dir = tmp / "r";
   config.ckpt_every = 3;
   config.log_json = log;
@@ -270,7 +271,7 @@ TEST_CASE("file safety: a resumed launch writes its trace beside the earlier one
   TempDir tmp;
   const std::string corpus = tmp / "c.txt", trace = tmp / "t.json";
   write_bytes(corpus, corpus_text());
-  TrainConfig config = quick_config(corpus);
+  TrainConfig config = config_reading(corpus);
   config.ckpt_dir = tmp / "r";
   config.ckpt_every = 2;
   config.trace = trace;
@@ -308,7 +309,7 @@ TEST_CASE("file safety: path problems are found before step 1, not at the save o
     } else {
       write_bytes(entry, "mine");
     }
-    TrainConfig config = quick_config(corpus);
+    TrainConfig config = config_reading(corpus);
     config.ckpt_dir = root;
     config.ckpt_every = 3;
     const Outcome refused = run(config);
@@ -319,7 +320,7 @@ TEST_CASE("file safety: path problems are found before step 1, not at the save o
   }
   // A leftover directory where the export is written first.
   fs::create_directories(tmp / "model.safetensors.tmp");
-  TrainConfig config = quick_config(corpus);
+  TrainConfig config = config_reading(corpus);
   config.export_path = tmp / "model.safetensors";
   const Outcome refused = run(config);
   CHECK(contains(refused.error, "--export " + (tmp / "model.safetensors") + ": " + (tmp / "model.safetensors.tmp") +
@@ -342,7 +343,7 @@ TEST_CASE("file safety: a crash while the first launch claimed the root does not
   write_bytes(corpus, corpus_text());
   fs::create_directories(tmp / "r");
   write_bytes(tmp / "r/run.json.tmp", "{\"format\": \"tessera.r");  // the crash's leftover, and nothing else
-  TrainConfig config = quick_config(corpus);
+  TrainConfig config = config_reading(corpus);
   config.ckpt_dir = tmp / "r";
   config.resume = true;
   config.steps = 2;
@@ -353,7 +354,7 @@ TEST_CASE("file safety: a crash while the first launch claimed the root does not
 }
 
 TEST_CASE("file safety: disk space: the checkpoints that coexist and the export must fit before step 1") {
-  TrainConfig config = quick_config(tessera::train::kSyntheticData);
+  TrainConfig config = config_reading(tessera::train::kSyntheticData);
   config.ckpt_dir = "/ckpt";
   config.steps = 10;
   config.ckpt_every = 3;  // saves at 3, 6, 9 and 10
@@ -398,7 +399,7 @@ TEST_CASE("file safety: the size bounds hold real checkpoints and exports, and a
   TempDir tmp;
   for (const int nproc : {1, 3}) {
     INFO("nproc " << nproc);
-    TrainConfig config = quick_config(tessera::train::kSyntheticData);
+    TrainConfig config = config_reading(tessera::train::kSyntheticData);
     config.nproc = nproc;
     config.steps = 1;
     config.warmup = 0;
@@ -451,7 +452,7 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
   CHECK(parse({"--batch", "0"}).first == tessera::train::kUsageExitCode);
   CHECK(parse({"--help"}).first == 0);
 
-  TrainConfig huge = quick_config(tessera::train::kSyntheticData);
+  TrainConfig huge = config_reading(tessera::train::kSyntheticData);
   huge.grad_accum = int64_t{1} << 40;  // a config built in code is held to the same bounds
   CHECK_THROWS_WITH_AS(huge.validate(), doctest::Contains("--grad-accum must be in [1, 65536]"), tessera::Error);
   huge.grad_accum = 65536;
@@ -461,7 +462,7 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
 
   for (const char* value : {"inf", "1e10", "1e30", "0", "-1", "nan", "5s"}) {
     ::setenv("TESSERA_DIST_TIMEOUT_S", value, 1);
-    TrainConfig config = quick_config(tessera::train::kSyntheticData);
+    TrainConfig config = config_reading(tessera::train::kSyntheticData);
     const Outcome refused = run(config);
     CHECK(refused.usage_error);
     CHECK(contains(refused.error, std::string("TESSERA_DIST_TIMEOUT_S: expected seconds in [0.001, 604800] (a week), "
@@ -473,7 +474,7 @@ TEST_CASE("file safety: empty paths, unbounded sizes and the dist timeout are re
 }
 
 TEST_CASE("file safety: a stop request cuts a step short between micro-batches; nothing of it is applied") {
-  TrainConfig config = quick_config(tessera::train::kSyntheticData);
+  TrainConfig config = config_reading(tessera::train::kSyntheticData);
   config.grad_accum = 3;
   tessera::train::Trainer trainer(config, tessera::train::build_data(config));
   trainer.train_step();  // step 1 finishes
@@ -499,7 +500,7 @@ TEST_CASE("file safety: a stop request cuts a step short between micro-batches; 
 
 TEST_CASE("file safety: a SIGTERM during a step of 65536 micro-batches stops the run within one of them") {
   TempDir tmp;
-  TrainConfig config = quick_config(tessera::train::kSyntheticData);
+  TrainConfig config = config_reading(tessera::train::kSyntheticData);
   config.nproc = 2;
   config.batch = 1;
   config.grad_accum = 65536;  // minutes per step: only a stop between micro-batches ends it
@@ -541,7 +542,7 @@ int64_t free_bytes(const std::string& path) { return tessera::train::filesystem_
 
 TEST_CASE("disk full: a filesystem too small for the run's checkpoints is refused before step 1" * doctest::skip()) {
   const std::string mount = small_filesystem();
-  TrainConfig config = quick_config(tessera::train::kSyntheticData);
+  TrainConfig config = config_reading(tessera::train::kSyntheticData);
   config.model = tessera::nn::GPTConfig::preset("tiny");  // checkpoints larger than the filesystem
   config.seq_len = 16;
   config.ckpt_dir = mount + "/r";
@@ -558,7 +559,7 @@ TEST_CASE("disk full: a filesystem too small for the run's checkpoints is refuse
 TEST_CASE("disk full: a save that runs out of space removes its partial files and stops; --resume goes on" *
           doctest::skip()) {
   const std::string mount = small_filesystem();
-  TrainConfig config = quick_config(tessera::train::kSyntheticData);
+  TrainConfig config = config_reading(tessera::train::kSyntheticData);
   config.ckpt_dir = mount + "/r";
   config.ckpt_every = 2;
   config.keep = 1;

@@ -15,15 +15,16 @@
 #include "nn/models/llama.h"
 #include "tensor/ops.h"
 #include "tests/nn/tensor_differences.h"
+#include "tests/train/cuda_device.h"
 #include "train/byte_text.h"
 #include "train/generation.h"
 
 using tessera::Tensor;
 using tessera::testing::max_scaled_difference;
 
-namespace {
+using tessera::testing::kCuda;
 
-const tessera::Device kCuda(tessera::DeviceType::cuda);
+namespace {
 
 // The f32 bound of tests/nn/test_kv_cache.cpp (why it holds is written
 // there): the cuda kernels sum in their own orders, cached or not. The

@@ -47,7 +47,7 @@ namespace {
 constexpr double kFloat64Bound = 1e-10;
 constexpr double kAccuracyRatio = 1.5;
 
-const fs::path kGolden = TESSERA_HF_GOLDEN_DIR;
+const fs::path kHfGolden = TESSERA_HF_GOLDEN_DIR;
 const std::vector<std::string> kModels = {"gpt2", "llama", "llama_tied"};
 
 struct Expected {
@@ -55,7 +55,7 @@ struct Expected {
 };
 
 Expected expected_of(const std::string& model) {
-  const std::string path = (kGolden / (model + ".expected.safetensors")).string();
+  const std::string path = (kHfGolden / (model + ".expected.safetensors")).string();
   auto read = [&](const char* name) { return checkpoint::read_safetensors_tensor(path, name); };
   return {read("idx"), read("logits"), read("logits_f64"), read("prompt"), read("greedy")};
 }
@@ -116,7 +116,7 @@ std::map<std::string, tessera::Shape> stored_shapes(const std::string& dir) {
 std::string copy_with_config(const std::string& model, const fs::path& dir,
                              const std::function<void(nlohmann::json&)>& edit) {
   const fs::path target = dir / model;
-  fs::copy(kGolden / model, target, fs::copy_options::recursive);
+  fs::copy(kHfGolden / model, target, fs::copy_options::recursive);
   std::ifstream in(target / "config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   in.close();
@@ -139,13 +139,13 @@ std::string error_of(const std::function<void()>& run) {
 TEST_CASE("hf import: the golden models' logits and greedy continuations are transformers'") {
   for (const std::string& name : kModels) {
     CAPTURE(name);
-    const auto model = load_whole((kGolden / name).string());
+    const auto model = load_whole((kHfGolden / name).string());
     const Expected expected = expected_of(name);
     tessera::autograd::NoGradGuard no_grad;
     const Tensor logits = (*model)(expected.idx);
     REQUIRE(logits.sizes() == expected.logits.sizes());
     CHECK(within_float32_bound(logits, expected));
-    const auto wide = load_whole((kGolden / name).string(), tessera::DType::f64);
+    const auto wide = load_whole((kHfGolden / name).string(), tessera::DType::f64);
     CHECK(max_abs_difference((*wide)(expected.idx), expected.logits_f64) <= kFloat64Bound);
     const std::vector<int64_t> prompt = expected.prompt.to_vector<int64_t>();
     const std::vector<int64_t> greedy = expected.greedy.to_vector<int64_t>();
@@ -154,27 +154,27 @@ TEST_CASE("hf import: the golden models' logits and greedy continuations are tra
 }
 
 TEST_CASE("hf import: the configs map to tessera's shapes") {
-  const tessera::train::HfModelInfo gpt2 = tessera::train::read_hf_model_info((kGolden / "gpt2").string());
+  const tessera::train::HfModelInfo gpt2 = tessera::train::read_hf_model_info((kHfGolden / "gpt2").string());
   const auto& gpt_config = std::get<tessera::nn::GPTConfig>(gpt2.config);
   CHECK(gpt_config.vocab_size == 101);
   CHECK(gpt_config.padded_vocab_size() == 101);
   CHECK(gpt_config.block_size == 32);
   CHECK(gpt_config.n_head == 4);
   CHECK(gpt_config.dropout == 0.0);
-  const tessera::train::HfModelInfo llama = tessera::train::read_hf_model_info((kGolden / "llama").string());
+  const tessera::train::HfModelInfo llama = tessera::train::read_hf_model_info((kHfGolden / "llama").string());
   const auto& llama_config = std::get<tessera::nn::LlamaConfig>(llama.config);
   CHECK(llama_config.n_kv_head == 2);
   CHECK(llama_config.ffn_hidden == 48);
   CHECK(llama_config.rope_theta == 500000.0);
   CHECK(llama_config.norm_eps == 1e-5);
   CHECK_FALSE(llama.tied_head);
-  CHECK(tessera::train::read_hf_model_info((kGolden / "llama_tied").string()).tied_head);
+  CHECK(tessera::train::read_hf_model_info((kHfGolden / "llama_tied").string()).tied_head);
 }
 
 TEST_CASE("hf import on 3 FSDP ranks: uneven row shards load their pieces and compute the golden logits") {
   for (const std::string& name : {std::string("gpt2"), std::string("llama")}) {
     CAPTURE(name);
-    const std::string dir = (kGolden / name).string();
+    const std::string dir = (kHfGolden / name).string();
     const Expected expected = expected_of(name);
     std::atomic<int> failures{0};
     tessera::dist::run_local(3, [&](const tessera::dist::ProcessGroupPtr& group) {
@@ -197,7 +197,7 @@ TEST_CASE("hf export: the files transformers saved, and back bitwise (one file, 
   TempDir temp;
   for (const std::string& name : kModels) {
     CAPTURE(name);
-    const std::string golden = (kGolden / name).string();
+    const std::string golden = (kHfGolden / name).string();
     const auto model = load_whole(golden);
     const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(golden);
     const std::string out = (temp.path / name).string();
@@ -229,7 +229,7 @@ TEST_CASE("hf export: the files transformers saved, and back bitwise (one file, 
 
 TEST_CASE("hf export from 3 FSDP ranks streams through rank 0 and equals the one-rank export") {
   TempDir temp;
-  const std::string golden = (kGolden / "llama").string();
+  const std::string golden = (kHfGolden / "llama").string();
   const std::string one_rank = (temp.path / "one").string(), three_ranks = (temp.path / "three").string();
   const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(golden);
   tessera::train::export_hf(one_rank, info.config, checkpoint::model_state(*load_whole(golden), ""), {.sync = false});
@@ -252,7 +252,7 @@ TEST_CASE("hf export from 3 FSDP ranks streams through rank 0 and equals the one
 
 TEST_CASE("hf export replaces an earlier export only once complete, and leaves nothing behind on failure") {
   TempDir temp;
-  const std::string golden = (kGolden / "gpt2").string();
+  const std::string golden = (kHfGolden / "gpt2").string();
   const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(golden);
   const auto model = load_whole(golden);
   const std::string out = (temp.path / "model").string();

@@ -80,10 +80,10 @@ void kill_and_reap(Child& child) {
 int64_t check_latest_intact(const std::string& root) {
   const std::optional<CheckpointEntry> latest = latest_checkpoint(root);
   REQUIRE(latest.has_value());
-  const DistributedStateDict state = testing::zero_state(nullptr);
+  const DistributedStateDict state = checkpoint::testing::zero_state(nullptr);
   const LoadReport report = load(latest->path, state);
   CHECK(report.training_state.at("step") == latest->step);
-  CHECK(testing::check_known_state(state, latest->step) == "");
+  CHECK(checkpoint::testing::check_known_state(state, latest->step) == "");
   return latest->step;
 }
 
@@ -111,9 +111,9 @@ TEST_CASE("checkpoint: SIGKILL at every save point leaves a loadable, intact lat
     CHECK(check_latest_intact(root) == kill.latest_after);
     // Every complete checkpoint, not only the latest, is intact.
     for (const CheckpointEntry& entry : list_checkpoints(root)) {
-      const DistributedStateDict state = testing::zero_state(nullptr);
+      const DistributedStateDict state = checkpoint::testing::zero_state(nullptr);
       load(entry.path, state);
-      CHECK(testing::check_known_state(state, entry.step) == "");
+      CHECK(checkpoint::testing::check_known_state(state, entry.step) == "");
     }
   }
   // The kill at "pruning" left step 1 renamed aside, never as a torn step-1.

@@ -13,12 +13,15 @@
 
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "train/loss_plot.h"
 #include "train/train_config.h"
 #include "train/training_run.h"
 
 using tessera::train::TrainConfig;
 using tessera::checkpoint::testing::TempDir;
+
+using tessera::testing::read_file;
 
 namespace {
 
@@ -37,11 +40,6 @@ Points series_points(const std::string& svg, const std::string& label) {
     points.emplace_back(std::stod(pair.substr(0, comma)), std::stod(pair.substr(comma + 1)));
   }
   return points;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
 }
 
 // A run of a few seconds: the tiny GPT on the default corpus, 2 ranks.

@@ -25,6 +25,7 @@
 #include "checkpoint/safetensors.h"
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "train/file_lock.h"
 #include "train/output_claim.h"
 #include "train/step_log.h"
@@ -35,6 +36,8 @@ using tessera::checkpoint::testing::TempDir;
 using tessera::train::FileLock;
 using tessera::train::OutputClaim;
 using tessera::train::StepLog;
+
+using tessera::testing::contains;
 
 namespace {
 
@@ -48,8 +51,6 @@ std::string read_bytes(const std::string& path) {
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
-
-bool contains(const std::string& text, const std::string& piece) { return text.find(piece) != std::string::npos; }
 
 // Runs claim(i) on `contenders` threads released together at a barrier; a
 // winner holds what it claimed until every contender has tried, as a

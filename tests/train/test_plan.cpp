@@ -20,6 +20,7 @@
 #include "tensor/error.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "tests/fsdp/plan_text.h"
+#include "tests/train/text_file.h"
 #include "tests/train/train_outcome.h"
 #include "train/flag_checks.h"
 #include "train/model_family.h"
@@ -32,6 +33,8 @@ using tessera::checkpoint::testing::TempDir;
 namespace fsdp = tessera::fsdp;
 using tessera::train::testing::parse_flags;
 using tessera::fsdp::testing::table_row;
+
+using tessera::testing::read_file;
 
 namespace {
 
@@ -63,11 +66,6 @@ TrainConfig preset_run(tessera::train::ModelFamily family, const std::string& pr
   config.nproc = nproc;
   config.plan = true;
   return config;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -47,7 +47,7 @@ TrainConfig resume_config(int nproc, int64_t grad_accum, double dropout) {
   return config;
 }
 
-tessera::train::TrainSummary run(TrainConfig config) {
+tessera::train::TrainSummary run_to_summary(TrainConfig config) {
   std::ostringstream log;
   tessera::train::TrainSummary summary = tessera::train::train(config, log);
   INFO(log.str());
@@ -86,7 +86,7 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   whole.deterministic = true;
   whole.ckpt_dir = tmp / "whole";
   whole.async_ckpt = true;
-  const tessera::train::TrainSummary uninterrupted = run(whole);
+  const tessera::train::TrainSummary uninterrupted = run_to_summary(whole);
   REQUIRE(uninterrupted.losses.size() == 6);
 
   // A second run that finds only step 3 (as if it had crashed at step 4).
@@ -95,7 +95,7 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   resumed_config.ckpt_dir = tmp / "resumed";
   resumed_config.async_ckpt = false;
   resumed_config.resume = true;
-  const tessera::train::TrainSummary resumed = run(resumed_config);
+  const tessera::train::TrainSummary resumed = run_to_summary(resumed_config);
   CHECK(resumed.first_step == 4);
   REQUIRE(resumed.losses.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
@@ -124,7 +124,7 @@ void check_resume_on_one_rank(TrainConfig whole, const TempDir& tmp, const std::
   whole.clip = 0.0;
   whole.threads = 1;
   whole.ckpt_dir = tmp / "whole";
-  const tessera::train::TrainSummary uninterrupted = run(whole);
+  const tessera::train::TrainSummary uninterrupted = run_to_summary(whole);
 
   copy_run(tmp / "whole", tmp / "resumed", 3);
   TrainConfig narrower = whole;
@@ -132,7 +132,7 @@ void check_resume_on_one_rank(TrainConfig whole, const TempDir& tmp, const std::
   narrower.grad_accum = 4;  // the same global batch
   narrower.ckpt_dir = tmp / "resumed";
   narrower.resume = true;
-  const tessera::train::TrainSummary resumed = run(narrower);
+  const tessera::train::TrainSummary resumed = run_to_summary(narrower);
   CHECK(resumed.first_step == 4);
   REQUIRE(resumed.losses.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
@@ -160,7 +160,7 @@ nlohmann::json check_export_and_init_from(TrainConfig config, const TrainConfig&
   config.steps = 2;
   config.ckpt_dir = tmp / "ckpt";
   config.export_path = tmp / "model.safetensors";
-  run(config);
+  run_to_summary(config);
   const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(tmp / "model.safetensors");
   CHECK(header.metadata.at("tessera.step") == "2");
   REQUIRE(header.metadata.count("tessera.gpt_config") == 1);
@@ -191,7 +191,7 @@ TEST_CASE("resume errors: another model shape, another seed (refused by the root
   config.steps = 1;
   config.warmup = 0;
   config.ckpt_dir = tmp / "ckpt";
-  run(config);
+  run_to_summary(config);
 
   TrainConfig wider = config;
   wider.steps = 2;
@@ -265,7 +265,7 @@ TEST_CASE("resume and --init-from refuse a model of another family, by name, bef
   llama.warmup = 0;
   llama.ckpt_dir = tmp / "ckpt";
   llama.export_path = tmp / "llama.safetensors";
-  run(llama);
+  run_to_summary(llama);
 
   // The same run resumed as a GPT: the root's run record names the family.
   TrainConfig as_gpt = resume_config(1, 1, 0.0);
@@ -297,7 +297,7 @@ TEST_CASE("resume and --init-from refuse a model of another family, by name, bef
   gpt_run.warmup = 0;
   gpt_run.ckpt_every = 0;
   gpt_run.export_path = tmp / "gpt.safetensors";
-  run(gpt_run);
+  run_to_summary(gpt_run);
   tessera::train::Trainer llama_trainer(llama_resume_config(1, 1), tessera::train::build_data(llama_resume_config(1, 1)));
   CHECK_THROWS_WITH_AS(llama_trainer.init_from(tmp / "gpt.safetensors"),
                        doctest::Contains("holds a gpt model, this run trains a llama (--model llama)"),

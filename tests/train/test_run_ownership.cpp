@@ -13,6 +13,7 @@
 #include "tensor/error.h"
 #include "tests/checkpoint/known_state.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "train/checkpoint_manager.h"
 #include "train/model_loader.h"
 #include "train/run_record.h"
@@ -22,6 +23,9 @@ using namespace tessera::checkpoint;
 using namespace tessera::train;
 using tessera::checkpoint::testing::TempDir;
 namespace fs = std::filesystem;
+
+using tessera::testing::read_file;
+using tessera::testing::write_file;
 
 namespace {
 
@@ -35,16 +39,7 @@ const nlohmann::json kSeed42 = {{"seed", 42}, {"data", "a.txt"}};
 void save_steps(const std::string& root, const nlohmann::json& identity, std::initializer_list<int64_t> steps,
                 RootMode mode = RootMode::new_run) {
   CheckpointManager manager(root, run_options(mode, identity));
-  for (const int64_t step : steps) manager.save(step, testing::known_state(nullptr, step, 10), {{"step", step}});
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  for (const int64_t step : steps) manager.save(step, checkpoint::testing::known_state(nullptr, step, 10), {{"step", step}});
 }
 
 }  // namespace
@@ -192,7 +187,7 @@ TEST_CASE("run ownership: a changed metadata.json is found, and the step must be
   CHECK(manager.latest()->step == 4);
   REQUIRE(manager.notices().size() == 1);
   CHECK(manager.notices()[0].find("step-00000003 is damaged") != std::string::npos);
-  manager.save(5, testing::known_state(nullptr, 5, 10), {});
+  manager.save(5, checkpoint::testing::known_state(nullptr, 5, 10), {});
   const auto kept = list_checkpoints(root);
   REQUIRE(kept.size() == 2);
   CHECK(kept[0].step == 3);  // damaged: not provably this run's, so not pruned
@@ -234,7 +229,7 @@ TEST_CASE("run ownership: pruning keeps the checkpoint just written, even below 
   fs::rename(checkpoint_path(root, 6), tmp / "aside");
   CheckpointManager manager(root, run_options(RootMode::continue_run, kSeed1, 1));
   fs::rename(tmp / "aside", checkpoint_path(root, 6));
-  manager.save(5, testing::known_state(nullptr, 5, 10), {});
+  manager.save(5, checkpoint::testing::known_state(nullptr, 5, 10), {});
   const auto kept = list_checkpoints(root);
   REQUIRE(kept.size() == 2);
   CHECK(kept[0].step == 5);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "train/flag_checks.h"
 #include "train/token_cache.h"
 #include "train/train_config.h"
@@ -23,17 +24,14 @@
 namespace fs = std::filesystem;
 using tessera::checkpoint::testing::TempDir;
 
+using tessera::testing::write_file;
+
 namespace {
 
 const fs::path kGpt2Tokenizer = fs::path(TESSERA_TOKENIZER_GOLDEN_DIR) / "gpt2" / "tokenizer.json";
 
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream file(path, std::ios::binary);
-  file << text;
-}
-
 // parse_command_line's exit code (nullopt: go on) and its error text.
-std::pair<std::optional<int>, std::string> parse(std::vector<const char*> args, tessera::train::TrainConfig& config) {
+std::pair<std::optional<int>, std::string> parse_into(std::vector<const char*> args, tessera::train::TrainConfig& config) {
   args.insert(args.begin(), "train");
   std::ostringstream out, err;
   const std::optional<int> code = tessera::train::parse_command_line(static_cast<int>(args.size()), args.data(), config, out, err);
@@ -52,20 +50,20 @@ std::string some_text() {
 TEST_CASE("train --tokenizer: the vocabulary is the tokenizer's, and clashing flags are refused") {
   const std::string tokenizer = kGpt2Tokenizer.string();
   tessera::train::TrainConfig config;
-  CHECK(!parse({"--tokenizer", tokenizer.c_str(), "--plan"}, config).first);
+  CHECK(!parse_into({"--tokenizer", tokenizer.c_str(), "--plan"}, config).first);
   CHECK(tessera::train::vocab_size(config.model_config()) == 659);
   tessera::train::TrainConfig llama;
-  CHECK(!parse({"--model", "llama", "--tokenizer", tokenizer.c_str(), "--plan"}, llama).first);
+  CHECK(!parse_into({"--model", "llama", "--tokenizer", tokenizer.c_str(), "--plan"}, llama).first);
   CHECK(tessera::train::vocab_size(llama.model_config()) == 659);
 
   tessera::train::TrainConfig refused;
-  auto [code, err] = parse({"--tokenizer", tokenizer.c_str(), "--vocab", "700"}, refused);
+  auto [code, err] = parse_into({"--tokenizer", tokenizer.c_str(), "--vocab", "700"}, refused);
   CHECK(code == tessera::train::kUsageExitCode);
   CHECK(err.find("--vocab and --tokenizer both set the vocabulary") != std::string::npos);
-  std::tie(code, err) = parse({"--tokenizer", tokenizer.c_str(), "--data", "synthetic"}, refused);
+  std::tie(code, err) = parse_into({"--tokenizer", tokenizer.c_str(), "--data", "synthetic"}, refused);
   CHECK(code == tessera::train::kUsageExitCode);
   CHECK(err.find("--data synthetic has none") != std::string::npos);
-  std::tie(code, err) = parse({"--tokenizer", "/nonexistent/tokenizer.json"}, refused);
+  std::tie(code, err) = parse_into({"--tokenizer", "/nonexistent/tokenizer.json"}, refused);
   CHECK(code == tessera::train::kUsageExitCode);
   CHECK(err.find("/nonexistent/tokenizer.json") != std::string::npos);
 }
@@ -81,7 +79,7 @@ TEST_CASE("train --tokenizer: the text's tokens are cached in --ckpt-dir and rea
   args[1] = tokenizer.c_str();
   args[3] = data.c_str();
   args[9] = ckpt.c_str();
-  REQUIRE(!parse(args, config).first);
+  REQUIRE(!parse_into(args, config).first);
 
   tessera::train::Tokenizer reference = tessera::train::Tokenizer::load(kGpt2Tokenizer);
   const std::vector<uint32_t> ids = reference.encode(text);
@@ -151,7 +149,7 @@ TEST_CASE("train --tokenizer with ids past 65,535: wide tokens, cached as llm.c'
 
   const std::string tokenizer = dir / "tokenizer.json", data = dir / "text.txt", ckpt = dir / "ckpt";
   tessera::train::TrainConfig config;
-  REQUIRE(!parse({"--tokenizer", tokenizer.c_str(), "--data", data.c_str(), "--seq-len", "16", "--batch", "2",
+  REQUIRE(!parse_into({"--tokenizer", tokenizer.c_str(), "--data", data.c_str(), "--seq-len", "16", "--batch", "2",
                   "--steps", "3", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--ckpt-dir", ckpt.c_str(),
                   "--ckpt-every", "0", "--eval-every", "0"},
                  config)

@@ -30,7 +30,7 @@ using tessera::train::Tokenizer;
 
 namespace {
 
-const fs::path kGolden = TESSERA_TOKENIZER_GOLDEN_DIR;
+const fs::path kTokenizerGolden = TESSERA_TOKENIZER_GOLDEN_DIR;
 
 std::string read_text(const fs::path& path) { return tessera::checkpoint::read_file_text(path.string()); }
 
@@ -49,7 +49,7 @@ struct GoldenCase {
 
 // One JSON object a line: the header, then the cases.
 std::vector<GoldenCase> read_cases(const std::string& name) {
-  std::ifstream file(kGolden / name);
+  std::ifstream file(kTokenizerGolden / name);
   REQUIRE(file);
   std::vector<GoldenCase> cases;
   std::string line;
@@ -79,7 +79,7 @@ size_t check_golden(Tokenizer& tokenizer, const std::vector<GoldenCase>& cases, 
 }
 
 // The GPT-2 style tokenizer.json, for variations.
-nlohmann::json gpt2_json() { return nlohmann::json::parse(read_text(kGolden / "gpt2" / "tokenizer.json")); }
+nlohmann::json gpt2_json() { return nlohmann::json::parse(read_text(kTokenizerGolden / "gpt2" / "tokenizer.json")); }
 
 // The message read_tokenizer_json throws for `json` ("" if none).
 std::string refusal(const nlohmann::json& json) {
@@ -162,7 +162,7 @@ std::vector<std::string> pieces(std::string_view text, tessera::train::SplitPatt
 }  // namespace
 
 TEST_CASE("tokenizer: GPT-2 style tokenizer.json (\"a b\" merges) matches tokenizers id for id") {
-  Tokenizer tokenizer = Tokenizer::load(kGolden / "gpt2" / "tokenizer.json");
+  Tokenizer tokenizer = Tokenizer::load(kTokenizerGolden / "gpt2" / "tokenizer.json");
   const std::vector<GoldenCase> cases = read_cases("gpt2_cases.json");
   CHECK(cases.size() > 300);
   CHECK(tokenizer.vocab_size() == 659);
@@ -171,9 +171,9 @@ TEST_CASE("tokenizer: GPT-2 style tokenizer.json (\"a b\" merges) matches tokeni
 
 TEST_CASE("tokenizer: GPT-2's vocab.json + merges.txt match tokenizers' BPE.from_file") {
   const std::vector<GoldenCase> cases = read_cases("gpt2_cases.json");
-  Tokenizer from_directory = Tokenizer::load(kGolden / "gpt2");  // tokenizer.json wins in a directory
+  Tokenizer from_directory = Tokenizer::load(kTokenizerGolden / "gpt2");  // tokenizer.json wins in a directory
   CHECK(from_directory.source().ends_with("tokenizer.json"));
-  Tokenizer pair = Tokenizer::load(kGolden / "gpt2" / "vocab.json");
+  Tokenizer pair = Tokenizer::load(kTokenizerGolden / "gpt2" / "vocab.json");
   CHECK(pair.source().ends_with("merges.txt"));
   CHECK(check_golden(pair, cases, true) == cases.size());
 }
@@ -191,7 +191,7 @@ TEST_CASE("tokenizer: the same model with [a, b] merges gives the same ids") {
 }
 
 TEST_CASE("tokenizer: Llama 3 style tokenizer.json (its regex, ignore_merges, special tokens) matches tokenizers") {
-  Tokenizer tokenizer = Tokenizer::load(kGolden / "llama3" / "tokenizer.json");
+  Tokenizer tokenizer = Tokenizer::load(kTokenizerGolden / "llama3" / "tokenizer.json");
   REQUIRE(tokenizer.splits() == std::vector<tessera::train::SplitPattern>{tessera::train::SplitPattern::llama3});
   const std::vector<GoldenCase> cases = read_cases("llama3_cases.json");
   CHECK(cases.size() > 300);
@@ -201,8 +201,8 @@ TEST_CASE("tokenizer: Llama 3 style tokenizer.json (its regex, ignore_merges, sp
 
 TEST_CASE("tokenizer: decode is the exact inverse of encode on random bytes") {
   std::mt19937 rng(7);
-  Tokenizer gpt2 = Tokenizer::load(kGolden / "gpt2" / "tokenizer.json");
-  Tokenizer llama3 = Tokenizer::load(kGolden / "llama3" / "tokenizer.json");
+  Tokenizer gpt2 = Tokenizer::load(kTokenizerGolden / "gpt2" / "tokenizer.json");
+  Tokenizer llama3 = Tokenizer::load(kTokenizerGolden / "llama3" / "tokenizer.json");
   for (int trial = 0; trial < 2000; ++trial) {
     const std::string bytes = random_bytes(rng, std::uniform_int_distribution<size_t>(0, 120)(rng));
     REQUIRE(gpt2.decode(gpt2.encode(bytes)) == bytes);
@@ -217,7 +217,7 @@ TEST_CASE("tokenizer: decode is the exact inverse of encode on random bytes") {
 }
 
 TEST_CASE("tokenizer: the heap's merges equal the naive O(n^2) BPE's") {
-  const tessera::train::TokenizerSpec spec = tessera::train::read_tokenizer_json(read_text(kGolden / "gpt2" / "tokenizer.json"), "t.json");
+  const tessera::train::TokenizerSpec spec = tessera::train::read_tokenizer_json(read_text(kTokenizerGolden / "gpt2" / "tokenizer.json"), "t.json");
   const tessera::train::BpeModel model(spec.bpe);
   std::mt19937 rng(11);
   const std::string alphabet = "thean esrioud'\xC3\xA9\xE6\x97\xA5";
@@ -363,14 +363,14 @@ TEST_CASE("tokenizer: inconsistent vocabularies and merges are refused by name")
   CHECK(refused([](auto& j) { j["added_tokens"][1]["id"] = j["added_tokens"][2]["id"]; }).find("both have id") !=
         std::string::npos);
 
-  const std::string vocab = read_text(kGolden / "gpt2" / "vocab.json");
+  const std::string vocab = read_text(kTokenizerGolden / "gpt2" / "vocab.json");
   CHECK_THROWS_WITH_AS(tessera::train::read_gpt2_vocab_files(vocab, "vocab.json", "#version: 0.2\na b\nab\n", "merges.txt"),
                        doctest::Contains("merges.txt: line 3"), tessera::Error);
   CHECK_THROWS_WITH_AS(Tokenizer(tessera::train::read_gpt2_vocab_files(vocab, "vocab.json", "x y\n", "merges.txt")),
                        doctest::Contains("'xy' is not in the vocab"), tessera::Error);
   CHECK_THROWS_WITH_AS(tessera::train::read_gpt2_vocab_files("{", "vocab.json", "", "merges.txt"),
                        doctest::Contains("vocab.json: not valid JSON"), tessera::Error);
-  CHECK_THROWS_WITH_AS(Tokenizer::load(kGolden / "absent.json"), doctest::Contains("absent.json"), tessera::Error);
+  CHECK_THROWS_WITH_AS(Tokenizer::load(kTokenizerGolden / "absent.json"), doctest::Contains("absent.json"), tessera::Error);
   const fs::path empty = fs::temp_directory_path() / "tessera_tokenizer_empty_dir";
   fs::create_directories(empty);
   CHECK_THROWS_WITH_AS(Tokenizer::load(empty), doctest::Contains("neither tokenizer.json"), tessera::Error);

@@ -13,6 +13,7 @@
 #include "fsdp/state_dict.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/ops.h"
+#include "tests/train/cuda_device.h"
 #include "train/resource_limits.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -24,9 +25,9 @@
 
 using tessera::train::TrainConfig;
 
-namespace {
+using tessera::testing::kCuda;
 
-const tessera::Device kCuda(tessera::DeviceType::cuda);
+namespace {
 
 // Small enough for the simulator: the tiny GPT's shape, short sequences.
 TrainConfig tiny_cuda_config(tessera::Device device) {
