@@ -175,6 +175,7 @@ Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const dist:
 
 void export_through_rank0(const DistributedStateDict& state, const dist::ProcessGroupPtr& group_option,
                           ExportSink* sink) {
+  check_no_pending_sums(state, "checkpoint export");
   const dist::ProcessGroupPtr group = resolve_group(group_option);
   const int rank = rank_of(group);
   TESSERA_CHECK(rank != 0 || sink != nullptr, "checkpoint::export_through_rank0: rank 0 needs a sink");

@@ -93,6 +93,19 @@ nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDic
 
 // ---- save ----------------------------------------------------------------------------------------
 
+void check_no_pending_sums(const DistributedStateDict& state, const char* op) {
+  for (const auto& [name, entry] : state) {
+    const auto* dtensor = std::get_if<dist::DTensor>(&entry);
+    if (dtensor == nullptr) continue;
+    for (size_t dim = 0; dim < dtensor->placements().size(); ++dim) {
+      TESSERA_CHECK(!std::holds_alternative<dist::Partial>(dtensor->placements()[dim]),
+                    "{}: '{}' is Partial(sum) on mesh dim {}: its pieces are terms of a pending sum, not the value; "
+                    "redistribute it to Replicate or Shard first",
+                    op, name, dim);
+    }
+  }
+}
+
 LocalBox local_box_of(const StateEntry& entry) {
   if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
     return {*tensor, tensor->defined() ? Shape(static_cast<size_t>(tensor->dim()), 0) : Shape{}};
@@ -124,6 +137,7 @@ void save(const std::string& dir, const DistributedStateDict& state, const SaveO
 
 void save_or_report(const std::string& dir, const DistributedStateDict& state, const SaveOptions& options,
                     const std::string& local_error) {
+  check_no_pending_sums(state, "checkpoint::save");
   const dist::ProcessGroupPtr group = resolve_group(options.group);
   const int rank = rank_of(group);
   const std::string tmp = dir + ".tmp";
@@ -225,6 +239,7 @@ CheckpointMetadata read_metadata(const std::string& dir) {
 }
 
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
+  check_no_pending_sums(state, "checkpoint::load");
   const dist::ProcessGroupPtr group = resolve_group(options.group);
   const int rank = rank_of(group);
   const CheckpointMetadata metadata = read_metadata(dir);

@@ -39,6 +39,10 @@ struct LocalBox {
 };
 LocalBox local_box_of(const StateEntry& entry);
 const Shape& global_shape_of(const StateEntry& entry);
+// Refuses an entry that is a DTensor with a Partial placement: its pieces
+// are terms of a pending sum, not pieces of the value (save, load and export
+// call it first, on every rank alike).
+void check_no_pending_sums(const DistributedStateDict& state, const char* op);
 
 struct SaveOptions {
   // The ranks that save together (every one calls save). Null: dist::world(),

@@ -1,5 +1,5 @@
 // The dist API in one include: process groups and their Work, reduce ops,
-// the device mesh, DTensor, comm stats, errors, tracing, and the two ways to
+// the device mesh, DTensor and redistribute, comm stats, errors, tracing, and the two ways to
 // start ranks (dist::init, dist::run_local). Backends other than local and
 // the launch machinery (dist/backends/, dist/launch/) are not part of it.
 #pragma once
@@ -11,6 +11,7 @@
 #include "dist/errors.h"
 #include "dist/init.h"
 #include "dist/process_group.h"
+#include "dist/redistribute.h"
 #include "dist/reduce_op.h"
 #include "dist/trace.h"
 #include "dist/work.h"

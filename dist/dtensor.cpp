@@ -1,7 +1,7 @@
 // DTensor: the arithmetic of ceil-chunked pieces (which rank holds which
 // slice of the global tensor), the checks that a local tensor is that slice,
 // and the two conversions: distribute (slice, no communication) and
-// full_tensor (one all-gather per sharded mesh dim).
+// full_tensor (redistribute_local to Replicate on every mesh dim).
 #include "dist/dtensor.h"
 
 #include <fmt/format.h>
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "dist/redistribute.h"
 #include "tensor/ops.h"
 
 namespace tessera::dist {
@@ -66,6 +67,7 @@ LocalPiece checked_local_piece(const Shape& global_shape, const Shape& mesh_shap
 
 std::string placement_name(const Placement& placement) {
   if (const Shard* shard = std::get_if<Shard>(&placement)) return fmt::format("Shard({})", shard->dim);
+  if (std::holds_alternative<Partial>(placement)) return "Partial(sum)";
   return "Replicate()";
 }
 
@@ -103,69 +105,11 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, Placements placements, Shape glo
 
 Tensor DTensor::full_tensor() const {
   TESSERA_CHECK(defined(), "DTensor::full_tensor: the DTensor is undefined");
-  // A meta tensor has no bytes to gather: the answer is its shape.
-  if (local_.is_meta()) return ops::empty(global_shape_, {.dtype = dtype(), .device = device()});
-
-  // level_shape[m]: the piece this rank's coordinates give before mesh dim m
-  // splits it, i.e. after mesh dims 0..m-1. Undoing the splits from the last
-  // mesh dim to the first grows the local piece back through these shapes.
-  const int64_t mesh_ndim = mesh_.ndim();
-  std::vector<Shape> level_shape(static_cast<size_t>(mesh_ndim));
-  Shape shape = global_shape_;
-  for (int64_t m = 0; m < mesh_ndim; ++m) {
-    level_shape[m] = shape;
-    if (const Shard* shard = std::get_if<Shard>(&placements_[m])) {
-      shape[shard->dim] = shard_extent(shape[shard->dim], mesh_.size(m), mesh_.coordinate(m)).length;
-    }
-  }
-
-  Tensor current = local_;
-  bool gathered = false;
-  for (int64_t m = mesh_ndim - 1; m >= 0; --m) {
-    const Shard* shard = std::get_if<Shard>(&placements_[m]);
-    if (shard == nullptr) continue;  // Replicate: every rank along m already holds it
-    const int64_t d = shard->dim;
-    const ProcessGroupPtr& group = mesh_.group(m);
-    const int64_t ranks = group->size();
-    const int64_t size = level_shape[m][d];                     // of tensor dim d once gathered
-    const int64_t chunk = shard_extent(size, ranks, 0).length;  // ceil(size / ranks)
-
-    // The gather runs over dim d moved to the front, so that each rank's
-    // padded chunk is one contiguous block of the flat buffer:
-    //   current: [..., length, ...] (d in place) -> moved: [length, rest...]
-    std::vector<int64_t> to_front{d};
-    for (int64_t i = 0; i < current.dim(); ++i) {
-      if (i != d) to_front.push_back(i);
-    }
-    Tensor moved = ops::permute(current, to_front);
-    Shape gathered_shape = moved.sizes();
-    gathered_shape[0] = ranks * chunk;
-    Tensor out = ops::empty(gathered_shape, {.dtype = dtype(), .device = device()});
-
-    // Write this rank's chunk straight into its slot of `out` (the in-place
-    // form of all_gather_into), zero-padding the rows a short shard lacks.
-    // Every rank of the group sees the same shapes, so all skip an empty gather.
-    if (out.numel() > 0) {
-      Tensor own = ops::narrow(out, 0, group->rank() * chunk, chunk);
-      const int64_t length = moved.size(0);
-      Tensor own_rows = ops::narrow(own, 0, 0, length);
-      ops::copy_(own_rows, moved);
-      Tensor padding = ops::narrow(own, 0, length, chunk - length);
-      ops::zero_(padding);
-      group->all_gather_into(out, own);
-    }
-
-    // [ranks * chunk, rest...] -> d back in place, padding cut off.
-    std::vector<int64_t> back(to_front.size());
-    for (size_t i = 0; i < to_front.size(); ++i) back[to_front[i]] = static_cast<int64_t>(i);
-    current = ops::narrow(ops::permute(out, back), d, 0, size);
-    gathered = true;
-  }
+  Tensor full = redistribute_local(local_, mesh_, global_shape_, placements_,
+                                   Placements(placements_.size(), Replicate{}));
   // A tensor with no elements counts as contiguous whatever its strides: give
   // it the canonical ones.
-  if (current.numel() == 0) return ops::empty(global_shape_, {.dtype = dtype(), .device = device()});
-  // full_tensor never aliases local(): a fully replicated tensor is copied too.
-  return gathered ? ops::contiguous(current) : ops::clone(current);
+  return full.numel() == 0 ? ops::empty(global_shape_, {.dtype = dtype(), .device = device()}) : full;
 }
 
 std::string DTensor::to_string() const {
@@ -183,7 +127,12 @@ DTensor distribute(const Tensor& full, const DeviceMesh& mesh, Placements placem
   for (int64_t d = 0; d < full.dim(); ++d) {
     if (piece.shape[d] != full.size(d)) slice = ops::narrow(slice, d, piece.offset[d], piece.shape[d]);
   }
-  return DTensor(ops::clone(slice), mesh, std::move(placements), full.sizes());
+  bool holds_value = true;  // zeros off coordinate 0 of a Partial mesh dim
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (std::holds_alternative<Partial>(placements[m])) holds_value = holds_value && mesh.coordinate(static_cast<int64_t>(m)) == 0;
+  }
+  Tensor local = holds_value ? ops::clone(slice) : ops::zeros(piece.shape, {.dtype = full.dtype(), .device = full.device()});
+  return DTensor(std::move(local), mesh, std::move(placements), full.sizes());
 }
 
 }  // namespace tessera::dist

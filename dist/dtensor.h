@@ -1,7 +1,8 @@
 // DTensor: one logical (global) tensor stored as per-rank pieces over a
 // DeviceMesh. Each mesh dim has a placement: Replicate (every rank along the
-// dim holds the same data) or Shard(d) (tensor dim d is split along the mesh
-// dim). Splitting is ceil-chunking, as in torch.chunk: with size S over N
+// dim holds the same data), Shard(d) (tensor dim d is split along the mesh
+// dim) or Partial (every rank along the dim holds a term of a pending sum: the
+// value is their sum, as a row-wise matmul leaves it). Splitting is ceil-chunking, as in torch.chunk: with size S over N
 // ranks, chunk = ceil(S / N), rank i holds [i*chunk, min((i+1)*chunk, S)), so
 // trailing ranks are short or empty (97 rows over 8 ranks: 13,13,...,13,6).
 // When several mesh dims shard the same tensor dim, the first splits it and
@@ -24,10 +25,13 @@ struct Shard {
   int64_t dim = 0;
   bool operator==(const Shard&) const = default;
 };
-using Placement = std::variant<Replicate, Shard>;
+struct Partial {
+  bool operator==(const Partial&) const = default;
+};
+using Placement = std::variant<Replicate, Shard, Partial>;
 using Placements = std::vector<Placement>;
 
-std::string placement_name(const Placement& placement);  // "Replicate()", "Shard(0)"
+std::string placement_name(const Placement& placement);  // "Replicate()", "Shard(0)", "Partial(sum)"
 
 // The piece of [0, size) that shard `index` of `num_shards` holds.
 struct ShardExtent {
@@ -60,8 +64,9 @@ class DTensor {
   DType dtype() const { return local_.dtype(); }
   Device device() const { return local_.device(); }
 
-  // The whole tensor on every rank (all-gathers along each sharded mesh dim;
-  // collective over the mesh).
+  // The whole tensor on every rank (all-gathers along each sharded mesh dim,
+  // all-reduces along each Partial one; collective over the mesh). Not
+  // differentiable: redistribute to Replicate everywhere for that.
   Tensor full_tensor() const;
 
   // "DTensor(global [97, 16], local [13, 16] at [13, 0], (Shard(0)), mesh ...)"
@@ -76,7 +81,8 @@ class DTensor {
 };
 
 // Each rank passes the same `full` tensor and keeps its own piece (a
-// contiguous copy; no communication).
+// contiguous copy; no communication). Along a Partial mesh dim, coordinate 0
+// holds the value and the others zeros.
 DTensor distribute(const Tensor& full, const DeviceMesh& mesh, Placements placements);
 
 }  // namespace tessera::dist

@@ -4,6 +4,8 @@
 // during export, and every malformed input reported clearly on every rank.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -70,7 +72,7 @@ Tensor formula_tensor(DType dtype, const Shape& shape) {
   return ops::to(ops::from_vector(values, shape, {.dtype = DType::f64}), dtype);
 }
 
-std::string golden_path() { return std::string(TESSERA_CHECKPOINT_GOLDEN_DIR) + "/python_written.safetensors"; }
+std::string golden_path() { return fmt::format("{}/python_written.safetensors", TESSERA_CHECKPOINT_GOLDEN_DIR); }
 
 // ---- the model the round trips export: awkward sizes, every dtype, a whole tensor ----
 

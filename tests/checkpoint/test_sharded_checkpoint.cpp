@@ -323,3 +323,21 @@ TEST_CASE("checkpoint: live tensors that require grad save, snapshot and export 
   CHECK(read_safetensors_tensor(tmp / "sharded.safetensors", "weight").to_vector<double>() ==
         whole.to_vector<double>());
 }
+
+TEST_CASE("checkpoint: a Partial DTensor is refused by save, load and export, by name") {
+  TempDir tmp;
+  dist::run_local(2, [&](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {2});
+    DistributedStateDict state;
+    state["pending"] = dist::distribute(ops::ones({4, 2}), mesh, {dist::Partial{}});
+    const std::string expected =
+        "'pending' is Partial(sum) on mesh dim 0: its pieces are terms of a pending sum, not the value; "
+        "redistribute it to Replicate or Shard first";
+    CHECK_THROWS_WITH_AS(save(tmp / "ckpt", state, {.group = group}), ("checkpoint::save: " + expected).c_str(), Error);
+    CHECK_THROWS_WITH_AS(load(tmp / "ckpt", state, {.group = group}), ("checkpoint::load: " + expected).c_str(), Error);
+    CHECK_THROWS_WITH_AS(export_safetensors(tmp / "out.safetensors", state, {.group = group}),
+                         ("checkpoint export: " + expected).c_str(), Error);
+    CHECK_FALSE(fs::exists(tmp / "ckpt.tmp"));
+    CHECK_FALSE(fs::exists(tmp / "out.safetensors"));
+  });
+}

@@ -11,10 +11,13 @@
 #include "dist/backends/local_backend.h"
 #include "dist/dtensor.h"
 #include "tensor/ops.h"
+#include "tests/dist/dtensor_pieces.h"
 
 using namespace tessera;
 using namespace tessera::dist;
 namespace ops = tessera::ops;
+using tessera::testing::same_bits;
+using tessera::testing::slice_of;
 
 namespace {
 
@@ -33,20 +36,6 @@ Tensor sample(const Shape& shape, DType dtype) {
     return ops::from_vector(values, shape);
   }
   return ops::to(ops::randn(shape, PhiloxKey{.seed = 11, .stream = 3}), dtype);
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
-  const Tensor x = ops::contiguous(a);
-  const Tensor y = ops::contiguous(b);
-  return x.nbytes() == 0 || std::memcmp(x.raw_data(), y.raw_data(), static_cast<size_t>(x.nbytes())) == 0;
-}
-
-// The slice of `full` that `piece` describes.
-Tensor slice_of(const Tensor& full, const LocalPiece& piece) {
-  Tensor slice = full;
-  for (int64_t d = 0; d < full.dim(); ++d) slice = ops::narrow(slice, d, piece.offset[d], piece.shape[d]);
-  return slice;
 }
 
 std::string describe(const Shape& shape, const Placements& placements, DType dtype) {
