@@ -1,7 +1,7 @@
 // tessera for model authors, in one include: tensors and the differentiable
 // functions (tessera::relu, tessera::matmul, ...), backward, grad mode, the
 // nn layers, optimizers and the GPT model, the process groups and local
-// launcher, fully_shard, and sharded checkpoints. Installed as
+// launcher, fully_shard, loss parallel, and sharded checkpoints. Installed as
 // <tessera/tessera.h>; in the source tree it is "tessera.h".
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "nn/nn.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
+#include "tp/loss_parallel.h"
 
 namespace tessera {
 // backward(loss) beside the differentiable functions, where model code looks.

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-LAYERS = ("tensor", "autograd", "dist", "nn", "fsdp", "checkpoint")
+LAYERS = ("tensor", "autograd", "dist", "nn", "tp", "fsdp", "checkpoint")
 # What a user includes by name; everything they include comes along.
 ENTRY_POINTS = (
     "tessera.h",  # a model author's one include: tensors to sharded checkpoints
