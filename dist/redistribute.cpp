@@ -14,6 +14,8 @@ namespace tessera::dist {
 
 namespace {
 
+using autograd::TensorList;
+
 bool is_partial(const Placement& placement) { return std::holds_alternative<Partial>(placement); }
 
 bool shards_dim(const Placement& placement, int64_t d) {
