@@ -129,9 +129,11 @@ DTensor distribute(const Tensor& full, const DeviceMesh& mesh, Placements placem
   }
   bool holds_value = true;  // zeros off coordinate 0 of a Partial mesh dim
   for (size_t m = 0; m < placements.size(); ++m) {
-    if (std::holds_alternative<Partial>(placements[m])) holds_value = holds_value && mesh.coordinate(static_cast<int64_t>(m)) == 0;
+    const bool off_first = mesh.coordinate(static_cast<int64_t>(m)) != 0;
+    if (std::holds_alternative<Partial>(placements[m]) && off_first) holds_value = false;
   }
-  Tensor local = holds_value ? ops::clone(slice) : ops::zeros(piece.shape, {.dtype = full.dtype(), .device = full.device()});
+  Tensor local = holds_value ? ops::clone(slice)
+                             : ops::zeros(piece.shape, {.dtype = full.dtype(), .device = full.device()});
   return DTensor(std::move(local), mesh, std::move(placements), full.sizes());
 }
 

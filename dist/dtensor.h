@@ -2,7 +2,8 @@
 // DeviceMesh. Each mesh dim has a placement: Replicate (every rank along the
 // dim holds the same data), Shard(d) (tensor dim d is split along the mesh
 // dim) or Partial (every rank along the dim holds a term of a pending sum: the
-// value is their sum, as a row-wise matmul leaves it). Splitting is ceil-chunking, as in torch.chunk: with size S over N
+// value is their sum, as a row-wise matmul leaves it). Splitting is
+// ceil-chunking, as in torch.chunk: with size S over N
 // ranks, chunk = ceil(S / N), rank i holds [i*chunk, min((i+1)*chunk, S)), so
 // trailing ranks are short or empty (97 rows over 8 ranks: 13,13,...,13,6).
 // When several mesh dims shard the same tensor dim, the first splits it and

@@ -69,7 +69,9 @@ Tensor partial_piece(const Tensor& full, const DeviceMesh& mesh, const Placement
     mine = mine * mesh.size(m) + mesh.coordinate(m);
     combinations *= mesh.size(m);
   }
-  auto term = [&](int64_t combination) { return integer_values(full.sizes(), 1000 + static_cast<uint64_t>(combination)); };
+  auto term = [&](int64_t combination) {
+    return integer_values(full.sizes(), 1000 + static_cast<uint64_t>(combination));
+  };
   Tensor value;
   if (mine != 0) {
     value = term(mine);
@@ -289,7 +291,9 @@ TEST_CASE("redistribute: the gradient of every 1-D move, laid out each way it ma
   for (const auto& [world, shape] : cases) {
     for (const Placements& from : all_placements(1)) {
       for (const Placements& to : all_placements(1)) {
-        for (const std::optional<Placements>& grad : grad_layouts(to)) check_gradient(world, {world}, shape, from, to, grad);
+        for (const std::optional<Placements>& grad : grad_layouts(to)) {
+          check_gradient(world, {world}, shape, from, to, grad);
+        }
       }
     }
   }
