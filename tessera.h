@@ -16,6 +16,8 @@
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 #include "tp/loss_parallel.h"
+#include "tp/parallelize.h"
+#include "tp/plans.h"
 
 namespace tessera {
 // backward(loss) beside the differentiable functions, where model code looks.

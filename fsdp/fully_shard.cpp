@@ -122,6 +122,13 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
                   "fully_shard({}): parameter '{}' has already been sharded by fully_shard on an enclosing or other "
                   "module; apply fully_shard bottom-up (blocks first, then the root), and keep tied parameters in one "
                   "module's call", name, fqn);
+    // Composition with tensor parallelism (FSDP sharding each rank's piece
+    // over the data-parallel mesh) is being built (issue 49); until then it
+    // is refused rather than sharding the piece as if it were whole.
+    TESSERA_CHECK(parameter->tensor_parallel() == nullptr,
+                  "fully_shard({}): parameter '{}' is a tensor-parallel piece ({}); FSDP over tensor parallelism is not "
+                  "supported yet",
+                  name, fqn, parameter->tensor_parallel() ? parameter->tensor_parallel()->to_string() : "");
     TESSERA_CHECK(parameter->tensor().dim() >= 1, "fully_shard({}): parameter '{}' is 0-d; dim-0 sharding needs dim "
                   ">= 1 (pass it in ignored_params to keep it whole)", name, fqn);
     TESSERA_CHECK(is_floating(parameter->tensor().dtype()), "fully_shard({}): parameter '{}' is {}; only floating "

@@ -20,9 +20,15 @@ CausalSelfAttention::CausalSelfAttention(int64_t embed_dim, int64_t num_heads, A
   materialize(options.device);
 }
 
+int64_t CausalSelfAttention::local_heads() const {
+  return qkv_->weight().tensor().size(0) / (3 * (embed_dim_ / num_heads_));
+}
+
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   check_input(x);
-  const int64_t B = x.size(0), T = x.size(1), C = embed_dim_, H = num_heads_, D = C / H;
+  // C is the width of this rank's heads: all of them, or under tensor
+  // parallelism the heads whose rows of q, k and v its qkv piece holds.
+  const int64_t B = x.size(0), T = x.size(1), H = local_heads(), D = embed_dim_ / num_heads_, C = H * D;
   const Tensor qkv = (*qkv_)(x);  // [B, T, 3C]
   const std::vector<Tensor> parts = tessera::split(qkv, C, 2);
   // [B, T, C] -> [B, T, H, D] -> [B, H, T, D]

@@ -5,6 +5,10 @@
 //   Linear -> dropout. (Dropout applies to the output only, not the attention
 //   weights.)
 // forward_cached: the same for a KVCache step's new tokens (nn/kv_cache.h).
+// Under tensor parallelism (tp's GPT plan) qkv holds this rank's heads'
+// rows of q, k and v and proj the matching columns: forward computes those
+// heads alone (local_heads()), and proj's partial products are summed by its
+// style. forward_cached runs without tensor parallelism.
 // For separate projections, fewer key/value heads or rotary positions see
 // nn::GroupedQueryAttention.
 #pragma once
@@ -43,6 +47,9 @@ class CausalSelfAttention : public Module {
 
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
+  // The heads this rank computes, read from qkv's weight: num_heads(), or a
+  // tensor-parallel piece's share of them.
+  int64_t local_heads() const;
   Linear& qkv() const { return *qkv_; }
   Linear& proj() const { return *proj_; }
 

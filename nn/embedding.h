@@ -19,7 +19,10 @@ class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options = {});
 
-  // indices: [...] -> [..., dim]
+  // indices: [...] -> [..., dim]. When tensor parallelism gave this rank a
+  // piece of the rows (tp's vocabulary-parallel style), only the indices
+  // that fall in it are looked up and the others give zero rows: the result
+  // is this rank's term of a sum over the tp group, which the style sums.
   Tensor forward(const Tensor& indices) override;
 
   // All rows, padding included (the weight's dim 0).
@@ -33,6 +36,8 @@ class Embedding : public Module {
   void reset_own_parameters(const InitContext& context) override;
 
  private:
+  Tensor vocab_parallel_lookup(const Tensor& indices) const;
+
   int64_t num_embeddings_;
   int64_t num_indexable_;
   int64_t embedding_dim_;

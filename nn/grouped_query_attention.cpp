@@ -33,13 +33,17 @@ GroupedQueryAttention::GroupedQueryAttention(int64_t embed_dim, int64_t num_head
   materialize(options.device);
 }
 
+int64_t GroupedQueryAttention::local_heads() const { return wq_->weight().tensor().size(0) / head_dim(); }
+int64_t GroupedQueryAttention::local_kv_heads() const { return wk_->weight().tensor().size(0) / head_dim(); }
+
 Tensor GroupedQueryAttention::expand_kv_heads(const Tensor& kv) const {
-  const int64_t B = kv.size(0), T = kv.size(1), D = head_dim(), group = num_heads_ / num_kv_heads_;
+  const int64_t B = kv.size(0), T = kv.size(1), D = head_dim(), H = local_heads(), Hkv = local_kv_heads();
+  const int64_t group = H / Hkv;
   const Tensor heads_first = tessera::transpose(kv, 1, 2);  // [B, Hkv, T, D]
   if (group == 1) return heads_first;
   // [B, Hkv, 1, T, D] -> [B, Hkv, group, T, D] -> [B, H, T, D]
-  const Tensor repeated = tessera::expand(tessera::unsqueeze(heads_first, 2), {B, num_kv_heads_, group, T, D});
-  return tessera::reshape(repeated, {B, num_heads_, T, D});
+  const Tensor repeated = tessera::expand(tessera::unsqueeze(heads_first, 2), {B, Hkv, group, T, D});
+  return tessera::reshape(repeated, {B, H, T, D});
 }
 
 GroupedQueryAttention::Heads GroupedQueryAttention::project_heads(const Tensor& x) const {
@@ -47,8 +51,8 @@ GroupedQueryAttention::Heads GroupedQueryAttention::project_heads(const Tensor& 
                 "GroupedQueryAttention: expected input [B, T, {}], got {}", embed_dim_,
                 x.defined() ? x.sizes() : Shape{});
   const int64_t B = x.size(0), T = x.size(1), D = head_dim();
-  return {tessera::view((*wq_)(x), {B, T, num_heads_, D}), tessera::view((*wk_)(x), {B, T, num_kv_heads_, D}),
-          tessera::view((*wv_)(x), {B, T, num_kv_heads_, D})};
+  return {tessera::view((*wq_)(x), {B, T, local_heads(), D}), tessera::view((*wk_)(x), {B, T, local_kv_heads(), D}),
+          tessera::view((*wv_)(x), {B, T, local_kv_heads(), D})};
 }
 
 Tensor GroupedQueryAttention::attend_causally(const Heads& heads) const {
@@ -64,7 +68,7 @@ Tensor GroupedQueryAttention::forward(const Tensor& x) {
     heads.k = (*rope_)(heads.k);
   }
   // [B, T, H, D] -> [B, T, H*D]
-  return (*wo_)(tessera::reshape(attend_causally(heads), {x.size(0), x.size(1), embed_dim_}));
+  return (*wo_)(tessera::reshape(attend_causally(heads), {x.size(0), x.size(1), local_heads() * head_dim()}));
 }
 
 Tensor GroupedQueryAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t layer,

@@ -50,6 +50,12 @@ class GroupedQueryAttention : public Module {
   int64_t num_heads() const { return num_heads_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  // The query and key/value heads this rank computes, read from wq's and
+  // wk's weights: all of them, or a tensor-parallel piece's share (tp's
+  // Llama plan gives each rank whole heads of both, a kv head with the
+  // query heads that read it).
+  int64_t local_heads() const;
+  int64_t local_kv_heads() const;
   Linear& wq() const { return *wq_; }
   Linear& wk() const { return *wk_; }
   Linear& wv() const { return *wv_; }

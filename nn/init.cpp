@@ -101,21 +101,67 @@ void kaiming_normal_(Tensor& tensor, PhiloxKey key, double a, FanMode mode, cons
   normal_(tensor, key, 0.0, gain_for_leaky_relu(a) / std::sqrt(static_cast<double>(fan)), slice);
 }
 
-// The Parameter overloads: a sharded parameter fills its rows with the values
-// of the global tensor there (the padding rows are left alone).
+// The Parameter overloads fill each element with the value the logical
+// tensor has there. The local tensor is cut into runs whose elements are
+// consecutive in the logical tensor: one run for a whole tensor or an FSDP
+// shard of rows; for a tensor-parallel Shard(d), one run per box and index
+// of the dims before d (a row-wise weight's piece: one run per row).
 namespace {
-RowSlice slice_of(const Parameter& parameter) {
-  const auto& spec = parameter.sharding();
-  return spec ? RowSlice{spec->global_shape, spec->row_offset} : RowSlice{};
+
+struct GlobalRun {
+  Tensor local;          // a view of the parameter's tensor
+  uint64_t first_index;  // the logical index of its first element
+};
+
+int64_t product(const Shape& shape, size_t begin, size_t end) {
+  int64_t result = 1;
+  for (size_t d = begin; d < end; ++d) result *= shape[d];
+  return result;
 }
+
+std::vector<GlobalRun> global_runs(Parameter& parameter) {
+  Tensor& local = parameter.tensor();
+  const auto& sharding = parameter.sharding();
+  const auto& tensor_parallel = parameter.tensor_parallel();
+  TESSERA_CHECK(!(sharding && tensor_parallel),
+                "init: a tensor-parallel piece sharded by FSDP ({}) is not initialised here yet",
+                tensor_parallel ? tensor_parallel->to_string() : "");
+  if (sharding) return {{local, first_index_of(local, RowSlice{sharding->global_shape, sharding->row_offset})}};
+  if (!tensor_parallel || tensor_parallel->shard_dim() < 0) return {{local, 0}};
+  const Shape& global = tensor_parallel->global_shape;
+  const auto dim = static_cast<size_t>(tensor_parallel->shard_dim());
+  const int64_t outer = product(global, 0, dim);
+  const int64_t inner = product(global, dim + 1, global.size());
+  const Tensor blocks = ops::reshape(local, {outer, local.size(static_cast<int64_t>(dim)), inner});
+  std::vector<GlobalRun> runs;
+  int64_t local_offset = 0;
+  for (const dist::ShardExtent& box : tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0))) {
+    if (box.length > 0) {
+      const Tensor held = ops::narrow(blocks, 1, local_offset, box.length);
+      for (int64_t o = 0; o < outer; ++o) {
+        runs.push_back({ops::narrow(held, 0, o, 1),
+                        static_cast<uint64_t>((o * global[dim] + box.offset) * inner)});
+      }
+    }
+    local_offset += box.length;
+  }
+  return runs;
+}
+
 }  // namespace
 
 void normal_(Parameter& parameter, PhiloxKey key, double mean, double std) {
-  normal_(parameter.tensor(), key, mean, std, slice_of(parameter));
+  TESSERA_CHECK(std >= 0.0, "init::normal_: std must be >= 0, got {}", std);
+  if (parameter.tensor().is_meta()) return;
+  autograd::NoGradGuard no_grad;
+  for (GlobalRun& run : global_runs(parameter)) ops::normal_(run.local, key, mean, std, run.first_index);
 }
 
 void uniform_(Parameter& parameter, PhiloxKey key, double low, double high) {
-  uniform_(parameter.tensor(), key, low, high, slice_of(parameter));
+  TESSERA_CHECK(low <= high, "init::uniform_: low ({}) must be <= high ({})", low, high);
+  if (parameter.tensor().is_meta()) return;
+  autograd::NoGradGuard no_grad;
+  for (GlobalRun& run : global_runs(parameter)) ops::uniform_(run.local, key, low, high, run.first_index);
 }
 
 void zeros_(Parameter& parameter) { zeros_(parameter.tensor()); }
@@ -125,16 +171,32 @@ void zero_rows_(Parameter& parameter, int64_t begin, int64_t end) {
   Tensor& local = parameter.tensor();
   TESSERA_CHECK(local.dim() >= 1 && 0 <= begin && begin <= end && end <= parameter.global_shape()[0],
                 "init::zero_rows_: rows [{}, {}) of a parameter of shape {}", begin, end, parameter.global_shape());
-  const int64_t offset = parameter.sharding() ? parameter.sharding()->row_offset : 0;
-  const int64_t first = std::max(begin - offset, int64_t{0});
-  const int64_t last = std::min(end - offset, local.size(0));
-  if (first >= last || local.is_meta()) return;
-  Tensor rows = ops::narrow(local, 0, first, last - first);
-  zeros_(rows);
+  if (local.is_meta()) return;
+  // Where the local rows sit in the logical dim 0: one box, or a
+  // tensor-parallel Shard(0)'s boxes stacked.
+  std::vector<dist::ShardExtent> boxes{{parameter.sharding() ? parameter.sharding()->row_offset : 0, local.size(0)}};
+  const auto& tensor_parallel = parameter.tensor_parallel();
+  if (tensor_parallel && tensor_parallel->shard_dim() == 0) {
+    boxes = tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0));
+  }
+  int64_t local_offset = 0;
+  for (const dist::ShardExtent& box : boxes) {
+    const int64_t first = std::max(begin, box.offset);
+    const int64_t last = std::min(end, box.offset + box.length);
+    if (first < last) {
+      Tensor rows = ops::narrow(local, 0, local_offset + first - box.offset, last - first);
+      zeros_(rows);
+    }
+    local_offset += box.length;
+  }
 }
 
 void kaiming_uniform_(Parameter& parameter, PhiloxKey key, double a, FanMode mode) {
-  kaiming_uniform_(parameter.tensor(), key, a, mode, slice_of(parameter));
+  const auto [fan_in, fan_out] = fans(parameter.global_shape());
+  const int64_t fan = mode == FanMode::fan_in ? fan_in : fan_out;
+  TESSERA_CHECK(fan > 0, "init::kaiming_uniform_: fan is 0 for shape {}", parameter.global_shape());
+  const double bound = std::sqrt(3.0) * gain_for_leaky_relu(a) / std::sqrt(static_cast<double>(fan));
+  uniform_(parameter, key, -bound, bound);
 }
 
 uint64_t next_seed() {

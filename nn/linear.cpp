@@ -24,9 +24,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear: expected input [..., {}], got {}", in_features_,
+  const Tensor& w = weight().tensor();
+  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "Linear: expected input [..., {}], got {}", w.size(1),
                 x.sizes());
-  return tessera::linear(x, weight().tensor(), has_bias_ ? bias().tensor() : Tensor());
+  return tessera::linear(x, w, has_bias_ && !defers_bias_ ? bias().tensor() : Tensor());
 }
 
 void Linear::reset_own_parameters(const InitContext& context) {

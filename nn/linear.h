@@ -20,8 +20,16 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
 
-  // x: [..., in] -> [..., out]
+  // x: [..., in] -> [..., out]. Under tensor parallelism in and out are the
+  // weight piece's (a column-wise piece has fewer outputs, a row-wise one
+  // fewer inputs); in_features() and out_features() stay the logical sizes.
   Tensor forward(const Tensor& x) override;
+
+  // Row-wise tensor parallelism: forward leaves the bias out, so that the
+  // style that set this adds it once, after the ranks' partial products are
+  // summed (added on every rank before the sum, it would count tp times).
+  void set_defers_bias(bool defers) { defers_bias_ = defers; }
+  bool defers_bias() const { return defers_bias_; }
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -36,6 +44,7 @@ class Linear : public Module {
   int64_t in_features_;
   int64_t out_features_;
   bool has_bias_;
+  bool defers_bias_ = false;
   std::optional<double> init_std_;
 };
 

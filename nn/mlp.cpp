@@ -27,7 +27,8 @@ bool MLP::fuses_gelu() const {
   const Module& activation = *activation_;
   if (typeid(activation) != typeid(GELU)) return false;
   if (static_cast<const GELU&>(activation).approximation() != GeluApproximation::tanh) return false;
-  return !fc_->has_forward_hooks() && !activation_->has_forward_hooks() && !proj_->has_forward_hooks();
+  return !fc_->has_forward_hooks() && !activation_->has_forward_hooks() && !proj_->has_forward_hooks() &&
+         !proj_->defers_bias();
 }
 
 Tensor MLP::forward(const Tensor& x) {

@@ -33,29 +33,42 @@ std::vector<int64_t> checked_targets(const Tensor& targets, int64_t rows, int64_
 
 class VocabParallelCrossEntropy : public autograd::Function {
  public:
-  VocabParallelCrossEntropy(Tensor targets, dist::ProcessGroupPtr group, int64_t classes, int64_t ignore_index)
-      : targets_(std::move(targets)), group_(std::move(group)), classes_(classes), ignore_index_(ignore_index) {}
+  VocabParallelCrossEntropy(Tensor targets, dist::ProcessGroupPtr group, int64_t classes, int64_t ignore_index,
+                            int64_t columns)
+      : targets_(std::move(targets)),
+        group_(std::move(group)),
+        classes_(classes),
+        ignore_index_(ignore_index),
+        columns_(columns) {}
 
   TensorList forward(autograd::FunctionContext& ctx, const TensorList& inputs) override {
-    const Tensor& logits = inputs[0];
-    TESSERA_CHECK(logits.dim() == 2, "vocab_parallel_cross_entropy: logits must be [N, local classes], got {}",
-                  logits.sizes());
-    TESSERA_CHECK(logits.dtype() == DType::f32 || logits.dtype() == DType::f64,
-                  "vocab_parallel_cross_entropy: logits must be f32 or f64, got {}", dtype_name(logits.dtype()));
-    const int64_t rows = logits.size(0);
-    const int64_t columns = logits.size(1);
-    const dist::ShardExtent mine = dist::shard_extent(classes_, group_->size(), group_->rank());
+    TESSERA_CHECK(inputs[0].dim() == 2, "vocab_parallel_cross_entropy: logits must be [N, local classes], got {}",
+                  inputs[0].sizes());
+    TESSERA_CHECK(inputs[0].dtype() == DType::f32 || inputs[0].dtype() == DType::f64,
+                  "vocab_parallel_cross_entropy: logits must be f32 or f64, got {}", dtype_name(inputs[0].dtype()));
+    const int64_t rows = inputs[0].size(0);
+    const int64_t columns = inputs[0].size(1);
+    const dist::ShardExtent mine = dist::shard_extent(columns_, group_->size(), group_->rank());
     TESSERA_CHECK(columns == mine.length,
-                  "vocab_parallel_cross_entropy: rank {} of {} holds {} logit columns, but its share of {} classes "
+                  "vocab_parallel_cross_entropy: rank {} of {} holds {} logit columns, but its share of {} columns "
                   "is {} (columns {} to {})",
-                  group_->rank(), group_->size(), columns, classes_, mine.length, mine.offset,
+                  group_->rank(), group_->size(), columns, columns_, mine.length, mine.offset,
                   mine.offset + mine.length);
     const std::vector<int64_t> targets = checked_targets(targets_, rows, classes_, ignore_index_);
     int64_t kept_rows = 0;
     for (int64_t target : targets) kept_rows += target != ignore_index_ ? 1 : 0;
 
-    const TensorOptions like{.dtype = logits.dtype(), .device = logits.device()};
+    const TensorOptions like{.dtype = inputs[0].dtype(), .device = inputs[0].device()};
     const Shape matrix{rows, columns};
+    const Tensor column_ids = ops::arange(static_cast<double>(mine.offset), static_cast<double>(mine.offset + columns),
+                                          1.0, {.dtype = DType::i64, .device = inputs[0].device()});
+    // Padding columns (past the classes) take no part: -inf logits, zero
+    // probability and zero gradient.
+    const Tensor is_padding =
+        ops::expand(ops::reshape(ops::ge(column_ids, static_cast<double>(classes_)), {1, columns}), matrix);
+    const Tensor logits = columns_ == classes_ ? inputs[0]
+                                               : ops::masked_fill(inputs[0], is_padding,
+                                                                  -std::numeric_limits<double>::infinity());
     // 1. The row maxima over every rank's columns (an empty share has none).
     Tensor row_max = columns > 0 ? ops::contiguous(ops::amax(logits, {1}))
                                  : ops::full({rows}, -std::numeric_limits<double>::infinity(), like);
@@ -65,13 +78,12 @@ class VocabParallelCrossEntropy : public autograd::Function {
     Tensor denominator = columns > 0 ? ops::contiguous(ops::sum(exps, {1})) : ops::zeros({rows}, like);
     if (rows > 0) group_->all_reduce(denominator, dist::ReduceOp::sum);
     // 3. The target's logit, from the one rank whose columns hold it.
-    const Tensor column_ids = ops::arange(static_cast<double>(mine.offset), static_cast<double>(mine.offset + columns),
-                                          1.0, {.dtype = DType::i64, .device = logits.device()});
     const Tensor target_ids = ops::to(ops::to(targets_, DType::i64), logits.device());
     const Tensor one_hot = ops::eq(ops::expand(ops::reshape(target_ids, {rows, 1}), matrix),
                                    ops::expand(ops::reshape(column_ids, {1, columns}), matrix));
-    Tensor target_logit = columns > 0 ? ops::contiguous(ops::sum(ops::where(one_hot, logits, ops::zeros(matrix, like)), {1}))
-                                      : ops::zeros({rows}, like);
+    Tensor target_logit = columns > 0
+                              ? ops::contiguous(ops::sum(ops::where(one_hot, logits, ops::zeros(matrix, like)), {1}))
+                              : ops::zeros({rows}, like);
     if (rows > 0) group_->all_reduce(target_logit, dist::ReduceOp::sum);
 
     const Tensor kept = ops::to(ops::ne(target_ids, static_cast<double>(ignore_index_)), logits.dtype());
@@ -97,18 +109,24 @@ class VocabParallelCrossEntropy : public autograd::Function {
   dist::ProcessGroupPtr group_;
   int64_t classes_;
   int64_t ignore_index_;
+  int64_t columns_;
   int64_t kept_rows_ = 0;
 };
 
 }  // namespace
 
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
-                                    const dist::ProcessGroupPtr& group, int64_t classes, int64_t ignore_index) {
+                                    const dist::ProcessGroupPtr& group, int64_t classes, int64_t ignore_index,
+                                    int64_t padded_classes) {
   TESSERA_CHECK(group != nullptr, "vocab_parallel_cross_entropy: the group is null");
   TESSERA_CHECK(classes >= 1, "vocab_parallel_cross_entropy: classes must be >= 1, got {}", classes);
-  TESSERA_CHECK(local_logits.defined() && targets.defined(), "vocab_parallel_cross_entropy: undefined logits or targets");
+  const int64_t columns = padded_classes == 0 ? classes : padded_classes;
+  TESSERA_CHECK(columns >= classes, "vocab_parallel_cross_entropy: padded_classes ({}) is fewer than classes ({})",
+                padded_classes, classes);
+  TESSERA_CHECK(local_logits.defined() && targets.defined(),
+                "vocab_parallel_cross_entropy: undefined logits or targets");
   return autograd::Function::apply<VocabParallelCrossEntropy>({local_logits}, targets, group, classes,
-                                                              ignore_index)[0];
+                                                              ignore_index, columns)[0];
 }
 
 }  // namespace tessera::tp

@@ -19,13 +19,16 @@
 
 namespace tessera::tp {
 
-// local_logits: [N, local] f32 or f64, this rank's columns of [N, classes];
+// local_logits: [N, local] f32 or f64, this rank's columns of [N, columns],
+// columns = padded_classes (0: classes); the columns past `classes` are
+// padding (a padded vocabulary, as nn::GPT's head has) and take no part;
 // targets: [N] i32 or i64 in [0, classes) or ignore_index, equal on every
 // rank. Collective over `group` (all its ranks call it). Returns the 0-d
 // loss, differentiable in local_logits; NaN when every row is ignored (a
 // mean over no rows). The targets are read on the host to be checked (a
 // device sync on a GPU).
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
-                                    const dist::ProcessGroupPtr& group, int64_t classes, int64_t ignore_index = -100);
+                                    const dist::ProcessGroupPtr& group, int64_t classes, int64_t ignore_index = -100,
+                                    int64_t padded_classes = 0);
 
 }  // namespace tessera::tp

@@ -21,11 +21,17 @@ Tensor CausalLM::forward_inputs(const TensorList& inputs) {
   TESSERA_CHECK(T >= 1 && T <= block_size(), "{}: sequence length {} is outside [1, block_size {}]", type_name(), T,
                 block_size());
   const int64_t V = vocab_size(), padded = padded_vocab_size();
-  const Tensor scores = logits(idx);  // [B, T, Vp]
-  if (inputs.size() == 1) return padded == V ? scores : tessera::narrow(scores, 2, 0, V);
+  Tensor scores = logits(idx);  // [B, T, Vp], or this rank's columns of it
+  if (inputs.size() == 1) {
+    if (sharded_logits_) scores = sharded_logits_->gather(scores);
+    return padded == V ? scores : tessera::narrow(scores, 2, 0, V);
+  }
   const Tensor& targets = inputs[1];
   TESSERA_CHECK(targets.defined() && targets.sizes() == idx.sizes(), "{}: targets must be [{}, {}] like idx, got {}",
                 type_name(), B, T, targets.defined() ? targets.sizes() : Shape{});
+  if (sharded_logits_) {
+    return sharded_logits_->loss(tessera::view(scores, {B * T, scores.size(2)}), tessera::reshape(targets, {B * T}));
+  }
   // The padded columns go into the loss as padding, not through a narrow: its
   // backward would write a second [B*T, Vp] gradient.
   return tessera::cross_entropy(tessera::view(scores, {B * T, padded}), tessera::reshape(targets, {B * T}), -100, V);
@@ -39,6 +45,12 @@ KVCache CausalLM::make_kv_cache(int64_t batch, int64_t capacity, std::vector<int
 
 Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache, CachedLogits which) {
   check_no_forward_hooks(*this, fmt::format("{}::forward_cached", type_name()));
+  for (const auto& [name, parameter] : named_parameters()) {
+    TESSERA_CHECK(parameter->tensor_parallel() == nullptr,
+                  "{}::forward_cached: {} is a tensor-parallel piece ({}); decoding with a KV cache runs on a whole "
+                  "model (gather the state dict with tp::full_state_dict and load it into an unsharded one)",
+                  type_name(), name, parameter->tensor_parallel()->to_string());
+  }
   TESSERA_CHECK(idx.defined() && idx.dim() == 2 && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32),
                 "{}::forward_cached: idx must be [B, T] i32/i64, got {} {}", type_name(),
                 idx.defined() ? idx.sizes() : Shape{}, idx.defined() ? dtype_name(idx.dtype()) : "undefined");

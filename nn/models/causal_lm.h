@@ -14,6 +14,8 @@
 //   later steps sum in another order: docs/generation.md gives the bound).
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,12 +55,27 @@ class CausalLM : public Module {
   // would not fit in the cache or past block_size, and hooks it would skip.
   Tensor forward_cached(const Tensor& idx, KVCache& cache, CachedLogits which = CachedLogits::all);
 
+  // Set by a tensor-parallel plan whose head leaves each rank its columns of
+  // the padded logits (tp's loss parallel): the loss is computed on those
+  // columns, never gathering the logits, and {idx} gathers them.
+  struct ShardedLogits {
+    // local logits [N, local columns], targets [N] -> the mean loss (0-d), equal on every rank
+    std::function<Tensor(const Tensor& local_logits, const Tensor& targets)> loss;
+    // [B, T, local columns] -> [B, T, padded_vocab_size()]
+    std::function<Tensor(const Tensor& local_logits)> gather;
+  };
+  void set_sharded_logits(ShardedLogits sharded) { sharded_logits_ = std::move(sharded); }
+  bool has_sharded_logits() const { return sharded_logits_.has_value(); }
+
  protected:
   explicit CausalLM(std::string type_name);
   // idx: [B, T], already checked -> logits [B, T, padded_vocab_size()].
   virtual Tensor logits(const Tensor& idx) = 0;
   // idx: [B, T], checked, at the step's slots -> logits [B, T or 1 (last_only), padded_vocab_size()].
   virtual Tensor cached_logits(const Tensor& idx, KVCache& cache, const CachedStep& step, bool last_only) = 0;
+
+ private:
+  std::optional<ShardedLogits> sharded_logits_;
 };
 
 }  // namespace tessera::nn

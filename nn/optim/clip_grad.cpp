@@ -16,6 +16,21 @@
 
 namespace tessera::optim {
 
+namespace {
+
+// The groups over which a parameter's gradient is split into disjoint pieces:
+// FSDP's shard groups, and the tp group of a tensor-parallel Shard(d) piece.
+// A replicated piece (tp Replicate, HSDP's replicate dim) is counted once.
+std::vector<dist::ProcessGroupPtr> shard_groups_of(const nn::Parameter& parameter) {
+  std::vector<dist::ProcessGroupPtr> groups;
+  if (parameter.sharding()) groups = parameter.sharding()->shard_groups();
+  const auto& tensor_parallel = parameter.tensor_parallel();
+  if (tensor_parallel && tensor_parallel->shard_dim() >= 0) groups.push_back(tensor_parallel->mesh.group(0));
+  return groups;
+}
+
+}  // namespace
+
 Tensor clip_grad_norm_tensor(const std::vector<std::shared_ptr<nn::Parameter>>& params, double max_norm) {
   TESSERA_CHECK(max_norm >= 0.0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
   autograd::NoGradGuard no_grad;
@@ -47,12 +62,11 @@ Tensor clip_grad_norm_tensor(const std::vector<std::shared_ptr<nn::Parameter>>& 
   std::vector<Tensor> dense(grads.size());
   for (size_t index = 0; index < grads.size(); ++index) {
     dense[index] = ops::contiguous(grads[index]);
-    const auto& sharding = owners[index]->sharding();
-    if (!sharding) {
+    std::vector<dist::ProcessGroupPtr> groups = shard_groups_of(*owners[index]);
+    if (groups.empty()) {
       whole.push_back(dense[index]);
       continue;
     }
-    std::vector<dist::ProcessGroupPtr> groups = sharding->shard_groups();
     std::vector<dist::ProcessGroup*> key;
     for (const auto& group : groups) key.push_back(group.get());
     auto& entry = sharded[key];

@@ -13,7 +13,8 @@ namespace tessera::optim {
 // without a gradient are skipped. When max_norm / (norm + 1e-6) < 1 every
 // gradient is multiplied by that factor (torch's rule). A non-finite norm is
 // returned as is and nothing is scaled, so the caller can skip the step.
-// Sharded parameters add their sum of squares across their shard groups
+// Sharded parameters (FSDP's shards, tensor parallelism's Shard(d) pieces)
+// add their sum of squares across their shard groups
 // before the sqrt (a collective: every rank of those groups must call this
 // with the same parameters), so the norm is the global one on every rank and
 // every rank clips by the same factor.

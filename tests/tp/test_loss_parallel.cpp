@@ -154,11 +154,11 @@ TEST_CASE("loss parallel: errors name what was wrong") {
       [](const dist::ProcessGroupPtr& group) {
         const Tensor targets = targets_for(4, 9);
         const Tensor local = columns_of(wide_logits(4, 9, DType::f32), 2, group->rank());
-        // 9 columns split 5 | 4, where 12 classes would be 6 | 6: both ranks refuse.
+        // 9 columns split 5 | 4, where 12 columns would be 6 | 6: both ranks refuse.
         const std::string held = group->rank() == 0 ? "rank 0 of 2 holds 5 logit columns, but its share of 12 "
-                                                      "classes is 6 (columns 0 to 6)"
+                                                      "columns is 6 (columns 0 to 6)"
                                                     : "rank 1 of 2 holds 4 logit columns, but its share of 12 "
-                                                      "classes is 6 (columns 6 to 12)";
+                                                      "columns is 6 (columns 6 to 12)";
         CHECK_THROWS_WITH_AS(tp::vocab_parallel_cross_entropy(local, targets, group, 12),
                              ("vocab_parallel_cross_entropy: " + held).c_str(), Error);
         CHECK_THROWS_WITH_AS(

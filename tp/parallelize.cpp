@@ -1,0 +1,107 @@
+// parallelize_module: pattern matching, the styles in plan order, and the
+// gathers that give back whole tensors.
+#include "tp/parallelize.h"
+
+#include <map>
+#include <sstream>
+
+#include "tensor/ops.h"
+
+namespace tessera::tp {
+
+namespace {
+
+std::vector<std::string> name_parts(const std::string& name) {
+  std::vector<std::string> parts;
+  if (name.empty()) return parts;
+  std::stringstream stream(name);
+  std::string part;
+  while (std::getline(stream, part, '.')) parts.push_back(part);
+  return parts;
+}
+
+}  // namespace
+
+bool matches_module_pattern(const std::string& pattern, const std::string& name) {
+  const std::vector<std::string> wanted = name_parts(pattern);
+  const std::vector<std::string> parts = name_parts(name);
+  if (wanted.size() != parts.size()) return false;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (wanted[i] != "*" && wanted[i] != parts[i]) return false;
+  }
+  return true;
+}
+
+void parallelize_module(nn::Module& root, const dist::DeviceMesh& tp_mesh, const ParallelizePlan& plan) {
+  TESSERA_CHECK(tp_mesh.ndim() == 1, "parallelize_module: the tp mesh must be 1-D, got {}", tp_mesh.to_string());
+  for (const auto& [name, parameter] : root.named_parameters()) {
+    TESSERA_CHECK(!parameter->is_sharded(),
+                  "parallelize_module: {} is already sharded by FSDP; parallelize the model first, then fully_shard "
+                  "it on the data-parallel mesh",
+                  name);
+  }
+  const std::vector<nn::NamedModule> modules = root.named_modules();
+  for (const auto& [pattern, style] : plan) {
+    TESSERA_CHECK(style != nullptr, "parallelize_module: the style for '{}' is null", pattern);
+    int64_t matched = 0;
+    for (const auto& [name, module] : modules) {
+      if (!matches_module_pattern(pattern, name)) continue;
+      style->apply(*module, name, tp_mesh);
+      ++matched;
+    }
+    TESSERA_CHECK(matched > 0, "parallelize_module: '{}' ({}) matches no module of the {}", pattern, style->describe(),
+                  root.type_name());
+  }
+}
+
+Tensor full_tensor(const nn::Parameter& parameter) {
+  TESSERA_CHECK(!parameter.is_sharded(),
+                "tp::full_tensor: the parameter is sharded by FSDP; gather it with fsdp's state dicts");
+  const auto& spec = parameter.tensor_parallel();
+  return spec ? full_tensor(parameter.tensor(), *spec) : ops::clone(parameter.tensor().detach());
+}
+
+Tensor full_tensor(const Tensor& local_tensor, const nn::TensorParallelSpec& spec) {
+  const Tensor local = local_tensor.detach();
+  TESSERA_CHECK(local.sizes() == spec.local_shape(spec.mesh.coordinate(0)),
+                "tp::full_tensor: a tensor of shape {} is not this rank's piece of {} (shape {})", local.sizes(),
+                spec.to_string(), spec.local_shape(spec.mesh.coordinate(0)));
+  const int64_t dim = spec.shard_dim();
+  if (dim < 0) return ops::clone(local);
+  Shape section_shape = spec.global_shape;
+  section_shape[static_cast<size_t>(dim)] /= spec.sections;
+  std::vector<Tensor> sections;
+  int64_t local_offset = 0;
+  for (const dist::ShardExtent& box : spec.boxes(spec.mesh.coordinate(0))) {
+    const Tensor piece = ops::contiguous(ops::narrow(local, dim, local_offset, box.length));
+    sections.push_back(dist::DTensor(piece, spec.mesh, {dist::Shard{dim}}, section_shape).full_tensor());
+    local_offset += box.length;
+  }
+  return sections.size() == 1 ? sections.front() : ops::cat(sections, dim);
+}
+
+nn::StateDict full_state_dict(nn::Module& root) {
+  // Each parameter under every name it has (a tied weight under both), found
+  // through the modules that register it.
+  std::map<std::string, const nn::Parameter*> parameters;
+  for (const auto& [prefix, module] : root.named_modules()) {
+    for (const auto& [own, parameter] : module->named_parameters(/*recurse=*/false)) {
+      parameters[prefix.empty() ? own : prefix + "." + own] = parameter.get();
+    }
+  }
+  nn::StateDict whole;
+  std::map<const nn::Parameter*, Tensor> gathered;  // a tied parameter gathered once
+  for (const auto& [name, tensor] : root.state_dict()) {  // sorted: the same collectives in the same order everywhere
+    const auto found = parameters.find(name);
+    if (found == parameters.end()) {
+      whole[name] = ops::clone(tensor);
+      continue;
+    }
+    auto [slot, first] = gathered.try_emplace(found->second);
+    if (first) slot->second = full_tensor(*found->second);
+    whole[name] = slot->second;
+  }
+  return whole;
+}
+
+}  // namespace tessera::tp

@@ -1,0 +1,106 @@
+// The GPT and Llama plans, their checks, and loss parallel on their heads.
+#include "tp/plans.h"
+
+#include "tp/loss_parallel.h"
+
+namespace tessera::tp {
+
+namespace {
+
+const Layout kReplicate = dist::Replicate{};
+const Layout kSequence = dist::Shard{1};  // [B, T, C] split on T
+
+ParallelStylePtr gather_sequence_on_entry() {
+  return prepare_module_input({.input_layouts = {kSequence}, .desired_input_layouts = {kReplicate}});
+}
+
+void check_heads_divide(const std::string& model, const char* what, int64_t heads, int64_t tp) {
+  TESSERA_CHECK(heads % tp == 0,
+                "tensor parallelism: {} has {} = {}, which the tp size {} does not divide (each rank computes whole "
+                "heads)",
+                model, what, heads, tp);
+}
+
+// The loss on each rank's vocabulary columns, and the gather that gives {idx}
+// whole logits.
+void install_loss_parallel(nn::CausalLM& model, const dist::DeviceMesh& tp_mesh) {
+  const int64_t classes = model.vocab_size();
+  const int64_t columns = model.padded_vocab_size();
+  model.set_sharded_logits({
+      .loss =
+          [group = tp_mesh.group(0), classes, columns](const Tensor& local_logits, const Tensor& targets) {
+            return vocab_parallel_cross_entropy(local_logits, targets, group, classes, -100, columns);
+          },
+      .gather =
+          [tp_mesh, columns](const Tensor& local_logits) {
+            return move_activation(local_logits, tp_mesh, dist::Shard{-1}, kReplicate, std::nullopt, columns);
+          },
+  });
+}
+
+}  // namespace
+
+ParallelizePlan gpt_plan() {
+  return {
+      {"wte", vocab_parallel_embedding({.output_layout = kSequence})},
+      // [T, C] position rows: each rank keeps its positions' rows.
+      {"wpe", prepare_module_output({.output_layout = kReplicate, .desired_output_layout = dist::Shard{0}})},
+      {"blocks.*.ln1", sequence_parallel()},
+      {"blocks.*.attn", gather_sequence_on_entry()},
+      {"blocks.*.attn.qkv", colwise_parallel({.input_layout = std::nullopt, .sections = 3})},
+      {"blocks.*.attn.proj", rowwise_parallel({.output_layout = kSequence})},
+      {"blocks.*.ln2", sequence_parallel()},
+      {"blocks.*.mlp.fc", colwise_parallel({.input_layout = kSequence})},
+      {"blocks.*.mlp.proj", rowwise_parallel({.output_layout = kSequence})},
+      {"ln_f", sequence_parallel()},
+      {"lm_head", colwise_parallel({.input_layout = kSequence})},
+  };
+}
+
+ParallelizePlan llama_plan() {
+  const ParallelStylePtr from_prepared_input = colwise_parallel({.input_layout = std::nullopt});
+  return {
+      {"tok_embeddings", vocab_parallel_embedding({.output_layout = kSequence})},
+      {"layers.*.attention_norm", sequence_parallel()},
+      {"layers.*.attention", gather_sequence_on_entry()},
+      {"layers.*.attention.wq", from_prepared_input},
+      {"layers.*.attention.wk", from_prepared_input},
+      {"layers.*.attention.wv", from_prepared_input},
+      {"layers.*.attention.wo", rowwise_parallel({.output_layout = kSequence})},
+      {"layers.*.ffn_norm", sequence_parallel()},
+      {"layers.*.feed_forward", gather_sequence_on_entry()},
+      {"layers.*.feed_forward.w1", from_prepared_input},
+      {"layers.*.feed_forward.w3", from_prepared_input},
+      {"layers.*.feed_forward.w2", rowwise_parallel({.output_layout = kSequence})},
+      {"norm", sequence_parallel()},
+      {"output", colwise_parallel({.input_layout = kSequence})},
+  };
+}
+
+void parallelize_gpt(nn::GPT& model, const dist::DeviceMesh& tp_mesh) {
+  const nn::GPTConfig& config = model.config();
+  check_heads_divide("the GPT", "n_head", config.n_head, tp_mesh.size());
+  TESSERA_CHECK(config.dropout == 0.0,
+                "tensor parallelism: the GPT has dropout {}; dropout under tensor parallelism is not supported yet "
+                "(train with dropout 0)",
+                config.dropout);
+  parallelize_module(model, tp_mesh, gpt_plan());
+  install_loss_parallel(model, tp_mesh);
+}
+
+void parallelize_llama(nn::Llama& model, const dist::DeviceMesh& tp_mesh) {
+  const nn::LlamaConfig& config = model.config();
+  check_heads_divide("the Llama", "n_head", config.n_head, tp_mesh.size());
+  check_heads_divide("the Llama", "n_kv_head", config.n_kv_head, tp_mesh.size());
+  parallelize_module(model, tp_mesh, llama_plan());
+  install_loss_parallel(model, tp_mesh);
+}
+
+void parallelize_causal_lm(nn::CausalLM& model, const dist::DeviceMesh& tp_mesh) {
+  if (auto* gpt = dynamic_cast<nn::GPT*>(&model)) return parallelize_gpt(*gpt, tp_mesh);
+  if (auto* llama = dynamic_cast<nn::Llama*>(&model)) return parallelize_llama(*llama, tp_mesh);
+  fail("tensor parallelism: no plan for a {} (tp/plans.h has GPT and Llama; write a ParallelizePlan for it)",
+               model.type_name());
+}
+
+}  // namespace tessera::tp
