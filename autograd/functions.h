@@ -122,6 +122,6 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // Causal attention, q/k/v: [B, H, T, D].
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Identity when !training or p == 0; otherwise inverted dropout with `key`.
-Tensor dropout(const Tensor& x, double p, bool training, PhiloxKey key);
+Tensor dropout(const Tensor& x, double p, bool training, PhiloxKey key, PhiloxNumbering numbering = {});
 
 }  // namespace tessera

@@ -85,6 +85,31 @@ void add(dist::CommStats& total, const dist::CommStats& part) {
 
 // ---- fully_shard -----------------------------------------------------------------------------------
 
+namespace {
+
+// The tp group of the tensor-parallel parameters among `params` (null when
+// there are none). One module's pieces come from one tp mesh, and FSDP's mesh
+// must not contain it: FSDP shards within a tp rank's pieces.
+dist::ProcessGroupPtr tensor_parallel_group_of(const std::vector<nn::NamedParameter>& params,
+                                               const std::string& name) {
+  dist::ProcessGroupPtr group;
+  std::string first;
+  for (const auto& [fqn, parameter] : params) {
+    const auto& spec = parameter->tensor_parallel();
+    if (!spec) continue;
+    if (!group) {
+      group = spec->mesh.group(0);
+      first = fqn;
+    }
+    TESSERA_CHECK(spec->mesh.group(0) == group,
+                  "fully_shard({}): parameters '{}' and '{}' are tensor-parallel over different tp meshes", name,
+                  first, fqn);
+  }
+  return group;
+}
+
+}  // namespace
+
 FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
   const std::string name = module.type_name();
   TESSERA_CHECK(module.extension<FSDPState>() == nullptr, "fully_shard: this {} is already an FSDP module", name);
@@ -122,18 +147,35 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
                   "fully_shard({}): parameter '{}' has already been sharded by fully_shard on an enclosing or other "
                   "module; apply fully_shard bottom-up (blocks first, then the root), and keep tied parameters in one "
                   "module's call", name, fqn);
-    // Composition with tensor parallelism (FSDP sharding each rank's piece
-    // over the data-parallel mesh) is being built (issue 49); until then it
-    // is refused rather than sharding the piece as if it were whole.
-    TESSERA_CHECK(parameter->tensor_parallel() == nullptr,
-                  "fully_shard({}): parameter '{}' is a tensor-parallel piece ({}); FSDP over tensor parallelism is not "
-                  "supported yet",
-                  name, fqn, parameter->tensor_parallel() ? parameter->tensor_parallel()->to_string() : "");
     TESSERA_CHECK(parameter->tensor().dim() >= 1, "fully_shard({}): parameter '{}' is 0-d; dim-0 sharding needs dim "
                   ">= 1 (pass it in ignored_params to keep it whole)", name, fqn);
     TESSERA_CHECK(is_floating(parameter->tensor().dtype()), "fully_shard({}): parameter '{}' is {}; only floating "
                   "parameters can be sharded", name, fqn, dtype_name(parameter->tensor().dtype()));
     to_shard.emplace_back(fqn, parameter);
+  }
+  // Tensor parallelism underneath: FSDP shards each rank's piece over its
+  // own (data-parallel) mesh, so the global layout is "tp first, dp inside";
+  // the partial gradients of sequence-parallel parameters are summed over
+  // tp after the reduce-scatter (their Parameters stop summing them).
+  const dist::ProcessGroupPtr tensor_parallel_group = tensor_parallel_group_of(to_shard, name);
+  if (tensor_parallel_group) {
+    for (int64_t dim = 0; dim < mesh.ndim(); ++dim) {
+      int64_t shared = 0;
+      for (int rank : mesh.group(dim)->world_ranks()) {
+        for (int tp_rank : tensor_parallel_group->world_ranks()) shared += rank == tp_rank ? 1 : 0;
+      }
+      TESSERA_CHECK(shared == 1,
+                    "fully_shard({}): the mesh {} shares ranks with the tensor-parallel group along dim {}: shard over "
+                    "the data-parallel mesh (mesh[\"dp\"]), whose ranks hold the same tp piece",
+                    name, mesh.to_string(), dim);
+    }
+  }
+  TESSERA_CHECK(!tensor_parallel_group || !reshard_after_forward || !reshard_after_forward->group_size(),
+                "fully_shard({}): reshard_after_forward = {} on tensor-parallel parameters; with tensor parallelism "
+                "it is true or false (as in PyTorch)",
+                name, reshard_after_forward ? reshard_after_forward->to_string() : "");
+  for (auto& [fqn, parameter] : to_shard) {
+    if (parameter->sums_partial_gradient()) parameter->set_sums_partial_gradient(false);
   }
   const nn::ShardMemory memory = !options.offload_policy           ? nn::ShardMemory::device
                                  : options.offload_policy->pin_memory ? nn::ShardMemory::pinned_host
@@ -143,8 +185,10 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
 
   std::unique_ptr<FSDPParamGroup> group;
   if (!params.empty()) {
-    GroupComm comm{.shard = shard_group, .replicate = mesh.ndim() == 2 ? mesh.group(0) : nullptr,
-                   .post_forward = nullptr};
+    GroupComm comm{.shard = shard_group,
+                   .replicate = mesh.ndim() == 2 ? mesh.group(0) : nullptr,
+                   .post_forward = nullptr,
+                   .tensor_parallel = tensor_parallel_group};
     const std::optional<int64_t> post_forward_ranks =
         reshard_after_forward ? reshard_after_forward->group_size() : std::nullopt;
     if (post_forward_ranks) comm.post_forward = post_forward_group(shard_group, *post_forward_ranks);

@@ -110,6 +110,15 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
   if (comm_.post_forward) post_forward_layout_ = make_layout(params_, comm_.post_forward->size());
   set_reshard_after_forward(reshard_after_forward);
   for (const auto& param : params_) expected_gradients_ += param->param().requires_grad() ? 1 : 0;
+  for (size_t index = 0; index < params_.size(); ++index) {
+    const auto& tensor_parallel = params_[index]->param().tensor_parallel();
+    if (!tensor_parallel || !tensor_parallel->partial_gradient) continue;
+    TESSERA_CHECK(comm_.tensor_parallel != nullptr,
+                  "FSDPParamGroup: parameter '{}' has partial gradients over tensor parallelism, and no tp group to "
+                  "sum them over",
+                  params_[index]->fqn());
+    partial_gradient_params_.push_back(index);
+  }
 }
 
 FSDPParamGroup::~FSDPParamGroup() {
@@ -508,6 +517,29 @@ void FSDPParamGroup::finish_reduce_scatter() {
     } else {
       // The one division of AVG, on the device: IEEE's, in the reduce dtype.
       pending.output = ops::div(pending.output, static_cast<double>(ranks));
+    }
+  }
+  if (!partial_gradient_params_.empty()) {
+    // Sequence-parallel parameters' gradients are partial over tp: their
+    // shards are summed now, after the reduce-scatter, which costs 1/S of
+    // the bytes of summing the whole gradients before it.
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "partial_gradient_all_reduce", "fsdp",
+                         {{"module", module_fqn_}});
+    // One all-reduce of the shards packed together (norm vectors are small:
+    // latency, not bytes, is their cost).
+    std::vector<Tensor> pieces;
+    for (size_t index : partial_gradient_params_) {
+      const int64_t elements = shard_layout_.chunk_rows[index] * params_[index]->row_numel();
+      pieces.push_back(ops::narrow(pending.output, 0, shard_layout_.offsets[index], elements));
+    }
+    Tensor packed = ops::cat(pieces, 0);
+    comm_.tensor_parallel->all_reduce(packed, dist::ReduceOp::sum);
+    count(dist::CollectiveKind::all_reduce, packed.numel() * static_cast<int64_t>(element_size(reduce_dtype_)),
+          *comm_.tensor_parallel);
+    int64_t offset = 0;
+    for (Tensor& piece : pieces) {
+      ops::copy_(piece, ops::narrow(packed, 0, offset, piece.numel()));
+      offset += piece.numel();
     }
   }
   if (offloaded()) {

@@ -63,14 +63,17 @@ struct FlatLayout {
 };
 
 // What the group needs from its mesh: the shard group (S ranks), the
-// replicate group of HSDP (null on a 1-D mesh), and the group of N ranks that
+// replicate group of HSDP (null on a 1-D mesh), the group of N ranks that
 // reshard_after_forward = to_group_of(N) all-gathers over in backward (null
-// otherwise). FSDP makes that last one itself, so it records its collectives
+// otherwise), and the tensor-parallel group over which the reduced shards of
+// parameters with partial gradients (sequence-parallel norms) are summed
+// (null when there are none). FSDP makes that last one itself, so it records its collectives
 // to the shard group's tracer: tracing the mesh traces all of FSDP.
 struct GroupComm {
   dist::ProcessGroupPtr shard = nullptr;
   dist::ProcessGroupPtr replicate = nullptr;
   dist::ProcessGroupPtr post_forward = nullptr;
+  dist::ProcessGroupPtr tensor_parallel = nullptr;
 };
 
 class FSDPParamGroup {
@@ -206,6 +209,9 @@ class FSDPParamGroup {
 
   std::vector<std::unique_ptr<FSDPParam>> params_;
   GroupComm comm_;
+  // Indices of the parameters whose gradients are partial over tensor
+  // parallelism: their reduced shards are summed over comm_.tensor_parallel.
+  std::vector<size_t> partial_gradient_params_;
   MixedPrecisionPolicy policy_;
   DType param_dtype_;
   DType reduce_dtype_;

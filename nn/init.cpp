@@ -119,31 +119,66 @@ int64_t product(const Shape& shape, size_t begin, size_t end) {
   return result;
 }
 
+// Where the local rows sit along the logical dim 0.
+struct RowSegment {
+  int64_t local_row;
+  int64_t count;
+  int64_t global_row;
+};
+
+// The local tensor holds rows [first_row, first_row + rows) of the piece
+// (FSDP's shard of it, or all of it), and a tensor-parallel Shard(0) piece
+// stacks its boxes of the logical rows.
+std::vector<RowSegment> row_segments(int64_t first_row, int64_t rows, const TensorParallelSpec* tensor_parallel) {
+  if (tensor_parallel == nullptr || tensor_parallel->shard_dim() != 0) return {{0, rows, first_row}};
+  std::vector<RowSegment> segments;
+  int64_t piece_row = 0;  // where the box starts in the piece
+  for (const dist::ShardExtent& box : tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0))) {
+    const int64_t begin = std::max(first_row, piece_row);
+    const int64_t end = std::min(first_row + rows, piece_row + box.length);
+    if (begin < end) segments.push_back({begin - first_row, end - begin, box.offset + begin - piece_row});
+    piece_row += box.length;
+  }
+  return segments;
+}
+
 std::vector<GlobalRun> global_runs(Parameter& parameter) {
   Tensor& local = parameter.tensor();
+  if (local.dim() == 0) return {{local, 0}};
   const auto& sharding = parameter.sharding();
-  const auto& tensor_parallel = parameter.tensor_parallel();
-  TESSERA_CHECK(!(sharding && tensor_parallel),
-                "init: a tensor-parallel piece sharded by FSDP ({}) is not initialised here yet",
-                tensor_parallel ? tensor_parallel->to_string() : "");
-  if (sharding) return {{local, first_index_of(local, RowSlice{sharding->global_shape, sharding->row_offset})}};
-  if (!tensor_parallel || tensor_parallel->shard_dim() < 0) return {{local, 0}};
-  const Shape& global = tensor_parallel->global_shape;
-  const auto dim = static_cast<size_t>(tensor_parallel->shard_dim());
-  const int64_t outer = product(global, 0, dim);
-  const int64_t inner = product(global, dim + 1, global.size());
-  const Tensor blocks = ops::reshape(local, {outer, local.size(static_cast<int64_t>(dim)), inner});
+  const TensorParallelSpec* tensor_parallel = parameter.tensor_parallel().get();
+  const Shape& global = parameter.global_shape();
+  const int64_t first_row = sharding ? sharding->row_offset : 0;
+  const std::vector<RowSegment> segments = row_segments(first_row, local.size(0), tensor_parallel);
+  const int64_t dim = tensor_parallel ? tensor_parallel->shard_dim() : -1;
   std::vector<GlobalRun> runs;
-  int64_t local_offset = 0;
-  for (const dist::ShardExtent& box : tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0))) {
-    if (box.length > 0) {
-      const Tensor held = ops::narrow(blocks, 1, local_offset, box.length);
-      for (int64_t o = 0; o < outer; ++o) {
-        runs.push_back({ops::narrow(held, 0, o, 1),
-                        static_cast<uint64_t>((o * global[dim] + box.offset) * inner)});
+  if (dim <= 0) {  // whole logical rows
+    const int64_t row_elements = product(global, 1, global.size());
+    for (const RowSegment& segment : segments) {
+      runs.push_back({ops::narrow(local, 0, segment.local_row, segment.count),
+                      static_cast<uint64_t>(segment.global_row * row_elements)});
+    }
+    return runs;
+  }
+  // Shard(d), d >= 1: in each row, one run per box and index of the dims
+  // between 0 and d.
+  const auto d = static_cast<size_t>(dim);
+  const int64_t middle = product(global, 1, d);
+  const int64_t inner = product(global, d + 1, global.size());
+  const std::vector<dist::ShardExtent> boxes = tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0));
+  for (const RowSegment& segment : segments) {
+    for (int64_t i = 0; i < segment.count; ++i) {
+      const Tensor row = ops::view(ops::narrow(local, 0, segment.local_row + i, 1), {middle, local.size(dim), inner});
+      int64_t piece_offset = 0;
+      for (const dist::ShardExtent& box : boxes) {
+        for (int64_t m = 0; m < middle && box.length > 0; ++m) {
+          const int64_t global_outer = (segment.global_row + i) * middle + m;
+          runs.push_back({ops::narrow(ops::narrow(row, 1, piece_offset, box.length), 0, m, 1),
+                          static_cast<uint64_t>((global_outer * global[d] + box.offset) * inner)});
+        }
+        piece_offset += box.length;
       }
     }
-    local_offset += box.length;
   }
   return runs;
 }
@@ -172,22 +207,13 @@ void zero_rows_(Parameter& parameter, int64_t begin, int64_t end) {
   TESSERA_CHECK(local.dim() >= 1 && 0 <= begin && begin <= end && end <= parameter.global_shape()[0],
                 "init::zero_rows_: rows [{}, {}) of a parameter of shape {}", begin, end, parameter.global_shape());
   if (local.is_meta()) return;
-  // Where the local rows sit in the logical dim 0: one box, or a
-  // tensor-parallel Shard(0)'s boxes stacked.
-  std::vector<dist::ShardExtent> boxes{{parameter.sharding() ? parameter.sharding()->row_offset : 0, local.size(0)}};
-  const auto& tensor_parallel = parameter.tensor_parallel();
-  if (tensor_parallel && tensor_parallel->shard_dim() == 0) {
-    boxes = tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0));
-  }
-  int64_t local_offset = 0;
-  for (const dist::ShardExtent& box : boxes) {
-    const int64_t first = std::max(begin, box.offset);
-    const int64_t last = std::min(end, box.offset + box.length);
-    if (first < last) {
-      Tensor rows = ops::narrow(local, 0, local_offset + first - box.offset, last - first);
-      zeros_(rows);
-    }
-    local_offset += box.length;
+  const int64_t first_row = parameter.sharding() ? parameter.sharding()->row_offset : 0;
+  for (const RowSegment& segment : row_segments(first_row, local.size(0), parameter.tensor_parallel().get())) {
+    const int64_t first = std::max(begin, segment.global_row);
+    const int64_t last = std::min(end, segment.global_row + segment.count);
+    if (first >= last) continue;
+    Tensor rows = ops::narrow(local, 0, segment.local_row + first - segment.global_row, last - first);
+    zeros_(rows);
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "dist/process_group.h"
 #include "tensor/host_staging.h"
 #include "tensor/ops.h"
 
@@ -90,6 +91,23 @@ void Parameter::set_tensor_parallel(Tensor local, std::shared_ptr<const TensorPa
                 spec->to_string(), expected, local.defined() ? local.sizes() : Shape{});
   replace_leaf(std::move(local));
   tensor_parallel_ = std::move(spec);
+  if (tensor_parallel_->partial_gradient && requires_grad_) set_sums_partial_gradient(true);
+}
+
+void Parameter::set_sums_partial_gradient(bool sums) {
+  TESSERA_CHECK(!sums || (tensor_parallel_ && tensor_parallel_->partial_gradient),
+                "Parameter::set_sums_partial_gradient: the parameter has no partial gradients to sum");
+  if (sums == sums_partial_gradient()) return;
+  if (!sums) {
+    partial_gradient_sum_->remove();
+    partial_gradient_sum_.reset();
+    return;
+  }
+  partial_gradient_sum_ = register_gradient_hook([group = tensor_parallel_->mesh.group(0)](const Tensor& grad) {
+    Tensor summed = ops::clone(grad);
+    group->all_reduce(summed, dist::ReduceOp::sum);
+    return summed;
+  });
 }
 
 void Parameter::replace_leaf(Tensor tensor) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,8 +59,8 @@ Tensor padded_shard_buffer(const Shape& padded_shape, DType dtype, Device device
 // A replicated parameter that meets sequence-sharded activations (a norm's
 // weight and bias under sequence parallelism, a row-wise bias) gets only its
 // sequence slice's share of the gradient on each rank: partial_gradient says
-// that its gradients are summed over the tp group (tp's styles install the
-// sum; the ranks then hold equal gradients).
+// that its gradients are summed over the tp group. The Parameter runs that
+// sum (see sums_partial_gradient), so the ranks hold equal gradients.
 struct TensorParallelSpec {
   dist::DeviceMesh mesh;  // 1-D
   dist::Placement placement = dist::Replicate{};
@@ -102,6 +103,15 @@ class Parameter {
   // further; set_tensor(Tensor) must keep the piece's shape).
   void set_tensor_parallel(Tensor local, std::shared_ptr<const TensorParallelSpec> spec);
 
+  // With partial gradients (TensorParallelSpec::partial_gradient), whether
+  // the Parameter sums each gradient over the tp group as it arrives (a
+  // gradient hook; on by default). FSDP turns it off for the parameters it
+  // shards and sums their reduce-scattered shards instead (1/dp of the
+  // bytes); off otherwise, each rank keeps its partial gradient: the switch
+  // a test flips to prove the sum matters.
+  void set_sums_partial_gradient(bool sums);
+  bool sums_partial_gradient() const { return partial_gradient_sum_.has_value(); }
+
   bool requires_grad() const { return requires_grad_; }
   const Tensor& grad() const { return tensor_.grad(); }
   const Shape& sizes() const { return tensor_.sizes(); }
@@ -143,6 +153,7 @@ class Parameter {
   // Shared with the handles, which may outlive the parameter.
   std::shared_ptr<std::vector<GradientHook>> gradient_hooks_ = std::make_shared<std::vector<GradientHook>>();
   int64_t next_gradient_hook_id_ = 0;
+  std::optional<autograd::HookHandle> partial_gradient_sum_;
 };
 
 }  // namespace tessera::nn

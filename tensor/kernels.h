@@ -154,7 +154,8 @@ struct KernelTable {
                                     const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& logsumexp);
   // y = x * mask, mask = keep ? 1/(1-p) : 0, keep decided by Philox at each flat index.
-  void (*dropout)(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key);
+  void (*dropout)(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key,
+                  PhiloxNumbering numbering);
 
   // One AdamW step over many tensors of one device (cuda: one fused launch
   // per batch of tensors, not one per parameter); see AdamWTensor.

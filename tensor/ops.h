@@ -304,7 +304,9 @@ AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q
 // Inverted dropout: keeps each element with probability 1-p (decided by the
 // Philox sequence `key` at that element's index) and scales it by 1/(1-p).
 // Returns y and the scale mask (0 or 1/(1-p), dtype of x) for the backward.
-std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key);
+// `numbering` says which indices of the sequence x's elements take (a slice
+// of a larger tensor draws the whole's mask there).
+std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key, PhiloxNumbering numbering = {});
 
 // ---- printing ---------------------------------------------------------------
 // "tensor([[1.0000, 2.0000], ...], shape=[2, 2], dtype=f32, device=cpu)";

@@ -21,6 +21,23 @@ struct PhiloxKey {
   uint64_t stream = 0;
 };
 
+// Which element of a key's sequence each element of a tensor takes (in
+// logical order): element i takes first + (i / run) * stride + i % run. The
+// default numbers the tensor 0, 1, 2, ...; a slice of a larger tensor takes
+// its elements' indices in the whole, and so draws the whole's values there:
+// a sequence shard [B, T/n, C] of [B, T, C] at slice s has run = T/n * C,
+// stride = T * C and first = s * T/n * C.
+struct PhiloxNumbering {
+  uint64_t first = 0;
+  int64_t run = 0;  // 0: one run of every element
+  int64_t stride = 0;
+
+  TESSERA_HOST_DEVICE uint64_t index(int64_t i) const {
+    if (run == 0) return first + static_cast<uint64_t>(i);
+    return first + static_cast<uint64_t>((i / run) * stride + i % run);
+  }
+};
+
 // Ten rounds of Philox 4x32 on counter (index, stream) with key seed. Inline:
 // fill loops call it once per element and must not pay a call for it. The
 // cuda kernels call the same code, so a device fills the same bits.

@@ -6,11 +6,11 @@
 
 #include "autograd/functions.h"
 #include "dist/redistribute.h"
+#include "nn/dropout.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
 #include "nn/tied_linear.h"
 #include "tensor/ops.h"
-#include "tp/partial_gradients.h"
 
 namespace tessera::tp {
 
@@ -74,8 +74,7 @@ void lay_out(nn::Parameter& parameter, const std::string& name, const dist::Devi
 
 // A replicated parameter that meets sequence-sharded activations: its
 // gradients are partial, summed over the tp group.
-void lay_out_with_partial_gradient(nn::Module& module, nn::Parameter& parameter, const std::string& name,
-                                   const dist::DeviceMesh& mesh) {
+void lay_out_with_partial_gradient(nn::Parameter& parameter, const std::string& name, const dist::DeviceMesh& mesh) {
   TESSERA_CHECK(!parameter.is_sharded(),
                 "tensor parallelism: {} is already sharded by FSDP; parallelize the model first, then fully_shard "
                 "it on the data-parallel mesh",
@@ -92,7 +91,6 @@ void lay_out_with_partial_gradient(nn::Module& module, nn::Parameter& parameter,
                                                                       .placement = dist::Replicate{},
                                                                       .global_shape = parameter.global_shape(),
                                                                       .partial_gradient = true}));
-  sum_partial_gradients(module, parameter, mesh);
 }
 
 class ColwiseParallel final : public ParallelStyle {
@@ -161,7 +159,7 @@ class RowwiseParallel final : public ParallelStyle {
     const bool sharded_output = std::holds_alternative<dist::Shard>(options_.output_layout);
     if (linear->has_bias()) {
       if (sharded_output) {
-        lay_out_with_partial_gradient(module, linear->bias(), name + ".bias", mesh);
+        lay_out_with_partial_gradient(linear->bias(), name + ".bias", mesh);
       } else {
         lay_out(linear->bias(), name + ".bias", mesh, dist::Replicate{});
       }
@@ -214,8 +212,11 @@ class SequenceParallel final : public ParallelStyle {
  public:
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check_mesh(mesh, name);
+    if (auto* dropout = dynamic_cast<nn::Dropout*>(&module)) {
+      dropout->set_sequence_slice(1, mesh.size(), mesh.coordinate(0));
+    }
     for (const auto& [own, parameter] : module.named_parameters(/*recurse=*/false)) {
-      lay_out_with_partial_gradient(module, *parameter, name.empty() ? own : name + "." + own, mesh);
+      lay_out_with_partial_gradient(*parameter, name.empty() ? own : name + "." + own, mesh);
     }
   }
   std::string describe() const override { return "SequenceParallel()"; }

@@ -78,9 +78,10 @@ struct VocabParallelOptions {
 };
 ParallelStylePtr vocab_parallel_embedding(VocabParallelOptions options = {});
 
-// Sequence parallelism for modules that work row by row (LayerNorm, RMSNorm):
-// their input and output stay Shard(1) with no communication, and their
-// parameters, replicated, get partial gradients that are summed over tp.
+// Sequence parallelism for modules that work row by row (LayerNorm, RMSNorm,
+// Dropout): their input and output stay Shard(1) with no communication;
+// their parameters, replicated, get partial gradients that are summed over
+// tp; a Dropout draws its slice of the whole activation's mask.
 ParallelStylePtr sequence_parallel();
 
 // Moves the module's inputs from `input_layouts` to `desired_input_layouts`

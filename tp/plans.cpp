@@ -45,13 +45,16 @@ ParallelizePlan gpt_plan() {
       {"wte", vocab_parallel_embedding({.output_layout = kSequence})},
       // [T, C] position rows: each rank keeps its positions' rows.
       {"wpe", prepare_module_output({.output_layout = kReplicate, .desired_output_layout = dist::Shard{0}})},
+      {"drop", sequence_parallel()},
       {"blocks.*.ln1", sequence_parallel()},
       {"blocks.*.attn", gather_sequence_on_entry()},
       {"blocks.*.attn.qkv", colwise_parallel({.input_layout = std::nullopt, .sections = 3})},
       {"blocks.*.attn.proj", rowwise_parallel({.output_layout = kSequence})},
+      {"blocks.*.attn.drop", sequence_parallel()},
       {"blocks.*.ln2", sequence_parallel()},
       {"blocks.*.mlp.fc", colwise_parallel({.input_layout = kSequence})},
       {"blocks.*.mlp.proj", rowwise_parallel({.output_layout = kSequence})},
+      {"blocks.*.mlp.drop", sequence_parallel()},
       {"ln_f", sequence_parallel()},
       {"lm_head", colwise_parallel({.input_layout = kSequence})},
   };
@@ -80,10 +83,6 @@ ParallelizePlan llama_plan() {
 void parallelize_gpt(nn::GPT& model, const dist::DeviceMesh& tp_mesh) {
   const nn::GPTConfig& config = model.config();
   check_heads_divide("the GPT", "n_head", config.n_head, tp_mesh.size());
-  TESSERA_CHECK(config.dropout == 0.0,
-                "tensor parallelism: the GPT has dropout {}; dropout under tensor parallelism is not supported yet "
-                "(train with dropout 0)",
-                config.dropout);
   parallelize_module(model, tp_mesh, gpt_plan());
   install_loss_parallel(model, tp_mesh);
 }

@@ -24,14 +24,16 @@ namespace tessera::tp {
 // piece of rows serves both); wpe replicated, each rank taking its positions'
 // rows of the output; the fused qkv column-wise in 3 sections (each rank
 // takes its heads' rows of q, k and v), attn.proj and mlp.proj row-wise,
-// mlp.fc column-wise.
+// mlp.fc column-wise; the dropouts (after the embeddings, attention and the
+// MLP, all on sequence-sharded activations) each draw their slice of the
+// 1-rank mask, given the same generator state on every tp rank.
 ParallelizePlan gpt_plan();
 // Llama: tok_embeddings vocabulary-parallel; wq, wk, wv, w1 and w3
 // column-wise, wo and w2 row-wise; output column-wise.
 ParallelizePlan llama_plan();
 
 // Checks that the model can be split over `tp_mesh` (its size divides
-// n_head and, for Llama, n_kv_head; GPT's dropout is 0), applies its plan and
+// n_head and, for Llama, n_kv_head), applies its plan and
 // installs the loss over vocabulary shards. Refusals name the numbers. The
 // sequence length of every call must then divide by the tp size.
 void parallelize_gpt(nn::GPT& model, const dist::DeviceMesh& tp_mesh);

@@ -233,11 +233,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return y;
 }
 
-Tensor dropout(const Tensor& x, double p, bool training, PhiloxKey key) {
+Tensor dropout(const Tensor& x, double p, bool training, PhiloxKey key, PhiloxNumbering numbering) {
   const GradInputsAllowed recorded_here;
   TESSERA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0.0) return x;
-  auto [y, mask] = ops::dropout(x, p, key);
+  auto [y, mask] = ops::dropout(x, p, key, numbering);
   if (autograd::any_requires_grad({&x})) autograd::record(y, std::make_shared<DropoutBackward>(std::move(mask)), {&x});
   return y;
 }

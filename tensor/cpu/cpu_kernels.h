@@ -17,7 +17,8 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& x);
 void unary_backward(UnaryOp op, const Tensor& grad_in, const Tensor& grad_out, const Tensor& saved);
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
 void where(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b);
-void dropout(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key);
+void dropout(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key,
+             PhiloxNumbering numbering);
 
 // tensor/cpu/reduction.cpp
 void reduce(ReduceOp op, const Tensor& out, const Tensor& x, const std::vector<bool>& reduced);

@@ -398,12 +398,13 @@ void where_words(const Tensor& out, const Tensor& condition, const Tensor& a, co
 }
 
 template <typename T>
-void dropout_typed(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key) {
+void dropout_typed(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key,
+                   PhiloxNumbering numbering) {
   const T scale = static_cast<T>(1.0 / (1.0 - p));
   StridedLoop<3> loop({&y, &mask, &x}, /*keep_logical_order=*/true);
   loop.parallel_run_indexed(kCostlyGrain, [&](const auto& ptr, const auto& s, int64_t n, int64_t position) {
     for (int64_t i = 0; i < n; ++i) {
-      const bool keep = philox_uniform(key, static_cast<uint64_t>(position + i)) >= p;
+      const bool keep = philox_uniform(key, numbering.index(position + i)) >= p;
       const T m = keep ? scale : T(0);
       at<T>(ptr[1], s[1], i) = m;
       at<T>(ptr[0], s[0], i) = at<T>(ptr[2], s[2], i) * m;
@@ -526,11 +527,12 @@ void where(const Tensor& out, const Tensor& condition, const Tensor& a, const Te
   }
 }
 
-void dropout(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key) {
+void dropout(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key,
+             PhiloxNumbering numbering) {
   check_same_dtype("dropout", {&y, &mask, &x});
-  if (x.dtype() == DType::f32) return dropout_typed<float>(y, mask, x, p, key);
+  if (x.dtype() == DType::f32) return dropout_typed<float>(y, mask, x, p, key, numbering);
   TESSERA_CHECK(x.dtype() == DType::f64, "cpu::dropout: computes in f32 or f64, got {}", dtype_name(x.dtype()));
-  dropout_typed<double>(y, mask, x, p, key);
+  dropout_typed<double>(y, mask, x, p, key, numbering);
 }
 
 }  // namespace tessera::cpu

@@ -211,14 +211,15 @@ void index_add_kernel(const Tensor& out, int64_t dim, const Tensor& index, const
 
 // --- training: dropout and the optimizer step (tensor/cuda/dropout.cu, optimizer.cu) ---
 
-void dropout_kernel(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key) {
+void dropout_kernel(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key,
+                    PhiloxNumbering numbering) {
   TESSERA_CHECK(y.dtype() == x.dtype() && mask.dtype() == x.dtype() && y.is_contiguous() && mask.is_contiguous(),
                 "cuda::dropout: y and mask must be contiguous and of x's dtype {}, got {} and {}",
                 dtype_name(x.dtype()), dtype_name(y.dtype()), dtype_name(mask.dtype()));
   TESSERA_CHECK(x.dim() <= kMaxDims, "cuda::dropout: {} dims (shape {}); cuda kernels take up to {}", x.dim(),
                 x.sizes(), kMaxDims);
   // The cpu's scale, rounded to the dtype the same way.
-  dropout(operand(y), operand(mask), operand(x), p, 1.0 / (1.0 - p), key,
+  dropout(operand(y), operand(mask), operand(x), p, 1.0 / (1.0 - p), key, numbering,
           launch_on_current_stream(y.device(), {buffer_use("x", x, kRead), buffer_use("y", y, kWrite),
                                                 buffer_use("mask", mask, kWrite)}));
 }

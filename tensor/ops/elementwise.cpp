@@ -345,7 +345,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   return out;
 }
 
-std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key) {
+std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key, PhiloxNumbering numbering) {
   check_raw_op_inputs("dropout", {{"x", x}});
   check_defined(x, "dropout", "x");
   TESSERA_CHECK(is_floating(x.dtype()), "dropout: needs a floating tensor, got {}", dtype_name(x.dtype()));
@@ -355,7 +355,7 @@ std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key) {
   const DType compute = compute_dtype(x.dtype());
   const Tensor y = empty(x.sizes(), {.dtype = compute, .device = x.device()});
   const Tensor mask = empty(x.sizes(), {.dtype = compute, .device = x.device()});
-  if (x.numel() > 0) kernels(x.device()).dropout(y, mask, to(x, compute), p, key);
+  if (x.numel() > 0) kernels(x.device()).dropout(y, mask, to(x, compute), p, key, numbering);
   return {to(y, x.dtype()), to(mask, x.dtype())};
 }
 

@@ -313,6 +313,16 @@ TEST_CASE("dropout on cuda: the cpu's mask and output bit for bit") {
   const auto [cuda_y, cuda_mask] = ops::dropout(ops::transpose(ops::to(x, kCuda), 0, 1), 0.3, {1, 1});
   CHECK(bitwise_equal(cpu_y, cuda_y));
   CHECK(bitwise_equal(cpu_mask, cuda_mask));
+  // A sequence slice's numbering (slice 1 of 3 of [3, 12, 5] along dim 1):
+  // the cpu's draws, which are the whole tensor's there.
+  const PhiloxNumbering slice_numbering{.first = 20, .run = 20, .stride = 60};
+  const Tensor slice = random_values({3, 4, 5}, 8);
+  const auto [cpu_slice_y, cpu_slice_mask] = ops::dropout(slice, 0.5, {2, 2}, slice_numbering);
+  const auto [cuda_slice_y, cuda_slice_mask] = ops::dropout(ops::to(slice, kCuda), 0.5, {2, 2}, slice_numbering);
+  CHECK(bitwise_equal(cpu_slice_y, cuda_slice_y));
+  CHECK(bitwise_equal(cpu_slice_mask, cuda_slice_mask));
+  const Tensor whole_mask = ops::dropout(ops::ones({3, 12, 5}), 0.5, {2, 2}).second;
+  CHECK(bitwise_equal(cpu_slice_mask, ops::contiguous(ops::narrow(whole_mask, 1, 4, 4))));
   // p = 0 copies with a mask of ones; p = 1 is refused; empty is empty.
   const Tensor small = ops::to(random_values({9}, 7), kCuda);
   const auto [same, ones] = ops::dropout(small, 0.0, {1, 1});
@@ -321,7 +331,7 @@ TEST_CASE("dropout on cuda: the cpu's mask and output bit for bit") {
   CHECK_THROWS_WITH_AS(ops::dropout(small, 1.0, {1, 1}), doctest::Contains("dropout: p must be in [0, 1)"), Error);
   CHECK(ops::dropout(ops::zeros({0, 3}, {.device = kCuda}), 0.5, {1, 1}).first.numel() == 0);
   CHECK_THROWS_WITH_AS(kernels(kCuda).dropout(ops::empty({9}, {.device = kCuda}), ops::empty({9}, {.device = kCuda}),
-                                              ops::zeros({9}, {.dtype = DType::f64, .device = kCuda}), 0.5, {1, 1}),
+                                              ops::zeros({9}, {.dtype = DType::f64, .device = kCuda}), 0.5, {1, 1}, {}),
                        doctest::Contains("cuda::dropout: y and mask must be contiguous"), Error);
 }
 

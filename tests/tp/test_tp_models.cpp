@@ -12,9 +12,11 @@
 //   - clip_grad_norm_ gives the 1-rank norm, each piece counted once;
 //   - the refusals: heads or sequence length that tp does not divide, a
 //     misspelt plan, a style on the wrong layer, fully_shard before
-//     parallelize, decoding with a KV cache.
+//     parallelize, decoding with a KV cache (composition with FSDP:
+//     test_tp_with_fsdp.cpp).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -24,6 +26,7 @@
 #include "autograd/grad_mode.h"
 #include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
+#include "nn/dropout.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "nn/optim/adamw.h"
@@ -74,6 +77,13 @@ using ModelFactory = std::function<std::shared_ptr<nn::CausalLM>(Device)>;
 
 ModelFactory gpt_factory() {
   return [](Device device) { return std::make_shared<nn::GPT>(small_gpt(), device); };
+}
+ModelFactory gpt_with_dropout_factory() {
+  return [](Device device) {
+    nn::GPTConfig config = small_gpt();
+    config.dropout = 0.2;
+    return std::make_shared<nn::GPT>(config, device);
+  };
 }
 ModelFactory llama_factory() {
   return [](Device device) { return std::make_shared<nn::Llama>(small_llama(), device); };
@@ -144,6 +154,9 @@ void check_training_step(const ModelFactory& make, int64_t vocab, int world) {
   auto reference = whole_model(make);
   const Tensor idx = tokens(vocab, 1);
   const Tensor targets = tokens(vocab, 2);
+  // Dropout keys come from each rank's default generator: the same state on
+  // every rank and in the reference (the trainer seeds by data-parallel rank).
+  manual_seed(77);
   const Tensor reference_loss = reference->loss(idx, targets);
   autograd::backward(reference_loss);
   std::map<std::string, Tensor> reference_grads;
@@ -157,14 +170,18 @@ void check_training_step(const ModelFactory& make, int64_t vocab, int world) {
   const optim::AdamWOptions adamw{.lr = 1e-2, .eps = 1e-3};
   optim::AdamW reference_optimizer(reference->named_parameters(), adamw);
   reference_optimizer.step();
+  manual_seed(78);
   const Tensor reference_next = reference->loss(idx, targets);
   const nn::StateDict reference_after = reference->state_dict();
+  reference->eval();
+  const Tensor reference_logits = reference->forward(idx).detach();
 
   dist::run_local(
       world,
       [&](const dist::ProcessGroupPtr& group) {
         INFO(reference->type_name(), " on tp ", world);
         auto model = parallel_model(make, tp_mesh(group));
+        manual_seed(77);
         const Tensor loss = model->loss(idx, targets);
         check_close(loss, reference_loss, 1e-5, "loss");
         autograd::backward(loss);
@@ -175,12 +192,14 @@ void check_training_step(const ModelFactory& make, int64_t vocab, int world) {
         CHECK(std::abs(norm - reference_norm) <= 1e-5 * reference_norm);
         optim::AdamW optimizer(model->named_parameters(), adamw);
         optimizer.step();
+        manual_seed(78);
         check_close(model->loss(idx, targets), reference_next, 1e-5, "loss after a step");
         const nn::StateDict after = tp::full_state_dict(*model);
         for (const auto& [name, tensor] : reference_after) check_close(after.at(name), tensor, 1e-5, name);
-        // {idx} gathers the vocabulary shards into whole logits.
+        // {idx} gathers the vocabulary shards into whole logits (in eval: no dropout).
         autograd::NoGradGuard no_grad;
-        check_close(model->forward(idx), reference->forward(idx), 1e-5, "logits");
+        model->eval();
+        check_close(model->forward(idx), reference_logits, 1e-5, "logits");
       },
       tp_options());
 }
@@ -219,6 +238,32 @@ TEST_CASE("tp init: every rank's pieces are the 1-rank model's bits, built on me
 
 TEST_CASE("tp GPT: loss, gradients, clipped norm and an AdamW step as one rank on tp 2, 3 and 4") {
   for (int world : {2, 3, 4}) check_training_step(gpt_factory(), small_gpt().vocab_size, world);
+}
+
+TEST_CASE("tp GPT with dropout: each rank drops its slice of the 1-rank mask, so the step is one rank's") {
+  for (int world : {2, 3, 4}) check_training_step(gpt_with_dropout_factory(), small_gpt().vocab_size, world);
+}
+
+TEST_CASE("tp: a dropout's sequence slices together draw the whole tensor's mask, bitwise") {
+  const Tensor x = ops::add(ops::randn({3, 12, 5}, PhiloxKey{.seed = 9, .stream = 1}), 2.0);
+  nn::Dropout whole(0.4);
+  manual_seed(5);
+  const Tensor reference = whole(x);
+  for (int64_t slices : {2, 3, 4}) {
+    std::vector<Tensor> pieces;
+    for (int64_t index = 0; index < slices; ++index) {
+      nn::Dropout slice(0.4);
+      slice.set_sequence_slice(1, slices, index);
+      manual_seed(5);
+      pieces.push_back(slice(ops::contiguous(ops::narrow(x, 1, index * 12 / slices, 12 / slices))));
+    }
+    CAPTURE(slices);
+    CHECK(bitwise_equal(ops::cat(pieces, 1), reference));
+  }
+  // Something was dropped, and not everything.
+  const std::vector<double> values = as_doubles(reference);
+  CHECK(std::count(values.begin(), values.end(), 0.0) > 20);
+  CHECK(std::count(values.begin(), values.end(), 0.0) < 120);
 }
 
 TEST_CASE("tp Llama: loss, gradients, clipped norm and an AdamW step as one rank on tp 2, 3 and 4") {
@@ -351,11 +396,6 @@ TEST_CASE("tp: refusals name what does not fit") {
                              doctest::Contains("already sharded by FSDP; parallelize the model first, then "
                                                "fully_shard"),
                              Error);
-        // FSDP over the pieces is not built yet: refused, not sharded as if whole.
-        auto split = std::make_shared<nn::GPT>(small_gpt(), kMeta);
-        tp::parallelize_gpt(*split, mesh);
-        CHECK_THROWS_WITH_AS(fsdp::fully_shard(*split, {.mesh = mesh}),
-                             doctest::Contains("is a tensor-parallel piece"), Error);
       },
       tp_options());
 }

@@ -1,0 +1,265 @@
+// Tensor parallelism composed with FSDP, as torchtitan composes them:
+// parallelize on mesh["tp"], then fully_shard each block and the root on
+// mesh["dp"] (or on (replicate, dp) for HSDP), then to_empty and
+// reset_parameters. Against one rank on the global batch, for GPT and Llama:
+//   - (dp 2, tp 2) and HSDP x TP (replicate 2, dp 2, tp 2) on thread ranks:
+//     every parameter gathered (over dp, then tp) is the 1-rank init's bits;
+//     the dp-averaged loss, every gradient, the clipped norm over both dims
+//     and one AdamW step match within the tolerances of the TP-only tests;
+//   - the sequence-parallel norms' partial gradients are summed over tp after
+//     FSDP's reduce-scatter: one all-reduce of the shards per block;
+//   - the refusals: fully_shard over a mesh that contains the tp ranks, and
+//     reshard_after_forward as a group size on tensor-parallel parameters.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "autograd/engine.h"
+#include "dist/backends/local_backend.h"
+#include "fsdp/fully_shard.h"
+#include "nn/models/gpt.h"
+#include "nn/models/llama.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/clip_grad.h"
+#include "tensor/ops.h"
+#include "tp/plans.h"
+
+using namespace tessera;
+namespace ops = tessera::ops;
+
+namespace {
+
+constexpr uint64_t kComposedSeed = 4321;
+constexpr int64_t kRowsPerDpRank = 2;
+constexpr int64_t kComposedSequence = 8;
+
+dist::LocalOptions composed_options() {
+  dist::LocalOptions options;
+  options.group.timeout = std::chrono::seconds(60);
+  return options;
+}
+
+nn::GPTConfig composed_gpt() {
+  nn::GPTConfig config;
+  config.vocab_size = 61;  // 31/30 over tp 2
+  config.block_size = 16;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_embd = 24;
+  return config;
+}
+
+nn::LlamaConfig composed_llama() {
+  nn::LlamaConfig config;
+  config.vocab_size = 61;
+  config.block_size = 16;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_kv_head = 2;
+  config.n_embd = 24;
+  config.ffn_hidden = 37;  // uneven over tp 2 (19/18), then over dp
+  return config;
+}
+
+using ComposedFactory = std::function<std::shared_ptr<nn::CausalLM>(Device)>;
+
+std::vector<std::pair<std::string, ComposedFactory>> composed_models() {
+  return {{"GPT", [](Device device) { return std::make_shared<nn::GPT>(composed_gpt(), device); }},
+          {"Llama", [](Device device) { return std::make_shared<nn::Llama>(composed_llama(), device); }}};
+}
+
+// Tokens of the global batch: [dp * kRowsPerDpRank, T].
+Tensor global_tokens(int64_t dp, uint64_t salt) {
+  std::vector<int64_t> values;
+  for (int64_t i = 0; i < dp * kRowsPerDpRank * kComposedSequence; ++i) {
+    values.push_back(static_cast<int64_t>((static_cast<uint64_t>(i) * 40503ULL + salt * 7919ULL) % 61));
+  }
+  return ops::from_vector(values, {dp * kRowsPerDpRank, kComposedSequence});
+}
+
+Tensor rows_of_dp_rank(const Tensor& global, int64_t dp_rank) {
+  return ops::contiguous(ops::narrow(global, 0, dp_rank * kRowsPerDpRank, kRowsPerDpRank));
+}
+
+std::vector<double> doubles(const Tensor& tensor) { return ops::to(tensor.detach(), DType::f64).to_vector<double>(); }
+
+double worst_difference(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = doubles(got);
+  const std::vector<double> b = doubles(want);
+  REQUIRE(a.size() == b.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+double largest_magnitude(const Tensor& tensor) {
+  double largest = 0.0;
+  for (double value : doubles(tensor)) largest = std::max(largest, std::abs(value));
+  return largest;
+}
+
+// A parameter's tensor or gradient whole: gathered over FSDP's mesh (to the
+// tp piece), then over tp.
+Tensor gathered(const nn::Parameter& parameter, const Tensor& local) {
+  Tensor piece = local.detach();
+  if (const auto& sharding = parameter.sharding()) {
+    piece = dist::DTensor(ops::contiguous(piece), sharding->mesh, sharding->placements, sharding->global_shape)
+                .full_tensor();
+  }
+  const auto& tensor_parallel = parameter.tensor_parallel();
+  return tensor_parallel ? tp::full_tensor(piece, *tensor_parallel) : ops::clone(piece);
+}
+
+struct ComposedMesh {
+  dist::DeviceMesh mesh;
+  dist::DeviceMesh tp;
+  dist::DeviceMesh fsdp;  // mesh["dp"], or (replicate, dp) for HSDP
+  int64_t dp_rank;        // which rows of the global batch this rank reads
+};
+
+ComposedMesh composed_mesh(const dist::ProcessGroupPtr& world, int64_t replicate, int64_t dp, int64_t tp) {
+  if (replicate == 1) {
+    dist::DeviceMesh mesh(world, kCPU, {dp, tp}, {"dp", "tp"});
+    return {mesh, mesh["tp"], mesh["dp"], mesh.coordinate(0)};
+  }
+  dist::DeviceMesh mesh(world, kCPU, {replicate, dp, tp}, {"replicate", "dp", "tp"});
+  // HSDP over the first two dims: a 2-D (replicate, dp) mesh of the ranks
+  // that share this rank's tp coordinate (ranks are laid out row-major).
+  std::vector<int> same_piece;
+  for (int64_t r = 0; r < replicate; ++r) {
+    for (int64_t d = 0; d < dp; ++d) same_piece.push_back(static_cast<int>((r * dp + d) * tp + mesh.coordinate(2)));
+  }
+  dist::DeviceMesh hsdp(world->split(same_piece, "hsdp"), kCPU, {replicate, dp}, {"replicate", "dp"});
+  return {mesh, mesh["tp"], hsdp, mesh.coordinate(0) * dp + mesh.coordinate(1)};
+}
+
+std::shared_ptr<nn::CausalLM> composed_model(const ComposedFactory& make, const ComposedMesh& meshes) {
+  auto model = make(kMeta);
+  tp::parallelize_causal_lm(*model, meshes.tp);
+  for (auto& block : model->blocks()) fsdp::fully_shard(*block, {.mesh = meshes.fsdp});
+  fsdp::fully_shard(*model, {.mesh = meshes.fsdp});
+  model->to_empty(kCPU);
+  model->reset_parameters(kComposedSeed);
+  return model;
+}
+
+void check_against_one_rank(const std::string& label, const ComposedFactory& make, int64_t replicate, int64_t dp,
+                            int64_t tp) {
+  const int64_t data_ranks = replicate * dp;
+  auto reference = make(kMeta);
+  reference->to_empty(kCPU);
+  reference->reset_parameters(kComposedSeed);
+  const nn::StateDict initial = reference->state_dict();
+  std::map<std::string, Tensor> initial_copy;
+  for (const auto& [name, tensor] : initial) initial_copy[name] = ops::clone(tensor);
+  const Tensor idx = global_tokens(data_ranks, 1);
+  const Tensor targets = global_tokens(data_ranks, 2);
+  const Tensor reference_loss = reference->loss(idx, targets);
+  autograd::backward(reference_loss);
+  std::map<std::string, Tensor> reference_grads;
+  for (const auto& [name, parameter] : reference->named_parameters()) reference_grads[name] = ops::clone(parameter->grad());
+  const double reference_norm = optim::clip_grad_norm_(reference->parameters(), 1e9);
+  const optim::AdamWOptions adamw{.lr = 1e-2, .eps = 1e-3};
+  optim::AdamW reference_optimizer(reference->named_parameters(), adamw);
+  reference_optimizer.step();
+  const nn::StateDict stepped = reference->state_dict();
+
+  dist::run_local(
+      static_cast<int>(replicate * dp * tp),
+      [&](const dist::ProcessGroupPtr& world) {
+        INFO(label, " on (replicate ", replicate, ", dp ", dp, ", tp ", tp, ")");
+        const ComposedMesh meshes = composed_mesh(world, replicate, dp, tp);
+        auto model = composed_model(make, meshes);
+        for (const auto& [name, parameter] : model->named_parameters()) {
+          CAPTURE(name);
+          CHECK(parameter->is_sharded());
+          CHECK(parameter->sharding()->mesh.size() == data_ranks);
+          CHECK(worst_difference(gathered(*parameter, parameter->tensor()), initial_copy.at(name)) == 0.0);
+        }
+        const Tensor loss = model->loss(rows_of_dp_rank(idx, meshes.dp_rank), rows_of_dp_rank(targets, meshes.dp_rank));
+        Tensor mean_loss = ops::div(ops::clone(loss.detach()), static_cast<double>(data_ranks));
+        world->all_reduce(mean_loss, dist::ReduceOp::sum);  // over every rank: tp ranks agree, so / tp below
+        CHECK(std::abs(doubles(mean_loss)[0] / static_cast<double>(tp) - doubles(reference_loss)[0]) <= 1e-5);
+        autograd::backward(loss);
+        for (const auto& [name, parameter] : model->named_parameters()) {
+          CAPTURE(name);
+          const Tensor want = reference_grads.at(name);
+          CHECK(worst_difference(gathered(*parameter, parameter->grad()), want) <=
+                1e-4 * std::max(largest_magnitude(want), 1e-6));
+        }
+        const double norm = optim::clip_grad_norm_(model->parameters(), 1e9);
+        CHECK(std::abs(norm - reference_norm) <= 1e-5 * reference_norm);
+        optim::AdamW optimizer(model->named_parameters(), adamw);
+        optimizer.step();
+        for (const auto& [name, parameter] : model->named_parameters()) {
+          CAPTURE(name);
+          const Tensor want = stepped.at(name);
+          CHECK(worst_difference(gathered(*parameter, parameter->tensor()), want) <=
+                1e-5 * std::max(largest_magnitude(want), 1.0));
+        }
+      },
+      composed_options());
+}
+
+}  // namespace
+
+TEST_CASE("tp x fsdp (dp 2, tp 2): init bitwise, loss, gradients, norm and a step as one rank on the global batch") {
+  for (const auto& [label, make] : composed_models()) check_against_one_rank(label, make, 1, 2, 2);
+}
+
+TEST_CASE("tp x hsdp (replicate 2, dp 2, tp 2) on 8 thread ranks: as one rank on the global batch") {
+  for (const auto& [label, make] : composed_models()) check_against_one_rank(label, make, 2, 2, 2);
+}
+
+TEST_CASE("tp x fsdp: partial gradients summed over tp after the reduce-scatter, one all-reduce of shards a block") {
+  dist::run_local(
+      4,
+      [](const dist::ProcessGroupPtr& world) {
+        const ComposedMesh meshes = composed_mesh(world, 1, 2, 2);
+        auto model = composed_model(composed_models()[0].second, meshes);
+        for (const auto& parameter : model->parameters()) CHECK_FALSE(parameter->sums_partial_gradient());
+        const dist::ProcessGroupPtr& tp_group = meshes.tp.group(0);
+        const Tensor idx = rows_of_dp_rank(global_tokens(2, 3), meshes.dp_rank);
+        const Tensor loss = model->loss(idx, idx);
+        tp_group->reset_stats();
+        autograd::backward(loss);
+        // ln1, ln2, attn.proj.bias, mlp.proj.bias in each block, ln_f's two in
+        // the root: one all-reduce a group, of the dp shards packed together.
+        const nn::GPTConfig config = composed_gpt();
+        const int64_t groups = config.n_layer + 1;
+        const dist::CollectiveStats all_reduce = tp_group->stats()[dist::CollectiveKind::all_reduce];
+        CHECK(all_reduce.calls == groups);
+        // Per block 6 vectors of C (each C / dp rows a shard), ln_f's 2; f32;
+        // an all-reduce of S bytes sends 2 (N - 1) / N S: S here.
+        const int64_t shard_bytes = (6 * config.n_layer + 2) * (config.n_embd / 2) * 4;
+        CHECK(all_reduce.bytes_sent == shard_bytes);
+      },
+      composed_options());
+}
+
+TEST_CASE("tp x fsdp: refusals") {
+  dist::run_local(
+      4,
+      [](const dist::ProcessGroupPtr& world) {
+        const ComposedMesh meshes = composed_mesh(world, 1, 2, 2);
+        auto model = std::make_shared<nn::GPT>(composed_gpt(), kMeta);
+        tp::parallelize_gpt(*model, meshes.tp);
+        // Sharding over the tp ranks themselves (or the whole world).
+        CHECK_THROWS_WITH_AS(fsdp::fully_shard(model->block(0), {.mesh = meshes.tp}),
+                             doctest::Contains("shares ranks with the tensor-parallel group"), Error);
+        CHECK_THROWS_WITH_AS(fsdp::fully_shard(model->block(0), {.mesh = dist::DeviceMesh(world, kCPU, {4})}),
+                             doctest::Contains("shares ranks with the tensor-parallel group"), Error);
+        // reshard_after_forward as a group size.
+        auto four_dp = std::make_shared<nn::GPT>(composed_gpt(), kMeta);
+        dist::DeviceMesh wide(world, kCPU, {4, 1}, {"dp", "tp"});
+        tp::parallelize_gpt(*four_dp, wide["tp"]);
+        CHECK_THROWS_WITH_AS(
+            fsdp::fully_shard(four_dp->block(0), {.mesh = wide["dp"],
+                                                  .reshard_after_forward = fsdp::ReshardAfterForward::to_group_of(2)}),
+            doctest::Contains("reshard_after_forward = 2 on tensor-parallel parameters"), Error);
+      },
+      composed_options());
+}
