@@ -8,6 +8,8 @@
 //     and one AdamW step match within the tolerances of the TP-only tests;
 //   - the sequence-parallel norms' partial gradients are summed over tp after
 //     FSDP's reduce-scatter: one all-reduce of the shards per block;
+//   - deterministic mode: (dp 2, tp 2) gives the gradients of (dp 1, tp 2)
+//     with the batch as 2 micro-batches, bitwise;
 //   - the refusals: fully_shard over a mesh that contains the tp ranks, and
 //     reshard_after_forward as a group size on tensor-parallel parameters.
 #include <doctest/doctest.h>
@@ -262,4 +264,48 @@ TEST_CASE("tp x fsdp: refusals") {
             doctest::Contains("reshard_after_forward = 2 on tensor-parallel parameters"), Error);
       },
       composed_options());
+}
+
+TEST_CASE("tp x fsdp, deterministic: (dp 2, tp 2) is (dp 1, tp 2) with the batch as 2 micro-batches, bitwise") {
+  dist::LocalOptions deterministic = composed_options();
+  deterministic.group.deterministic = true;
+  const Tensor idx = global_tokens(2, 5);
+  const Tensor targets = global_tokens(2, 6);
+  for (const auto& [label, make] : composed_models()) {
+    // One data rank: both halves of the batch in turn, the gradients summed
+    // on the rank and reduce-scattered after the second; their mean is the
+    // sum halved (exactly: a power of two).
+    std::map<std::string, Tensor> accumulated;
+    dist::run_local(
+        2,
+        [&](const dist::ProcessGroupPtr& world) {
+          const ComposedMesh meshes = composed_mesh(world, 1, 1, 2);
+          auto model = composed_model(make, meshes);
+          std::optional<fsdp::FSDPModule> root = fsdp::fsdp_module(*model);
+          REQUIRE(root.has_value());
+          for (int64_t micro = 0; micro < 2; ++micro) {
+            root->set_requires_gradient_sync(micro == 1);
+            autograd::backward(model->loss(rows_of_dp_rank(idx, micro), rows_of_dp_rank(targets, micro)));
+          }
+          for (const auto& [name, parameter] : model->named_parameters()) {
+            const Tensor mean = ops::mul(gathered(*parameter, parameter->grad()), 0.5);
+            if (world->rank() == 0) accumulated[name] = mean;
+          }
+        },
+        deterministic);
+    dist::run_local(
+        4,
+        [&](const dist::ProcessGroupPtr& world) {
+          INFO(label);
+          const ComposedMesh meshes = composed_mesh(world, 1, 2, 2);
+          auto model = composed_model(make, meshes);
+          autograd::backward(
+              model->loss(rows_of_dp_rank(idx, meshes.dp_rank), rows_of_dp_rank(targets, meshes.dp_rank)));
+          for (const auto& [name, parameter] : model->named_parameters()) {
+            CAPTURE(name);
+            CHECK(worst_difference(gathered(*parameter, parameter->grad()), accumulated.at(name)) == 0.0);
+          }
+        },
+        deterministic);
+  }
 }
