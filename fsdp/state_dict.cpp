@@ -73,12 +73,25 @@ dist::DTensor replicated(const Tensor& tensor, const dist::DeviceMesh& mesh) {
                        tensor.sizes());
 }
 
+// Sharded state dicts and loads of tensor-parallel pieces need the layout
+// "tp first, dp inside" in the checkpoint format, which is not built yet.
+void refuse_tensor_parallel(const std::map<std::string, Entry>& entries, std::string_view caller) {
+  for (const auto& [name, entry] : entries) {
+    TESSERA_CHECK(entry.parameter == nullptr || entry.parameter->tensor_parallel() == nullptr,
+                  "{}: {} is a tensor-parallel piece ({}); sharded state dicts and loads of tensor-parallel models "
+                  "are not supported yet (full_state_dict gathers them)",
+                  caller, name, entry.parameter->tensor_parallel()->to_string());
+  }
+}
+
 }  // namespace
 
 std::map<std::string, dist::DTensor> sharded_state_dict(nn::Module& root) {
   const dist::DeviceMesh& mesh = root_state(root, "sharded_state_dict").mesh();
   std::map<std::string, dist::DTensor> state;
-  for (const auto& [name, entry] : entries_of(root)) {
+  const auto entries = entries_of(root);
+  refuse_tensor_parallel(entries, "sharded_state_dict");
+  for (const auto& [name, entry] : entries) {
     state.emplace(name, entry.managed ? entry.managed->sharded_dtensor() : replicated(whole_tensor(entry), mesh));
   }
   return state;
@@ -89,13 +102,16 @@ nn::StateDict full_state_dict(nn::Module& root) {
   std::unordered_map<const FSDPParam*, Tensor> gathered;  // a tied parameter is gathered once
   nn::StateDict state;
   for (const auto& [name, entry] : entries_of(root)) {
+    // A tensor-parallel piece, gathered over FSDP's mesh, is gathered over tp.
+    const nn::TensorParallelSpec* tensor_parallel = entry.parameter ? entry.parameter->tensor_parallel().get() : nullptr;
     if (entry.managed == nullptr) {
-      state.emplace(name, whole_tensor(entry).detach());
+      state.emplace(name, tensor_parallel ? tensor_parallel->gather(whole_tensor(entry)) : whole_tensor(entry).detach());
       continue;
     }
     auto found = gathered.find(entry.managed);
     if (found == gathered.end()) {
-      found = gathered.emplace(entry.managed, entry.managed->sharded_dtensor().full_tensor()).first;
+      const Tensor piece = entry.managed->sharded_dtensor().full_tensor();
+      found = gathered.emplace(entry.managed, tensor_parallel ? tensor_parallel->gather(piece) : piece).first;
     }
     state.emplace(name, found->second);
   }
@@ -104,6 +120,7 @@ nn::StateDict full_state_dict(nn::Module& root) {
 
 void load_full_state_dict(nn::Module& root, const nn::StateDict& state) {
   root_state(root, "load_full_state_dict");
+  refuse_tensor_parallel(entries_of(root), "load_full_state_dict");
   for (nn::Module* module : root.modules()) {
     const FSDPState* fsdp_state = module->extension<FSDPState>();
     if (fsdp_state == nullptr || fsdp_state->group() == nullptr) continue;

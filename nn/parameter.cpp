@@ -67,6 +67,25 @@ std::string TensorParallelSpec::to_string() const {
   return fmt::format("{} of {} in {} sections {}", dist::placement_name(placement), global_shape, sections, over);
 }
 
+Tensor TensorParallelSpec::gather(const Tensor& local_tensor) const {
+  const Tensor local = local_tensor.detach();
+  const Shape mine = local_shape(mesh.coordinate(0));
+  TESSERA_CHECK(local.sizes() == mine, "TensorParallelSpec::gather: a tensor of shape {} is not this rank's piece of {} "
+                "(shape {})", local.sizes(), to_string(), mine);
+  const int64_t dim = shard_dim();
+  if (dim < 0) return ops::clone(local);
+  Shape section_shape = global_shape;
+  section_shape[static_cast<size_t>(dim)] /= sections;
+  std::vector<Tensor> whole_sections;
+  int64_t local_offset = 0;
+  for (const dist::ShardExtent& box : boxes(mesh.coordinate(0))) {
+    const Tensor piece = ops::contiguous(ops::narrow(local, dim, local_offset, box.length));
+    whole_sections.push_back(dist::DTensor(piece, mesh, {dist::Shard{dim}}, section_shape).full_tensor());
+    local_offset += box.length;
+  }
+  return whole_sections.size() == 1 ? whole_sections.front() : ops::cat(whole_sections, dim);
+}
+
 const Shape& Parameter::global_shape() const {
   if (tensor_parallel_) return tensor_parallel_->global_shape;
   return sharding_ ? sharding_->global_shape : tensor_.sizes();

@@ -78,6 +78,9 @@ struct TensorParallelSpec {
   Shape local_shape(int64_t rank) const;
   // "Shard(0) of [2304, 768] in 3 sections over tp (2 ranks)".
   std::string to_string() const;
+  // The whole tensor from this rank's piece `local` (a parameter's, or its
+  // gradient's): collective over the tp mesh; a copy when replicated.
+  Tensor gather(const Tensor& local) const;
 };
 
 // Owned by shared_ptr: the same Parameter object registered in two modules is

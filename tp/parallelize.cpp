@@ -61,24 +61,7 @@ Tensor full_tensor(const nn::Parameter& parameter) {
   return spec ? full_tensor(parameter.tensor(), *spec) : ops::clone(parameter.tensor().detach());
 }
 
-Tensor full_tensor(const Tensor& local_tensor, const nn::TensorParallelSpec& spec) {
-  const Tensor local = local_tensor.detach();
-  TESSERA_CHECK(local.sizes() == spec.local_shape(spec.mesh.coordinate(0)),
-                "tp::full_tensor: a tensor of shape {} is not this rank's piece of {} (shape {})", local.sizes(),
-                spec.to_string(), spec.local_shape(spec.mesh.coordinate(0)));
-  const int64_t dim = spec.shard_dim();
-  if (dim < 0) return ops::clone(local);
-  Shape section_shape = spec.global_shape;
-  section_shape[static_cast<size_t>(dim)] /= spec.sections;
-  std::vector<Tensor> sections;
-  int64_t local_offset = 0;
-  for (const dist::ShardExtent& box : spec.boxes(spec.mesh.coordinate(0))) {
-    const Tensor piece = ops::contiguous(ops::narrow(local, dim, local_offset, box.length));
-    sections.push_back(dist::DTensor(piece, spec.mesh, {dist::Shard{dim}}, section_shape).full_tensor());
-    local_offset += box.length;
-  }
-  return sections.size() == 1 ? sections.front() : ops::cat(sections, dim);
-}
+Tensor full_tensor(const Tensor& local, const nn::TensorParallelSpec& spec) { return spec.gather(local); }
 
 nn::StateDict full_state_dict(nn::Module& root) {
   // Each parameter under every name it has (a tied weight under both), found

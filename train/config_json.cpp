@@ -195,6 +195,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"init_from", config.init_from},
           {"nproc", config.nproc},
           {"hsdp", config.hsdp},
+          {"tp", config.tp},
           {"reshard_after_forward", reshard},
           {"param_dtype", std::string(tessera::dtype_name(config.param_dtype))},
           {"reduce_dtype", reduce_dtype},

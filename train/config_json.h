@@ -47,7 +47,7 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
 
 // The run's settings (not read back: a record of how the weights were made):
 // preset, seq_len, batch, grad_accum, steps, lr, min_lr_ratio, warmup,
-// weight_decay, clip, seed, data, tokenizer, init_from, nproc, hsdp, reshard_after_forward (a bool,
+// weight_decay, clip, seed, data, tokenizer, init_from, nproc, hsdp, tp, reshard_after_forward (a bool,
 // or an int rank count), param_dtype, reduce_dtype (null: same as
 // param_dtype), deterministic.
 nlohmann::json train_config_to_json(const TrainConfig& config);

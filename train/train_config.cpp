@@ -206,7 +206,27 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(hsdp >= 1 && nproc % hsdp == 0,
                 "--hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x nproc / hsdp (replicate x shard)",
                 hsdp, nproc);
+  TESSERA_CHECK(tp >= 1 && nproc % (static_cast<int64_t>(hsdp) * tp) == 0,
+                "--tp {} with --hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x shard x tp", tp, hsdp,
+                nproc);
+  if (tp > 1) {
+    TESSERA_CHECK(seq_len % tp == 0,
+                  "--seq-len {} does not divide by --tp {}: sequence parallelism splits every sequence evenly", seq_len,
+                  tp);
+    // What tensor parallelism does not reach yet (docs/tensor_parallel.md).
+    const std::pair<bool, const char*> not_yet[] = {
+        {!ckpt_dir.empty(), "--ckpt-dir (checkpoints of tensor-parallel pieces)"},
+        {!export_path.empty(), "--export"},
+        {!init_from.empty(), "--init-from"},
+        {plan, "--plan"},
+        {cpu_offload, "--cpu-offload"},
+    };
+    for (const auto& [asked, what] : not_yet) {
+      TESSERA_CHECK(!asked, "--tp {}: {} is not supported with tensor parallelism yet", tp, what);
+    }
+  }
   if (const std::optional<int64_t> count = reshard_after_forward.group_size()) {
+    TESSERA_CHECK(tp == 1, "--reshard-after-forward {}: a group size is refused with --tp (true or false)", *count);
     TESSERA_CHECK(shard_ranks() % *count == 0,
                   "--reshard-after-forward {} must divide the shard group size {} (--nproc {} / --hsdp {}); 1 is "
                   "false, {} is true",
@@ -385,6 +405,10 @@ void add_parallelism_flags(CLI::App& app, TrainConfig& config, ParallelismFlags&
       ->default_str("--param-dtype");
   app.add_option("--hsdp", config.hsdp, "HSDP replicate degree R: a R x (nproc / R) (replicate, shard) mesh")
       ->check(integer_in(1, kMaxRanks));
+  app.add_option("--tp", config.tp,
+                 "Tensor-parallel degree T, the innermost mesh dim: each T contiguous ranks split every layer and read "
+                 "one batch; FSDP shards over the rest (docs/tensor_parallel.md)")
+      ->check(integer_in(1, kMaxRanks));
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
   app.add_flag("--cpu-offload", config.cpu_offload,
                "With --device cuda: parameter shards, gradients and AdamW's state in pinned host memory (FSDP's "
@@ -541,22 +565,25 @@ std::string describe(const TrainConfig& c) {
   // A GPT's line is the one GPT runs always printed; other families name themselves.
   const std::string name =
       c.family() == ModelFamily::gpt ? c.preset : fmt::format("{} ({})", c.preset, family_name(c.family()));
-  const std::string mesh =
-      c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks()) : fmt::format("shard {}", c.nproc);
+  std::string mesh =
+      c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks()) : fmt::format("shard {}", c.shard_ranks());
+  if (c.tp > 1) mesh += fmt::format(" x tp {}", c.tp);
   const char* offload = !c.cpu_offload             ? ""
                         : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"
                                                    : ", cpu offload";
   return fmt::format(
       "model    {}: {} ({:.3f} M parameters)\n"
-      "batch    {} x {} tokens x {} micro-batches{} x {} ranks = {} tokens per step, {} steps\n"
+      "batch    {} x {} tokens x {} micro-batches{} x {} {} = {} tokens per step, {} steps\n"
       "optim    AdamW lr {:g} (warmup {}, cosine to {:g}), weight decay {:g}, clip {}\n"
       "fsdp     {} on {} {} rank{} (mesh {}), reshard_after_forward {}, param {}, reduce {}{}\n"
       "device   {}\n"
       "seed     {}",
       name, describe_shape(model), static_cast<double>(num_parameters(model)) / 1e6, c.batch, c.seq_len, c.grad_accum,
-      c.grad_accum > 1 ? fmt::format(" (synced {})", grad_sync_name(c.grad_sync)) : "", c.nproc, c.tokens_per_step(),
+      c.grad_accum > 1 ? fmt::format(" (synced {})", grad_sync_name(c.grad_sync)) : "", c.data_ranks(),
+      c.tp > 1 ? "data ranks (tp groups)" : "ranks", c.tokens_per_step(),
       c.steps, c.lr, c.warmup, c.lr * c.min_lr_ratio, c.weight_decay,
-      c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off", c.hsdp > 1 ? "HSDP" : "FSDP", c.nproc, c.backend,
+      c.clip > 0.0 ? fmt::format("{:g}", c.clip) : "off",
+      std::string(c.hsdp > 1 ? "HSDP" : "FSDP") + (c.tp > 1 ? " x TP" : ""), c.nproc, c.backend,
       c.nproc == 1 ? "" : "s", mesh, c.reshard_after_forward.to_string(), tessera::dtype_name(c.param_dtype),
       tessera::dtype_name(c.reduce_dtype.value_or(c.param_dtype)),
       std::string(c.deterministic ? ", deterministic" : "") + offload,

@@ -83,6 +83,10 @@ struct TrainConfig {
   std::string backend = "local";  // "local": nproc ranks as threads; "mpi": the mpirun/srun world
   int nproc = 1;                  // ranks (with mpi: the launcher's world size)
   int hsdp = 1;                   // replicate degree R: a (R, nproc / R) mesh; 1 = a 1-D shard mesh
+  // Tensor-parallel degree T: the mesh's innermost dim (contiguous ranks, one
+  // NVLink island on GPUs), (shard, tp) or (replicate, shard, tp); the T ranks
+  // of a tp group read one batch and hold one model between them (tp/plans.h).
+  int tp = 1;
   tessera::fsdp::ReshardAfterForward reshard_after_forward = true;  // for every block; the root keeps false
   tessera::DType param_dtype = tessera::DType::f32;                 // what forward computes on and all-gathers move
   std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype
@@ -118,8 +122,11 @@ struct TrainConfig {
   ModelConfig model_config() const { return llama ? ModelConfig(*llama) : ModelConfig(model); }
   ModelFamily family() const { return llama ? ModelFamily::llama : ModelFamily::gpt; }
   // Every rank's micro-batches: the global batch of one optimizer step.
-  int64_t tokens_per_step() const { return batch * seq_len * grad_accum * nproc; }
-  int64_t shard_ranks() const { return nproc / hsdp; }
+  int64_t tokens_per_step() const { return batch * seq_len * grad_accum * data_ranks(); }
+  // The ranks that read their own batches: every tp group reads one.
+  int64_t data_ranks() const { return nproc / tp; }
+  // FSDP's shard group: the data ranks less the HSDP replicas.
+  int64_t shard_ranks() const { return nproc / (hsdp * tp); }
   // Throws tessera::Error naming the first bad setting (non-finite numbers included).
   void validate() const;
 };

@@ -31,6 +31,7 @@
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/storage.h"
+#include "tp/plans.h"
 #include "train/token_cache.h"
 
 namespace tessera::train {
@@ -61,10 +62,27 @@ void init_distributed(const TrainConfig& config, const std::function<void(const 
 #if TESSERA_HAVE_CUDA
     if (distributed.device.is_cuda()) tessera::cuda::set_device(distributed.device.index);
 #endif
-    distributed.mesh = config.hsdp > 1
-                           ? dist::DeviceMesh(world, distributed.device, {config.hsdp, config.shard_ranks()},
-                                              {"replicate", "shard"})
-                           : dist::DeviceMesh(world, distributed.device, {config.nproc}, {"shard"});
+    if (config.tp == 1) {
+      distributed.mesh = config.hsdp > 1
+                             ? dist::DeviceMesh(world, distributed.device, {config.hsdp, config.shard_ranks()},
+                                                {"replicate", "shard"})
+                             : dist::DeviceMesh(world, distributed.device, {config.nproc}, {"shard"});
+    } else {
+      // tp innermost: ranks r*T .. r*T + T-1 form a tp group. FSDP shards over
+      // the ranks that hold the same piece: those with this rank's tp index.
+      const dist::DeviceMesh full(world, distributed.device, {config.hsdp, config.shard_ranks(), config.tp},
+                                  {"replicate", "shard", "tp"});
+      distributed.tp_mesh = full["tp"];
+      std::vector<int> same_piece;
+      for (int rank = static_cast<int>(full.coordinate(2)); rank < config.nproc; rank += config.tp) {
+        same_piece.push_back(rank);
+      }
+      const dist::ProcessGroupPtr data_parallel = world->split(same_piece, "data_parallel");
+      distributed.mesh = config.hsdp > 1 ? dist::DeviceMesh(data_parallel, distributed.device,
+                                                            {config.hsdp, config.shard_ranks()}, {"replicate", "shard"})
+                                         : dist::DeviceMesh(data_parallel, distributed.device,
+                                                            {config.shard_ranks()}, {"shard"});
+    }
     if (!config.trace.empty()) distributed.tracer = std::make_shared<dist::Tracer>();
     run_rank(distributed);
   };
@@ -115,6 +133,8 @@ DataLoader build_data(const TrainConfig& config) {
 std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& config,
                                                         const std::optional<Distributed>& distributed) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
+  // Tensor parallelism first, then FSDP over each piece (torchtitan's order).
+  if (distributed && distributed->tp_mesh) tessera::tp::parallelize_causal_lm(*model, *distributed->tp_mesh);
   if (distributed) {
     for (const auto& block : model->blocks()) {
       fsdp::fully_shard(*block, fully_shard_options(config, /*root=*/false, distributed->mesh));
@@ -155,6 +175,7 @@ std::vector<dist::ProcessGroupPtr> communication_groups(const Distributed& distr
   add(distributed.world);
   add(distributed.mesh.group());
   for (int64_t dim = 0; dim < distributed.mesh.ndim(); ++dim) add(distributed.mesh.group(dim));
+  if (distributed.tp_mesh) add(distributed.tp_mesh->group(0));
   return groups;
 }
 
@@ -216,6 +237,7 @@ StepMetrics Trainer::train_step() {
                 step_ + 1);
   dist::TraceSpan step_span(tracer(), rank(), "compute", fmt::format("step {}", step_ + 1), "train");
   if (fsdp_root_) fsdp_root_->reset_communication_stats();
+  if (distributed_ && distributed_->tp_mesh) distributed_->tp_mesh->group(0)->reset_stats();
   dist::reset_rank_peak_memory();
   if (!config_.device.is_cpu()) tessera::reset_peak_memory(config_.device);
   const auto start = std::chrono::steady_clock::now();
@@ -226,6 +248,9 @@ StepMetrics Trainer::train_step() {
 
   const int64_t micro_batches = config_.grad_accum;
   const int64_t ranks = world_size();
+  // The ranks of a tp group read the same micro-batches.
+  const int64_t data_ranks = distributed_ ? distributed_->data_ranks() : 1;
+  const int64_t data_rank = distributed_ ? distributed_->data_rank() : 0;
   // The micro-batches' losses stay where they were computed until all are
   // done: on cuda, reading one is a device-to-host synchronisation, and the
   // step makes one (the losses and the gradient norm, for the log).
@@ -238,7 +263,7 @@ StepMetrics Trainer::train_step() {
       fsdp_root_->set_requires_gradient_sync(micro + 1 == micro_batches ||
                                              config_.grad_sync == tessera::fsdp::GradientSync::every_micro_batch);
     }
-    const int64_t micro_batch = next_micro_batch_ + micro * ranks + rank();
+    const int64_t micro_batch = next_micro_batch_ + micro * data_ranks + data_rank;
     if (const std::optional<dist::Fault> fault = dist::fault_at(dist::FaultPoint::data, rank())) {
       tessera::fail("data: reading micro-batch {} of {} failed: {} (injected fault {})", micro_batch,
                     data_.description(), dist::describe_errno(fault->error_number), fault->to_string());
@@ -263,8 +288,11 @@ StepMetrics Trainer::train_step() {
     }
   }
   // FSDP counts its own collectives, whatever the group; its last one is done
-  // (the backward's final callback waited for it). From here on the groups
+  // (the backward's final callback waited for it). Tensor parallelism's
+  // activation collectives are the tp group's so far. From here on the groups
   // count the trainer's own: clip_grad_norm_'s and the loss's all-reduces.
+  const int64_t tensor_parallel_bytes =
+      distributed_ && distributed_->tp_mesh ? distributed_->tp_mesh->group(0)->stats().total().bytes_sent : 0;
   for (const auto& group : process_groups_) group->reset_stats();
 
   double grad_norm = 0.0, mean_loss = 0.0;
@@ -306,13 +334,13 @@ StepMetrics Trainer::train_step() {
     }
   }
   ++step_;
-  next_micro_batch_ += micro_batches * ranks;
+  next_micro_batch_ += micro_batches * data_ranks;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // Read before the metric reduction below, so they count the step's own
   // traffic. The stop request rides along, so every rank stops after the
   // same step however the signal reached the ranks.
-  int64_t comm_bytes = bytes_sent(process_groups_);
+  int64_t comm_bytes = bytes_sent(process_groups_) + tensor_parallel_bytes;
   if (fsdp_root_) comm_bytes += fsdp_root_->communication_stats().total().bytes_sent;
   int64_t peak_bytes =
       config_.device.is_cpu() ? dist::rank_memory_stats().peak_bytes : tessera::memory_stats(config_.device).peak_bytes;

@@ -41,11 +41,19 @@ struct Distributed {
   tessera::dist::ProcessGroupPtr world;
   // This rank's device: --device cpu, or its own GPU, cuda:<local rank>.
   tessera::Device device;
-  tessera::dist::DeviceMesh mesh;                 // ("shard") or ("replicate", "shard") with --hsdp
+  // FSDP's mesh: ("shard") or ("replicate", "shard") with --hsdp, over the
+  // ranks that hold the same tensor-parallel piece.
+  tessera::dist::DeviceMesh mesh;
+  // With --tp: the ("tp") mesh of this rank's tp group, which splits the model.
+  std::optional<tessera::dist::DeviceMesh> tp_mesh;
   std::shared_ptr<tessera::dist::Tracer> tracer;  // null without --trace
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }
+  // Which batches this rank reads: its tp group's index (the world rank
+  // without --tp), of data_ranks().
+  int64_t data_rank() const { return tp_mesh ? rank() / tp_mesh->size() : rank(); }
+  int64_t data_ranks() const { return tp_mesh ? size() / tp_mesh->size() : size(); }
 };
 
 // Starts the ranks the config asks for (--nproc threads, or this process's

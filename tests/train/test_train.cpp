@@ -290,6 +290,14 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--ckpt-every", "5"}, "need --ckpt-dir DIR"},
       {{"--ckpt-dir", "d", "--keep", "-2"}, "--keep: must be in [0, 1000000], got -2"},
       {{"--format", "hf"}, "--format hf is the format of --export DIR: pass --export too"},
+      {{"--tp", "3", "--nproc", "4"}, "--tp 3 with --hsdp 1 must divide the 4 ranks (--nproc)"},
+      {{"--tp", "2", "--nproc", "4", "--hsdp", "4"}, "--tp 2 with --hsdp 4 must divide the 4 ranks"},
+      {{"--tp", "2", "--nproc", "2", "--seq-len", "15"}, "--seq-len 15 does not divide by --tp 2"},
+      {{"--tp", "2", "--nproc", "2", "--ckpt-dir", "d"},
+       "--tp 2: --ckpt-dir (checkpoints of tensor-parallel pieces) is not supported with tensor parallelism yet"},
+      {{"--tp", "2", "--nproc", "2", "--plan"}, "--tp 2: --plan is not supported with tensor parallelism yet"},
+      {{"--tp", "2", "--nproc", "4", "--reshard-after-forward", "2"},
+       "--reshard-after-forward 2: a group size is refused with --tp (true or false)"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);
@@ -679,5 +687,34 @@ TEST_CASE("llama: FSDP on 3 ranks and HSDP on 2 x 2 train the default corpus as 
     INFO("losses " << losses.front() << " -> " << losses.back());
     // Measured: 6.02 -> 5.34 (3 micro-batches a step) and 6.03 -> 5.24 (4).
     CHECK(losses.back() < losses.front() - 0.5);
+  }
+}
+
+TEST_CASE("train --tp: tp 2, (dp 2, tp 2) and (replicate 2, tp 2) train as 1 rank on the same global batch, in f64") {
+  struct Case {
+    const char* name;
+    int nproc, hsdp, tp;
+  };
+  for (const bool llama : {false, true}) {
+    for (const Case& c : {Case{"tp 2 on 2 ranks", 2, 1, 2}, Case{"dp 2 x tp 2 on 4 ranks", 4, 1, 2},
+                          Case{"replicate 2 x shard 1 x tp 2 on 4 ranks", 4, 2, 2}}) {
+      const std::string label = std::string(llama ? "Llama, " : "GPT, ") + c.name;
+      INFO(label);
+      TrainConfig single = llama ? small_llama_config() : small_config();
+      if (llama) {
+        single.llama->dtype = tessera::DType::f64;
+      } else {
+        single.model.dtype = tessera::DType::f64;
+      }
+      single.param_dtype = tessera::DType::f64;
+      single.threads = 1;
+      single.grad_accum = c.nproc / c.tp;  // one rank reads every tp group's batch
+      TrainConfig split = single;
+      split.nproc = c.nproc;
+      split.hsdp = c.hsdp;
+      split.tp = c.tp;
+      split.grad_accum = 1;
+      check_fsdp_f64(single, split);
+    }
   }
 }
