@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
   const KernelTable& device_kernels = kernels(kCuda);
   const Tensor dropout_y = ops::empty({tokens, channels}, {.device = kCuda});
   const Tensor dropout_mask = ops::empty({tokens, channels}, {.device = kCuda});
-  cases.push_back({"dropout p=0.1", 3 * bytes, 60 * n, [&] { device_kernels.dropout(dropout_y, dropout_mask, x, 0.1, {5, 1}, {}); }});
+  cases.push_back({"dropout p=0.1", 3 * bytes, 60 * n,
+                   [&] { device_kernels.dropout(dropout_y, dropout_mask, x, 0.1, {5, 1}, {}); }});
   const AdamWTensor adamw{.param = ops::clone(x),
                           .grad = y,
                           .exp_avg = ops::zeros({tokens, channels}, {.device = kCuda}),

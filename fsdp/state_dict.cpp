@@ -103,9 +103,11 @@ nn::StateDict full_state_dict(nn::Module& root) {
   nn::StateDict state;
   for (const auto& [name, entry] : entries_of(root)) {
     // A tensor-parallel piece, gathered over FSDP's mesh, is gathered over tp.
-    const nn::TensorParallelSpec* tensor_parallel = entry.parameter ? entry.parameter->tensor_parallel().get() : nullptr;
+    const nn::TensorParallelSpec* tensor_parallel =
+        entry.parameter ? entry.parameter->tensor_parallel().get() : nullptr;
     if (entry.managed == nullptr) {
-      state.emplace(name, tensor_parallel ? tensor_parallel->gather(whole_tensor(entry)) : whole_tensor(entry).detach());
+      const Tensor& whole = whole_tensor(entry);
+      state.emplace(name, tensor_parallel ? tensor_parallel->gather(whole) : whole.detach());
       continue;
     }
     auto found = gathered.find(entry.managed);

@@ -70,8 +70,9 @@ std::string TensorParallelSpec::to_string() const {
 Tensor TensorParallelSpec::gather(const Tensor& local_tensor) const {
   const Tensor local = local_tensor.detach();
   const Shape mine = local_shape(mesh.coordinate(0));
-  TESSERA_CHECK(local.sizes() == mine, "TensorParallelSpec::gather: a tensor of shape {} is not this rank's piece of {} "
-                "(shape {})", local.sizes(), to_string(), mine);
+  TESSERA_CHECK(local.sizes() == mine,
+                "TensorParallelSpec::gather: a tensor of shape {} is not this rank's piece of {} (shape {})",
+                local.sizes(), to_string(), mine);
   const int64_t dim = shard_dim();
   if (dim < 0) return ops::clone(local);
   Shape section_shape = global_shape;

@@ -565,8 +565,8 @@ std::string describe(const TrainConfig& c) {
   // A GPT's line is the one GPT runs always printed; other families name themselves.
   const std::string name =
       c.family() == ModelFamily::gpt ? c.preset : fmt::format("{} ({})", c.preset, family_name(c.family()));
-  std::string mesh =
-      c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks()) : fmt::format("shard {}", c.shard_ranks());
+  std::string mesh = c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks())
+                                : fmt::format("shard {}", c.shard_ranks());
   if (c.tp > 1) mesh += fmt::format(" x tp {}", c.tp);
   const char* offload = !c.cpu_offload             ? ""
                         : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"

@@ -70,7 +70,9 @@ inline Tensor rows_of_dp_rank(const Tensor& global, int64_t dp_rank) {
   return ops::contiguous(ops::narrow(global, 0, dp_rank * kRowsPerDpRank, kRowsPerDpRank));
 }
 
-inline std::vector<double> doubles(const Tensor& tensor) { return ops::to(tensor.detach(), DType::f64).to_vector<double>(); }
+inline std::vector<double> doubles(const Tensor& tensor) {
+  return ops::to(tensor.detach(), DType::f64).to_vector<double>();
+}
 
 inline double worst_difference(const Tensor& got, const Tensor& want) {
   const std::vector<double> a = doubles(got);

@@ -56,7 +56,9 @@ void check_against_one_rank(const std::string& label, const ComposedFactory& mak
   const Tensor reference_loss = reference->loss(idx, targets);
   autograd::backward(reference_loss);
   std::map<std::string, Tensor> reference_grads;
-  for (const auto& [name, parameter] : reference->named_parameters()) reference_grads[name] = ops::clone(parameter->grad());
+  for (const auto& [name, parameter] : reference->named_parameters()) {
+    reference_grads[name] = ops::clone(parameter->grad());
+  }
   const double reference_norm = optim::clip_grad_norm_(reference->parameters(), 1e9);
   const optim::AdamWOptions adamw{.lr = 1e-2, .eps = 1e-3};
   optim::AdamW reference_optimizer(reference->named_parameters(), adamw);
