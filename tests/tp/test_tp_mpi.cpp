@@ -35,7 +35,8 @@ StepResult composed_step(const dist::ProcessGroupPtr& world, const ComposedFacto
   const Tensor targets = global_tokens(2, 12);
   const Tensor loss = model->loss(rows_of_dp_rank(idx, meshes.dp_rank), rows_of_dp_rank(targets, meshes.dp_rank));
   autograd::backward(loss);
-  StepResult result{.loss = doubles(loss)[0]};
+  StepResult result;
+  result.loss = doubles(loss)[0];
   for (const auto& [name, parameter] : model->named_parameters()) {
     result.gradients[name] = gathered(*parameter, parameter->grad());
   }
