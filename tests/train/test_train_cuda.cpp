@@ -190,6 +190,26 @@ TEST_CASE("FSDP on 2 and 3 simulated GPUs and HSDP 2 x 2: the losses of CPU FSDP
   }
 }
 
+TEST_CASE("--tp 2 on 4 and 2 simulated GPUs (with FSDP, and alone): the losses of the same run on CPU ranks, within 1e-5") {
+  for (const int nproc : {4, 2}) {
+    CAPTURE(nproc);
+    TrainConfig config = tiny_cuda_config(tessera::kCPU);
+    config.steps = 3;
+    config.warmup = 1;
+    config.nproc = nproc;
+    config.tp = 2;
+    const std::vector<std::pair<double, double>> cpu = rank0_steps(config);
+    config.device = kCuda;
+    const std::vector<std::pair<double, double>> cuda = rank0_steps(config);
+    REQUIRE(cuda.size() == cpu.size());
+    for (size_t step = 0; step < cpu.size(); ++step) {
+      CAPTURE(step);
+      CHECK(std::abs(cuda[step].first - cpu[step].first) <= 1e-5 * cpu[step].first);
+      CHECK(std::abs(cuda[step].second - cpu[step].second) <= 1e-5 * cpu[step].second);
+    }
+  }
+}
+
 TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of 1 rank with 2 micro-batches, bit for "
           "bit; jitter changes no bit and no checker speaks") {
   TrainConfig config = tiny_cuda_config(kCuda);
