@@ -44,10 +44,16 @@ class VocabParallelCrossEntropy : public autograd::Function {
   TensorList forward(autograd::FunctionContext& ctx, const TensorList& inputs) override {
     TESSERA_CHECK(inputs[0].dim() == 2, "vocab_parallel_cross_entropy: logits must be [N, local classes], got {}",
                   inputs[0].sizes());
-    TESSERA_CHECK(inputs[0].dtype() == DType::f32 || inputs[0].dtype() == DType::f64,
-                  "vocab_parallel_cross_entropy: logits must be f32 or f64, got {}", dtype_name(inputs[0].dtype()));
-    const int64_t rows = inputs[0].size(0);
-    const int64_t columns = inputs[0].size(1);
+    TESSERA_CHECK(is_floating(inputs[0].dtype()), "vocab_parallel_cross_entropy: logits must be floating, got {}",
+                  dtype_name(inputs[0].dtype()));
+    // bf16 and f16 logits (a bf16 run's head) are computed on in f32; the
+    // gradient goes back in their own dtype.
+    logits_dtype_ = inputs[0].dtype();
+    const Tensor computed = compute_dtype(logits_dtype_) == logits_dtype_
+                                ? inputs[0]
+                                : ops::to(inputs[0], compute_dtype(logits_dtype_));
+    const int64_t rows = computed.size(0);
+    const int64_t columns = computed.size(1);
     const dist::ShardExtent mine = dist::shard_extent(columns_, group_->size(), group_->rank());
     TESSERA_CHECK(columns == mine.length,
                   "vocab_parallel_cross_entropy: rank {} of {} holds {} logit columns, but its share of {} columns "
@@ -58,16 +64,16 @@ class VocabParallelCrossEntropy : public autograd::Function {
     int64_t kept_rows = 0;
     for (int64_t target : targets) kept_rows += target != ignore_index_ ? 1 : 0;
 
-    const TensorOptions like{.dtype = inputs[0].dtype(), .device = inputs[0].device()};
+    const TensorOptions like{.dtype = computed.dtype(), .device = computed.device()};
     const Shape matrix{rows, columns};
     const Tensor column_ids = ops::arange(static_cast<double>(mine.offset), static_cast<double>(mine.offset + columns),
-                                          1.0, {.dtype = DType::i64, .device = inputs[0].device()});
+                                          1.0, {.dtype = DType::i64, .device = computed.device()});
     // Padding columns (past the classes) take no part: -inf logits, zero
     // probability and zero gradient.
     const Tensor is_padding =
         ops::expand(ops::reshape(ops::ge(column_ids, static_cast<double>(classes_)), {1, columns}), matrix);
-    const Tensor logits = columns_ == classes_ ? inputs[0]
-                                               : ops::masked_fill(inputs[0], is_padding,
+    const Tensor logits = columns_ == classes_ ? computed
+                                               : ops::masked_fill(computed, is_padding,
                                                                   -std::numeric_limits<double>::infinity());
     // 1. The row maxima over every rank's columns (an empty share has none).
     Tensor row_max = columns > 0 ? ops::contiguous(ops::amax(logits, {1}))
@@ -100,7 +106,7 @@ class VocabParallelCrossEntropy : public autograd::Function {
 
   TensorList backward(autograd::FunctionContext& ctx, const TensorList& grads) override {
     const double scale = ops::to(grads[0], kCPU).to_vector<double>()[0] / static_cast<double>(kept_rows_);
-    return {ops::mul(ctx.saved()[0], scale)};
+    return {ops::to(ops::mul(ctx.saved()[0], scale), logits_dtype_)};
   }
   std::string name() const override { return "VocabParallelCrossEntropy"; }
 
@@ -111,6 +117,7 @@ class VocabParallelCrossEntropy : public autograd::Function {
   int64_t ignore_index_;
   int64_t columns_;
   int64_t kept_rows_ = 0;
+  DType logits_dtype_ = DType::f32;
 };
 
 }  // namespace

@@ -19,7 +19,8 @@
 
 namespace tessera::tp {
 
-// local_logits: [N, local] f32 or f64, this rank's columns of [N, columns],
+// local_logits: [N, local], floating (bf16 and f16 computed on in f32, the
+// loss f32 and the gradient in their dtype), this rank's columns of [N, columns],
 // columns = padded_classes (0: classes); the columns past `classes` are
 // padding (a padded vocabulary, as nn::GPT's head has) and take no part;
 // targets: [N] i32 or i64 in [0, classes) or ignore_index, equal on every

@@ -167,12 +167,34 @@ TEST_CASE("loss parallel: errors name what was wrong") {
         CHECK_THROWS_WITH_AS(tp::vocab_parallel_cross_entropy(local, ops::from_vector(std::vector<int64_t>{0, 1}, {2}),
                                                               group, 9),
                              "vocab_parallel_cross_entropy: targets must be [4] like the logits' rows, got [2]", Error);
-        CHECK_THROWS_WITH_AS(tp::vocab_parallel_cross_entropy(ops::to(local, DType::bf16), targets, group, 9),
-                             "vocab_parallel_cross_entropy: logits must be f32 or f64, got bf16", Error);
+        CHECK_THROWS_WITH_AS(tp::vocab_parallel_cross_entropy(ops::to(local, DType::i64), targets, group, 9),
+                             "vocab_parallel_cross_entropy: logits must be floating, got i64", Error);
         CHECK_THROWS_WITH_AS(tp::vocab_parallel_cross_entropy(local, targets, nullptr, 9),
                              "vocab_parallel_cross_entropy: the group is null", Error);
         CHECK_THROWS_WITH_AS(tp::vocab_parallel_cross_entropy(local, targets, group, 0),
                              "vocab_parallel_cross_entropy: classes must be >= 1, got 0", Error);
+      },
+      loss_options());
+}
+
+TEST_CASE("loss parallel: bf16 logits are computed on in f32, their gradient comes back in bf16") {
+  dist::run_local(
+      2,
+      [](const dist::ProcessGroupPtr& group) {
+        const Tensor full = ops::to(wide_logits(6, 29, DType::f32), DType::bf16);
+        const Tensor targets = targets_for(6, 29);
+        Tensor low = columns_of(full, 2, group->rank());
+        low.set_requires_grad(true);
+        Tensor widened = ops::to(columns_of(full, 2, group->rank()), DType::f32);  // the same values in f32
+        widened.set_requires_grad(true);
+        const Tensor loss = tp::vocab_parallel_cross_entropy(low, targets, group, 29);
+        const Tensor reference = tp::vocab_parallel_cross_entropy(widened, targets, group, 29);
+        CHECK(loss.dtype() == DType::f32);
+        CHECK(values(loss) == values(reference));
+        autograd::backward(loss);
+        autograd::backward(reference);
+        CHECK(low.grad().dtype() == DType::bf16);
+        CHECK(values(low.grad()) == values(ops::to(widened.grad(), DType::bf16)));
       },
       loss_options());
 }

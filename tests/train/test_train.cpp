@@ -718,3 +718,20 @@ TEST_CASE("train --tp: tp 2, (dp 2, tp 2) and (replicate 2, tp 2) train as 1 ran
     }
   }
 }
+
+TEST_CASE("train --tp 2 in bf16: the head's bf16 logits go into the loss in f32; losses within 1% of FSDP's") {
+  TrainConfig fsdp_run = small_config();
+  fsdp_run.param_dtype = tessera::DType::bf16;
+  fsdp_run.threads = 1;
+  fsdp_run.nproc = 2;
+  TrainConfig split = fsdp_run;
+  split.nproc = 4;
+  split.tp = 2;
+  const std::vector<Run> expected = run_fsdp(fsdp_run);
+  const std::vector<Run> got = run_fsdp(split);
+  REQUIRE(got[0].steps.size() == expected[0].steps.size());
+  for (size_t step = 0; step < expected[0].steps.size(); ++step) {
+    CAPTURE(step);
+    CHECK(relative_difference(got[0].steps[step].loss, expected[0].steps[step].loss) <= 0.01);
+  }
+}
