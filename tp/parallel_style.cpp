@@ -109,12 +109,22 @@ class ColwiseParallel final : public ParallelStyle {
                   "ColwiseParallel: the input cannot be Partial (sum it first)");
   }
 
-  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+  void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check_mesh(mesh, name);
-    auto* linear = dynamic_cast<nn::Linear*>(&module);
-    auto* tied = dynamic_cast<nn::TiedLinear*>(&module);
+    const auto* linear = dynamic_cast<const nn::Linear*>(&module);
+    const auto* tied = dynamic_cast<const nn::TiedLinear*>(&module);
     TESSERA_CHECK(linear != nullptr || tied != nullptr, "ColwiseParallel applies to a Linear or TiedLinear; {} is a {}",
                   name, module.type_name());
+    const int64_t out_features = (linear ? linear->weight() : tied->weight()).global_shape()[0];
+    TESSERA_CHECK(out_features % options_.sections == 0,
+                  "ColwiseParallel on {}: {} output features do not split into {} equal sections", name, out_features,
+                  options_.sections);
+  }
+
+  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check(module, name, mesh);
+    auto* linear = dynamic_cast<nn::Linear*>(&module);
+    auto* tied = dynamic_cast<nn::TiedLinear*>(&module);
     nn::Parameter& weight = linear ? linear->weight() : tied->weight();
     const int64_t out_features = weight.global_shape()[0];
     lay_out(weight, name + ".weight", mesh, dist::Shard{0}, options_.sections);
@@ -151,10 +161,15 @@ class RowwiseParallel final : public ParallelStyle {
                   "RowwiseParallel: the output is summed here; Partial is not an output layout");
   }
 
-  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+  void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check_mesh(mesh, name);
+    TESSERA_CHECK(dynamic_cast<const nn::Linear*>(&module) != nullptr, "RowwiseParallel applies to a Linear; {} is a {}",
+                  name, module.type_name());
+  }
+
+  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check(module, name, mesh);
     auto* linear = dynamic_cast<nn::Linear*>(&module);
-    TESSERA_CHECK(linear != nullptr, "RowwiseParallel applies to a Linear; {} is a {}", name, module.type_name());
     lay_out(linear->weight(), name + ".weight", mesh, dist::Shard{1});
     const bool sharded_output = std::holds_alternative<dist::Shard>(options_.output_layout);
     if (linear->has_bias()) {
@@ -188,11 +203,15 @@ class VocabParallelEmbedding final : public ParallelStyle {
                   "VocabParallelEmbedding: the lookup's terms are summed here; Partial is not an output layout");
   }
 
-  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+  void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check_mesh(mesh, name);
+    TESSERA_CHECK(dynamic_cast<const nn::Embedding*>(&module) != nullptr,
+                  "VocabParallelEmbedding applies to an Embedding; {} is a {}", name, module.type_name());
+  }
+
+  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check(module, name, mesh);
     auto* embedding = dynamic_cast<nn::Embedding*>(&module);
-    TESSERA_CHECK(embedding != nullptr, "VocabParallelEmbedding applies to an Embedding; {} is a {}", name,
-                  module.type_name());
     lay_out(embedding->weight(), name + ".weight", mesh, dist::Shard{0});
     module.register_forward_hook([mesh, to = options_.output_layout](nn::Module&, const nn::TensorList&,
                                                                      const Tensor& output) -> std::optional<Tensor> {
@@ -210,6 +229,10 @@ class VocabParallelEmbedding final : public ParallelStyle {
 
 class SequenceParallel final : public ParallelStyle {
  public:
+  void check(const nn::Module&, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check_mesh(mesh, name);
+  }
+
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check_mesh(mesh, name);
     if (auto* dropout = dynamic_cast<nn::Dropout*>(&module)) {
@@ -233,6 +256,10 @@ class PrepareModuleInput final : public ParallelStyle {
                     "PrepareModuleInput: input {} has a layout {} and a desired layout {}: give both or neither", i,
                     layout_name(options_.input_layouts[i]), layout_name(options_.desired_input_layouts[i]));
     }
+  }
+
+  void check(const nn::Module&, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check_mesh(mesh, name);
   }
 
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
@@ -270,6 +297,10 @@ class PrepareModuleInput final : public ParallelStyle {
 class PrepareModuleOutput final : public ParallelStyle {
  public:
   explicit PrepareModuleOutput(PrepareOutputOptions options) : options_(std::move(options)) {}
+
+  void check(const nn::Module&, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check_mesh(mesh, name);
+  }
 
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check_mesh(mesh, name);

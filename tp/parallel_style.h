@@ -38,6 +38,9 @@ class ParallelStyle {
   // Applied to the module named `name` (for error messages) over the 1-D tp
   // mesh; every rank of the mesh applies the same styles in the same order.
   virtual void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const = 0;
+  // Throws what apply would throw for this module and mesh, changing
+  // nothing: parallelize_module checks every match before it applies any.
+  virtual void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const = 0;
   // "ColwiseParallel(input Shard(1), output Shard(-1), 3 sections)"
   virtual std::string describe() const = 0;
 };

@@ -11,6 +11,12 @@ namespace tessera::tp {
 
 namespace {
 
+// Marks a tree a plan was applied to: a second plan would stack a second set
+// of hooks on the same modules (every activation moved twice).
+struct Parallelized : nn::ModuleExtension {
+  dist::DeviceMesh mesh;
+};
+
 std::vector<std::string> name_parts(const std::string& name) {
   std::vector<std::string> parts;
   if (name.empty()) return parts;
@@ -34,24 +40,35 @@ bool matches_module_pattern(const std::string& pattern, const std::string& name)
 
 void parallelize_module(nn::Module& root, const dist::DeviceMesh& tp_mesh, const ParallelizePlan& plan) {
   TESSERA_CHECK(tp_mesh.ndim() == 1, "parallelize_module: the tp mesh must be 1-D, got {}", tp_mesh.to_string());
+  TESSERA_CHECK(root.extension<Parallelized>() == nullptr,
+                "parallelize_module: this {} is parallelized already; give one plan with every style it needs",
+                root.type_name());
   for (const auto& [name, parameter] : root.named_parameters()) {
     TESSERA_CHECK(!parameter->is_sharded(),
                   "parallelize_module: {} is already sharded by FSDP; parallelize the model first, then fully_shard "
                   "it on the data-parallel mesh",
                   name);
   }
+  // Every pattern is matched and every style checked on its modules before
+  // any is applied: a bad plan leaves the model as it was.
   const std::vector<nn::NamedModule> modules = root.named_modules();
+  std::vector<std::vector<nn::NamedModule>> matches;
   for (const auto& [pattern, style] : plan) {
     TESSERA_CHECK(style != nullptr, "parallelize_module: the style for '{}' is null", pattern);
-    int64_t matched = 0;
-    for (const auto& [name, module] : modules) {
-      if (!matches_module_pattern(pattern, name)) continue;
-      style->apply(*module, name, tp_mesh);
-      ++matched;
+    std::vector<nn::NamedModule>& matched = matches.emplace_back();
+    for (const auto& named : modules) {
+      if (matches_module_pattern(pattern, named.first)) matched.push_back(named);
     }
-    TESSERA_CHECK(matched > 0, "parallelize_module: '{}' ({}) matches no module of the {}", pattern, style->describe(),
-                  root.type_name());
+    TESSERA_CHECK(!matched.empty(), "parallelize_module: '{}' ({}) matches no module of the {}", pattern,
+                  style->describe(), root.type_name());
+    for (const auto& [name, module] : matched) style->check(*module, name, tp_mesh);
   }
+  for (size_t entry = 0; entry < plan.size(); ++entry) {
+    for (const auto& [name, module] : matches[entry]) plan[entry].second->apply(*module, name, tp_mesh);
+  }
+  auto marker = std::make_shared<Parallelized>();
+  marker->mesh = tp_mesh;
+  root.add_extension(std::move(marker));
 }
 
 Tensor full_tensor(const nn::Parameter& parameter) {

@@ -24,8 +24,9 @@ using ParallelizePlan = std::vector<std::pair<std::string, ParallelStylePtr>>;
 
 // Applies `plan` to `root` over the 1-D tp mesh; every rank of the mesh calls
 // it with the same plan. A pattern that matches no module is refused (a
-// misspelt plan would silently leave a layer replicated), as is a model that
-// fully_shard already sharded.
+// misspelt plan would silently leave a layer replicated), as are a model that
+// fully_shard already sharded and a second plan on the same root (its hooks
+// would stack on the first's).
 void parallelize_module(nn::Module& root, const dist::DeviceMesh& tp_mesh, const ParallelizePlan& plan);
 
 // Whether `name` matches `pattern` (both dot-separated, "*" matching one part).

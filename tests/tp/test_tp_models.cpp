@@ -378,8 +378,17 @@ TEST_CASE("tp: refusals name what does not fit") {
                              doctest::Contains("'blocks.*.atn.qkv' (ColwiseParallel(input Replicate(), output "
                                                "Shard(-1))) matches no module"),
                              Error);
-        CHECK_THROWS_WITH_AS(tp::parallelize_module(*other, mesh, {{"wte", tp::rowwise_parallel()}}),
+        CHECK_THROWS_WITH_AS(tp::parallelize_module(*other, mesh,
+                                                    {{"blocks.*.attn.qkv", tp::colwise_parallel()},
+                                                     {"wte", tp::rowwise_parallel()}}),
                              doctest::Contains("RowwiseParallel applies to a Linear; wte is a Embedding"), Error);
+        // Checked before anything was applied: the model is as it was, and takes a good plan.
+        for (const auto& parameter : other->parameters()) CHECK(parameter->tensor_parallel() == nullptr);
+        CHECK_FALSE(other->block(0).attn().qkv().has_forward_hooks());
+        tp::parallelize_gpt(*other, mesh);
+        // A second plan on the same model.
+        CHECK_THROWS_WITH_AS(tp::parallelize_gpt(static_cast<nn::GPT&>(*model), mesh),
+                             doctest::Contains("this GPT is parallelized already"), Error);
         // Decoding with a KV cache runs on whole models.
         nn::KVCache cache = model->make_kv_cache(1, 8);
         CHECK_THROWS_WITH_AS(model->forward_cached(ops::from_vector(std::vector<int64_t>{1, 2}, {1, 2}), cache),
