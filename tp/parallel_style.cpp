@@ -32,15 +32,20 @@ void check_mesh(const dist::DeviceMesh& mesh, const std::string& name) {
                 mesh.to_string());
 }
 
+// Tensor parallelism comes first: FSDP shards the pieces it leaves.
+void refuse_sharded(const nn::Parameter& parameter, const std::string& name) {
+  TESSERA_CHECK(!parameter.is_sharded(),
+                "tensor parallelism: {} is already sharded by FSDP; parallelize the model first, then fully_shard "
+                "it on the data-parallel mesh",
+                name);
+}
+
 // Lays `parameter` out as `placement` over the mesh: this rank keeps its
 // piece (on meta, only the shape). A parameter already laid out so (a tied
 // weight met a second time) is left alone; one laid out otherwise is refused.
 void lay_out(nn::Parameter& parameter, const std::string& name, const dist::DeviceMesh& mesh,
              const Layout& placement, int64_t sections = 1) {
-  TESSERA_CHECK(!parameter.is_sharded(),
-                "tensor parallelism: {} is already sharded by FSDP; parallelize the model first, then fully_shard "
-                "it on the data-parallel mesh",
-                name);
+  refuse_sharded(parameter, name);
   auto spec = std::make_shared<nn::TensorParallelSpec>(
       nn::TensorParallelSpec{.mesh = mesh, .placement = placement, .global_shape = parameter.global_shape(),
                              .sections = sections});
@@ -75,10 +80,7 @@ void lay_out(nn::Parameter& parameter, const std::string& name, const dist::Devi
 // A replicated parameter that meets sequence-sharded activations: its
 // gradients are partial, summed over the tp group.
 void lay_out_with_partial_gradient(nn::Parameter& parameter, const std::string& name, const dist::DeviceMesh& mesh) {
-  TESSERA_CHECK(!parameter.is_sharded(),
-                "tensor parallelism: {} is already sharded by FSDP; parallelize the model first, then fully_shard "
-                "it on the data-parallel mesh",
-                name);
+  refuse_sharded(parameter, name);
   if (const auto& held = parameter.tensor_parallel()) {
     TESSERA_CHECK(held->shard_dim() < 0 && held->partial_gradient,
                   "tensor parallelism: {} is laid out as {} already, and sequence parallelism needs it replicated",
