@@ -4,6 +4,8 @@
 #include <map>
 #include <mutex>
 
+#include <fmt/format.h>
+
 #include "autograd/grad_mode.h"
 #include "tensor/host_staging.h"
 #include "tensor/ops.h"
@@ -63,6 +65,13 @@ HostPieces stage_written_pieces(const DistributedStateDict& state, int rank, boo
       staged.state.emplace(name, entry);  // the save reads only its dtype and layout
     } else if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
       staged.state.emplace(name, host_copy(name, *tensor));
+    } else if (const auto* boxed = std::get_if<BoxedPiece>(&entry)) {
+      BoxedPiece host = *boxed;
+      for (size_t index = 0; index < host.boxes.size(); ++index) {
+        const std::string box_name = index == 0 ? name : fmt::format("{}#{}", name, index);
+        host.boxes[index].local = host_copy(box_name, host.boxes[index].local);
+      }
+      staged.state.emplace(name, std::move(host));
     } else {
       const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
       staged.state.emplace(name, dist::DTensor(host_copy(name, dtensor.local()), dtensor.mesh(), dtensor.placements(),

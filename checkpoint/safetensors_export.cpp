@@ -176,6 +176,7 @@ Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const dist:
 void export_through_rank0(const DistributedStateDict& state, const dist::ProcessGroupPtr& group_option,
                           ExportSink* sink) {
   check_no_pending_sums(state, "checkpoint export");
+  check_no_boxed_pieces(state, "checkpoint export");
   const dist::ProcessGroupPtr group = resolve_group(group_option);
   const int rank = rank_of(group);
   TESSERA_CHECK(rank != 0 || sink != nullptr, "checkpoint::export_through_rank0: rank 0 needs a sink");
@@ -281,6 +282,7 @@ void read_safetensors_box(const std::string& path, const SafetensorsHeader& head
 
 ImportReport import_safetensors(const std::string& path, const DistributedStateDict& state,
                                 const ImportOptions& options) {
+  check_no_boxed_pieces(state, "safetensors import");
   const SafetensorsHeader header = read_safetensors_header(path);
   std::map<std::string, const SafetensorsEntry*> stored;
   for (const SafetensorsEntry& entry : header.entries) stored[entry.name] = &entry;

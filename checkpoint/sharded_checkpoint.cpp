@@ -28,19 +28,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string rank_file(int rank) { return fmt::format("rank-{:05d}.safetensors", rank); }
+// A rank's k-th file holds the k-th box of each of its pieces (a safetensors
+// file holds one tensor of a name): a boxed piece of 3 boxes (GPT's fused qkv
+// under tensor parallelism) takes 3 files.
+std::string rank_file(int rank, size_t box) {
+  return box == 0 ? fmt::format("rank-{:05d}.safetensors", rank) : fmt::format("rank-{:05d}-{}.safetensors", rank, box);
+}
 
-// This rank's piece of an entry: the local tensor, where it sits, and whether
-// this rank writes it (replicated data is written by one rank only).
-struct Piece {
-  Tensor local;
-  Shape offsets;
-  bool owned = false;
-};
-
-Piece piece_of(const StateEntry& entry, int rank) {
-  const LocalBox box = local_box_of(entry);
-  return {box.local, box.offsets, writes_piece(entry, rank)};
+// The dtype an entry is saved in (its local tensor's).
+DType dtype_of(const StateEntry& entry) {
+  const std::vector<LocalBox> boxes = local_boxes_of(entry);
+  TESSERA_CHECK(!boxes.empty() && boxes.front().local.defined(), "checkpoint: an entry holds no tensor");
+  return boxes.front().local.dtype();
 }
 
 std::vector<uint32_t> block_checksums(const Tensor& dense) {
@@ -63,30 +62,42 @@ void flip_last_byte(const std::string& path) {
   TESSERA_CHECK(file.good(), "checkpoint::save: the injected corruption of '{}' failed", path);
 }
 
-// Writes this rank's file; returns its chunks as JSON (or the error text).
-nlohmann::json write_rank_file(const std::string& tmp, const DistributedStateDict& state, int rank, bool sync) {
+// Writes this rank's files; returns each one's chunks as JSON.
+nlohmann::json write_rank_files(const std::string& tmp, const DistributedStateDict& state, int rank, bool sync) {
   autograd::NoGradGuard no_grad;  // reads the values of tensors that may require grad (live parameters)
   // Device pieces come to the host first, through page-locked buffers (an
   // async save's snapshot is there already).
   const HostPieces host = stage_written_pieces(state, rank, false,
                                                [](const std::string&, const Tensor& like) { return new_host_buffer(like); });
   host.wait();
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  nlohmann::json chunks = nlohmann::json::object();
+  std::vector<std::vector<std::pair<std::string, Tensor>>> tensors;  // by file
+  std::vector<nlohmann::json> chunks;
   for (const auto& [name, entry] : host.state) {
-    Piece piece = piece_of(entry, rank);
-    if (!piece.owned || piece.local.numel() == 0) continue;
-    const Tensor dense = ops::contiguous(piece.local);
-    chunks[name] = {{"offsets", piece.offsets}, {"sizes", dense.sizes()}, {"crc32c", block_checksums(dense)}};
-    tensors.emplace_back(name, dense);
+    if (!writes_piece(entry, rank)) continue;
+    const std::vector<LocalBox> boxes = local_boxes_of(entry);
+    size_t written = 0;  // empty boxes take no file
+    for (const LocalBox& box : boxes) {
+      if (box.local.numel() == 0) continue;
+      if (tensors.size() <= written) {
+        tensors.emplace_back();
+        chunks.push_back(nlohmann::json::object());
+      }
+      const Tensor dense = ops::contiguous(box.local);
+      chunks[written][name] = {{"offsets", box.offsets}, {"sizes", dense.sizes()}, {"crc32c", block_checksums(dense)}};
+      tensors[written].emplace_back(name, dense);
+      ++written;
+    }
   }
-  if (tensors.empty()) return nlohmann::json{{"file", nullptr}, {"chunks", chunks}};
-  const std::string file = rank_file(rank);
-  const SafetensorsHeader header = write_safetensors((fs::path(tmp) / file).string(), tensors, {}, sync);
-  for (const auto& entry : header.entries) {
-    chunks[entry.name]["byte_range"] = {header.data_offset + entry.begin, header.data_offset + entry.end};
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    const std::string file = rank_file(rank, index);
+    const SafetensorsHeader header = write_safetensors((fs::path(tmp) / file).string(), tensors[index], {}, sync);
+    for (const auto& entry : header.entries) {
+      chunks[index][entry.name]["byte_range"] = {header.data_offset + entry.begin, header.data_offset + entry.end};
+    }
+    files.push_back(nlohmann::json{{"file", file}, {"chunks", chunks[index]}});
   }
-  return nlohmann::json{{"file", file}, {"chunks", chunks}};
+  return nlohmann::json{{"files", files}};
 }
 
 }  // namespace
@@ -106,20 +117,41 @@ void check_no_pending_sums(const DistributedStateDict& state, const char* op) {
   }
 }
 
-LocalBox local_box_of(const StateEntry& entry) {
+std::vector<LocalBox> local_boxes_of(const StateEntry& entry) {
   if (const Tensor* tensor = std::get_if<Tensor>(&entry)) {
-    return {*tensor, tensor->defined() ? Shape(static_cast<size_t>(tensor->dim()), 0) : Shape{}};
+    return {{*tensor, tensor->defined() ? Shape(static_cast<size_t>(tensor->dim()), 0) : Shape{}}};
   }
+  if (const auto* boxed = std::get_if<BoxedPiece>(&entry)) return boxed->boxes;
   const dist::DTensor& dtensor = std::get<dist::DTensor>(entry);
-  return {dtensor.local(), dtensor.local_offset()};
+  return {{dtensor.local(), dtensor.local_offset()}};
+}
+
+void check_no_boxed_pieces(const DistributedStateDict& state, const char* op) {
+  for (const auto& [name, entry] : state) {
+    TESSERA_CHECK(!std::holds_alternative<BoxedPiece>(entry),
+                  "{}: '{}' is a tensor-parallel piece; {} of tensor-parallel models is not supported yet (gather the "
+                  "model with fsdp::full_state_dict or tp::full_state_dict)",
+                  op, name, op);
+  }
+}
+
+LocalBox local_box_of(const StateEntry& entry) {
+  const std::vector<LocalBox> boxes = local_boxes_of(entry);
+  TESSERA_CHECK(boxes.size() == 1,
+                "checkpoint: an entry of global shape {} is held as {} boxes on this rank (a tensor-parallel piece); "
+                "this needs one",
+                global_shape_of(entry), boxes.size());
+  return boxes.front();
 }
 
 const Shape& global_shape_of(const StateEntry& entry) {
   if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return tensor->sizes();
+  if (const auto* boxed = std::get_if<BoxedPiece>(&entry)) return boxed->global_shape;
   return std::get<dist::DTensor>(entry).global_shape();
 }
 
 bool writes_piece(const StateEntry& entry, int rank) {
+  if (const auto* boxed = std::get_if<BoxedPiece>(&entry)) return boxed->written;
   const auto* dtensor = std::get_if<dist::DTensor>(&entry);
   if (dtensor == nullptr) return rank == 0;
   bool owned = true;
@@ -161,12 +193,12 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
     if (!local_error.empty()) fail("{}", local_error);
     const std::optional<dist::Fault> fault = dist::fault_at(dist::FaultPoint::checkpoint_write, world_rank);
     if (fault && fault->action == dist::FaultAction::fail) {
-      fail("checkpoint::save: writing {} in '{}' failed: {} (injected fault {})", rank_file(rank), tmp,
+      fail("checkpoint::save: writing {} in '{}' failed: {} (injected fault {})", rank_file(rank, 0), tmp,
            dist::describe_errno(fault->error_number), fault->to_string());
     }
-    mine = write_rank_file(tmp, state, rank, options.sync);
-    if (fault && fault->action == dist::FaultAction::corrupt && !mine["file"].is_null()) {
-      flip_last_byte((fs::path(tmp) / mine["file"].get<std::string>()).string());
+    mine = write_rank_files(tmp, state, rank, options.sync);
+    if (fault && fault->action == dist::FaultAction::corrupt && !mine["files"].empty()) {
+      flip_last_byte((fs::path(tmp) / mine["files"][0]["file"].get<std::string>()).string());
     }
   } catch (const std::exception& error) {
     mine = {{"error", error.what()}};
@@ -194,18 +226,18 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
       metadata.run_id = options.run_id;
       metadata.training_state = options.training_state;
       for (const auto& [name, entry] : state) {
-        const Piece piece = piece_of(entry, rank);
-        metadata.tensors[name] = TensorInfo{piece.local.dtype(), global_shape_of(entry), {}};
+        metadata.tensors[name] = TensorInfo{dtype_of(entry), global_shape_of(entry), {}};
       }
       for (const auto& report : reports) {
-        if (report["file"].is_null()) continue;
-        for (const auto& [name, chunk] : report["chunks"].items()) {
-          TESSERA_CHECK(metadata.tensors.count(name) == 1, "checkpoint::save: '{}' is not in rank 0's state dict", name);
-          metadata.tensors[name].chunks.push_back(ChunkInfo{report["file"].get<std::string>(),
-                                                            chunk["byte_range"][0].get<int64_t>(),
-                                                            chunk["byte_range"][1].get<int64_t>(),
-                                                            chunk["offsets"].get<Shape>(), chunk["sizes"].get<Shape>(),
-                                                            chunk["crc32c"].get<std::vector<uint32_t>>()});
+        for (const auto& written : report["files"]) {
+          for (const auto& [name, chunk] : written["chunks"].items()) {
+            TESSERA_CHECK(metadata.tensors.count(name) == 1, "checkpoint::save: '{}' is not in rank 0's state dict",
+                          name);
+            metadata.tensors[name].chunks.push_back(
+                ChunkInfo{written["file"].get<std::string>(), chunk["byte_range"][0].get<int64_t>(),
+                          chunk["byte_range"][1].get<int64_t>(), chunk["offsets"].get<Shape>(),
+                          chunk["sizes"].get<Shape>(), chunk["crc32c"].get<std::vector<uint32_t>>()});
+          }
         }
       }
       const std::string text = metadata.to_json_text();
@@ -240,8 +272,6 @@ CheckpointMetadata read_metadata(const std::string& dir) {
 
 LoadReport load(const std::string& dir, const DistributedStateDict& state, const LoadOptions& options) {
   check_no_pending_sums(state, "checkpoint::load");
-  const dist::ProcessGroupPtr group = resolve_group(options.group);
-  const int rank = rank_of(group);
   const CheckpointMetadata metadata = read_metadata(dir);
 
   LoadReport report;
@@ -257,7 +287,7 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
       problems.push_back(fmt::format("{}: shape {} in the checkpoint, {} here", name, found->second.global_shape,
                                      global_shape_of(entry)));
     }
-    const Tensor local = piece_of(entry, rank).local;
+    const Tensor local = local_boxes_of(entry).front().local;
     if (local.defined() && !loads_into(found->second.dtype, local.dtype())) {
       problems.push_back(fmt::format("{}: dtype {} in the checkpoint, {} here (only a float loads into a float; an "
                                      "integer or bool only into its own dtype)",
@@ -279,10 +309,12 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
   std::set<std::string> files_read;
   for (const auto& [name, entry] : state) {
     const auto found = metadata.tensors.find(name);
-    const Piece piece = piece_of(entry, rank);
-    if (found == metadata.tensors.end() || !piece.local.defined()) continue;
-    for (const ChunkInfo& chunk : found->second.chunks) {
-      if (chunk_overlaps(chunk, piece.offsets, piece.local.sizes())) files_read.insert(chunk.file);
+    if (found == metadata.tensors.end()) continue;
+    for (const LocalBox& box : local_boxes_of(entry)) {
+      if (!box.local.defined()) continue;
+      for (const ChunkInfo& chunk : found->second.chunks) {
+        if (chunk_overlaps(chunk, box.offsets, box.local.sizes())) files_read.insert(chunk.file);
+      }
     }
   }
   for (const std::string& file : files_read) {
@@ -293,8 +325,9 @@ LoadReport load(const std::string& dir, const DistributedStateDict& state, const
   for (const auto& [name, entry] : state) {
     const auto found = metadata.tensors.find(name);
     if (found == metadata.tensors.end()) continue;
-    Piece piece = piece_of(entry, rank);
-    read_chunks(dir, found->second.chunks, found->second.dtype, name, piece.local, piece.offsets);
+    for (LocalBox& box : local_boxes_of(entry)) {
+      read_chunks(dir, found->second.chunks, found->second.dtype, name, box.local, box.offsets);
+    }
   }
   return report;
 }

@@ -1,5 +1,7 @@
 // checkpoint::save / load: a sharded checkpoint of any state dict of names to
-// tensors (whole on every rank) or DTensors (sharded or replicated on a mesh).
+// tensors (whole on every rank), DTensors (sharded or replicated on a mesh)
+// or boxed pieces (several boxes of the global tensor on one rank: a
+// tensor-parallel piece, with FSDP's rows of it).
 //
 // save(dir): every rank writes only the pieces it owns (a DTensor's local
 // piece when its coordinate on every Replicate mesh dim is 0: replicated data
@@ -28,21 +30,40 @@
 
 namespace tessera::checkpoint {
 
-using StateEntry = std::variant<Tensor, dist::DTensor>;
-using DistributedStateDict = std::map<std::string, StateEntry>;
-
-// An entry's local tensor (the whole tensor, or a DTensor's piece) and where
-// it starts in the global tensor.
+// A local tensor and where it starts in the global tensor.
 struct LocalBox {
   Tensor local;
   Shape offsets;
 };
+
+// What one rank holds of a tensor as several boxes (views of its local
+// tensor), and whether it writes them: tensor parallelism's layout, "tp first,
+// dp inside", which a DTensor's placements cannot say (GPT's fused qkv gives
+// a rank a box of each of q, k and v; FSDP then keeps rows of those).
+// checkpoint::entry_like builds them from a Parameter's specs.
+struct BoxedPiece {
+  Shape global_shape;
+  std::vector<LocalBox> boxes;
+  bool written = true;  // false where another rank holds (and writes) the same data
+};
+
+using StateEntry = std::variant<Tensor, dist::DTensor, BoxedPiece>;
+using DistributedStateDict = std::map<std::string, StateEntry>;
+
+// An entry's local boxes: one for a whole tensor or a DTensor's piece.
+std::vector<LocalBox> local_boxes_of(const StateEntry& entry);
+// The one local box of an entry; refuses a boxed piece of several boxes
+// (what cannot take one, such as the exports, says so by name).
 LocalBox local_box_of(const StateEntry& entry);
 const Shape& global_shape_of(const StateEntry& entry);
 // Refuses an entry that is a DTensor with a Partial placement: its pieces
 // are terms of a pending sum, not pieces of the value (save, load and export
 // call it first, on every rank alike).
 void check_no_pending_sums(const DistributedStateDict& state, const char* op);
+// Refuses boxed pieces (tensor-parallel ones), by name, where `op` (the
+// safetensors and Hugging Face exports and imports) takes only whole tensors
+// and DTensors.
+void check_no_boxed_pieces(const DistributedStateDict& state, const char* op);
 
 struct SaveOptions {
   // The ranks that save together (every one calls save). Null: dist::world(),
@@ -64,7 +85,7 @@ void save_or_report(const std::string& dir, const DistributedStateDict& state, c
 
 // Whether `rank` writes the entry's local piece: a DTensor's piece when its
 // mesh coordinate is 0 on every Replicate dim (replicated data is written
-// once), a whole tensor on rank 0 only.
+// once), a whole tensor on rank 0 only, a boxed piece as it says.
 bool writes_piece(const StateEntry& entry, int rank);
 
 struct LoadOptions {

@@ -1,7 +1,8 @@
 // The state a training run checkpoints, as one DistributedStateDict keyed by
 // name, so it reshards whatever the world size:
 //   "model.<fqn>"            each parameter: its shard as a DTensor when FSDP
-//                            sharded it, else the whole tensor;
+//                            sharded it, its boxes when tensor parallelism
+//                            split it, else the whole tensor;
 //   "optim.<fqn>.<key>"      each optimizer state tensor of that parameter
 //                            (AdamW: exp_avg, exp_avg_sq, step), laid out like
 //                            the parameter: keyed by name, never by position.
@@ -32,8 +33,9 @@ DistributedStateDict optimizer_state(optim::Optimizer& optimizer);
 // Model and optimizer together.
 DistributedStateDict training_state_dict(const nn::Module& module, optim::Optimizer& optimizer);
 
-// The entry that views `local` laid out like `parameter` (a DTensor with the
-// parameter's sharding when it is sharded).
+// The entry that views `local` laid out like `parameter`: a DTensor with the
+// parameter's sharding when FSDP sharded it; a boxed piece when tensor
+// parallelism split it (with FSDP's rows of its piece); else the tensor.
 StateEntry entry_like(const nn::Parameter& parameter, const Tensor& local);
 
 }  // namespace tessera::checkpoint

@@ -119,27 +119,12 @@ int64_t product(const Shape& shape, size_t begin, size_t end) {
   return result;
 }
 
-// Where the local rows sit along the logical dim 0.
-struct RowSegment {
-  int64_t local_row;
-  int64_t count;
-  int64_t global_row;
-};
-
-// The local tensor holds rows [first_row, first_row + rows) of the piece
-// (FSDP's shard of it, or all of it), and a tensor-parallel Shard(0) piece
-// stacks its boxes of the logical rows.
+// Where the local rows sit along the logical dim 0: the parameter's FSDP
+// rows (or all of them) of its tensor-parallel piece (or of the whole).
+using RowSegment = TensorParallelSpec::RowRun;
 std::vector<RowSegment> row_segments(int64_t first_row, int64_t rows, const TensorParallelSpec* tensor_parallel) {
-  if (tensor_parallel == nullptr || tensor_parallel->shard_dim() != 0) return {{0, rows, first_row}};
-  std::vector<RowSegment> segments;
-  int64_t piece_row = 0;  // where the box starts in the piece
-  for (const dist::ShardExtent& box : tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0))) {
-    const int64_t begin = std::max(first_row, piece_row);
-    const int64_t end = std::min(first_row + rows, piece_row + box.length);
-    if (begin < end) segments.push_back({begin - first_row, end - begin, box.offset + begin - piece_row});
-    piece_row += box.length;
-  }
-  return segments;
+  if (tensor_parallel == nullptr) return {{0, rows, first_row}};
+  return tensor_parallel->logical_rows(first_row, rows, tensor_parallel->mesh.coordinate(0));
 }
 
 std::vector<GlobalRun> global_runs(Parameter& parameter) {
@@ -155,8 +140,8 @@ std::vector<GlobalRun> global_runs(Parameter& parameter) {
   if (dim <= 0) {  // whole logical rows
     const int64_t row_elements = product(global, 1, global.size());
     for (const RowSegment& segment : segments) {
-      runs.push_back({ops::narrow(local, 0, segment.local_row, segment.count),
-                      static_cast<uint64_t>(segment.global_row * row_elements)});
+      runs.push_back({ops::narrow(local, 0, segment.piece_row, segment.count),
+                      static_cast<uint64_t>(segment.logical_row * row_elements)});
     }
     return runs;
   }
@@ -168,11 +153,11 @@ std::vector<GlobalRun> global_runs(Parameter& parameter) {
   const std::vector<dist::ShardExtent> boxes = tensor_parallel->boxes(tensor_parallel->mesh.coordinate(0));
   for (const RowSegment& segment : segments) {
     for (int64_t i = 0; i < segment.count; ++i) {
-      const Tensor row = ops::view(ops::narrow(local, 0, segment.local_row + i, 1), {middle, local.size(dim), inner});
+      const Tensor row = ops::view(ops::narrow(local, 0, segment.piece_row + i, 1), {middle, local.size(dim), inner});
       int64_t piece_offset = 0;
       for (const dist::ShardExtent& box : boxes) {
         for (int64_t m = 0; m < middle && box.length > 0; ++m) {
-          const int64_t global_outer = (segment.global_row + i) * middle + m;
+          const int64_t global_outer = (segment.logical_row + i) * middle + m;
           runs.push_back({ops::narrow(ops::narrow(row, 1, piece_offset, box.length), 0, m, 1),
                           static_cast<uint64_t>((global_outer * global[d] + box.offset) * inner)});
         }
@@ -209,10 +194,10 @@ void zero_rows_(Parameter& parameter, int64_t begin, int64_t end) {
   if (local.is_meta()) return;
   const int64_t first_row = parameter.sharding() ? parameter.sharding()->row_offset : 0;
   for (const RowSegment& segment : row_segments(first_row, local.size(0), parameter.tensor_parallel().get())) {
-    const int64_t first = std::max(begin, segment.global_row);
-    const int64_t last = std::min(end, segment.global_row + segment.count);
+    const int64_t first = std::max(begin, segment.logical_row);
+    const int64_t last = std::min(end, segment.logical_row + segment.count);
     if (first >= last) continue;
-    Tensor rows = ops::narrow(local, 0, segment.local_row + first - segment.global_row, last - first);
+    Tensor rows = ops::narrow(local, 0, segment.piece_row + first - segment.logical_row, last - first);
     zeros_(rows);
   }
 }

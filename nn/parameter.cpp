@@ -56,6 +56,20 @@ Shape TensorParallelSpec::local_shape(int64_t rank) const {
   return shape;
 }
 
+std::vector<TensorParallelSpec::RowRun> TensorParallelSpec::logical_rows(int64_t first_row, int64_t rows,
+                                                                         int64_t rank) const {
+  if (shard_dim() != 0) return {{0, rows, first_row}};
+  std::vector<RowRun> runs;
+  int64_t piece_row = 0;  // where the box starts in the piece
+  for (const dist::ShardExtent& box : boxes(rank)) {
+    const int64_t begin = std::max(first_row, piece_row);
+    const int64_t end = std::min(first_row + rows, piece_row + box.length);
+    if (begin < end) runs.push_back({begin - first_row, end - begin, box.offset + begin - piece_row});
+    piece_row += box.length;
+  }
+  return runs;
+}
+
 std::string TensorParallelSpec::to_string() const {
   const std::string over = fmt::format("over {} ({} ranks)", mesh.dim_names().empty() ? "tp" : mesh.dim_names()[0],
                                        mesh.size());

@@ -76,6 +76,15 @@ struct TensorParallelSpec {
   std::vector<dist::ShardExtent> boxes(int64_t rank) const;
   // The shape of the local tensor of tp rank `rank`.
   Shape local_shape(int64_t rank) const;
+  // Where rows [first_row, first_row + rows) of tp rank `rank`'s piece (FSDP's
+  // shard of it, or all of it) sit along the logical tensor's dim 0: runs of
+  // consecutive rows, one unless dim 0 is sharded (a run per box met).
+  struct RowRun {
+    int64_t piece_row;
+    int64_t count;
+    int64_t logical_row;
+  };
+  std::vector<RowRun> logical_rows(int64_t first_row, int64_t rows, int64_t rank) const;
   // "Shard(0) of [2304, 768] in 3 sections over tp (2 ranks)".
   std::string to_string() const;
   // The whole tensor from this rank's piece `local` (a parameter's, or its

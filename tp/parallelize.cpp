@@ -66,6 +66,14 @@ void parallelize_module(nn::Module& root, const dist::DeviceMesh& tp_mesh, const
   for (size_t entry = 0; entry < plan.size(); ++entry) {
     for (const auto& [name, module] : matches[entry]) plan[entry].second->apply(*module, name, tp_mesh);
   }
+  // What no style split is replicated over tp (GPT's position embedding):
+  // its spec says so, so that checkpoints write one copy and FSDP knows it.
+  for (const auto& [name, parameter] : root.named_parameters()) {
+    if (parameter->tensor_parallel()) continue;
+    parameter->set_tensor_parallel(parameter->tensor().detach(),
+                                   std::make_shared<nn::TensorParallelSpec>(nn::TensorParallelSpec{
+                                       .mesh = tp_mesh, .global_shape = parameter->global_shape()}));
+  }
   auto marker = std::make_shared<Parallelized>();
   marker->mesh = tp_mesh;
   root.add_extension(std::move(marker));

@@ -23,7 +23,9 @@ namespace tessera::tp {
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStylePtr>>;
 
 // Applies `plan` to `root` over the 1-D tp mesh; every rank of the mesh calls
-// it with the same plan. A pattern that matches no module is refused (a
+// it with the same plan. Parameters no style lays out are replicated over tp
+// (a Replicate spec without partial gradients: their gradients must come out
+// whole on every tp rank, as a replicated activation's use gives them). A pattern that matches no module is refused (a
 // misspelt plan would silently leave a layer replicated), as are a model that
 // fully_shard already sharded and a second plan on the same root (its hooks
 // would stack on the first's).

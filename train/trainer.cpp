@@ -429,12 +429,13 @@ void Trainer::require_finite_state() {
   // synchronisation), not one per tensor.
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<Tensor>>> witnesses;  // by device
   for (const auto& [name, entry] : state_dict()) {
-    const Tensor& local = std::holds_alternative<Tensor>(entry) ? std::get<Tensor>(entry)
-                                                                : std::get<dist::DTensor>(entry).local();
-    if (local.numel() == 0 || !tessera::is_floating(local.dtype())) continue;
-    auto& [names, sums] = witnesses[local.device().str()];
-    names.push_back(name);
-    sums.push_back(non_finite_witness(local));
+    for (const tessera::checkpoint::LocalBox& box : tessera::checkpoint::local_boxes_of(entry)) {
+      const Tensor& local = box.local;
+      if (local.numel() == 0 || !tessera::is_floating(local.dtype())) continue;
+      auto& [names, sums] = witnesses[local.device().str()];
+      names.push_back(name);
+      sums.push_back(non_finite_witness(local));
+    }
   }
   std::string first_bad;
   for (const auto& [device, named_sums] : witnesses) {

@@ -310,6 +310,7 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"init_from", ""},
                          {"nproc", 4},
                          {"hsdp", 2},
+                         {"tp", 1},
                          {"reshard_after_forward", 2},
                          {"param_dtype", "bf16"},
                          {"reduce_dtype", nullptr},

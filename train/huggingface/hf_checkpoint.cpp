@@ -152,6 +152,7 @@ HfModelInfo read_hf_model_info(const std::string& dir) {
 }
 
 void load_hf_weights(const std::string& dir, const HfModelInfo& info, const checkpoint::DistributedStateDict& state) {
+  checkpoint::check_no_boxed_pieces(state, "Hugging Face import");
   const checkpoint::SafetensorsIndex index = checkpoint::SafetensorsIndex::open(dir);
   struct Planned {
     HfTensor tensor;
@@ -206,6 +207,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, const chec
 
 void export_hf(const std::string& dir, const ModelConfig& config, const checkpoint::DistributedStateDict& state,
                const HfExportOptions& options) {
+  checkpoint::check_no_boxed_pieces(state, "Hugging Face export");
   const tessera::dist::ProcessGroupPtr group = checkpoint::resolve_group(options.group);
   std::optional<HfDirectorySink> sink;
   if (checkpoint::rank_of(group) == 0) sink.emplace(dir, config, options);

@@ -1,0 +1,142 @@
+// Checkpoints of tensor-parallel models reshard between any layouts: a model
+// and its AdamW state saved on (dp 2, tp 2) load on (dp 4, tp 1), that one's
+// save on (dp 1, tp 2), then on one rank, then on (replicate 2, dp 2, tp 2),
+// and at every hop every parameter and every optimizer state, gathered whole,
+// is bitwise the first layout's. GPT's fused qkv (3 boxes a rank, then FSDP's
+// rows of them) and uneven vocabulary and SwiGLU shares included; tensor-
+// parallel pieces are refused by the exports by name.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "autograd/engine.h"
+#include "checkpoint/safetensors_export.h"
+#include "checkpoint/state_dict.h"
+#include "dist/backends/local_backend.h"
+#include "nn/optim/adamw.h"
+#include "tests/checkpoint/temp_dir.h"
+#include "tests/tp/composed_models.h"
+
+using namespace tessera;
+using namespace tessera::tp::testing;
+using tessera::checkpoint::testing::TempDir;
+
+namespace {
+
+// (replicate, dp, tp); one rank holds the model whole, with no FSDP at all.
+struct CheckpointLayout {
+  int64_t replicate, dp, tp;
+  int64_t world() const { return replicate * dp * tp; }
+};
+
+dist::LocalOptions checkpoint_options() {
+  dist::LocalOptions options;
+  options.group.timeout = std::chrono::seconds(60);
+  return options;
+}
+
+// The model on `layout`: split over tp when tp > 1, sharded by FSDP over the
+// data ranks when there are several ranks, then initialised with `seed`.
+std::shared_ptr<nn::CausalLM> model_on(const ComposedFactory& make, const dist::ProcessGroupPtr& world,
+                                       const CheckpointLayout& layout, uint64_t seed) {
+  auto model = make(kMeta);
+  if (layout.world() > 1) {
+    const ComposedMesh meshes = composed_mesh(world, layout.replicate, layout.dp, layout.tp);
+    if (layout.tp > 1) tp::parallelize_causal_lm(*model, meshes.tp);
+    for (auto& block : model->blocks()) fsdp::fully_shard(*block, {.mesh = meshes.fsdp});
+    fsdp::fully_shard(*model, {.mesh = meshes.fsdp});
+  }
+  model->to_empty(kCPU);
+  model->reset_parameters(seed);
+  return model;
+}
+
+// Every parameter and optimizer state, gathered whole (collective).
+std::map<std::string, Tensor> whole_state(nn::CausalLM& model, optim::AdamW& optimizer) {
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    state["model." + name] = gathered(*parameter, parameter->tensor());
+    for (const auto& [key, value] : optimizer.state(name)) {
+      state["optim." + name + "." + key] = value.dim() == 0 ? ops::clone(value) : gathered(*parameter, value);
+    }
+  }
+  return state;
+}
+
+void check_chain(const ComposedFactory& make) {
+  const std::vector<CheckpointLayout> chain = {{1, 2, 2}, {1, 4, 1}, {1, 1, 2}, {1, 1, 1}, {2, 2, 2}};
+  TempDir dirs;
+  std::map<std::string, Tensor> first;
+  for (size_t hop = 0; hop < chain.size(); ++hop) {
+    const CheckpointLayout layout = chain[hop];
+    CAPTURE(hop);
+    CAPTURE(layout.replicate);
+    CAPTURE(layout.dp);
+    CAPTURE(layout.tp);
+    std::map<std::string, Tensor> gathered_here;
+    std::mutex mutex;
+    dist::run_local(
+        static_cast<int>(layout.world()),
+        [&](const dist::ProcessGroupPtr& world) {
+          auto model = model_on(make, world, layout, 100 + hop);  // each hop starts from other weights
+          optim::AdamW optimizer(model->named_parameters(), {.lr = 1e-2});
+          checkpoint::DistributedStateDict state = checkpoint::training_state_dict(*model, optimizer);
+          if (hop == 0) {
+            // A step, so that the optimizer's state is not zeros.
+            const Tensor idx = global_tokens(2, 21);
+            const int64_t data_rank = world->rank() / layout.tp;
+            autograd::backward(model->loss(rows_of_dp_rank(idx, data_rank), rows_of_dp_rank(idx, data_rank)));
+            optimizer.step();
+          } else {
+            checkpoint::load(dirs / fmt::format("hop-{}", hop - 1), state, {.group = world});
+          }
+          std::map<std::string, Tensor> whole = whole_state(*model, optimizer);
+          checkpoint::save(dirs / fmt::format("hop-{}", hop), state, {.group = world});
+          if (world->rank() == 0) {
+            std::lock_guard lock(mutex);
+            gathered_here = std::move(whole);
+          }
+        },
+        checkpoint_options());
+    if (hop == 0) {
+      first = gathered_here;
+      // A rank's k-th file holds the k-th box of its pieces: GPT's fused qkv
+      // (3 boxes a tp rank; rank 0's FSDP rows of its piece meet 2 of them)
+      // takes a second file, Llama's pieces one box each.
+      const bool fused = first.count("model.blocks.0.attn.qkv.weight") == 1;
+      CHECK(std::filesystem::exists(dirs / "hop-0/rank-00000-1.safetensors") == fused);
+      continue;
+    }
+    REQUIRE(gathered_here.size() == first.size());
+    for (const auto& [name, tensor] : first) {
+      CAPTURE(name);
+      CHECK(worst_difference(gathered_here.at(name), tensor) == 0.0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tp checkpoints: GPT (fused qkv, uneven vocabulary) reshards (2,2) -> (4,1) -> (1,2) -> 1 -> (2,2,2) bitwise") {
+  check_chain(composed_models()[0].second);
+}
+
+TEST_CASE("tp checkpoints: Llama (uneven SwiGLU and vocabulary) reshards through the same chain bitwise") {
+  check_chain(composed_models()[1].second);
+}
+
+TEST_CASE("tp checkpoints: the exports refuse tensor-parallel pieces by name") {
+  TempDir dir;
+  dist::run_local(
+      2,
+      [&](const dist::ProcessGroupPtr& world) {
+        auto model = model_on(composed_models()[0].second, world, {1, 1, 2}, 7);
+        CHECK_THROWS_WITH_AS(checkpoint::export_safetensors(dir / "model.safetensors",
+                                                            checkpoint::model_state(*model, ""), {.group = world}),
+                             doctest::Contains("is a tensor-parallel piece; checkpoint export of tensor-parallel models"),
+                             Error);
+      },
+      checkpoint_options());
+}
