@@ -111,6 +111,36 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   }
 }
 
+TEST_CASE("resume with --tp 2 on (shard 2, tp 2): bitwise the losses, weights and AdamW state of the uninterrupted run") {
+  TempDir tmp;
+  // Dropout on: each tp rank draws its slice of the mask from its generator,
+  // whose state the checkpoint carries per rank.
+  TrainConfig whole = resume_config(4, 1, 0.1);
+  whole.tp = 2;
+  whole.deterministic = true;
+  whole.ckpt_dir = tmp / "whole";
+  const tessera::train::TrainSummary uninterrupted = run_to_summary(whole);
+  REQUIRE(uninterrupted.losses.size() == 6);
+
+  copy_run(tmp / "whole", tmp / "resumed", 3);
+  TrainConfig resumed_config = whole;
+  resumed_config.ckpt_dir = tmp / "resumed";
+  resumed_config.resume = true;
+  const tessera::train::TrainSummary resumed = run_to_summary(resumed_config);
+  CHECK(resumed.first_step == 4);
+  REQUIRE(resumed.losses.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
+  // The checkpoints hold the logical tensors (the fused qkv whole), bitwise alike.
+  const auto expected = checkpoint_values(tessera::train::checkpoint_path(tmp / "whole", 6));
+  const auto actual = checkpoint_values(tessera::train::checkpoint_path(tmp / "resumed", 6));
+  CHECK(expected.at("model.blocks.0.attn.qkv.weight").size() == 3 * 64 * 64);
+  CHECK(expected.size() == actual.size());
+  for (const auto& [name, values] : expected) {
+    CAPTURE(name);
+    CHECK(actual.at(name) == values);
+  }
+}
+
 // `whole` (4 ranks x 1 micro-batch, checkpoints every 3 of 6 steps), resumed
 // from its step 3 on 1 rank x 4, makes bitwise its last 3 losses and its
 // step-6 checkpoint, `optimizer_entry` included. 4 ranks add their
