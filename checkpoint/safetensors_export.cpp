@@ -27,8 +27,8 @@ namespace {
 std::vector<std::string> describe_entries(const DistributedStateDict& state) {
   std::vector<std::string> descriptions;
   for (const auto& [name, entry] : state) {
-    descriptions.push_back(fmt::format("{}: {} {} {}", name, dtype_name(local_box_of(entry).local.dtype()),
-                                       global_shape_of(entry),
+    const DType dtype = local_boxes_of(entry).front().local.dtype();
+    descriptions.push_back(fmt::format("{}: {} {} {}", name, dtype_name(dtype), global_shape_of(entry),
                                        std::holds_alternative<Tensor>(entry) ? "whole" : "sharded"));
   }
   return descriptions;
@@ -41,16 +41,18 @@ uint32_t fingerprint(const std::vector<std::string>& descriptions) {
 }
 
 // This rank's part of the plan: its entries checked, their fingerprint, and
-// the pieces of DTensors it owns (a whole tensor is rank 0's alone).
+// the boxes it owns of DTensors and boxed pieces (a whole tensor is rank 0's
+// alone), each with its index among the rank's local boxes.
 nlohmann::json local_plan(const DistributedStateDict& state, int rank) {
   nlohmann::json pieces = nlohmann::json::object();
   for (const auto& [name, entry] : state) {
     TESSERA_CHECK(!name.empty() && name != "__metadata__", "bad tensor name '{}'", name);
-    const LocalBox box = local_box_of(entry);
-    TESSERA_CHECK(box.local.defined(), "'{}' is an undefined tensor", name);
-    if (!writes_piece(entry, rank) || box.local.numel() == 0) continue;
-    if (std::holds_alternative<dist::DTensor>(entry)) {
-      pieces[name] = {{"offsets", box.offsets}, {"sizes", box.local.sizes()}};
+    const std::vector<LocalBox> boxes = local_boxes_of(entry);
+    for (const LocalBox& box : boxes) TESSERA_CHECK(box.local.defined(), "'{}' is an undefined tensor", name);
+    if (!writes_piece(entry, rank) || std::holds_alternative<Tensor>(entry)) continue;
+    for (size_t index = 0; index < boxes.size(); ++index) {
+      if (boxes[index].local.numel() == 0) continue;
+      pieces[name].push_back({{"box", index}, {"offsets", boxes[index].offsets}, {"sizes", boxes[index].local.sizes()}});
     }
   }
   return {{"fingerprint", fingerprint(describe_entries(state))}, {"pieces", pieces}};
@@ -85,9 +87,11 @@ void check_same_entries(const dist::ProcessGroupPtr& group, const std::vector<nl
        fmt::join(differences, "; "));
 }
 
-// One owned piece of a sharded tensor: the group rank that holds it and its box.
+// One owned piece of a sharded tensor: the group rank that holds it, which of
+// its local boxes it is, and where it sits.
 struct OwnedPiece {
   int rank = 0;
+  size_t box = 0;
   Shape offsets;
   Shape sizes;
 };
@@ -107,8 +111,11 @@ std::map<std::string, std::vector<OwnedPiece>> owned_pieces(const std::vector<nl
                                                             const DistributedStateDict& state) {
   std::map<std::string, std::vector<OwnedPiece>> pieces;
   for (size_t rank = 0; rank < plans.size(); ++rank) {
-    for (const auto& [name, piece] : plans[rank]["pieces"].items()) {
-      pieces[name].push_back({static_cast<int>(rank), piece["offsets"].get<Shape>(), piece["sizes"].get<Shape>()});
+    for (const auto& [name, boxes] : plans[rank]["pieces"].items()) {
+      for (const auto& piece : boxes) {
+        pieces[name].push_back({static_cast<int>(rank), piece["box"].get<size_t>(), piece["offsets"].get<Shape>(),
+                                piece["sizes"].get<Shape>()});
+      }
     }
   }
   for (const auto& [name, entry] : state) {
@@ -144,20 +151,25 @@ std::map<std::string, std::vector<OwnedPiece>> owned_pieces(const std::vector<nl
 // owner in one broadcast (there is no gather; an all-gather would put the
 // whole tensor on every rank) through a byte buffer (collectives carry
 // numbers, not bool), so rank 0 holds the tensor plus one piece in flight.
-Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const dist::DTensor& dtensor,
+Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const StateEntry& entry,
                        const std::vector<OwnedPiece>& pieces) {
-  if (pieces.empty()) return rank == 0 ? ops::empty(dtensor.global_shape(), {.dtype = dtensor.dtype()}) : Tensor();
+  const std::vector<LocalBox> boxes = local_boxes_of(entry);
+  const DType dtype = boxes.front().local.dtype();
+  const Shape& global_shape = global_shape_of(entry);
+  if (pieces.empty()) return rank == 0 ? ops::empty(global_shape, {.dtype = dtype}) : Tensor();
   const bool one_piece = pieces.size() == 1;  // e.g. replicated: the piece is the tensor
   Tensor whole;
-  if (rank == 0 && !one_piece) whole = ops::empty(dtensor.global_shape(), {.dtype = dtensor.dtype()});
-  const Tensor local = ops::to(dtensor.local(), kCPU);  // a device piece comes through a page-locked buffer
+  if (rank == 0 && !one_piece) whole = ops::empty(global_shape, {.dtype = dtype});
   for (const OwnedPiece& piece : pieces) {
-    Tensor received = local;
+    Tensor received;
+    // A device piece comes through a page-locked buffer.
+    if (rank == piece.rank) received = ops::to(boxes.at(piece.box).local, kCPU);
     if (piece.rank != 0) {
-      const int64_t bytes = shape_numel(piece.sizes) * static_cast<int64_t>(element_size(dtensor.dtype()));
+      const int64_t bytes = shape_numel(piece.sizes) * static_cast<int64_t>(element_size(dtype));
       const Tensor wire = ops::empty({(bytes + 7) / 8}, {.dtype = DType::i64});
-      received = Tensor::make(wire.storage(), piece.sizes, contiguous_strides(piece.sizes), 0, dtensor.dtype());
-      if (rank == piece.rank) ops::copy_(received, local);
+      const Tensor mine = received;
+      received = Tensor::make(wire.storage(), piece.sizes, contiguous_strides(piece.sizes), 0, dtype);
+      if (rank == piece.rank) ops::copy_(received, mine);
       group->broadcast(wire, piece.rank);
     }
     if (rank != 0) continue;
@@ -176,7 +188,6 @@ Tensor gather_to_rank0(const dist::ProcessGroupPtr& group, int rank, const dist:
 void export_through_rank0(const DistributedStateDict& state, const dist::ProcessGroupPtr& group_option,
                           ExportSink* sink) {
   check_no_pending_sums(state, "checkpoint export");
-  check_no_boxed_pieces(state, "checkpoint export");
   const dist::ProcessGroupPtr group = resolve_group(group_option);
   const int rank = rank_of(group);
   TESSERA_CHECK(rank != 0 || sink != nullptr, "checkpoint::export_through_rank0: rank 0 needs a sink");
@@ -207,7 +218,7 @@ void export_through_rank0(const DistributedStateDict& state, const dist::Process
   on_rank0([&] {
     std::vector<SafetensorsEntry> entries;
     for (const auto& [name, entry] : state) {
-      entries.push_back({name, local_box_of(entry).local.dtype(), global_shape_of(entry)});
+      entries.push_back({name, local_boxes_of(entry).front().local.dtype(), global_shape_of(entry)});
     }
     sink->begin(entries);
   });
@@ -219,8 +230,8 @@ void export_through_rank0(const DistributedStateDict& state, const dist::Process
       continue;
     }
     const auto found = pieces.find(name);
-    const Tensor gathered = gather_to_rank0(group, rank, std::get<dist::DTensor>(entry),
-                                            found == pieces.end() ? std::vector<OwnedPiece>{} : found->second);
+    const Tensor gathered =
+        gather_to_rank0(group, rank, entry, found == pieces.end() ? std::vector<OwnedPiece>{} : found->second);
     on_rank0([&] { sink->write(name, gathered); });
   }
   on_rank0([&] { sink->commit(); });

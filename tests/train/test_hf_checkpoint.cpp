@@ -23,6 +23,7 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tp/plans.h"
 #include "train/huggingface/hf_checkpoint.h"
 #include "train/huggingface/hf_tensor_map.h"
 
@@ -328,4 +329,47 @@ TEST_CASE("hf tensor map: rotary rows round-trip, and a shard's rows come from w
   CHECK(same_bits(piece, ops::narrow(tessera_rows, 0, 5, 7)));
   CHECK(error_of([&] { tessera::train::hf_tensor_for(config, "layers.0.attention.bogus.weight", {16, 16}); })
             .find("no Hugging Face name for the parameter 'layers.0.attention.bogus.weight'") != std::string::npos);
+}
+
+TEST_CASE("hf export from (dp 2, tp 2): the tensor-parallel pieces stream through rank 0, the one-rank export's bits") {
+  tessera::nn::GPTConfig gpt;
+  gpt.vocab_size = 61;
+  gpt.block_size = 16;
+  gpt.n_layer = 2;
+  gpt.n_head = 4;
+  gpt.n_embd = 24;
+  tessera::nn::LlamaConfig llama;
+  llama.vocab_size = 61;
+  llama.block_size = 16;
+  llama.n_layer = 2;
+  llama.n_head = 4;
+  llama.n_kv_head = 2;
+  llama.n_embd = 24;
+  llama.ffn_hidden = 37;
+  for (const tessera::train::ModelConfig& config : {tessera::train::ModelConfig(gpt), tessera::train::ModelConfig(llama)}) {
+    TempDir temp;
+    const std::string one_rank = (temp.path / "one").string(), split = (temp.path / "split").string();
+    auto whole = tessera::train::build_model(config, tessera::kMeta);
+    whole->to_empty(tessera::kCPU);
+    whole->reset_parameters(5);
+    tessera::train::export_hf(one_rank, config, checkpoint::model_state(*whole, ""), {.sync = false});
+    tessera::dist::run_local(4, [&](const tessera::dist::ProcessGroupPtr& group) {
+      auto model = tessera::train::build_model(config, tessera::kMeta);
+      const tessera::dist::DeviceMesh mesh(group, tessera::kCPU, {2, 2}, {"dp", "tp"});
+      tessera::tp::parallelize_causal_lm(*model, mesh["tp"]);
+      for (auto& block : model->blocks()) tessera::fsdp::fully_shard(*block, {.mesh = mesh["dp"]});
+      tessera::fsdp::fully_shard(*model, {.mesh = mesh["dp"]});
+      model->to_empty(tessera::kCPU);
+      model->reset_parameters(5);
+      tessera::train::export_hf(split, config, checkpoint::model_state(*model, ""), {.group = group, .sync = false});
+    });
+    const auto shapes = stored_shapes(one_rank);
+    CHECK(shapes.size() > 10);
+    for (const auto& [name, shape] : shapes) {
+      CAPTURE(name);
+      const std::string file = (fs::path(one_rank) / checkpoint::kSingleSafetensorsFile).string();
+      const std::string other = (fs::path(split) / checkpoint::kSingleSafetensorsFile).string();
+      CHECK(same_bits(checkpoint::read_safetensors_tensor(file, name), checkpoint::read_safetensors_tensor(other, name)));
+    }
+  }
 }

@@ -207,7 +207,6 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, const chec
 
 void export_hf(const std::string& dir, const ModelConfig& config, const checkpoint::DistributedStateDict& state,
                const HfExportOptions& options) {
-  checkpoint::check_no_boxed_pieces(state, "Hugging Face export");
   const tessera::dist::ProcessGroupPtr group = checkpoint::resolve_group(options.group);
   std::optional<HfDirectorySink> sink;
   if (checkpoint::rank_of(group) == 0) sink.emplace(dir, config, options);
