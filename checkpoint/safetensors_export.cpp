@@ -293,7 +293,6 @@ void read_safetensors_box(const std::string& path, const SafetensorsHeader& head
 
 ImportReport import_safetensors(const std::string& path, const DistributedStateDict& state,
                                 const ImportOptions& options) {
-  check_no_boxed_pieces(state, "safetensors import");
   const SafetensorsHeader header = read_safetensors_header(path);
   std::map<std::string, const SafetensorsEntry*> stored;
   for (const SafetensorsEntry& entry : header.entries) stored[entry.name] = &entry;
@@ -302,7 +301,7 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
   report.metadata = header.metadata;
   std::vector<std::string> problems;
   for (const auto& [name, entry] : state) {
-    if (!local_box_of(entry).local.defined()) {
+    if (!local_boxes_of(entry).front().local.defined()) {
       problems.push_back(fmt::format("{}: undefined; there is no tensor to fill", name));
       continue;
     }
@@ -315,7 +314,7 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
     if (file_entry.shape != global_shape_of(entry)) {
       problems.push_back(fmt::format("{}: shape {} in the file, {} here", name, file_entry.shape, global_shape_of(entry)));
     }
-    const DType here = local_box_of(entry).local.dtype();
+    const DType here = local_boxes_of(entry).front().local.dtype();
     if (!loads_into(file_entry.dtype, here)) {
       problems.push_back(fmt::format("{}: dtype {} in the file, {} here (only a float loads into a float; an integer "
                                      "or bool only into its own dtype)",
@@ -339,8 +338,9 @@ ImportReport import_safetensors(const std::string& path, const DistributedStateD
   for (const auto& [name, entry] : state) {
     const auto found = stored.find(name);
     if (found == stored.end()) continue;
-    const LocalBox box = local_box_of(entry);
-    read_safetensors_box(path, header, *found->second, box.local, box.offsets);
+    for (const LocalBox& box : local_boxes_of(entry)) {
+      read_safetensors_box(path, header, *found->second, box.local, box.offsets);
+    }
   }
   return report;
 }

@@ -126,24 +126,6 @@ std::vector<LocalBox> local_boxes_of(const StateEntry& entry) {
   return {{dtensor.local(), dtensor.local_offset()}};
 }
 
-void check_no_boxed_pieces(const DistributedStateDict& state, const char* op) {
-  for (const auto& [name, entry] : state) {
-    TESSERA_CHECK(!std::holds_alternative<BoxedPiece>(entry),
-                  "{}: '{}' is a tensor-parallel piece; {} of tensor-parallel models is not supported yet (gather the "
-                  "model with fsdp::full_state_dict or tp::full_state_dict)",
-                  op, name, op);
-  }
-}
-
-LocalBox local_box_of(const StateEntry& entry) {
-  const std::vector<LocalBox> boxes = local_boxes_of(entry);
-  TESSERA_CHECK(boxes.size() == 1,
-                "checkpoint: an entry of global shape {} is held as {} boxes on this rank (a tensor-parallel piece); "
-                "this needs one",
-                global_shape_of(entry), boxes.size());
-  return boxes.front();
-}
-
 const Shape& global_shape_of(const StateEntry& entry) {
   if (const Tensor* tensor = std::get_if<Tensor>(&entry)) return tensor->sizes();
   if (const auto* boxed = std::get_if<BoxedPiece>(&entry)) return boxed->global_shape;

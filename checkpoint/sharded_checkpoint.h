@@ -52,18 +52,12 @@ using DistributedStateDict = std::map<std::string, StateEntry>;
 
 // An entry's local boxes: one for a whole tensor or a DTensor's piece.
 std::vector<LocalBox> local_boxes_of(const StateEntry& entry);
-// The one local box of an entry; refuses a boxed piece of several boxes
-// (what cannot take one, such as the exports, says so by name).
-LocalBox local_box_of(const StateEntry& entry);
 const Shape& global_shape_of(const StateEntry& entry);
 // Refuses an entry that is a DTensor with a Partial placement: its pieces
 // are terms of a pending sum, not pieces of the value (save, load and export
 // call it first, on every rank alike).
 void check_no_pending_sums(const DistributedStateDict& state, const char* op);
-// Refuses boxed pieces (tensor-parallel ones), by name, where `op` (the
-// safetensors and Hugging Face exports and imports) takes only whole tensors
-// and DTensors.
-void check_no_boxed_pieces(const DistributedStateDict& state, const char* op);
+
 
 struct SaveOptions {
   // The ranks that save together (every one calls save). Null: dist::world(),

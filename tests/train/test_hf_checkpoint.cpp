@@ -20,6 +20,7 @@
 #include "checkpoint/state_dict.h"
 #include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/state_dict.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
@@ -371,5 +372,28 @@ TEST_CASE("hf export from (dp 2, tp 2): the tensor-parallel pieces stream throug
       const std::string other = (fs::path(split) / checkpoint::kSingleSafetensorsFile).string();
       CHECK(same_bits(checkpoint::read_safetensors_tensor(file, name), checkpoint::read_safetensors_tensor(other, name)));
     }
+  }
+}
+
+TEST_CASE("hf import into (dp 2, tp 2): each rank reads the boxes of its tensor-parallel pieces, the 1-rank weights") {
+  for (const std::string& name : {std::string("gpt2"), std::string("llama")}) {
+    CAPTURE(name);
+    const std::string dir = (kHfGolden / name).string();
+    const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(dir);
+    const tessera::nn::StateDict whole = load_whole(dir)->state_dict();
+    std::atomic<int> mismatches{0};
+    tessera::dist::run_local(4, [&](const tessera::dist::ProcessGroupPtr& group) {
+      auto model = tessera::train::build_model(info.config, tessera::kMeta);
+      const tessera::dist::DeviceMesh mesh(group, tessera::kCPU, {2, 2}, {"dp", "tp"});
+      tessera::tp::parallelize_causal_lm(*model, mesh["tp"]);
+      for (auto& block : model->blocks()) tessera::fsdp::fully_shard(*block, {.mesh = mesh["dp"]});
+      tessera::fsdp::fully_shard(*model, {.mesh = mesh["dp"]});
+      model->to_empty(tessera::kCPU);
+      tessera::train::load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
+      for (const auto& [key, tensor] : tessera::fsdp::full_state_dict(*model)) {
+        if (!same_bits(tensor, whole.at(key))) ++mismatches;
+      }
+    });
+    CHECK(mismatches == 0);
   }
 }

@@ -152,18 +152,18 @@ HfModelInfo read_hf_model_info(const std::string& dir) {
 }
 
 void load_hf_weights(const std::string& dir, const HfModelInfo& info, const checkpoint::DistributedStateDict& state) {
-  checkpoint::check_no_boxed_pieces(state, "Hugging Face import");
   const checkpoint::SafetensorsIndex index = checkpoint::SafetensorsIndex::open(dir);
   struct Planned {
     HfTensor tensor;
     checkpoint::StoredTensor stored;
-    checkpoint::LocalBox box;
+    std::vector<checkpoint::LocalBox> boxes;  // one, or a tensor-parallel piece's
   };
   std::vector<Planned> plan;
   std::vector<std::string> problems, missing;
   std::set<std::string> used;
   for (const auto& [name, entry] : state) {
-    const checkpoint::LocalBox box = checkpoint::local_box_of(entry);
+    const std::vector<checkpoint::LocalBox> boxes = checkpoint::local_boxes_of(entry);
+    const checkpoint::LocalBox& box = boxes.front();
     const HfTensor tensor = hf_tensor_for(info.config, name, checkpoint::global_shape_of(entry));
     std::string stored = stored_name(index, tensor.hf_name);
     if (info.tied_head && name == "output.weight" && !index.contains(stored)) stored = "model.embed_tokens.weight";
@@ -182,7 +182,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, const chec
                                      checkpoint::safetensors_dtype(found.entry->dtype), found.path,
                                      tessera::dtype_name(box.local.dtype()), name));
     }
-    plan.push_back({tensor, found, box});
+    plan.push_back({tensor, found, boxes});
   }
   if (!missing.empty()) problems.push_back(fmt::format("missing: {}", fmt::join(missing, ", ")));
   std::vector<std::string> unexpected;
@@ -197,11 +197,13 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, const chec
                 fmt::join(problems, "; "));
 
   for (const Planned& planned : plan) {
-    read_in_tessera_layout(planned.tensor, planned.box.local, planned.box.offsets,
-                           [&](const tessera::Tensor& box, const tessera::Shape& offsets) {
-                             checkpoint::read_safetensors_box(planned.stored.path, *planned.stored.header,
-                                                              *planned.stored.entry, box, offsets);
-                           });
+    for (const checkpoint::LocalBox& box : planned.boxes) {
+      read_in_tessera_layout(planned.tensor, box.local, box.offsets,
+                             [&](const tessera::Tensor& hf_box, const tessera::Shape& offsets) {
+                               checkpoint::read_safetensors_box(planned.stored.path, *planned.stored.header,
+                                                                *planned.stored.entry, hf_box, offsets);
+                             });
+    }
   }
 }
 
