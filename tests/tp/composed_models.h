@@ -9,14 +9,18 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
+#include "nn/optim/adamw.h"
+#include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tp/plans.h"
 
@@ -132,6 +136,32 @@ inline std::shared_ptr<nn::CausalLM> composed_model(const ComposedFactory& make,
   model->to_empty(kCPU);
   model->reset_parameters(kComposedSeed);
   return model;
+}
+
+// AdamW for comparing runs: eps well above the rounding noise of gradients
+// that are 0 in exact arithmetic (a key bias's), which AdamW's first step
+// would turn into steps of +-lr.
+inline const optim::AdamWOptions kComparableAdamW{.lr = 1e-2, .eps = 1e-3};
+
+// One rank's step, what the parallel runs are held to: the loss, every
+// gradient, the gradient norm, and the parameters after one AdamW step.
+struct ReferenceStep {
+  Tensor loss;
+  std::map<std::string, Tensor> gradients;
+  double norm = 0.0;
+  nn::StateDict after;
+};
+
+inline ReferenceStep reference_step(nn::CausalLM& model, const Tensor& idx, const Tensor& targets) {
+  ReferenceStep step;
+  step.loss = model.loss(idx, targets);
+  autograd::backward(step.loss);
+  for (const auto& [name, parameter] : model.named_parameters()) step.gradients[name] = ops::clone(parameter->grad());
+  step.norm = optim::clip_grad_norm_(model.parameters(), 1e9);
+  optim::AdamW optimizer(model.named_parameters(), kComparableAdamW);
+  optimizer.step();
+  for (const auto& [name, tensor] : model.state_dict()) step.after[name] = ops::clone(tensor);
+  return step;
 }
 
 }  // namespace tessera::tp::testing

@@ -33,9 +33,13 @@
 #include "nn/optim/clip_grad.h"
 #include "tensor/ops.h"
 #include "tp/partial_gradients.h"
+#include "tests/tp/composed_models.h"
 #include "tp/plans.h"
 
 using namespace tessera;
+using tessera::tp::testing::kComparableAdamW;
+using tessera::tp::testing::reference_step;
+using tessera::tp::testing::ReferenceStep;
 namespace ops = tessera::ops;
 
 namespace {
@@ -157,22 +161,13 @@ void check_training_step(const ModelFactory& make, int64_t vocab, int world) {
   // Dropout keys come from each rank's default generator: the same state on
   // every rank and in the reference (the trainer seeds by data-parallel rank).
   manual_seed(77);
-  const Tensor reference_loss = reference->loss(idx, targets);
-  autograd::backward(reference_loss);
-  std::map<std::string, Tensor> reference_grads;
-  for (const auto& [name, parameter] : reference->named_parameters()) {
-    reference_grads[name] = ops::clone(parameter->grad());
-  }
-  const double reference_norm = optim::clip_grad_norm_(reference->parameters(), 1e9);
-  // eps well above the rounding noise of gradients that are 0 in exact
-  // arithmetic (a key bias's): AdamW's first step would turn that noise into
-  // steps of +-lr.
-  const optim::AdamWOptions adamw{.lr = 1e-2, .eps = 1e-3};
-  optim::AdamW reference_optimizer(reference->named_parameters(), adamw);
-  reference_optimizer.step();
+  const ReferenceStep reference_run = reference_step(*reference, idx, targets);
+  const Tensor& reference_loss = reference_run.loss;
+  const std::map<std::string, Tensor>& reference_grads = reference_run.gradients;
+  const double reference_norm = reference_run.norm;
+  const nn::StateDict& reference_after = reference_run.after;
   manual_seed(78);
   const Tensor reference_next = reference->loss(idx, targets);
-  const nn::StateDict reference_after = reference->state_dict();
   reference->eval();
   const Tensor reference_logits = reference->forward(idx).detach();
 
@@ -190,7 +185,7 @@ void check_training_step(const ModelFactory& make, int64_t vocab, int world) {
         }
         const double norm = optim::clip_grad_norm_(model->parameters(), 1e9);
         CHECK(std::abs(norm - reference_norm) <= 1e-5 * reference_norm);
-        optim::AdamW optimizer(model->named_parameters(), adamw);
+        optim::AdamW optimizer(model->named_parameters(), kComparableAdamW);
         optimizer.step();
         manual_seed(78);
         check_close(model->loss(idx, targets), reference_next, 1e-5, "loss after a step");

@@ -53,17 +53,11 @@ void check_against_one_rank(const std::string& label, const ComposedFactory& mak
   for (const auto& [name, tensor] : initial) initial_copy[name] = ops::clone(tensor);
   const Tensor idx = global_tokens(data_ranks, 1);
   const Tensor targets = global_tokens(data_ranks, 2);
-  const Tensor reference_loss = reference->loss(idx, targets);
-  autograd::backward(reference_loss);
-  std::map<std::string, Tensor> reference_grads;
-  for (const auto& [name, parameter] : reference->named_parameters()) {
-    reference_grads[name] = ops::clone(parameter->grad());
-  }
-  const double reference_norm = optim::clip_grad_norm_(reference->parameters(), 1e9);
-  const optim::AdamWOptions adamw{.lr = 1e-2, .eps = 1e-3};
-  optim::AdamW reference_optimizer(reference->named_parameters(), adamw);
-  reference_optimizer.step();
-  const nn::StateDict stepped = reference->state_dict();
+  const ReferenceStep reference_run = reference_step(*reference, idx, targets);
+  const Tensor& reference_loss = reference_run.loss;
+  const std::map<std::string, Tensor>& reference_grads = reference_run.gradients;
+  const double reference_norm = reference_run.norm;
+  const nn::StateDict& stepped = reference_run.after;
 
   dist::run_local(
       static_cast<int>(replicate * dp * tp),
@@ -90,7 +84,7 @@ void check_against_one_rank(const std::string& label, const ComposedFactory& mak
         }
         const double norm = optim::clip_grad_norm_(model->parameters(), 1e9);
         CHECK(std::abs(norm - reference_norm) <= 1e-5 * reference_norm);
-        optim::AdamW optimizer(model->named_parameters(), adamw);
+        optim::AdamW optimizer(model->named_parameters(), kComparableAdamW);
         optimizer.step();
         for (const auto& [name, parameter] : model->named_parameters()) {
           CAPTURE(name);

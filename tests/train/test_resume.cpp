@@ -79,17 +79,18 @@ void copy_run(const std::string& root, const std::string& copy, int64_t step) {
 
 }  // namespace
 
-TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW state of the uninterrupted run") {
-  TempDir tmp;
-  // Uninterrupted, with async checkpoints at steps 3 and 6.
-  TrainConfig whole = resume_config(2, 2, 0.1);
+namespace {
+
+// `whole` (checkpoints every 3 of 6 steps) run through, and again from its
+// step 3 on the same layout (as if it had crashed at step 4, resumed
+// without async saves): the same last 3 losses and the same step-6
+// checkpoint, bitwise; returns that checkpoint's values.
+std::map<std::string, std::vector<double>> check_resume_on_same_layout(TrainConfig whole, const TempDir& tmp) {
   whole.deterministic = true;
   whole.ckpt_dir = tmp / "whole";
-  whole.async_ckpt = true;
   const tessera::train::TrainSummary uninterrupted = run_to_summary(whole);
   REQUIRE(uninterrupted.losses.size() == 6);
 
-  // A second run that finds only step 3 (as if it had crashed at step 4).
   copy_run(tmp / "whole", tmp / "resumed", 3);
   TrainConfig resumed_config = whole;
   resumed_config.ckpt_dir = tmp / "resumed";
@@ -109,6 +110,16 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
     CAPTURE(name);
     CHECK(actual.at(name) == values);
   }
+  return expected;
+}
+
+}  // namespace
+
+TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW state of the uninterrupted run") {
+  TempDir tmp;
+  TrainConfig whole = resume_config(2, 2, 0.1);
+  whole.async_ckpt = true;  // the uninterrupted run's checkpoints at steps 3 and 6 written in the background
+  check_resume_on_same_layout(whole, tmp);
 }
 
 TEST_CASE("resume with --tp 2 on (shard 2, tp 2): bitwise the losses, weights and AdamW state of the uninterrupted run") {
@@ -117,28 +128,9 @@ TEST_CASE("resume with --tp 2 on (shard 2, tp 2): bitwise the losses, weights an
   // whose state the checkpoint carries per rank.
   TrainConfig whole = resume_config(4, 1, 0.1);
   whole.tp = 2;
-  whole.deterministic = true;
-  whole.ckpt_dir = tmp / "whole";
-  const tessera::train::TrainSummary uninterrupted = run_to_summary(whole);
-  REQUIRE(uninterrupted.losses.size() == 6);
-
-  copy_run(tmp / "whole", tmp / "resumed", 3);
-  TrainConfig resumed_config = whole;
-  resumed_config.ckpt_dir = tmp / "resumed";
-  resumed_config.resume = true;
-  const tessera::train::TrainSummary resumed = run_to_summary(resumed_config);
-  CHECK(resumed.first_step == 4);
-  REQUIRE(resumed.losses.size() == 3);
-  for (size_t i = 0; i < 3; ++i) CHECK(resumed.losses[i] == uninterrupted.losses[i + 3]);
-  // The checkpoints hold the logical tensors (the fused qkv whole), bitwise alike.
-  const auto expected = checkpoint_values(tessera::train::checkpoint_path(tmp / "whole", 6));
-  const auto actual = checkpoint_values(tessera::train::checkpoint_path(tmp / "resumed", 6));
-  CHECK(expected.at("model.blocks.0.attn.qkv.weight").size() == 3 * 64 * 64);
-  CHECK(expected.size() == actual.size());
-  for (const auto& [name, values] : expected) {
-    CAPTURE(name);
-    CHECK(actual.at(name) == values);
-  }
+  const auto saved = check_resume_on_same_layout(whole, tmp);
+  // The checkpoint holds the logical tensors: the fused qkv whole.
+  CHECK(saved.at("model.blocks.0.attn.qkv.weight").size() == 3 * 64 * 64);
 }
 
 // `whole` (4 ranks x 1 micro-batch, checkpoints every 3 of 6 steps), resumed

@@ -170,6 +170,25 @@ std::vector<std::pair<double, double>> rank0_steps(const TrainConfig& config,
 
 }  // namespace
 
+namespace {
+
+// `config` on CPU ranks, then on as many simulated GPUs: rank 0's losses and
+// gradient norms within 1e-5.
+void check_cuda_steps_match_cpu(TrainConfig config) {
+  config.device = tessera::kCPU;
+  const std::vector<std::pair<double, double>> cpu = rank0_steps(config);
+  config.device = kCuda;
+  const std::vector<std::pair<double, double>> cuda = rank0_steps(config);
+  REQUIRE(cuda.size() == cpu.size());
+  for (size_t step = 0; step < cpu.size(); ++step) {
+    CAPTURE(step);
+    CHECK(std::abs(cuda[step].first - cpu[step].first) <= 1e-5 * cpu[step].first);
+    CHECK(std::abs(cuda[step].second - cpu[step].second) <= 1e-5 * cpu[step].second);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("FSDP on 2 and 3 simulated GPUs and HSDP 2 x 2: the losses of CPU FSDP on the same ranks, within 1e-5") {
   for (const auto& [nproc, hsdp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{4, 2}}) {
     CAPTURE(nproc);
@@ -179,15 +198,7 @@ TEST_CASE("FSDP on 2 and 3 simulated GPUs and HSDP 2 x 2: the losses of CPU FSDP
     config.warmup = 1;
     config.nproc = nproc;
     config.hsdp = hsdp;
-    const std::vector<std::pair<double, double>> cpu = rank0_steps(config);
-    config.device = kCuda;
-    const std::vector<std::pair<double, double>> cuda = rank0_steps(config);
-    REQUIRE(cuda.size() == cpu.size());
-    for (size_t step = 0; step < cpu.size(); ++step) {
-      CAPTURE(step);
-      CHECK(std::abs(cuda[step].first - cpu[step].first) <= 1e-5 * cpu[step].first);
-      CHECK(std::abs(cuda[step].second - cpu[step].second) <= 1e-5 * cpu[step].second);
-    }
+    check_cuda_steps_match_cpu(config);
   }
 }
 
@@ -199,15 +210,7 @@ TEST_CASE("--tp 2 on 4 and 2 simulated GPUs (with FSDP, and alone): the losses o
     config.warmup = 1;
     config.nproc = nproc;
     config.tp = 2;
-    const std::vector<std::pair<double, double>> cpu = rank0_steps(config);
-    config.device = kCuda;
-    const std::vector<std::pair<double, double>> cuda = rank0_steps(config);
-    REQUIRE(cuda.size() == cpu.size());
-    for (size_t step = 0; step < cpu.size(); ++step) {
-      CAPTURE(step);
-      CHECK(std::abs(cuda[step].first - cpu[step].first) <= 1e-5 * cpu[step].first);
-      CHECK(std::abs(cuda[step].second - cpu[step].second) <= 1e-5 * cpu[step].second);
-    }
+    check_cuda_steps_match_cpu(config);
   }
 }
 
