@@ -122,7 +122,7 @@ TEST_CASE("resume on the same world size: bitwise the losses, weights and AdamW 
   check_resume_on_same_layout(whole, tmp);
 }
 
-TEST_CASE("resume with --tp 2 on (shard 2, tp 2): bitwise the losses, weights and AdamW state of the uninterrupted run") {
+TEST_CASE("resume with --tp 2 on (shard 2, tp 2): bitwise the losses, weights and AdamW state of the run through") {
   TempDir tmp;
   // Dropout on: each tp rank draws its slice of the mask from its generator,
   // whose state the checkpoint carries per rank.

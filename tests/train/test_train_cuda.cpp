@@ -202,7 +202,7 @@ TEST_CASE("FSDP on 2 and 3 simulated GPUs and HSDP 2 x 2: the losses of CPU FSDP
   }
 }
 
-TEST_CASE("--tp 2 on 4 and 2 simulated GPUs (with FSDP, and alone): the losses of the same run on CPU ranks, within 1e-5") {
+TEST_CASE("--tp 2 on 4 and 2 simulated GPUs (with FSDP and alone): the losses of CPU ranks, within 1e-5") {
   for (const int nproc : {4, 2}) {
     CAPTURE(nproc);
     TrainConfig config = tiny_cuda_config(tessera::kCPU);
@@ -214,7 +214,7 @@ TEST_CASE("--tp 2 on 4 and 2 simulated GPUs (with FSDP, and alone): the losses o
   }
 }
 
-TEST_CASE("--tp 2 under FSDP and HSDP on simulated GPUs, every stream operation jittered: no checker speaks, same bits") {
+TEST_CASE("--tp 2 under FSDP and HSDP on simulated GPUs, every stream operation jittered: silent checker, same bits") {
   // The simulator's stream-ordering checker raises an unordered access as an
   // error, so a run that completes had none. Seeds: TESSERA_STREAM_SEEDS
   // (default 3; the soak in docs/tensor_parallel.md runs 100).
