@@ -63,12 +63,13 @@ struct FlatLayout {
 };
 
 // What the group needs from its mesh: the shard group (S ranks), the
-// replicate group of HSDP (null on a 1-D mesh), the group of N ranks that
+// replicate group of HSDP (null on a 1-D mesh), and the group of N ranks that
 // reshard_after_forward = to_group_of(N) all-gathers over in backward (null
-// otherwise), and the tensor-parallel group over which the reduced shards of
+// otherwise). FSDP makes that last one itself, so it records its collectives
+// to the shard group's tracer: tracing the mesh traces all of FSDP. Under
+// tensor parallelism, also the tp group over which the reduced shards of
 // parameters with partial gradients (sequence-parallel norms) are summed
-// (null when there are none). FSDP makes that last one itself, so it records its collectives
-// to the shard group's tracer: tracing the mesh traces all of FSDP.
+// (null when there are none).
 struct GroupComm {
   dist::ProcessGroupPtr shard = nullptr;
   dist::ProcessGroupPtr replicate = nullptr;

@@ -48,6 +48,8 @@ Tensor Embedding::vocab_parallel_lookup(const Tensor& indices) const {
                   num_indexable_);
   }
   const TensorParallelSpec& spec = *weight().tensor_parallel();
+  TESSERA_CHECK(spec.sections == 1, "Embedding: rows split into {} sections ({}); a table's rows are one range",
+                spec.sections, spec.to_string());
   const dist::ShardExtent box = spec.boxes(spec.mesh.coordinate(0)).front();
   const int64_t held = std::clamp<int64_t>(num_indexable_ - box.offset, 0, box.length);  // this piece less padding
   Shape out_shape = indices.sizes();
