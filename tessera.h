@@ -18,6 +18,7 @@
 #include "tp/loss_parallel.h"
 #include "tp/parallelize.h"
 #include "tp/plans.h"
+#include "tp/traffic.h"
 
 namespace tessera {
 // backward(loss) beside the differentiable functions, where model code looks.

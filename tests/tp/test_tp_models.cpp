@@ -35,6 +35,7 @@
 #include "tp/partial_gradients.h"
 #include "tests/tp/composed_models.h"
 #include "tp/plans.h"
+#include "tp/traffic.h"
 
 using namespace tessera;
 using tessera::tp::testing::kComparableAdamW;
@@ -402,4 +403,40 @@ TEST_CASE("tp: refusals name what does not fit") {
                              Error);
       },
       tp_options());
+}
+
+TEST_CASE("tp: every step's collectives on the tp group, calls and bytes, are tp::plan_traffic's, exactly") {
+  for (const ModelFactory& make : {gpt_factory(), llama_factory()}) {
+    for (int world : {2, 3}) {
+      dist::run_local(
+          world,
+          [&](const dist::ProcessGroupPtr& group) {
+            const dist::DeviceMesh mesh = tp_mesh(group);
+            auto model = parallel_model(make, mesh);
+            INFO(model->type_name(), " on tp ", world);
+            const tp::TensorParallelTraffic planned =
+                tp::plan_traffic(*model, {.batch = kBatch, .seq_len = kSequence, .activation_dtype = DType::f32});
+            const int64_t vocab = 67;
+            const dist::ProcessGroupPtr& tp_group = mesh.group(0);
+            tp_group->reset_stats();
+            const Tensor loss = model->loss(tokens(vocab, 1), tokens(vocab, 2));
+            const dist::CommStats forward = tp_group->stats();
+            tp_group->reset_stats();
+            autograd::backward(loss);
+            const dist::CommStats backward = tp_group->stats();
+            for (const auto kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter,
+                                    dist::CollectiveKind::all_reduce}) {
+              CAPTURE(dist::collective_name(kind));
+              CHECK(forward[kind].calls == planned.forward[kind].calls);
+              CHECK(forward[kind].bytes_sent == planned.forward[kind].bytes_sent);
+              CHECK(forward[kind].bytes_received == planned.forward[kind].bytes_received);
+              CHECK(backward[kind].calls == planned.backward[kind].calls);
+              CHECK(backward[kind].bytes_sent == planned.backward[kind].bytes_sent);
+              CHECK(backward[kind].bytes_received == planned.backward[kind].bytes_received);
+            }
+            CHECK(planned.forward[dist::CollectiveKind::all_gather].bytes_sent > 0);
+          },
+          tp_options());
+    }
+  }
 }

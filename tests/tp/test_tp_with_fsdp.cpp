@@ -29,6 +29,7 @@
 #include "tensor/ops.h"
 #include "tests/tp/composed_models.h"
 #include "tp/plans.h"
+#include "tp/traffic.h"
 
 using namespace tessera;
 using namespace tessera::tp::testing;
@@ -115,9 +116,21 @@ TEST_CASE("tp x fsdp: partial gradients summed over tp after the reduce-scatter,
         for (const auto& parameter : model->parameters()) CHECK_FALSE(parameter->sums_partial_gradient());
         const dist::ProcessGroupPtr& tp_group = meshes.tp.group(0);
         const Tensor idx = rows_of_dp_rank(global_tokens(2, 3), meshes.dp_rank);
+        tp_group->reset_stats();
         const Tensor loss = model->loss(idx, idx);
+        const dist::CommStats forward = tp_group->stats();
         tp_group->reset_stats();
         autograd::backward(loss);
+        // The activations' moves are tp::plan_traffic's; the partial sums are FSDP's.
+        const tp::TensorParallelTraffic planned =
+            tp::plan_traffic(*model, {.batch = kRowsPerDpRank, .seq_len = kComposedSequence,
+                                      .activation_dtype = DType::f32, .fsdp_sums_partial_gradients = true});
+        for (const auto kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter}) {
+          CHECK(forward[kind].bytes_sent == planned.forward[kind].bytes_sent);
+          CHECK(tp_group->stats()[kind].bytes_sent == planned.backward[kind].bytes_sent);
+          CHECK(tp_group->stats()[kind].calls == planned.backward[kind].calls);
+        }
+        CHECK(forward[dist::CollectiveKind::all_reduce].calls == planned.forward[dist::CollectiveKind::all_reduce].calls);
         // ln1, ln2, attn.proj.bias, mlp.proj.bias in each block, ln_f's two in
         // the root: one all-reduce a group, of the dp shards packed together.
         const nn::GPTConfig config = composed_gpt();
