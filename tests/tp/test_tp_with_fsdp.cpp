@@ -130,7 +130,8 @@ TEST_CASE("tp x fsdp: partial gradients summed over tp after the reduce-scatter,
           CHECK(tp_group->stats()[kind].bytes_sent == planned.backward[kind].bytes_sent);
           CHECK(tp_group->stats()[kind].calls == planned.backward[kind].calls);
         }
-        CHECK(forward[dist::CollectiveKind::all_reduce].calls == planned.forward[dist::CollectiveKind::all_reduce].calls);
+        const auto all_reduce_kind = dist::CollectiveKind::all_reduce;
+        CHECK(forward[all_reduce_kind].calls == planned.forward[all_reduce_kind].calls);
         // ln1, ln2, attn.proj.bias, mlp.proj.bias in each block, ln_f's two in
         // the root: one all-reduce a group, of the dp shards packed together.
         const nn::GPTConfig config = composed_gpt();
