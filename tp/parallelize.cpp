@@ -13,9 +13,7 @@ namespace {
 
 // Marks a tree a plan was applied to: a second plan would stack a second set
 // of hooks on the same modules (every activation moved twice).
-struct Parallelized : nn::ModuleExtension {
-  dist::DeviceMesh mesh;
-};
+struct Parallelized : nn::ModuleExtension {};
 
 std::vector<std::string> name_parts(const std::string& name) {
   std::vector<std::string> parts;
@@ -74,9 +72,7 @@ void parallelize_module(nn::Module& root, const dist::DeviceMesh& tp_mesh, const
                                    std::make_shared<nn::TensorParallelSpec>(nn::TensorParallelSpec{
                                        .mesh = tp_mesh, .global_shape = parameter->global_shape()}));
   }
-  auto marker = std::make_shared<Parallelized>();
-  marker->mesh = tp_mesh;
-  root.add_extension(std::move(marker));
+  root.add_extension(std::make_shared<Parallelized>());
 }
 
 Tensor full_tensor(const nn::Parameter& parameter) {
