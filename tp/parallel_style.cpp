@@ -112,7 +112,7 @@ class ColwiseParallel final : public ParallelStyle {
   }
 
   void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
+    ParallelStyle::check(module, name, mesh);
     const auto* linear = dynamic_cast<const nn::Linear*>(&module);
     const auto* tied = dynamic_cast<const nn::TiedLinear*>(&module);
     TESSERA_CHECK(linear != nullptr || tied != nullptr, "ColwiseParallel applies to a Linear or TiedLinear; {} is a {}",
@@ -164,7 +164,7 @@ class RowwiseParallel final : public ParallelStyle {
   }
 
   void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
+    ParallelStyle::check(module, name, mesh);
     TESSERA_CHECK(dynamic_cast<const nn::Linear*>(&module) != nullptr, "RowwiseParallel applies to a Linear; {} is a {}",
                   name, module.type_name());
   }
@@ -206,7 +206,7 @@ class VocabParallelEmbedding final : public ParallelStyle {
   }
 
   void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
+    ParallelStyle::check(module, name, mesh);
     TESSERA_CHECK(dynamic_cast<const nn::Embedding*>(&module) != nullptr,
                   "VocabParallelEmbedding applies to an Embedding; {} is a {}", name, module.type_name());
   }
@@ -231,12 +231,8 @@ class VocabParallelEmbedding final : public ParallelStyle {
 
 class SequenceParallel final : public ParallelStyle {
  public:
-  void check(const nn::Module&, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
-  }
-
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
+    check(module, name, mesh);
     if (auto* dropout = dynamic_cast<nn::Dropout*>(&module)) {
       dropout->set_sequence_slice(1, mesh.size(), mesh.coordinate(0));
     }
@@ -260,12 +256,8 @@ class PrepareModuleInput final : public ParallelStyle {
     }
   }
 
-  void check(const nn::Module&, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
-  }
-
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
+    check(module, name, mesh);
     module.register_forward_pre_hook([mesh, options = options_, name](
                                          nn::Module&, const nn::TensorList& inputs) -> std::optional<nn::TensorList> {
       TESSERA_CHECK(inputs.size() >= options.input_layouts.size(),
@@ -300,12 +292,8 @@ class PrepareModuleOutput final : public ParallelStyle {
  public:
   explicit PrepareModuleOutput(PrepareOutputOptions options) : options_(std::move(options)) {}
 
-  void check(const nn::Module&, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
-  }
-
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
-    check_mesh(mesh, name);
+    check(module, name, mesh);
     module.register_forward_hook([mesh, options = options_](nn::Module&, const nn::TensorList&,
                                                             const Tensor& output) -> std::optional<Tensor> {
       return move_activation(output, mesh, options.output_layout, options.desired_output_layout);
@@ -322,6 +310,11 @@ class PrepareModuleOutput final : public ParallelStyle {
 };
 
 }  // namespace
+
+void ParallelStyle::check(const nn::Module& /*module*/, const std::string& name,
+                          const dist::DeviceMesh& mesh) const {
+  check_mesh(mesh, name);
+}
 
 Tensor move_activation(const Tensor& local, const dist::DeviceMesh& mesh, const Layout& from, const Layout& to,
                        std::optional<Layout> grad_layout, int64_t global_size) {

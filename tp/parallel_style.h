@@ -40,7 +40,8 @@ class ParallelStyle {
   virtual void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const = 0;
   // Throws what apply would throw for this module and mesh, changing
   // nothing: parallelize_module checks every match before it applies any.
-  virtual void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const = 0;
+  // The default checks the mesh (1-D); styles bound to a layer add theirs.
+  virtual void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const;
   // "ColwiseParallel(input Shard(1), output Shard(-1), 3 sections)"
   virtual std::string describe() const = 0;
 };

@@ -45,11 +45,16 @@ KVCache CausalLM::make_kv_cache(int64_t batch, int64_t capacity, std::vector<int
 
 Tensor CausalLM::forward_cached(const Tensor& idx, KVCache& cache, CachedLogits which) {
   check_no_forward_hooks(*this, fmt::format("{}::forward_cached", type_name()));
-  for (const auto& [name, parameter] : named_parameters()) {
-    TESSERA_CHECK(parameter->tensor_parallel() == nullptr,
-                  "{}::forward_cached: {} is a tensor-parallel piece ({}); decoding with a KV cache runs on a whole "
-                  "model (gather the state dict with tp::full_state_dict and load it into an unsharded one)",
-                  type_name(), name, parameter->tensor_parallel()->to_string());
+  // Every decoding step checks; names are built only for the message.
+  for (const auto& parameter : parameters()) {
+    if (parameter->tensor_parallel() == nullptr) continue;
+    std::string name;
+    for (const auto& [fqn, named] : named_parameters()) {
+      if (named == parameter) name = fqn;
+    }
+    fail("{}::forward_cached: {} is a tensor-parallel piece ({}); decoding with a KV cache runs on a whole model "
+         "(gather the state dict with tp::full_state_dict and load it into an unsharded one)",
+         type_name(), name, parameter->tensor_parallel()->to_string());
   }
   TESSERA_CHECK(idx.defined() && idx.dim() == 2 && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32),
                 "{}::forward_cached: idx must be [B, T] i32/i64, got {} {}", type_name(),

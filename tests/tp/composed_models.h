@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
@@ -27,6 +29,13 @@
 namespace tessera::tp::testing {
 
 namespace ops = tessera::ops;
+
+// Thread ranks for the tp suites: a collective that waits a minute has hung.
+inline dist::LocalOptions thread_rank_options() {
+  dist::LocalOptions options;
+  options.group.timeout = std::chrono::seconds(60);
+  return options;
+}
 
 constexpr uint64_t kComposedSeed = 4321;
 constexpr int64_t kRowsPerDpRank = 2;

@@ -35,12 +35,6 @@ struct CheckpointLayout {
   int64_t world() const { return replicate * dp * tp; }
 };
 
-dist::LocalOptions checkpoint_options() {
-  dist::LocalOptions options;
-  options.group.timeout = std::chrono::seconds(60);
-  return options;
-}
-
 // The model on `layout`: split over tp when tp > 1, sharded by FSDP over the
 // data ranks when there are several ranks, then initialised with `seed`.
 std::shared_ptr<nn::CausalLM> model_on(const ComposedFactory& make, const dist::ProcessGroupPtr& world,
@@ -103,7 +97,7 @@ void check_chain(const ComposedFactory& make) {
             gathered_here = std::move(whole);
           }
         },
-        checkpoint_options());
+        thread_rank_options());
     if (hop == 0) {
       first = gathered_here;
       // A rank's k-th file holds the k-th box of its pieces: GPT's fused qkv
@@ -143,14 +137,14 @@ TEST_CASE("tp exports: the safetensors file of a (dp 2, tp 2) model is the 1-ran
           auto model = model_on(make, world, {1, 1, 1}, 7);
           checkpoint::export_safetensors(whole_path, checkpoint::model_state(*model, ""), {.group = world});
         },
-        checkpoint_options());
+        thread_rank_options());
     dist::run_local(
         4,
         [&](const dist::ProcessGroupPtr& world) {
           auto model = model_on(make, world, {1, 2, 2}, 7);
           checkpoint::export_safetensors(split_path, checkpoint::model_state(*model, ""), {.group = world});
         },
-        checkpoint_options());
+        thread_rank_options());
     std::ifstream whole(whole_path, std::ios::binary), split(split_path, std::ios::binary);
     const std::string whole_bytes((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
     const std::string split_bytes((std::istreambuf_iterator<char>(split)), std::istreambuf_iterator<char>());
@@ -174,7 +168,7 @@ TEST_CASE("tp imports: a 1-rank safetensors file into (dp 2, tp 2) pieces, each 
             written[name] = ops::clone(parameter->tensor().detach());
           }
         },
-        checkpoint_options());
+        thread_rank_options());
     std::atomic<int> mismatches{0};
     dist::run_local(
         4,
@@ -185,7 +179,7 @@ TEST_CASE("tp imports: a 1-rank safetensors file into (dp 2, tp 2) pieces, each 
             if (worst_difference(gathered(*parameter, parameter->tensor()), written.at(name)) != 0.0) ++mismatches;
           }
         },
-        checkpoint_options());
+        thread_rank_options());
     CHECK(mismatches == 0);
   }
 }

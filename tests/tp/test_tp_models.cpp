@@ -41,6 +41,7 @@ using namespace tessera;
 using tessera::tp::testing::kComparableAdamW;
 using tessera::tp::testing::reference_step;
 using tessera::tp::testing::ReferenceStep;
+using tessera::tp::testing::thread_rank_options;
 namespace ops = tessera::ops;
 
 namespace {
@@ -48,12 +49,6 @@ namespace {
 constexpr uint64_t kInitSeed = 1234;
 constexpr int64_t kBatch = 2;
 constexpr int64_t kSequence = 12;  // divides by 2, 3 and 4
-
-dist::LocalOptions tp_options() {
-  dist::LocalOptions options;
-  options.group.timeout = std::chrono::seconds(60);
-  return options;
-}
 
 nn::GPTConfig small_gpt() {
   nn::GPTConfig config;
@@ -197,7 +192,7 @@ void check_training_step(const ModelFactory& make, int64_t vocab, int world) {
         model->eval();
         check_close(model->forward(idx), reference_logits, 1e-5, "logits");
       },
-      tp_options());
+      thread_rank_options());
 }
 
 }  // namespace
@@ -227,7 +222,7 @@ TEST_CASE("tp init: every rank's pieces are the 1-rank model's bits, built on me
               CHECK(bitwise_equal(mine.at(name), tensor));
             }
           },
-          tp_options());
+          thread_rank_options());
     }
   }
 }
@@ -306,7 +301,7 @@ TEST_CASE("tp: the pieces' shapes, local head counts and the activation collecti
         CHECK(backward[dist::CollectiveKind::reduce_scatter].calls == 2 * L + 1);
         CHECK(backward[dist::CollectiveKind::all_reduce].calls == 6 * L + 2);
       },
-      tp_options());
+      thread_rank_options());
 }
 
 TEST_CASE("tp: sequence-parallel norm gradients are equal on every rank, and wrong without their sum") {
@@ -341,7 +336,7 @@ TEST_CASE("tp: sequence-parallel norm gradients are equal on every rank, and wro
             CHECK(worst > 1e-3);
           }
         },
-        tp_options());
+        thread_rank_options());
   }
 }
 
@@ -353,7 +348,7 @@ TEST_CASE("tp: refusals name what does not fit") {
         CHECK_THROWS_WITH_AS(tp::parallelize_gpt(*gpt, tp_mesh(group)),
                              doctest::Contains("n_head = 12, which the tp size 8 does not divide"), Error);
       },
-      tp_options());
+      thread_rank_options());
   dist::run_local(
       4,
       [](const dist::ProcessGroupPtr& group) {
@@ -390,7 +385,7 @@ TEST_CASE("tp: refusals name what does not fit") {
         CHECK_THROWS_WITH_AS(model->forward_cached(ops::from_vector(std::vector<int64_t>{1, 2}, {1, 2}), cache),
                              doctest::Contains("is a tensor-parallel piece"), Error);
       },
-      tp_options());
+      thread_rank_options());
   dist::run_local(
       2,
       [](const dist::ProcessGroupPtr& group) {
@@ -402,7 +397,7 @@ TEST_CASE("tp: refusals name what does not fit") {
                                                "fully_shard"),
                              Error);
       },
-      tp_options());
+      thread_rank_options());
 }
 
 TEST_CASE("tp: every step's collectives on the tp group, calls and bytes, are tp::plan_traffic's, exactly") {
@@ -436,7 +431,7 @@ TEST_CASE("tp: every step's collectives on the tp group, calls and bytes, are tp
             }
             CHECK(planned.forward[dist::CollectiveKind::all_gather].bytes_sent > 0);
           },
-          tp_options());
+          thread_rank_options());
     }
   }
 }

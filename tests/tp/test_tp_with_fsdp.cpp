@@ -37,12 +37,6 @@ namespace ops = tessera::ops;
 
 namespace {
 
-dist::LocalOptions composed_options() {
-  dist::LocalOptions options;
-  options.group.timeout = std::chrono::seconds(60);
-  return options;
-}
-
 void check_against_one_rank(const std::string& label, const ComposedFactory& make, int64_t replicate, int64_t dp,
                             int64_t tp) {
   const int64_t data_ranks = replicate * dp;
@@ -94,7 +88,7 @@ void check_against_one_rank(const std::string& label, const ComposedFactory& mak
                 1e-5 * std::max(largest_magnitude(want), 1.0));
         }
       },
-      composed_options());
+      thread_rank_options());
 }
 
 }  // namespace
@@ -143,7 +137,7 @@ TEST_CASE("tp x fsdp: partial gradients summed over tp after the reduce-scatter,
         const int64_t shard_bytes = (6 * config.n_layer + 2) * (config.n_embd / 2) * 4;
         CHECK(all_reduce.bytes_sent == shard_bytes);
       },
-      composed_options());
+      thread_rank_options());
 }
 
 TEST_CASE("tp x fsdp: refusals") {
@@ -167,11 +161,11 @@ TEST_CASE("tp x fsdp: refusals") {
                                                   .reshard_after_forward = fsdp::ReshardAfterForward::to_group_of(2)}),
             doctest::Contains("reshard_after_forward = 2 on tensor-parallel parameters"), Error);
       },
-      composed_options());
+      thread_rank_options());
 }
 
 TEST_CASE("tp x fsdp, deterministic: (dp 2, tp 2) is (dp 1, tp 2) with the batch as 2 micro-batches, bitwise") {
-  dist::LocalOptions deterministic = composed_options();
+  dist::LocalOptions deterministic = thread_rank_options();
   deterministic.group.deterministic = true;
   const Tensor idx = global_tokens(2, 5);
   const Tensor targets = global_tokens(2, 6);
