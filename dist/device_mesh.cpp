@@ -92,6 +92,26 @@ DeviceMesh::DeviceMesh(ProcessGroupPtr group, Device device, Shape shape, std::v
   }
 }
 
+DeviceMesh DeviceMesh::planning(Device device, Shape shape, std::vector<std::string> dim_names,
+                                 std::vector<int64_t> coordinate) {
+  TESSERA_CHECK(!shape.empty(), "DeviceMesh::planning: the mesh shape needs at least one dim, got []");
+  for (int64_t extent : shape) {
+    TESSERA_CHECK(extent > 0, "DeviceMesh::planning: mesh sizes must be positive, got shape {}", shape);
+  }
+  TESSERA_CHECK(coordinate.size() == shape.size(), "DeviceMesh::planning: coordinate {} for a {}-d mesh of shape {}",
+                coordinate, shape.size(), shape);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    TESSERA_CHECK(coordinate[d] >= 0 && coordinate[d] < shape[d],
+                  "DeviceMesh::planning: coordinate {} is outside the mesh of shape {}", coordinate, shape);
+  }
+  DeviceMesh mesh;
+  mesh.device_ = device;
+  mesh.dim_names_ = checked_dim_names(shape, std::move(dim_names));
+  mesh.shape_ = std::move(shape);
+  mesh.coordinate_ = std::move(coordinate);
+  return mesh;
+}
+
 int64_t DeviceMesh::size() const { return shape_numel(shape_); }
 
 int64_t DeviceMesh::size(int64_t dim) const { return shape_[checked_dim(dim, shape_, dim_names_, "DeviceMesh::size")]; }
@@ -107,12 +127,18 @@ int64_t DeviceMesh::coordinate(int64_t dim) const {
 }
 
 int DeviceMesh::rank() const {
-  TESSERA_CHECK(mesh_group_ != nullptr, "DeviceMesh::rank: the mesh is empty (default-constructed)");
+  TESSERA_CHECK(mesh_group_ != nullptr,
+                "DeviceMesh::rank: the mesh has no process group (default-constructed, or a planning mesh)");
   return mesh_group_->rank();
 }
 
 const ProcessGroupPtr& DeviceMesh::group(int64_t dim) const {
-  return dim_groups_[checked_dim(dim, shape_, dim_names_, "DeviceMesh::group")];
+  const size_t index = checked_dim(dim, shape_, dim_names_, "DeviceMesh::group");
+  TESSERA_CHECK(!dim_groups_.empty(),
+                "DeviceMesh::group: {} is a planning mesh (sizes only) and has no process groups; build the mesh over "
+                "a process group to communicate",
+                to_string());
+  return dim_groups_[index];
 }
 
 DeviceMesh DeviceMesh::operator[](const std::string& name) const {
@@ -122,8 +148,10 @@ DeviceMesh DeviceMesh::operator[](const std::string& name) const {
   sub.shape_ = {shape_[d]};
   sub.dim_names_ = {dim_names_[d]};
   sub.coordinate_ = {coordinate_[d]};
-  sub.mesh_group_ = dim_groups_[d];
-  sub.dim_groups_ = {dim_groups_[d]};
+  if (has_groups()) {
+    sub.mesh_group_ = dim_groups_[d];
+    sub.dim_groups_ = {dim_groups_[d]};
+  }
   return sub;
 }
 

@@ -22,6 +22,15 @@ class DeviceMesh {
   // be unique and non-empty; default names are "dim0", "dim1", ...
   DeviceMesh(ProcessGroupPtr group, Device device, Shape shape, std::vector<std::string> dim_names = {});
 
+  // A mesh of sizes and one rank's coordinate, without process groups: what
+  // a plan lays a meta model out on (train --plan tensor-parallelizes a model
+  // as rank `coordinate` would, for any mesh, starting no rank). Not
+  // collective; group(dim) and rank() throw on it, group() is null.
+  static DeviceMesh planning(Device device, Shape shape, std::vector<std::string> dim_names,
+                             std::vector<int64_t> coordinate);
+  // Whether this mesh has process groups (false for a planning mesh).
+  bool has_groups() const { return mesh_group_ != nullptr; }
+
   Device device() const { return device_; }
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
   const Shape& shape() const { return shape_; }

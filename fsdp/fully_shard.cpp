@@ -288,6 +288,15 @@ dist::CommStats FSDPModule::communication_stats(bool recurse) const {
   return total;
 }
 
+dist::CommStats FSDPModule::tensor_parallel_communication_stats(bool recurse) const {
+  const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::tensor_parallel_communication_stats");
+  dist::CommStats total;
+  for (const FSDPState* below : states_in_tree(*state, recurse)) {
+    if (below->group() != nullptr) add(total, below->group()->tensor_parallel_comm_stats());
+  }
+  return total;
+}
+
 void FSDPModule::reset_communication_stats(bool recurse) {
   const std::shared_ptr<FSDPState> state = alive(state_, "FSDPModule::reset_communication_stats");
   for (FSDPState* below : states_in_tree(*state, recurse)) {

@@ -106,6 +106,9 @@ class FSDPModule {
   // (clip_grad_norm_, a loss all-reduce) is not here. `seconds` stays 0; the
   // process groups time their collectives.
   dist::CommStats communication_stats(bool recurse = true) const;
+  // The part of it sent over tensor-parallel groups (the partial gradients'
+  // sums after the reduce-scatter), which those groups' stats() count too.
+  dist::CommStats tensor_parallel_communication_stats(bool recurse = true) const;
   void reset_communication_stats(bool recurse = true);
   // This rank's unsharded parameter memory (all-gather buffers, unsharded
   // parameters, post-forward shards) of this module's tree (recurse) or this

@@ -156,10 +156,13 @@ int FSDPParamGroup::trace_rank() const { return comm_.shard->world_ranks()[stati
 
 void FSDPParamGroup::count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group) {
   const dist::CommVolume volume = dist::collective_volume(kind, bytes, group.size(), /*is_root=*/false);
-  dist::CollectiveStats& stats = comm_stats_[kind];
-  ++stats.calls;
-  stats.bytes_sent += volume.sent;
-  stats.bytes_received += volume.received;
+  for (dist::CommStats* counter : {&comm_stats_, &tensor_parallel_comm_stats_}) {
+    if (counter == &tensor_parallel_comm_stats_ && &group != comm_.tensor_parallel.get()) continue;
+    dist::CollectiveStats& stats = (*counter)[kind];
+    ++stats.calls;
+    stats.bytes_sent += volume.sent;
+    stats.bytes_received += volume.received;
+  }
 }
 
 void FSDPParamGroup::lazy_init(std::shared_ptr<MemoryCounters> unsharded_memory,

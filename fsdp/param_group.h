@@ -186,7 +186,13 @@ class FSDPParamGroup {
   // counted when issued with dist::collective_volume (the volumes
   // ProcessGroup::stats() counts); `seconds` stays 0: the groups time them.
   const dist::CommStats& comm_stats() const { return comm_stats_; }
-  void reset_comm_stats() { comm_stats_ = dist::CommStats{}; }
+  // The part of comm_stats() sent over the tensor-parallel group (the
+  // partial gradients' sums), which that group's own stats count too.
+  const dist::CommStats& tensor_parallel_comm_stats() const { return tensor_parallel_comm_stats_; }
+  void reset_comm_stats() {
+    comm_stats_ = dist::CommStats{};
+    tensor_parallel_comm_stats_ = dist::CommStats{};
+  }
 
  private:
   const FlatLayout& layout_for(int world) const;
@@ -271,6 +277,7 @@ class FSDPParamGroup {
   int64_t backward_start_us_ = 0;
   std::function<void()> on_gradient_;
   dist::CommStats comm_stats_;
+  dist::CommStats tensor_parallel_comm_stats_;
 };
 
 }  // namespace tessera::fsdp

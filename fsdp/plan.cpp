@@ -12,6 +12,7 @@
 #include <set>
 
 #include "dist/comm_stats.h"
+#include "dist/dtensor.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/module_names.h"
 #include "fsdp/state.h"
@@ -39,6 +40,7 @@ void lay_out(PlannedUnit& unit, const PlanMesh& mesh) {
       unit.post_forward_slot_numel += padded_shard_rows(param.rows(), *post_forward_ranks) * param.row_numel();
     }
     unit.unsharded_bytes += bytes_of(unit.param_dtype, param.numel());
+    if (param.partial_gradient) unit.partial_gradient_numel += param.padded_rows * param.row_numel();
   }
   unit.all_gather_buffer_bytes = bytes_of(unit.param_dtype, mesh.shard * unit.slot_numel);
   if (post_forward_ranks) {
@@ -257,6 +259,45 @@ ShardingPlan assemble(std::string model_type, const PlanMesh& mesh, std::vector<
   return plan;
 }
 
+// ---- tensor parallelism ----------------------------------------------------------------------------
+
+// "Shard(0)", "Shard(0) x 3 sections", "Replicate", "Replicate, partial gradients".
+std::string placement_text(const nn::TensorParallelSpec& spec) {
+  if (spec.shard_dim() < 0) return spec.partial_gradient ? "Replicate, partial gradients" : "Replicate";
+  const std::string shard = dist::placement_name(spec.placement);
+  return spec.sections == 1 ? shard : fmt::format("{} x {} sections", shard, spec.sections);
+}
+
+// The planned parameter of `parameter` (whole, or this rank's tp piece):
+// what FSDP shards, and under tensor parallelism the piece's placement.
+PlannedParam planned_param(const std::string& fqn, const nn::Parameter& parameter, const Shape& sharded_shape,
+                           DType dtype) {
+  PlannedParam param{.fqn = fqn,
+                     .global_shape = sharded_shape,
+                     .logical_shape = sharded_shape,
+                     .tensor_parallel = "",
+                     .partial_gradient = false,
+                     .dtype = dtype,
+                     .requires_grad = parameter.requires_grad(),
+                     .padded_rows = 0,
+                     .padding_rows = 0};
+  if (const auto& spec = parameter.tensor_parallel()) {
+    param.logical_shape = spec->global_shape;
+    param.tensor_parallel = placement_text(*spec);
+    param.partial_gradient = spec->partial_gradient;
+  }
+  return param;
+}
+
+// The tp size the parameters of `root` are laid out over (1 without tensor
+// parallelism).
+int64_t tensor_parallel_size(nn::Module& root) {
+  for (const auto& parameter : root.parameters()) {
+    if (const auto& spec = parameter->tensor_parallel()) return spec->mesh.size();
+  }
+  return 1;
+}
+
 // ---- units from fully_shard calls -----------------------------------------------------------------
 
 // Where the modules and parameters of the root's tree are.
@@ -311,13 +352,18 @@ PlannedUnit unit_of_call(const PlannedCall& call, const std::string& fqn, bool i
                     "call fully_shard on a module that contains both",
                     where, parameter_fqn, use_name, quoted_module(fqn));
     }
+    // fully_shard shards tensor-parallel pieces over a mesh of the ranks
+    // holding the same piece: the plan's tp size is the pieces'.
+    const auto& spec = parameter->tensor_parallel();
+    TESSERA_CHECK(spec || mesh.tensor_parallel == 1,
+                  "{}: the mesh {} has tp={}, but parameter '{}' is not tensor-parallel; parallelize the model on a tp "
+                  "mesh of that size first (dist::DeviceMesh::planning for a plan)",
+                  where, mesh.to_string(), mesh.tensor_parallel, parameter_fqn);
+    TESSERA_CHECK(!spec || spec->mesh.size() == mesh.tensor_parallel,
+                  "{}: parameter '{}' is a piece of {}, but the plan's mesh {} has tp={}", where, parameter_fqn,
+                  spec ? spec->to_string() : std::string(), mesh.to_string(), mesh.tensor_parallel);
     claimed.emplace(parameter.get(), fqn);
-    unit.params.push_back(PlannedParam{.fqn = parameter_fqn,
-                                       .global_shape = tensor.sizes(),
-                                       .dtype = tensor.dtype(),
-                                       .requires_grad = parameter->requires_grad(),
-                                       .padded_rows = 0,
-                                       .padding_rows = 0});
+    unit.params.push_back(planned_param(parameter_fqn, *parameter, tensor.sizes(), tensor.dtype()));
   }
 
   const MixedPrecisionPolicy& policy = call.options.mp_policy;
@@ -344,6 +390,12 @@ PlannedUnit unit_of_call(const PlannedCall& call, const std::string& fqn, bool i
   } catch (const Error& error) {
     fail("{}: {}", where, error.what());
   }
+  const bool tensor_parallel = std::any_of(unit.params.begin(), unit.params.end(),
+                                           [](const PlannedParam& param) { return !param.tensor_parallel.empty(); });
+  TESSERA_CHECK(!tensor_parallel || !unit.reshard_after_forward.group_size(),
+                "{}: reshard_after_forward = {} on tensor-parallel parameters; with tensor parallelism it is true or "
+                "false (as fully_shard requires)",
+                where, unit.reshard_after_forward.to_string());
   lay_out(unit, mesh);
   return unit;
 }
@@ -387,12 +439,7 @@ PlannedUnit unit_of_state(const FSDPState& state, const PlanMesh& mesh) {
   const FSDPParamGroup* group = state.group();
   if (group == nullptr) return unit;
   for (const auto& param : group->params()) {
-    unit.params.push_back(PlannedParam{.fqn = param->fqn(),
-                                       .global_shape = param->global_shape(),
-                                       .dtype = param->dtype(),
-                                       .requires_grad = param->param().requires_grad(),
-                                       .padded_rows = 0,
-                                       .padding_rows = 0});
+    unit.params.push_back(planned_param(param->fqn(), param->param(), param->global_shape(), param->dtype()));
   }
   unit.reshard_after_forward = group->reshard_after_forward();
   unit.param_dtype = group->param_dtype();
@@ -454,6 +501,14 @@ void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMe
   if (mesh.replicate > 1) {
     add_collective(volume, dist::CollectiveKind::all_reduce, gradient_bytes, mesh.replicate, synced);
   }
+  if (unit.partial_gradient_numel > 0) {
+    const dist::CommVolume one = dist::collective_volume(
+        dist::CollectiveKind::all_reduce, bytes_of(unit.reduce_dtype, unit.partial_gradient_numel),
+        static_cast<int>(mesh.tensor_parallel), /*is_root=*/false);
+    volume.partial_gradient_calls += synced;
+    volume.partial_gradient_bytes_sent += synced * one.sent;
+    volume.partial_gradient_bytes_received += synced * one.received;
+  }
 }
 
 // ---- text ------------------------------------------------------------------------------------------
@@ -498,10 +553,25 @@ void append_unit(std::string& text, const PlannedUnit& unit, const PlanMesh& mes
                       dist::human_bytes(unit.all_gather_buffer_bytes), dist::human_bytes(unit.unsharded_bytes));
   size_t name_width = std::string_view("parameter").size();
   for (const PlannedParam& param : unit.params) name_width = std::max(name_width, param.fqn.size());
-  text += fmt::format("  {:<{}}  {:>16}  {:>13}  {:>12}  {:>24}\n", "parameter", name_width, "global shape",
-                      "rows per rank", "padding rows", "shard bytes per rank");
+  if (mesh.tensor_parallel == 1) {
+    text += fmt::format("  {:<{}}  {:>16}  {:>13}  {:>12}  {:>24}\n", "parameter", name_width, "global shape",
+                        "rows per rank", "padding rows", "shard bytes per rank");
+    for (const PlannedParam& param : unit.params) {
+      text += fmt::format("  {:<{}}  {:>16}  {:>13}  {:>12}  {:>24}\n", param.fqn, name_width,
+                          shape_text(param.global_shape), param.padded_rows, param.padding_rows,
+                          bytes_text(param.shard_bytes()));
+    }
+    return;
+  }
+  // Tensor parallelism: the 1-rank shape, tp rank 0's piece and FSDP's rows of it.
+  size_t placement_width = std::string_view("tp placement").size();
+  for (const PlannedParam& param : unit.params) placement_width = std::max(placement_width, param.tensor_parallel.size());
+  text += fmt::format("  {:<{}}  {:>14}  {:<{}}  {:>14}  {:>10}  {:>8}  {:>24}\n", "parameter", name_width,
+                      "logical shape", "tp placement", placement_width, "tp-local shape", "dp rows", "padding",
+                      "shard bytes per rank");
   for (const PlannedParam& param : unit.params) {
-    text += fmt::format("  {:<{}}  {:>16}  {:>13}  {:>12}  {:>24}\n", param.fqn, name_width,
+    text += fmt::format("  {:<{}}  {:>14}  {:<{}}  {:>14}  {:>10}  {:>8}  {:>24}\n", param.fqn, name_width,
+                        shape_text(param.logical_shape), param.tensor_parallel, placement_width,
                         shape_text(param.global_shape), param.padded_rows, param.padding_rows,
                         bytes_text(param.shard_bytes()));
   }
@@ -512,21 +582,30 @@ void append_unit(std::string& text, const PlannedUnit& unit, const PlanMesh& mes
 // ---- PlanMesh, PlannedParam, PlannedUnit -----------------------------------------------------------
 
 std::string PlanMesh::to_string() const {
-  return replicate == 1 ? fmt::format("(shard={})", shard) : fmt::format("(replicate={}, shard={})", replicate, shard);
+  std::string dims = replicate == 1 ? fmt::format("shard={}", shard) : fmt::format("replicate={}, shard={}", replicate,
+                                                                                  shard);
+  if (tensor_parallel > 1) dims += fmt::format(", tp={}", tensor_parallel);
+  return "(" + dims + ")";
 }
 
-PlanMesh plan_mesh(int64_t world, int64_t replicate) {
+PlanMesh plan_mesh(int64_t world, int64_t replicate, int64_t tensor_parallel) {
   TESSERA_CHECK(world >= 1 && world <= kMaxPlanRanks, "sharding plan: the world size must be in [1, {}], got {}",
                 kMaxPlanRanks, world);
   TESSERA_CHECK(replicate >= 1 && world % replicate == 0,
                 "sharding plan: the replicate degree {} must divide the world size {} (the HSDP mesh is replicate x "
                 "world / replicate ranks)",
                 replicate, world);
-  return PlanMesh{.replicate = replicate, .shard = world / replicate};
+  TESSERA_CHECK(tensor_parallel >= 1 && (world / replicate) % tensor_parallel == 0,
+                "sharding plan: the tp size {} with the replicate degree {} must divide the world size {} (the mesh is "
+                "replicate x shard x tp ranks)",
+                tensor_parallel, replicate, world);
+  return PlanMesh{.replicate = replicate, .shard = world / (replicate * tensor_parallel),
+                  .tensor_parallel = tensor_parallel};
 }
 
 void check_mesh(const PlanMesh& mesh) {
-  TESSERA_CHECK(mesh.replicate >= 1 && mesh.shard >= 1 && mesh.shard <= kMaxPlanRanks / mesh.replicate,
+  TESSERA_CHECK(mesh.replicate >= 1 && mesh.shard >= 1 && mesh.tensor_parallel >= 1 &&
+                    mesh.shard <= kMaxPlanRanks / (mesh.replicate * mesh.tensor_parallel),
                 "sharding plan: mesh {} must have sizes >= 1 and at most {} ranks in all", mesh.to_string(),
                 kMaxPlanRanks);
 }
@@ -577,10 +656,12 @@ ShardingPlan plan_fully_shard(const std::vector<PlannedCall>& calls, const PlanM
 
 ShardingPlan plan_of(nn::Module& root) {
   const FSDPState& root_state = initialized_root(root, "sharding plan");
-  const PlanMesh mesh = mesh_sizes(root_state.mesh());
+  PlanMesh mesh = mesh_sizes(root_state.mesh());
+  mesh.tensor_parallel = tensor_parallel_size(root);
   std::vector<PlannedUnit> units;
   for (const FSDPState* state : root_state.tree()) {
-    TESSERA_CHECK(mesh_sizes(state->mesh()) == mesh,
+    const PlanMesh sizes = mesh_sizes(state->mesh());
+    TESSERA_CHECK(sizes.replicate == mesh.replicate && sizes.shard == mesh.shard,
                   "sharding plan: {} is sharded on mesh {}, the root on {}; a plan covers one mesh",
                   quoted_module(state->fqn()), state->mesh().to_string(), root_state.mesh().to_string());
     units.push_back(unit_of_state(*state, mesh));
@@ -602,9 +683,14 @@ std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& opti
   const PlanMesh& mesh = plan.mesh;
   std::string text = fmt::format("FSDP sharding plan of {} over {} rank{}, mesh {}\n", plan.model_type, mesh.world(),
                                  mesh.world() == 1 ? "" : "s", mesh.to_string());
-  text += fmt::format("every parameter is split along dim 0: each rank's shard holds ceil(rows / {}) rows{}; the "
+  if (mesh.tensor_parallel > 1) {
+    text += fmt::format("tensor parallelism first: each of the {} tp ranks holds a piece of every parameter (Shard) "
+                        "or all of it (Replicate); the figures are tp rank 0's, whose pieces are the largest\n",
+                        mesh.tensor_parallel);
+  }
+  text += fmt::format("every {} is split along dim 0: each rank's shard holds ceil(rows / {}) rows{}; the "
                       "last ranks' shards end in zero rows (padding)\n",
-                      mesh.shard,
+                      mesh.tensor_parallel > 1 ? "tp piece" : "parameter", mesh.shard,
                       mesh.replicate > 1 ? fmt::format(" of its shard group, and the {} replicas hold the same shards",
                                                        mesh.replicate)
                                          : std::string());
@@ -660,6 +746,11 @@ std::string format_plan(const ShardingPlan& plan, const OptimizerStateSize& opti
     text += fmt::format("  all-reduce      {:3} calls, sent {}, received {} (HSDP, over the replicate group)\n",
                         comm.all_reduce_calls, bytes_text(comm.all_reduce_bytes_sent),
                         bytes_text(comm.all_reduce_bytes_received));
+  }
+  if (comm.partial_gradient_calls > 0) {
+    text += fmt::format("  all-reduce      {:3} calls, sent {}, received {} (over tp: the partial gradients' shards)\n",
+                        comm.partial_gradient_calls, bytes_text(comm.partial_gradient_bytes_sent),
+                        bytes_text(comm.partial_gradient_bytes_received));
   }
   text += fmt::format("  total sent      {}\n", bytes_text(comm.total_sent()));
   return text;

@@ -37,7 +37,11 @@ namespace tessera::fsdp {
 //                   ranks when reshard_after_forward = N);
 //   reduce-scatter  one per group with trainable parameters: its gradient
 //                   slot plus one presence flag per parameter, in reduce_dtype;
-//   all-reduce      HSDP only: that reduced slot again over the replicate group.
+//   all-reduce      HSDP only: that reduced slot again over the replicate group;
+//   partial-gradient all-reduce
+//                   under tensor parallelism: the reduced shards of the
+//                   parameters with partial gradients (sequence-parallel
+//                   norms, row-wise biases), packed, over the tp group.
 struct StepCommVolume {
   int64_t all_gather_calls = 0;
   int64_t all_gather_bytes_sent = 0;
@@ -48,10 +52,16 @@ struct StepCommVolume {
   int64_t all_reduce_calls = 0;
   int64_t all_reduce_bytes_sent = 0;
   int64_t all_reduce_bytes_received = 0;
+  int64_t partial_gradient_calls = 0;
+  int64_t partial_gradient_bytes_sent = 0;
+  int64_t partial_gradient_bytes_received = 0;
 
-  int64_t total_sent() const { return all_gather_bytes_sent + reduce_scatter_bytes_sent + all_reduce_bytes_sent; }
+  int64_t total_sent() const {
+    return all_gather_bytes_sent + reduce_scatter_bytes_sent + all_reduce_bytes_sent + partial_gradient_bytes_sent;
+  }
   int64_t total_received() const {
-    return all_gather_bytes_received + reduce_scatter_bytes_received + all_reduce_bytes_received;
+    return all_gather_bytes_received + reduce_scatter_bytes_received + all_reduce_bytes_received +
+           partial_gradient_bytes_received;
   }
 };
 
@@ -68,12 +78,17 @@ struct OptimizerStateSize {
 
 // A mesh by its sizes: `replicate` x `shard` ranks, as fully_shard reads a
 // 2-D (replicate, shard) mesh (HSDP); replicate 1 is a 1-D shard mesh (FSDP).
+// With tensor parallelism every such mesh is one tp rank's: `tensor_parallel`
+// ranks (the innermost dim) hold the pieces of one model between them, and
+// FSDP shards each piece over the ranks holding the same piece.
 struct PlanMesh {
   int64_t replicate = 1;
   int64_t shard = 1;
+  int64_t tensor_parallel = 1;
 
-  int64_t world() const { return replicate * shard; }
-  // "(shard=8)" or "(replicate=2, shard=4)", as DeviceMesh::to_string writes its dims.
+  int64_t world() const { return replicate * shard * tensor_parallel; }
+  // "(shard=8)", "(replicate=2, shard=4)" or "(shard=2, tp=2)", as
+  // DeviceMesh::to_string writes its dims.
   std::string to_string() const;
   bool operator==(const PlanMesh&) const = default;
 };
@@ -81,16 +96,23 @@ struct PlanMesh {
 // The most ranks a plan takes (train's --nproc bound).
 inline constexpr int64_t kMaxPlanRanks = int64_t{1} << 20;
 
-// `world` ranks as `replicate` x (world / replicate). Throws tessera::Error
-// unless 1 <= world <= kMaxPlanRanks and replicate >= 1 divides world.
-PlanMesh plan_mesh(int64_t world, int64_t replicate = 1);
+// `world` ranks as `replicate` x (world / (replicate x tensor_parallel)) x
+// `tensor_parallel`. Throws tessera::Error unless 1 <= world <= kMaxPlanRanks
+// and replicate x tensor_parallel (each >= 1) divides world.
+PlanMesh plan_mesh(int64_t world, int64_t replicate = 1, int64_t tensor_parallel = 1);
 // Throws tessera::Error unless both sizes are >= 1 and the world at most kMaxPlanRanks.
 void check_mesh(const PlanMesh& mesh);
 
 // One parameter of a group, over the plan's shard group of S ranks.
 struct PlannedParam {
   std::string fqn;  // under the root
-  Shape global_shape;
+  Shape global_shape;  // what FSDP shards: the whole tensor, or under tensor parallelism tp rank 0's piece
+  // Under tensor parallelism: the 1-rank tensor's shape, and the piece's
+  // placement ("Shard(0)", "Shard(0) x 3 sections", "Replicate", "Replicate,
+  // partial gradients"); without it, global_shape and "".
+  Shape logical_shape;
+  std::string tensor_parallel;
+  bool partial_gradient = false;  // its reduced shards are summed over tp
   DType dtype = DType::f32;  // its own: the shards', the gradients' and the optimizer state's
   bool requires_grad = true;
   int64_t padded_rows = 0;   // every rank's shard: padded_shard_rows(rows, S)
@@ -122,6 +144,7 @@ struct PlannedUnit {
   int64_t all_gather_buffer_bytes = 0;  // one all-gather's output: S slots in param_dtype
   int64_t post_forward_buffer_bytes = 0;  // the backward all-gather's output over N ranks
   int64_t unsharded_bytes = 0;          // the unsharded parameters in param_dtype (no padding)
+  int64_t partial_gradient_numel = 0;   // of the slot: the partial-gradient parameters' padded chunks
 
   // "(root)" or the module's name.
   std::string label() const { return fqn.empty() ? std::string("(root)") : fqn; }

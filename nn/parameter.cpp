@@ -137,9 +137,11 @@ void Parameter::set_sums_partial_gradient(bool sums) {
     partial_gradient_sum_.reset();
     return;
   }
-  partial_gradient_sum_ = register_gradient_hook([group = tensor_parallel_->mesh.group(0)](const Tensor& grad) {
+  // The group is looked up when a gradient arrives: a planning mesh (no
+  // groups) lays out models that never run backward.
+  partial_gradient_sum_ = register_gradient_hook([mesh = tensor_parallel_->mesh](const Tensor& grad) {
     Tensor summed = ops::clone(grad);
-    group->all_reduce(summed, dist::ReduceOp::sum);
+    mesh.group(0)->all_reduce(summed, dist::ReduceOp::sum);
     return summed;
   });
 }

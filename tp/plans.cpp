@@ -28,8 +28,8 @@ void install_loss_parallel(nn::CausalLM& model, const dist::DeviceMesh& tp_mesh)
   const int64_t columns = model.padded_vocab_size();
   model.set_sharded_logits({
       .loss =
-          [group = tp_mesh.group(0), classes, columns](const Tensor& local_logits, const Tensor& targets) {
-            return vocab_parallel_cross_entropy(local_logits, targets, group, classes, -100, columns);
+          [tp_mesh, classes, columns](const Tensor& local_logits, const Tensor& targets) {
+            return vocab_parallel_cross_entropy(local_logits, targets, tp_mesh.group(0), classes, -100, columns);
           },
       .gather =
           [tp_mesh, columns](const Tensor& local_logits) {

@@ -112,6 +112,17 @@ GroupSize group_size(const std::vector<ParamRows>& params, int64_t world) {
   return size;
 }
 
+// One tp rank's pieces of `params` under --tp (tp/plans.h): a matrix's rows
+// or columns split over the tp ranks, taken here as its rows (the same
+// elements, ceil's rounding aside); vectors (norms, biases) whole, as the
+// replicated ones are and the split biases nearly are.
+std::vector<ParamRows> tensor_parallel_pieces(std::vector<ParamRows> params, int64_t tp) {
+  for (ParamRows& param : params) {
+    if (param.row_numel > 1) param.rows = (param.rows + tp - 1) / tp;
+  }
+  return params;
+}
+
 // The N of reshard_after_forward: S = true, 1 = false.
 int64_t post_forward_shards(const TrainConfig& config) {
   return config.reshard_after_forward.shards_after_forward(config.shard_ranks());
@@ -131,7 +142,8 @@ double gathered_parameter_bytes(const TrainConfig& config, const GroupSize& root
   if (shards == 1) {
     blocks = layers * block.numel;
   } else if (shards != config.shard_ranks()) {
-    blocks += layers * group_size(block_parameters(config.model_config()), shards).slot;
+    const std::vector<ParamRows> pieces = tensor_parallel_pieces(block_parameters(config.model_config()), config.tp);
+    blocks += layers * group_size(pieces, shards).slot;
   }
   return (root.numel + blocks) * size_of(config.param_dtype);
 }
@@ -311,8 +323,11 @@ RankMemoryEstimate estimate_rank_memory(const TrainConfig& config) {
   config.validate();
   const ModelConfig model = config.model_config();
   const int64_t shards = config.shard_ranks();
-  const GroupSize root = group_size(root_parameters(model), shards);
-  const GroupSize block = group_size(block_parameters(model), shards);
+  // Under --tp FSDP shards each tp rank's pieces. The activations are
+  // counted as without tensor parallelism: an upper bound (sequence
+  // parallelism and the split heads keep less).
+  const GroupSize root = group_size(tensor_parallel_pieces(root_parameters(model), config.tp), shards);
+  const GroupSize block = group_size(tensor_parallel_pieces(block_parameters(model), config.tp), shards);
   const double layers = static_cast<double>(n_layer(model));
   RankMemoryEstimate estimate;
   // Parameter shards (allocated padded), gradient shards, AdamW's m and v: the model's dtype.

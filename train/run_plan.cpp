@@ -11,6 +11,8 @@
 #include "dist/comm_stats.h"
 #include "dist/launch/launch_environment.h"
 #include "tensor/error.h"
+#include "tp/plans.h"
+#include "tp/traffic.h"
 #include "train/file_roles.h"
 #include "train/model_family.h"
 #include "train/output_claim.h"
@@ -22,28 +24,114 @@ namespace fsdp = tessera::fsdp;
 
 namespace {
 
-std::string series_name(int64_t replicate) {
-  return replicate == 1 ? std::string("FSDP") : fmt::format("HSDP R={}", replicate);
+std::string series_name(int64_t replicate, int64_t tensor_parallel) {
+  const std::string data = replicate == 1 ? std::string("FSDP") : fmt::format("HSDP R={}", replicate);
+  return tensor_parallel == 1 ? data : fmt::format("{} x TP {}", data, tensor_parallel);
 }
 
-// The replicate degrees the sweep plans: 1 (FSDP), kSweepReplicas, the run's.
-std::vector<int64_t> sweep_replicas(const TrainConfig& config) {
-  std::vector<int64_t> replicas = {1};
-  replicas.insert(replicas.end(), kSweepReplicas.begin(), kSweepReplicas.end());
-  if (std::find(replicas.begin(), replicas.end(), config.hsdp) == replicas.end()) replicas.push_back(config.hsdp);
-  return replicas;
+// 1, then `extra`, then the run's own when it is not among them.
+template <size_t N>
+std::vector<int64_t> one_extra_and(const std::array<int64_t, N>& extra, int64_t own) {
+  std::vector<int64_t> sizes = {1};
+  sizes.insert(sizes.end(), extra.begin(), extra.end());
+  if (std::find(sizes.begin(), sizes.end(), own) == sizes.end()) sizes.push_back(own);
+  return sizes;
 }
 
 SweepPoint sweep_point(const TrainConfig& config, tessera::nn::CausalLM& model, const fsdp::PlanMesh& mesh) {
-  const fsdp::ShardingPlan plan = plan_run(config, model, mesh);
-  return SweepPoint{.series = series_name(mesh.replicate),
+  const RunPlan plan = plan_run(config, model, mesh);
+  return SweepPoint{.series = series_name(mesh.replicate, mesh.tensor_parallel),
                     .mesh = mesh,
-                    .parameter_shard_bytes = plan.shard_bytes,
-                    .gradient_shard_bytes = plan.gradient_bytes,
-                    .optimizer_state_bytes = kAdamWState.copies * plan.gradient_bytes,
-                    .peak_unsharded_bytes = plan.peak.bytes,
-                    .peak_moment = plan.peak.moment,
-                    .comm = fsdp::comm_per_step(plan, config.grad_accum, config.grad_sync)};
+                    .parameter_shard_bytes = plan.sharding.shard_bytes,
+                    .gradient_shard_bytes = plan.sharding.gradient_bytes,
+                    .optimizer_state_bytes = kAdamWState.copies * plan.sharding.gradient_bytes,
+                    .peak_unsharded_bytes = plan.sharding.peak.bytes,
+                    .peak_moment = plan.sharding.peak.moment,
+                    .traffic = plan.traffic};
+}
+
+// One all-reduce of `bytes` over `ranks` ranks, added to `volume`.
+void add_all_reduce(tessera::dist::CommVolume& volume, int64_t bytes, int64_t ranks) {
+  const tessera::dist::CommVolume one = tessera::dist::collective_volume(
+      tessera::dist::CollectiveKind::all_reduce, bytes, static_cast<int>(ranks), /*is_root=*/false);
+  volume.sent += one.sent;
+  volume.received += one.received;
+}
+
+// The tp size `model`'s parameters are laid out over (1 when they are whole).
+int64_t model_tensor_parallel(const tessera::nn::CausalLM& model) {
+  for (const auto& parameter : model.parameters()) {
+    if (parameter->tensor_parallel()) return parameter->tensor_parallel()->mesh.size();
+  }
+  return 1;
+}
+
+void add_stats(tessera::dist::CommStats& total, const tessera::dist::CommStats& more, int64_t times) {
+  for (size_t kind = 0; kind < total.by_kind.size(); ++kind) {
+    total.by_kind[kind].calls += times * more.by_kind[kind].calls;
+    total.by_kind[kind].bytes_sent += times * more.by_kind[kind].bytes_sent;
+    total.by_kind[kind].bytes_received += times * more.by_kind[kind].bytes_received;
+  }
+}
+
+// What keeps the sweep from planning tensor parallelism over `tensor_parallel`
+// ranks, as the run would refuse it; nothing when it can.
+std::optional<std::string> tensor_parallel_refusal(const TrainConfig& config, int64_t tensor_parallel) {
+  if (tensor_parallel == 1) return std::nullopt;
+  if (config.seq_len % tensor_parallel != 0) {
+    return fmt::format("--seq-len {} does not divide by tp {}", config.seq_len, tensor_parallel);
+  }
+  if (const std::optional<int64_t> ranks = config.reshard_after_forward.group_size()) {
+    return fmt::format("--reshard-after-forward {}: a group size is refused with tensor parallelism", *ranks);
+  }
+  try {
+    plan_model(config, tensor_parallel);
+  } catch (const tessera::Error& error) {
+    return error.what();  // the model's head counts, named by tp/plans.h
+  }
+  return std::nullopt;
+}
+
+// "16384 B (16.0 KiB)": exact, to hold against the run's log, and readable.
+std::string exact_bytes(int64_t bytes) {
+  return bytes < 1024 ? tessera::dist::human_bytes(bytes)
+                      : fmt::format("{} B ({})", bytes, tessera::dist::human_bytes(bytes));
+}
+
+// One line of the step's traffic: calls and exact bytes sent.
+void traffic_line(std::ostream& out, const std::string& what, int64_t calls, int64_t bytes_sent) {
+  out << fmt::format("  {:<42} {:>5} calls  {:>28}\n", what, calls, exact_bytes(bytes_sent));
+}
+
+// The bytes a rank sends in one step of the run, by kind; their total is
+// the "sent" the run logs each step.
+void print_step_traffic(const TrainConfig& config, const StepTraffic& traffic, std::ostream& out) {
+  using tessera::dist::CollectiveKind;
+  out << fmt::format("\nsent per rank in a step of the run ({} micro-batch{}{}), by kind\n", config.grad_accum,
+                     config.grad_accum == 1 ? "" : "es",
+                     config.grad_accum == 1 ? "" : fmt::format(", synced {}", grad_sync_name(config.grad_sync)));
+  const fsdp::StepCommVolume& fsdp = traffic.fsdp;
+  traffic_line(out, "FSDP all-gather (shard group)", fsdp.all_gather_calls, fsdp.all_gather_bytes_sent);
+  traffic_line(out, "FSDP reduce-scatter (shard group)", fsdp.reduce_scatter_calls, fsdp.reduce_scatter_bytes_sent);
+  if (fsdp.all_reduce_calls > 0) {
+    traffic_line(out, "HSDP all-reduce (replicate group)", fsdp.all_reduce_calls, fsdp.all_reduce_bytes_sent);
+  }
+  if (fsdp.partial_gradient_calls > 0) {
+    traffic_line(out, "partial gradients' all-reduce (tp group)", fsdp.partial_gradient_calls,
+                 fsdp.partial_gradient_bytes_sent);
+  }
+  if (config.tp > 1) {
+    const tessera::dist::CommStats& tp = traffic.tensor_parallel;
+    traffic_line(out, "TP activations' all-gather (tp group)", tp[CollectiveKind::all_gather].calls,
+                 tp[CollectiveKind::all_gather].bytes_sent);
+    traffic_line(out, "TP activations' reduce-scatter (tp group)", tp[CollectiveKind::reduce_scatter].calls,
+                 tp[CollectiveKind::reduce_scatter].bytes_sent);
+    traffic_line(out, "vocabulary-parallel loss (tp group)", tp[CollectiveKind::all_reduce].calls,
+                 tp[CollectiveKind::all_reduce].bytes_sent);
+  }
+  out << fmt::format("  {:<42} {:>41}\n", "gradient norm and mean loss (all-reduces)",
+                     exact_bytes(traffic.gradient_norm.sent + traffic.mean_loss.sent));
+  out << fmt::format("  {:<42} {:>41}\n", "total (the run's sent per rank)", exact_bytes(traffic.total_sent()));
 }
 
 // "5.8 GiB" in a column.
@@ -55,14 +143,16 @@ void print_sweep(const TrainConfig& config, const Sweep& sweep, std::ostream& ou
                      config.preset, kSweepMaxRanks, tessera::dtype_name(config.param_dtype),
                      config.reshard_after_forward.to_string(), config.grad_accum, config.grad_accum == 1 ? "" : "es",
                      config.grad_accum == 1 ? "" : fmt::format(", synced {}", grad_sync_name(config.grad_sync)));
-  out << fmt::format("  {:<9} {:>24} {:>6} {:>12} {:>12} {:>12} {:>15} {:>13} {:>14}\n", "series", "mesh", "ranks",
-                     "param shards", "grad shards", "AdamW state", "unsharded peak", "memory total", "sent per step");
+  out << fmt::format("  {:<18} {:>30} {:>6} {:>12} {:>12} {:>12} {:>15} {:>13} {:>14} {:>12}\n", "series", "mesh",
+                     "ranks", "param shards", "grad shards", "AdamW state", "unsharded peak", "memory total",
+                     "sent per step", "of it by TP");
   for (const SweepPoint& point : sweep.points) {
-    out << fmt::format("  {:<9} {:>24} {:>6} {:>12} {:>12} {:>12} {:>15} {:>13} {:>14}\n", point.series,
+    out << fmt::format("  {:<18} {:>30} {:>6} {:>12} {:>12} {:>12} {:>15} {:>13} {:>14} {:>12}\n", point.series,
                        point.mesh.to_string(), point.mesh.world(), bytes_cell(point.parameter_shard_bytes),
                        bytes_cell(point.gradient_shard_bytes), bytes_cell(point.optimizer_state_bytes),
                        bytes_cell(point.peak_unsharded_bytes), bytes_cell(point.memory_bytes()),
-                       bytes_cell(point.comm.total_sent()));
+                       bytes_cell(point.traffic.total_sent()),
+                       bytes_cell(point.traffic.tensor_parallel.total().bytes_sent));
   }
   for (const std::string& reason : sweep.skipped) out << "  skipped " << reason << '\n';
 }
@@ -87,6 +177,26 @@ double mebibytes(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 
 
 }  // namespace
 
+int64_t StepTraffic::total_sent() const {
+  return fsdp.total_sent() + tensor_parallel.total().bytes_sent + gradient_norm.sent + mean_loss.sent;
+}
+
+int64_t StepTraffic::total_received() const {
+  return fsdp.total_received() + tensor_parallel.total().bytes_received + gradient_norm.received +
+         mean_loss.received;
+}
+
+fsdp::PlanMesh run_mesh(const TrainConfig& config) { return fsdp::plan_mesh(config.nproc, config.hsdp, config.tp); }
+
+std::unique_ptr<tessera::nn::CausalLM> plan_model(const TrainConfig& config, int64_t tensor_parallel) {
+  std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
+  if (tensor_parallel > 1) {
+    tessera::tp::parallelize_causal_lm(
+        *model, tessera::dist::DeviceMesh::planning(config.device, {tensor_parallel}, {"tp"}, {0}));
+  }
+  return model;
+}
+
 std::vector<fsdp::PlannedCall> fully_shard_calls(const TrainConfig& config, tessera::nn::CausalLM& model) {
   std::vector<fsdp::PlannedCall> calls;
   for (const auto& block : model.blocks()) {
@@ -96,23 +206,61 @@ std::vector<fsdp::PlannedCall> fully_shard_calls(const TrainConfig& config, tess
   return calls;
 }
 
-fsdp::ShardingPlan plan_run(const TrainConfig& config, tessera::nn::CausalLM& model, const fsdp::PlanMesh& mesh) {
-  return fsdp::plan_fully_shard(fully_shard_calls(config, model), mesh);
+RunPlan plan_run(const TrainConfig& config, tessera::nn::CausalLM& model, const fsdp::PlanMesh& mesh) {
+  RunPlan plan{.sharding = fsdp::plan_fully_shard(fully_shard_calls(config, model), mesh), .traffic = {}};
+  StepTraffic& traffic = plan.traffic;
+  traffic.fsdp = fsdp::comm_per_step(plan.sharding, config.grad_accum, config.grad_sync);
+  if (mesh.tensor_parallel > 1) {
+    const tessera::tp::TensorParallelTraffic micro_batch = tessera::tp::plan_traffic(
+        model, {.batch = config.batch,
+                .seq_len = config.seq_len,
+                .activation_dtype = config.param_dtype,
+                .fsdp_sums_partial_gradients = true});
+    add_stats(traffic.tensor_parallel, micro_batch.forward, config.grad_accum);
+    add_stats(traffic.tensor_parallel, micro_batch.backward, config.grad_accum);
+  }
+  // clip_grad_norm_ sums one f64 over each group a gradient is split across:
+  // FSDP's shard group, and the tp group too for a tp-sharded piece (one set
+  // of groups for each kind of parameter there is).
+  bool split_over_tp = false, whole_over_tp = false;
+  for (const auto& parameter : model.parameters()) {
+    const bool tp_shard = parameter->tensor_parallel() && parameter->tensor_parallel()->shard_dim() >= 0;
+    (tp_shard ? split_over_tp : whole_over_tp) = true;
+  }
+  constexpr int64_t kF64 = 8;
+  if (whole_over_tp) add_all_reduce(traffic.gradient_norm, kF64, mesh.shard);
+  if (split_over_tp) {
+    add_all_reduce(traffic.gradient_norm, kF64, mesh.shard);
+    add_all_reduce(traffic.gradient_norm, kF64, mesh.tensor_parallel);
+  }
+  add_all_reduce(traffic.mean_loss, kF64, mesh.world());
+  return plan;
 }
 
 Sweep sweep_plans(const TrainConfig& config, tessera::nn::CausalLM& model) {
   Sweep sweep;
   const std::optional<int64_t> post_forward_ranks = config.reshard_after_forward.group_size();
-  for (const int64_t replicate : sweep_replicas(config)) {
-    for (int64_t shard = 1; replicate * shard <= kSweepMaxRanks; shard *= 2) {
-      const fsdp::PlanMesh mesh = fsdp::plan_mesh(replicate * shard, replicate);
-      if (post_forward_ranks && mesh.shard % *post_forward_ranks != 0) {
-        sweep.skipped.push_back(fmt::format("{} {}: --reshard-after-forward {} must divide its shard group of {}",
-                                            series_name(replicate), mesh.to_string(), *post_forward_ranks,
-                                            mesh.shard));
-        continue;
+  for (const int64_t tensor_parallel : one_extra_and(kSweepTensorParallel, config.tp)) {
+    if (const std::optional<std::string> refusal = tensor_parallel_refusal(config, tensor_parallel)) {
+      sweep.skipped.push_back(fmt::format("tp {}: {}", tensor_parallel, *refusal));
+      continue;
+    }
+    // One layout of the model serves every mesh with this tp: FSDP's plan
+    // reads only the pieces' shapes.
+    const std::unique_ptr<tessera::nn::CausalLM> laid_out =
+        tensor_parallel == model_tensor_parallel(model) ? nullptr : plan_model(config, tensor_parallel);
+    tessera::nn::CausalLM& pieces = laid_out ? *laid_out : model;
+    for (const int64_t replicate : one_extra_and(kSweepReplicas, config.hsdp)) {
+      for (int64_t shard = 1; replicate * shard * tensor_parallel <= kSweepMaxRanks; shard *= 2) {
+        const fsdp::PlanMesh mesh{.replicate = replicate, .shard = shard, .tensor_parallel = tensor_parallel};
+        if (post_forward_ranks && mesh.shard % *post_forward_ranks != 0) {
+          sweep.skipped.push_back(fmt::format("{} {}: --reshard-after-forward {} must divide its shard group of {}",
+                                              series_name(replicate, tensor_parallel), mesh.to_string(),
+                                              *post_forward_ranks, mesh.shard));
+          continue;
+        }
+        sweep.points.push_back(sweep_point(config, pieces, mesh));
       }
-      sweep.points.push_back(sweep_point(config, model, mesh));
     }
   }
   return sweep;
@@ -125,17 +273,21 @@ nlohmann::json sweep_json(const TrainConfig& config, const Sweep& sweep) {
                       {"ranks", point.mesh.world()},
                       {"replicate", point.mesh.replicate},
                       {"shard", point.mesh.shard},
+                      {"tp", point.mesh.tensor_parallel},
                       {"parameter_shard_bytes", point.parameter_shard_bytes},
                       {"gradient_shard_bytes", point.gradient_shard_bytes},
                       {"optimizer_state_bytes", point.optimizer_state_bytes},
                       {"peak_unsharded_bytes", point.peak_unsharded_bytes},
                       {"peak_moment", point.peak_moment},
                       {"memory_bytes", point.memory_bytes()},
-                      {"all_gather_bytes_sent", point.comm.all_gather_bytes_sent},
-                      {"reduce_scatter_bytes_sent", point.comm.reduce_scatter_bytes_sent},
-                      {"all_reduce_bytes_sent", point.comm.all_reduce_bytes_sent},
-                      {"bytes_sent", point.comm.total_sent()},
-                      {"bytes_received", point.comm.total_received()}});
+                      {"all_gather_bytes_sent", point.traffic.fsdp.all_gather_bytes_sent},
+                      {"reduce_scatter_bytes_sent", point.traffic.fsdp.reduce_scatter_bytes_sent},
+                      {"all_reduce_bytes_sent", point.traffic.fsdp.all_reduce_bytes_sent},
+                      {"partial_gradient_bytes_sent", point.traffic.fsdp.partial_gradient_bytes_sent},
+                      {"tensor_parallel_bytes_sent", point.traffic.tensor_parallel.total().bytes_sent},
+                      {"norm_and_loss_bytes_sent", point.traffic.gradient_norm.sent + point.traffic.mean_loss.sent},
+                      {"bytes_sent", point.traffic.total_sent()},
+                      {"bytes_received", point.traffic.total_received()}});
   }
   const ModelConfig model = config.model_config();
   return {{"model",
@@ -155,16 +307,20 @@ nlohmann::json sweep_json(const TrainConfig& config, const Sweep& sweep) {
 
 std::string sweep_csv(const Sweep& sweep) {
   std::string csv =
-      "series,ranks,replicate,shard,parameter_shard_bytes,gradient_shard_bytes,optimizer_state_bytes,"
+      "series,ranks,replicate,shard,tp,parameter_shard_bytes,gradient_shard_bytes,optimizer_state_bytes,"
       "peak_unsharded_bytes,memory_bytes,all_gather_bytes_sent,reduce_scatter_bytes_sent,all_reduce_bytes_sent,"
-      "bytes_sent,bytes_received,peak_moment\n";
+      "partial_gradient_bytes_sent,tensor_parallel_bytes_sent,norm_and_loss_bytes_sent,bytes_sent,bytes_received,"
+      "peak_moment\n";
   for (const SweepPoint& point : sweep.points) {
-    csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(point.series), point.mesh.world(),
-                       point.mesh.replicate, point.mesh.shard, point.parameter_shard_bytes,
-                       point.gradient_shard_bytes, point.optimizer_state_bytes, point.peak_unsharded_bytes,
-                       point.memory_bytes(), point.comm.all_gather_bytes_sent, point.comm.reduce_scatter_bytes_sent,
-                       point.comm.all_reduce_bytes_sent, point.comm.total_sent(), point.comm.total_received(),
-                       csv_field(point.peak_moment));
+    const StepTraffic& traffic = point.traffic;
+    csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(point.series),
+                       point.mesh.world(), point.mesh.replicate, point.mesh.shard, point.mesh.tensor_parallel,
+                       point.parameter_shard_bytes, point.gradient_shard_bytes, point.optimizer_state_bytes,
+                       point.peak_unsharded_bytes, point.memory_bytes(), traffic.fsdp.all_gather_bytes_sent,
+                       traffic.fsdp.reduce_scatter_bytes_sent, traffic.fsdp.all_reduce_bytes_sent,
+                       traffic.fsdp.partial_gradient_bytes_sent, traffic.tensor_parallel.total().bytes_sent,
+                       traffic.gradient_norm.sent + traffic.mean_loss.sent, traffic.total_sent(),
+                       traffic.total_received(), csv_field(point.peak_moment));
   }
   return csv;
 }
@@ -189,9 +345,9 @@ charts::LineChart sweep_chart(const TrainConfig& config, const Sweep& sweep) {
       const double ranks = static_cast<double>(point.mesh.world());
       memory.x.push_back(ranks);
       memory.y.push_back(mebibytes(point.memory_bytes()));
-      if (point.comm.total_sent() > 0) {
+      if (point.traffic.total_sent() > 0) {
         sent.x.push_back(ranks);
-        sent.y.push_back(mebibytes(point.comm.total_sent()));
+        sent.y.push_back(mebibytes(point.traffic.total_sent()));
       }
     }
     chart.series.push_back(std::move(memory));
@@ -217,9 +373,16 @@ void check_plan_outputs(const TrainConfig& config) {
 
 void print_plan(const TrainConfig& config, std::ostream& out) {
   if (tessera::dist::detect_launch().rank != 0) return;  // one launched process speaks for all
-  const std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
-  const fsdp::ShardingPlan plan = plan_run(config, *model, fsdp::plan_mesh(config.nproc, config.hsdp));
-  out << describe(config) << "\n\n" << fsdp::format_plan(plan, kAdamWState);
+  const std::unique_ptr<tessera::nn::CausalLM> model = plan_model(config, config.tp);
+  const RunPlan plan = plan_run(config, *model, run_mesh(config));
+  out << describe(config) << "\n\n";
+  if (config.tp > 1) {
+    out << fmt::format("mesh {} over {} ranks: tp innermost (ranks r x {} .. r x {} + {} hold one model's pieces "
+                       "between them); FSDP shards each piece over the {} ranks that hold it\n",
+                       plan.sharding.mesh.to_string(), config.nproc, config.tp, config.tp, config.tp - 1,
+                       config.nproc / config.tp);
+  }
+  out << fsdp::format_plan(plan.sharding, kAdamWState);
 
   // What FSDP's plan does not hold: the step's own tensors, from the run's estimate.
   const RankMemoryEstimate estimate = estimate_rank_memory(config);
@@ -231,14 +394,7 @@ void print_plan(const TrainConfig& config, std::ostream& out) {
                          ? fmt::format(", and {} of buffers every rank holds whole",
                                        tessera::dist::human_bytes(estimate.buffers))
                          : std::string());
-  if (config.grad_accum > 1) {  // the plan's communication is one micro-batch's
-    const fsdp::StepCommVolume step = fsdp::comm_per_step(plan, config.grad_accum, config.grad_sync);
-    out << fmt::format("a step of {} micro-batches synced {}: {} all-gathers, {} reduce-scatters{}, {} sent per rank\n",
-                       config.grad_accum, grad_sync_name(config.grad_sync), step.all_gather_calls,
-                       step.reduce_scatter_calls,
-                       step.all_reduce_calls > 0 ? fmt::format(", {} all-reduces", step.all_reduce_calls) : "",
-                       tessera::dist::human_bytes(step.total_sent()));
-  }
+  print_step_traffic(config, plan.traffic, out);
   out << std::flush;
   if (!config.sweep) return;
 

@@ -215,7 +215,6 @@ void TrainConfig::validate() const {
                   tp);
     // What tensor parallelism does not reach yet (docs/tensor_parallel.md).
     const std::pair<bool, const char*> not_yet[] = {
-        {plan, "--plan"},
         {cpu_offload, "--cpu-offload"},
     };
     for (const auto& [asked, what] : not_yet) {

@@ -289,10 +289,14 @@ StepMetrics Trainer::train_step() {
   }
   // FSDP counts its own collectives, whatever the group; its last one is done
   // (the backward's final callback waited for it). Tensor parallelism's
-  // activation collectives are the tp group's so far. From here on the groups
-  // count the trainer's own: clip_grad_norm_'s and the loss's all-reduces.
-  const int64_t tensor_parallel_bytes =
-      distributed_ && distributed_->tp_mesh ? distributed_->tp_mesh->group(0)->stats().total().bytes_sent : 0;
+  // activation collectives are the rest of the tp group's so far (FSDP's sums
+  // of partial gradients ran on it too). From here on the groups count the
+  // trainer's own: clip_grad_norm_'s and the loss's all-reduces.
+  int64_t tensor_parallel_bytes = 0;
+  if (distributed_ && distributed_->tp_mesh) {
+    tensor_parallel_bytes = distributed_->tp_mesh->group(0)->stats().total().bytes_sent;
+    if (fsdp_root_) tensor_parallel_bytes -= fsdp_root_->tensor_parallel_communication_stats().total().bytes_sent;
+  }
   for (const auto& group : process_groups_) group->reset_stats();
 
   double grad_norm = 0.0, mean_loss = 0.0;

@@ -1,6 +1,7 @@
 // DeviceMesh on the local backend: row-major coordinates, the sub-group of
 // every mesh dim (its members, ranks and a collective over it) for 2x3 and
-// 2x2x2 meshes, named slicing, and every validation error.
+// 2x2x2 meshes, named slicing, every validation error, and the planning mesh
+// (sizes and a coordinate, no groups).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -194,7 +195,34 @@ TEST_CASE("DeviceMesh: bad shapes, names and dims throw before any collective") 
 
   DeviceMesh empty;
   CHECK(empty.ndim() == 0);
-  CHECK_THROWS_WITH_AS(empty.rank(), "DeviceMesh::rank: the mesh is empty (default-constructed)", Error);
+  CHECK_THROWS_WITH_AS(empty.rank(), doctest::Contains("DeviceMesh::rank: the mesh has no process group"), Error);
   CHECK_THROWS_WITH_AS(empty.group(0), "DeviceMesh::group: dim 0 out of range for a 0-d mesh ()", Error);
   CHECK_THROWS_WITH_AS(init_device_mesh(kCPU, {1}), doctest::Contains("world"), Error);
+}
+
+TEST_CASE("DeviceMesh::planning: sizes and one rank's coordinate, sliced as a real mesh, and no groups") {
+  const DeviceMesh mesh = DeviceMesh::planning(kCPU, {2, 4, 8}, {"replicate", "shard", "tp"}, {1, 3, 5});
+  CHECK(mesh.size() == 64);
+  CHECK(mesh.coordinate() == std::vector<int64_t>{1, 3, 5});
+  CHECK_FALSE(mesh.has_groups());
+  CHECK(mesh.group() == nullptr);
+  const DeviceMesh tp = mesh["tp"];
+  CHECK(tp.shape() == Shape{8});
+  CHECK(tp.coordinate(0) == 5);
+  CHECK(tp.dim_names() == std::vector<std::string>{"tp"});
+  CHECK_FALSE(tp.has_groups());
+  CHECK_THROWS_WITH_AS(tp.group(0), doctest::Contains("is a planning mesh (sizes only) and has no process groups"),
+                       Error);
+  CHECK_THROWS_WITH_AS(mesh.rank(), doctest::Contains("DeviceMesh::rank: the mesh has no process group"), Error);
+
+  CHECK_THROWS_WITH_AS(DeviceMesh::planning(kCPU, {2, 4}, {"dp", "tp"}, {0}),
+                       "DeviceMesh::planning: coordinate [0] for a 2-d mesh of shape [2, 4]", Error);
+  CHECK_THROWS_WITH_AS(DeviceMesh::planning(kCPU, {2, 4}, {"dp", "tp"}, {0, 4}),
+                       "DeviceMesh::planning: coordinate [0, 4] is outside the mesh of shape [2, 4]", Error);
+  CHECK_THROWS_WITH_AS(DeviceMesh::planning(kCPU, {2, 0}, {"dp", "tp"}, {0, 0}),
+                       "DeviceMesh::planning: mesh sizes must be positive, got shape [2, 0]", Error);
+  CHECK_THROWS_WITH_AS(DeviceMesh::planning(kCPU, {2, 2}, {"tp", "tp"}, {0, 0}), doctest::Contains("repeats"), Error);
+
+  // A real mesh has its groups.
+  run_local(2, [](const ProcessGroupPtr& world) { CHECK(DeviceMesh(world, kCPU, {2}).has_groups()); });
 }

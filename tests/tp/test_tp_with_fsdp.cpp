@@ -11,7 +11,10 @@
 //   - deterministic mode: (dp 2, tp 2) gives the gradients of (dp 1, tp 2)
 //     with the batch as 2 micro-batches, bitwise;
 //   - the refusals: fully_shard over a mesh that contains the tp ranks, and
-//     reshard_after_forward as a group size on tensor-parallel parameters.
+//     reshard_after_forward as a group size on tensor-parallel parameters;
+//   - fsdp::plan_fully_shard of a meta model parallelized on a planning mesh
+//     (every tp coordinate) is plan_of the live model on that tp rank, and
+//     the plan refuses what fully_shard refuses.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -22,6 +25,7 @@
 #include "autograd/engine.h"
 #include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/plan.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "nn/optim/adamw.h"
@@ -206,4 +210,75 @@ TEST_CASE("tp x fsdp, deterministic: (dp 2, tp 2) is (dp 1, tp 2) with the batch
         },
         deterministic);
   }
+}
+
+TEST_CASE("tp x fsdp: the plan of a planning-mesh layout is each tp rank's live plan; its refusals") {
+  for (const auto& [label, make] : composed_models()) {
+    CAPTURE(label);
+    // The plan of tp coordinate c of (dp 2, tp 2), made without a rank.
+    std::vector<fsdp::ShardingPlan> planned;
+    for (int64_t coordinate = 0; coordinate < 2; ++coordinate) {
+      auto meta = make(kMeta);
+      tp::parallelize_causal_lm(*meta, dist::DeviceMesh::planning(kCPU, {2}, {"tp"}, {coordinate}));
+      std::vector<fsdp::PlannedCall> calls;
+      for (auto& block : meta->blocks()) calls.push_back({.module = block.get(), .options = {}});
+      calls.push_back({.module = meta.get(), .options = {}});
+      planned.push_back(fsdp::plan_fully_shard(calls, {.replicate = 1, .shard = 2, .tensor_parallel = 2}));
+    }
+    // The vocabulary of 61 rows: 31 on tp rank 0, 30 on tp rank 1.
+    CHECK(planned[0].units.front().params.front().global_shape[0] == 31);
+    CHECK(planned[1].units.front().params.front().global_shape[0] == 30);
+    dist::run_local(
+        4,
+        [&](const dist::ProcessGroupPtr& world) {
+          const ComposedMesh meshes = composed_mesh(world, 1, 2, 2);
+          auto model = composed_model(make, meshes);
+          const fsdp::ShardingPlan live = fsdp::plan_of(*model);
+          const fsdp::ShardingPlan& plan = planned[static_cast<size_t>(meshes.tp.coordinate(0))];
+          CHECK(live.mesh == plan.mesh);
+          CHECK(live.shard_bytes == plan.shard_bytes);
+          CHECK(live.gradient_bytes == plan.gradient_bytes);
+          CHECK(live.peak.bytes == plan.peak.bytes);
+          REQUIRE(live.units.size() == plan.units.size());
+          for (size_t unit = 0; unit < plan.units.size(); ++unit) {
+            CHECK(live.units[unit].partial_gradient_numel == plan.units[unit].partial_gradient_numel);
+            for (size_t param = 0; param < plan.units[unit].params.size(); ++param) {
+              CAPTURE(plan.units[unit].params[param].fqn);
+              CHECK(live.units[unit].params[param].global_shape == plan.units[unit].params[param].global_shape);
+              CHECK(live.units[unit].params[param].logical_shape == plan.units[unit].params[param].logical_shape);
+              CHECK(live.units[unit].params[param].tensor_parallel == plan.units[unit].params[param].tensor_parallel);
+            }
+          }
+          // A step's FSDP collectives, the partial sums over tp included, are the plan's.
+          const fsdp::StepCommVolume expected = fsdp::comm_per_step(plan);
+          fsdp::fsdp_module(*model)->reset_communication_stats();
+          const Tensor idx = rows_of_dp_rank(global_tokens(2, 3), meshes.dp_rank);
+          autograd::backward(model->loss(idx, idx));
+          const dist::CommStats sent = fsdp::fsdp_module(*model)->communication_stats();
+          CHECK(sent[dist::CollectiveKind::all_gather].bytes_sent == expected.all_gather_bytes_sent);
+          CHECK(sent[dist::CollectiveKind::reduce_scatter].bytes_sent == expected.reduce_scatter_bytes_sent);
+          CHECK(sent[dist::CollectiveKind::all_reduce].bytes_sent == expected.partial_gradient_bytes_sent);
+          CHECK(fsdp::fsdp_module(*model)->tensor_parallel_communication_stats().total().bytes_sent ==
+                expected.partial_gradient_bytes_sent);
+          CHECK(expected.partial_gradient_calls == static_cast<int64_t>(model->blocks().size()) + 1);
+        },
+        thread_rank_options());
+  }
+  auto meta = std::make_shared<nn::GPT>(composed_gpt(), kMeta);
+  tp::parallelize_gpt(*meta, dist::DeviceMesh::planning(kCPU, {2}, {"tp"}, {0}));
+  const std::vector<fsdp::PlannedCall> calls = {{.module = meta.get(), .options = {}}};
+  CHECK_THROWS_WITH_AS(fsdp::plan_fully_shard(calls, {.replicate = 1, .shard = 2, .tensor_parallel = 4}),
+                       doctest::Contains("but the plan's mesh (shard=2, tp=4) has tp=4"), Error);
+  const std::vector<fsdp::PlannedCall> regrouped = {
+      {.module = meta.get(), .options = {.reshard_after_forward = fsdp::ReshardAfterForward::to_group_of(2)}}};
+  CHECK_THROWS_WITH_AS(fsdp::plan_fully_shard(regrouped, {.replicate = 1, .shard = 4, .tensor_parallel = 2}),
+                       doctest::Contains("reshard_after_forward = 2 on tensor-parallel parameters"), Error);
+  auto whole = std::make_shared<nn::GPT>(composed_gpt(), kMeta);
+  CHECK_THROWS_WITH_AS(
+      fsdp::plan_fully_shard({{.module = whole.get(), .options = {}}}, {.replicate = 1, .shard = 2,
+                                                                        .tensor_parallel = 2}),
+      doctest::Contains("has tp=2, but parameter 'wte.weight' is not tensor-parallel"), Error);
+  CHECK_THROWS_WITH_AS(fsdp::plan_mesh(8, 2, 3), doctest::Contains("the tp size 3 with the replicate degree 2"),
+                       Error);
+  CHECK(fsdp::plan_mesh(8, 2, 2).to_string() == "(replicate=2, shard=2, tp=2)");
 }

@@ -29,13 +29,22 @@ for sync in last every; do
   plan=$("$train" --model llama --preset llama3-8b --plan --nproc 8 --param-dtype bf16 --reduce-dtype f32 \
     --grad-accum 4 --grad-sync "$sync")
   if [ "$sync" = last ]; then
-    expected=("15.5 GiB of gradients in flight" "synced last: 260 all-gathers, 33 reduce-scatters")
+    expected=("15\.5 GiB of gradients in flight" "\(4 micro-batches, synced last\), by kind"
+      "FSDP all-gather \(shard group\) +260 calls" "FSDP reduce-scatter \(shard group\) +33 calls")
   else
-    expected=("2.9 GiB of gradients in flight" "synced every: 260 all-gathers, 132 reduce-scatters")
+    expected=("2\.9 GiB of gradients in flight" "\(4 micro-batches, synced every\), by kind"
+      "FSDP all-gather \(shard group\) +260 calls" "FSDP reduce-scatter \(shard group\) +132 calls")
   fi
   for text in "${expected[@]}"; do
-    grep -qF "$text" <<<"$plan" || { echo "--grad-sync $sync --plan output lacks '$text':"; echo "$plan"; exit 1; }
+    grep -qE "$text" <<<"$plan" || { echo "--grad-sync $sync --plan output lacks '$text':"; echo "$plan"; exit 1; }
   done
+done
+
+# Tensor parallelism inside FSDP: the 3-D mesh, tp placements, and TP's bytes.
+plan=$("$train" --nproc 4 --tp 2 --plan)
+for expected in "FSDP sharding plan of GPT over 4 ranks, mesh (shard=2, tp=2)" "Shard(0) x 3 sections" \
+  "Replicate, partial gradients" "TP activations' all-gather (tp group)" "total (the run's sent per rank)"; do
+  grep -qF "$expected" <<<"$plan" || { echo "--tp 2 --plan output lacks '$expected':"; echo "$plan"; exit 1; }
 done
 
 # Any cluster: GPT-2 XL over 1024 ranks (more than a local run may start), and HSDP.

@@ -295,7 +295,6 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--tp", "2", "--nproc", "2", "--seq-len", "15"}, "--seq-len 15 does not divide by --tp 2"},
       {{"--tp", "2", "--nproc", "2", "--cpu-offload", "--device", "cuda"},
        "--tp 2: --cpu-offload is not supported with tensor parallelism yet"},
-      {{"--tp", "2", "--nproc", "2", "--plan"}, "--tp 2: --plan is not supported with tensor parallelism yet"},
       {{"--tp", "2", "--nproc", "4", "--reshard-after-forward", "2"},
        "--reshard-after-forward 2: a group size is refused with --tp (true or false)"},
   };
