@@ -369,9 +369,14 @@ Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes,
   }
   // The group's stream starts the collective once the caller's current
   // stream has produced its input, as ProcessGroupNCCL's internal stream does.
-  Event ready;
-  ready.record(*current_stream(device));
-  stream->wait_event(ready);
+  if (dropped_ordering_ != DeviceOrdering::input_written) {
+    Event ready;
+    ready.record(*current_stream(device));
+    stream->wait_event(ready);
+  }
+  // Without the output's ordering the caller waits for the point before it.
+  Event before;
+  if (dropped_ordering_ == DeviceOrdering::output_written) before.record(*stream);
   const int64_t start_us = Tracer::now_us();
   enqueue_device_collective(signature, out, in, stream, [this, state](std::exception_ptr error) {
     {
@@ -388,6 +393,8 @@ Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes,
     // Launched only at the batch's end: its event comes then (coalesce).
     batched_.push_back(state);
     batch_stream_ = stream;
+  } else if (dropped_ordering_ == DeviceOrdering::output_written) {
+    state->device_done = before;
   } else {
     Event done;
     done.record(*stream);
@@ -400,6 +407,8 @@ Work ProcessGroup::issue_on_device(CollectiveSignature signature, int64_t bytes,
   if (!async_op) work.wait();
   return work;
 }
+
+void ProcessGroup::drop_device_ordering_for_testing(DeviceOrdering ordering) { dropped_ordering_ = ordering; }
 
 Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool async_op) {
   check_whole_and_chunk("all_gather_into", out, in, /*out_is_whole=*/true, size_, rank_, moves_device_tensors());

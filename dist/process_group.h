@@ -21,8 +21,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -126,6 +127,17 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Records each collective's run on track "comm:<name>" of this rank.
   void set_tracer(std::shared_ptr<Tracer> tracer);
   std::shared_ptr<Tracer> tracer() const;
+
+  // The device protocol's two orderings (issue_on_device): the group's
+  // stream starts a collective after an event of the caller's stream (its
+  // input is written), and Work::wait makes the caller's stream wait for an
+  // event after it (its output is written).
+  enum class DeviceOrdering { input_written, output_written };
+  // Test only: this group's later device collectives go without `ordering`
+  // (the output's event is recorded before the collective), so a test can
+  // prove that the stream-order checker stops a run lacking it. Never set
+  // outside such a test.
+  void drop_device_ordering_for_testing(DeviceOrdering ordering);
 
  protected:
   ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks, int local_rank, int local_size,
@@ -234,6 +246,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Stream> comm_stream_;  // created at the first collective
   std::map<int, std::shared_ptr<Stream>> device_streams_;  // by cuda index, at the first device collective
   std::exception_ptr device_error_;  // the first device collective that failed
+  std::optional<DeviceOrdering> dropped_ordering_;  // drop_device_ordering_for_testing
   // An open device batch (coalesce, on the issuing thread): its collectives'
   // states, which get the event after the batch, and their stream.
   bool batching_ = false;
