@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -45,48 +44,11 @@ std::optional<tessera::fsdp::ReshardAfterForward> parse_reshard(const std::strin
   return tessera::fsdp::ReshardAfterForward::to_group_of(ranks);
 }
 
-// JSON for people and diffs: a value goes on one line when each of its
-// members is a number, a string or a list or object of those (an event, a
-// memory reading, a loss curve); anything deeper opens one member per line.
-bool fits_one_line(const nlohmann::json& value) {
-  if (!value.is_structured()) return true;
-  for (const auto& member : value) {
-    if (!member.is_structured()) continue;
-    for (const auto& inner : member) {
-      if (inner.is_structured()) return false;
-    }
-  }
-  return true;
-}
-
-std::string readable_json(const nlohmann::json& value, int depth = 0) {
-  if (fits_one_line(value)) return value.dump();
-  const std::string indent(static_cast<size_t>(depth + 1), ' '), close(static_cast<size_t>(depth), ' ');
-  std::string text = value.is_object() ? "{\n" : "[\n";
-  bool first = true;
-  for (auto it = value.begin(); it != value.end(); ++it) {
-    if (!first) text += ",\n";
-    first = false;
-    text += indent;
-    if (value.is_object()) text += nlohmann::json(it.key()).dump() + ": ";
-    text += readable_json(*it, depth + 1);
-  }
-  return text + "\n" + close + (value.is_object() ? "}" : "]");
-}
-
 // The events of one traced step, as dist::Tracer writes them for Perfetto.
 void write_trace(const std::vector<tessera::dist::TraceEvent>& events, const std::filesystem::path& path) {
   tessera::dist::Tracer tracer;
   for (const tessera::dist::TraceEvent& event : events) tracer.record(event);
   tracer.write_chrome_trace(path.string());
-}
-
-void write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  TESSERA_CHECK(static_cast<bool>(out), "fsdp_figures: cannot open {} for writing", path.string());
-  out << text;
-  out.flush();
-  TESSERA_CHECK(static_cast<bool>(out), "fsdp_figures: writing {} failed", path.string());
 }
 
 }  // namespace
@@ -163,7 +125,7 @@ int main(int argc, char** argv) {
       write_trace(data.fully_shard.events, directory / (name + "_fully_shard.trace.json"));
       write_trace(data.naive.events, directory / (name + "_naive.trace.json"));
     }
-    write_text(directory / (name + ".json"), readable_json(fsdp_figures::to_json(data, figures, files)) + "\n");
+    fsdp_figures::write_text(directory / (name + ".json"), fsdp_figures::readable_json(fsdp_figures::to_json(data, figures, files)) + "\n");
 
     const auto& rank0 = data.fully_shard.ranks.at(0);
     std::cout << fmt::format(

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <thread>
+
+#include "tensor/error.h"
 
 namespace fsdp_figures {
 
@@ -31,12 +34,16 @@ std::string mesh_words(const RunOptions& options) {
   return fmt::format("{} ranks", options.ranks);
 }
 
+}  // namespace
+
 // The step's first event, across ranks: time 0 of a timeline.
 int64_t origin_us(const std::vector<dist::TraceEvent>& events) {
   int64_t origin = std::numeric_limits<int64_t>::max();
   for (const dist::TraceEvent& event : events) origin = std::min(origin, event.start_us);
   return events.empty() ? 0 : origin;
 }
+
+namespace {
 
 std::string span_label(const dist::TraceEvent& event) {
   std::string label = event.name;
@@ -52,6 +59,8 @@ std::string span_label(const dist::TraceEvent& event) {
 }
 
 std::string lane_label(int rank, const std::string& lane) { return fmt::format("rank {} {}", rank, lane); }
+
+}  // namespace
 
 charts::Timeline timeline(const std::vector<dist::TraceEvent>& events, int ranks, std::string title) {
   charts::Timeline chart{.title = std::move(title), .unit = "ms from the step's first event", .kinds = kTimelineKinds};
@@ -78,6 +87,8 @@ charts::Timeline timeline(const std::vector<dist::TraceEvent>& events, int ranks
   }
   return chart;
 }
+
+namespace {
 
 // Rank 0's readings as stacked KiB: what holds the bytes, bottom to top.
 charts::StackedBarChart memory_chart(const StepData& data) {
@@ -216,6 +227,8 @@ Intervals difference(const Intervals& a, const Intervals& b) {
   return merged(std::move(out));
 }
 
+}  // namespace
+
 // Where each rank's time went in the traced step, from the drawn spans: its
 // compute lane, its FSDP lane (copies and waits on the compute thread) and
 // its communication lanes. Hidden: communication while the compute thread
@@ -266,7 +279,6 @@ json comm_json(const dist::CommStats& stats) {
   return out;
 }
 
-// One row per event, in recording order: the columns of kEventColumns.
 const std::vector<std::string> kEventColumns = {"rank", "track", "name", "start_us", "duration_us", "lane", "kind",
                                                 "args"};
 
@@ -286,21 +298,14 @@ json events_json(const std::vector<dist::TraceEvent>& events) {
   return rows;
 }
 
+namespace {
+
 json ranks_json(const std::vector<RankStep>& ranks) {
   json out = json::array();
   for (const RankStep& rank : ranks) {
     json entry = {{"peak_bytes", rank.peak}, {"shards_allocated_bytes", rank.shards_allocated}};
     json memory = json::array();
-    for (const MemoryReading& reading : rank.memory) {
-      memory.push_back({{"stage", reading.stage},
-                        {"live", reading.live},
-                        {"shards", reading.shards},
-                        {"optimizer", reading.optimizer},
-                        {"gradients", reading.gradients},
-                        {"unsharded", reading.unsharded},
-                        {"unsharded_by_unit", reading.unsharded_by_unit},
-                        {"activations_and_buffers", reading.activations_and_buffers()}});
-    }
+    for (const MemoryReading& reading : rank.memory) memory.push_back(memory_json(reading));
     if (!memory.empty()) entry["memory_bytes"] = memory;
     json units = json::object();
     for (const auto& [name, stats] : rank.unit_comm) units[name] = comm_json(stats);
@@ -313,6 +318,20 @@ json ranks_json(const std::vector<RankStep>& ranks) {
   return out;
 }
 
+}  // namespace
+
+json memory_json(const MemoryReading& reading) {
+  json out = {{"stage", reading.stage},
+              {"live", reading.live},
+              {"shards", reading.shards},
+              {"optimizer", reading.optimizer},
+              {"gradients", reading.gradients},
+              {"unsharded", reading.unsharded},
+              {"activations_and_buffers", reading.activations_and_buffers()}};
+  if (!reading.unsharded_by_unit.empty()) out["unsharded_by_unit"] = reading.unsharded_by_unit;
+  return out;
+}
+
 json bars_json(const charts::StackedBarChart& chart) {
   json layers = json::array();
   for (const charts::BarLayer& layer : chart.layers) {
@@ -321,6 +340,7 @@ json bars_json(const charts::StackedBarChart& chart) {
   return {{"title", chart.title}, {"y_label", chart.y_label}, {"categories", chart.categories}, {"layers", layers}};
 }
 
+
 json lines_json(const charts::LineChart& chart) {
   json series = json::array();
   for (const charts::Series& line : chart.series) {
@@ -328,6 +348,7 @@ json lines_json(const charts::LineChart& chart) {
   }
   return {{"title", chart.title}, {"series", series}};
 }
+
 
 json timeline_json(const charts::Timeline& chart, const char* events) {
   json lanes = json::array();
@@ -341,13 +362,54 @@ json timeline_json(const charts::Timeline& chart, const char* events) {
                                 events)}};
 }
 
+
 double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0.0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
   return worst;
 }
 
+
+// JSON for people and diffs: a value goes on one line when each of its
+// members is a number, a string or a list or object of those (an event, a
+// memory reading, a loss curve); anything deeper opens one member per line.
+namespace {
+
+bool fits_one_line(const nlohmann::json& value) {
+  if (!value.is_structured()) return true;
+  for (const auto& member : value) {
+    if (!member.is_structured()) continue;
+    for (const auto& inner : member) {
+      if (inner.is_structured()) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+std::string readable_json(const nlohmann::json& value, int depth) {
+  if (fits_one_line(value)) return value.dump();
+  const std::string indent(static_cast<size_t>(depth + 1), ' '), close(static_cast<size_t>(depth), ' ');
+  std::string text = value.is_object() ? "{\n" : "[\n";
+  bool first = true;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!first) text += ",\n";
+    first = false;
+    text += indent;
+    if (value.is_object()) text += nlohmann::json(it.key()).dump() + ": ";
+    text += readable_json(*it, depth + 1);
+  }
+  return text + "\n" + close + (value.is_object() ? "}" : "]");
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  TESSERA_CHECK(static_cast<bool>(out), "cannot open {} for writing", path.string());
+  out << text;
+  out.flush();
+  TESSERA_CHECK(static_cast<bool>(out), "writing {} failed", path.string());
+}
 
 EventPlacement place(const dist::TraceEvent& event) {
   if (event.track == "compute") return {"compute", event.name};

@@ -37,15 +37,6 @@ namespace {
 constexpr uint64_t kDataTokens = 32;
 constexpr uint64_t kStrides = 4;
 
-// The harness's optimizer (tests/fsdp/training_harness.cpp): AdamW, betas
-// (0.9, 0.95), weight decay 0.1 on matrices only.
-std::unique_ptr<optim::AdamW> make_optimizer(const std::vector<nn::NamedParameter>& parameters,
-                                             const RunOptions& options) {
-  return std::make_unique<optim::AdamW>(optim::weight_decay_groups(parameters, 0.1),
-                                        optim::AdamWOptions{.lr = options.lr, .beta1 = 0.9, .beta2 = 0.95,
-                                                            .weight_decay = 0.1});
-}
-
 // The model on meta, allocated and initialised as FSDP2's recipe does it (on
 // a sharded model each rank fills only its rows, with the unsharded values).
 void materialize(nn::GPT& model, const RunOptions& options) {
@@ -53,26 +44,7 @@ void materialize(nn::GPT& model, const RunOptions& options) {
   model.reset_parameters(options.seed);
 }
 
-// Bytes of the distinct live storages behind `tensors` (views share one).
-int64_t storage_bytes(const std::vector<Tensor>& tensors) {
-  std::set<const tessera::Storage*> seen;
-  int64_t bytes = 0;
-  for (const Tensor& tensor : tensors) {
-    if (!tensor.defined() || tensor.storage() == nullptr || tensor.storage()->is_released()) continue;
-    if (seen.insert(tensor.storage().get()).second) bytes += tensor.storage()->bytes();
-  }
-  return bytes;
-}
-
 int64_t rank_live_bytes() { return dist::rank_memory_stats().live_bytes; }
-
-// The mean loss over all ranks' micro-batches, as the FSDP harness sums it
-// (f64, rank order, one division).
-double mean_over_ranks(const dist::ProcessGroupPtr& world, double loss) {
-  Tensor total = ops::scalar_tensor(loss, {.dtype = tessera::DType::f64});
-  world->all_reduce(total, dist::ReduceOp::sum);
-  return total.item() / static_cast<double>(world->size());
-}
 
 // Each rank's part of a sharded run, written by its own thread.
 struct SharedRun {
@@ -317,6 +289,29 @@ void naive_rank(const dist::ProcessGroupPtr& world, const RunOptions& options, S
 }
 
 }  // namespace
+
+std::unique_ptr<optim::AdamW> make_optimizer(const std::vector<nn::NamedParameter>& parameters,
+                                             const RunOptions& options) {
+  return std::make_unique<optim::AdamW>(optim::weight_decay_groups(parameters, 0.1),
+                                        optim::AdamWOptions{.lr = options.lr, .beta1 = 0.9, .beta2 = 0.95,
+                                                            .weight_decay = 0.1});
+}
+
+int64_t storage_bytes(const std::vector<Tensor>& tensors) {
+  std::set<const tessera::Storage*> seen;
+  int64_t bytes = 0;
+  for (const Tensor& tensor : tensors) {
+    if (!tensor.defined() || tensor.storage() == nullptr || tensor.storage()->is_released()) continue;
+    if (seen.insert(tensor.storage().get()).second) bytes += tensor.storage()->bytes();
+  }
+  return bytes;
+}
+
+double mean_over_ranks(const dist::ProcessGroupPtr& world, double loss) {
+  Tensor total = ops::scalar_tensor(loss, {.dtype = tessera::DType::f64});
+  world->all_reduce(total, dist::ReduceOp::sum);
+  return total.item() / static_cast<double>(world->size());
+}
 
 MicroBatch micro_batch(const RunOptions& options, int64_t step, int64_t index) {
   // mt19937_64's outputs are fixed by the C++ standard (its distributions are not): the same tokens everywhere.

@@ -7,13 +7,16 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dist/comm_stats.h"
+#include "dist/process_group.h"
 #include "dist/trace.h"
 #include "fsdp/reshard_after_forward.h"
 #include "nn/models/gpt_config.h"
+#include "nn/optim/adamw.h"
 #include "tensor/tensor.h"
 
 namespace fsdp_figures {
@@ -104,6 +107,16 @@ ShardedRun run_fully_shard(const RunOptions& options, bool deterministic, bool t
 // fsdp::NaiveFSDP on options.ranks local ranks (a 1-D world: no HSDP, no
 // reshard or prefetch options), traced at options.traced_step.
 ShardedRun run_naive(const RunOptions& options);
+// The runs' optimizer (tests/fsdp/training_harness.cpp's): AdamW, betas
+// (0.9, 0.95), weight decay 0.1 on matrices only.
+std::unique_ptr<tessera::optim::AdamW> make_optimizer(const std::vector<tessera::nn::NamedParameter>& parameters,
+                                                      const RunOptions& options);
+// Bytes of the distinct live storages behind `tensors` (views share one).
+int64_t storage_bytes(const std::vector<tessera::Tensor>& tensors);
+// The mean loss over all ranks' micro-batches, as the FSDP harness sums it
+// (f64, rank order, one division).
+double mean_over_ranks(const tessera::dist::ProcessGroupPtr& world, double loss);
+
 // One process, no FSDP: each step accumulates micro-batches 0..ranks-1 and
 // divides the gradients by their count: the global batch of the sharded runs.
 std::vector<double> run_one_rank(const RunOptions& options);

@@ -191,30 +191,33 @@ def covered(intervals):
     return sum(end - begin for begin, end in intervals)
 
 
-def check_time_per_rank(data):
-    """Each rank's compute, FSDP-lane and communication time, and the
+def recomputed_time(events, rank):
+    """A rank's step, compute, FSDP-lane and communication time, and the
     communication hidden behind compute, recomputed microsecond by
-    microsecond from the drawn events."""
+    microsecond from its drawn events (the data file's time_per_rank entry)."""
+    mine = [event for event in events if event["rank"] == rank]
+    lanes = {"compute": [], "FSDP": [], "communication": []}
+    for event in mine:
+        if event["lane"] is None:
+            continue
+        lane = event["lane"][len(f"rank {rank} "):]
+        span = (event["start_us"], event["start_us"] + event["duration_us"])
+        lanes[lane if lane in lanes else "communication"].append(span)
+    busy = {lane: merged(spans) for lane, spans in lanes.items()}
+    working = [t for begin, end in busy["compute"] for t in range(begin, end)]
+    blocked = {t for begin, end in busy["FSDP"] for t in range(begin, end)}
+    talking = {t for begin, end in busy["communication"] for t in range(begin, end)}
+    hidden = sum(1 for t in working if t not in blocked and t in talking)
+    return {"rank": rank, "step_us": max(e["start_us"] + e["duration_us"] for e in mine),
+            "compute_us": covered(busy["compute"]), "fsdp_us": covered(busy["FSDP"]),
+            "communication_us": covered(busy["communication"]), "hidden_us": hidden}
+
+
+def check_time_per_rank(data):
     for run in ("fully_shard", "naive"):
         for entry in data[run]["time_per_rank"]:
-            rank = entry["rank"]
-            mine = [event for event in data[run]["events"] if event["rank"] == rank]
-            lanes = {"compute": [], "FSDP": [], "communication": []}
-            for event in mine:
-                if event["lane"] is None:
-                    continue
-                lane = event["lane"][len(f"rank {rank} "):]
-                span = (event["start_us"], event["start_us"] + event["duration_us"])
-                lanes[lane if lane in lanes else "communication"].append(span)
-            busy = {lane: merged(spans) for lane, spans in lanes.items()}
-            working = [t for begin, end in busy["compute"] for t in range(begin, end)]
-            blocked = {t for begin, end in busy["FSDP"] for t in range(begin, end)}
-            talking = {t for begin, end in busy["communication"] for t in range(begin, end)}
-            hidden = sum(1 for t in working if t not in blocked and t in talking)
-            expected = {"rank": rank, "step_us": max(e["start_us"] + e["duration_us"] for e in mine),
-                        "compute_us": covered(busy["compute"]), "fsdp_us": covered(busy["FSDP"]),
-                        "communication_us": covered(busy["communication"]), "hidden_us": hidden}
-            expect(entry == expected, f"{run} rank {rank}: time {entry}, recomputed {expected}")
+            expected = recomputed_time(data[run]["events"], entry["rank"])
+            expect(entry == expected, f"{run} rank {entry['rank']}: time {entry}, recomputed {expected}")
         if run == "naive":  # blocking collectives: nothing runs behind compute
             expect(all(entry["hidden_us"] == 0 for entry in data[run]["time_per_rank"]),
                    "NaiveFSDP hid communication behind compute")
@@ -476,6 +479,21 @@ def check_corruptions(directory, name, data):
     must_fail("a timeline span's end in the SVG", lambda: check_timeline(broken_data, "fully_shard", broken))
 
 
+def run_and_check(binary, directory, name, flags, check):
+    """Runs the figures program into `directory` as `name` and returns check(directory, name); exits with the
+    program's output when it fails, and with the mismatch when a check does."""
+    started = time.monotonic()
+    command = [binary, "--out", directory, "--name", name] + flags
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    if completed.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n{completed.stdout}{completed.stderr}")
+    print(f"{' '.join(command[1:])}: {time.monotonic() - started:.1f} s")
+    try:
+        return check(directory, name)
+    except Mismatch as mismatch:
+        sys.exit(f"{name}: {mismatch}")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -486,16 +504,7 @@ def main():
     with tempfile.TemporaryDirectory() as directory:
         results = {}
         for name, flags in runs:
-            started = time.monotonic()
-            command = [binary, "--out", directory, "--name", name] + flags
-            completed = subprocess.run(command, capture_output=True, text=True, timeout=240)
-            if completed.returncode != 0:
-                sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n{completed.stdout}{completed.stderr}")
-            print(f"{' '.join(command[1:])}: {time.monotonic() - started:.1f} s")
-            try:
-                results[name] = check_output(directory, name)
-            except Mismatch as mismatch:
-                sys.exit(f"{name}: {mismatch}")
+            results[name] = run_and_check(binary, directory, name, flags, check_output)
             print(f"  {name}: bytes, trace, memory, losses and pictures agree")
         try:
             check_corruptions(directory, "plain", results["plain"])
