@@ -213,13 +213,6 @@ void TrainConfig::validate() const {
     TESSERA_CHECK(seq_len % tp == 0,
                   "--seq-len {} does not divide by --tp {}: sequence parallelism splits every sequence evenly", seq_len,
                   tp);
-    // What tensor parallelism does not reach yet (docs/tensor_parallel.md).
-    const std::pair<bool, const char*> not_yet[] = {
-        {cpu_offload, "--cpu-offload"},
-    };
-    for (const auto& [asked, what] : not_yet) {
-      TESSERA_CHECK(!asked, "--tp {}: {} is not supported with tensor parallelism yet", tp, what);
-    }
   }
   if (const std::optional<int64_t> count = reshard_after_forward.group_size()) {
     TESSERA_CHECK(tp == 1, "--reshard-after-forward {}: a group size is refused with --tp (true or false)", *count);

@@ -293,8 +293,6 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--tp", "3", "--nproc", "4"}, "--tp 3 with --hsdp 1 must divide the 4 ranks (--nproc)"},
       {{"--tp", "2", "--nproc", "4", "--hsdp", "4"}, "--tp 2 with --hsdp 4 must divide the 4 ranks"},
       {{"--tp", "2", "--nproc", "2", "--seq-len", "15"}, "--seq-len 15 does not divide by --tp 2"},
-      {{"--tp", "2", "--nproc", "2", "--cpu-offload", "--device", "cuda"},
-       "--tp 2: --cpu-offload is not supported with tensor parallelism yet"},
       {{"--tp", "2", "--nproc", "4", "--reshard-after-forward", "2"},
        "--reshard-after-forward 2: a group size is refused with --tp (true or false)"},
   };
