@@ -28,8 +28,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   check_input(x);
   // C is the width of this rank's heads: all of them, or under tensor
   // parallelism the heads whose rows of q, k and v its qkv piece holds.
-  const int64_t B = x.size(0), T = x.size(1), H = local_heads(), D = embed_dim_ / num_heads_, C = H * D;
+  // T is qkv's: a product that gathers the sequence (async tensor
+  // parallelism) makes it longer than x's.
   const Tensor qkv = (*qkv_)(x);  // [B, T, 3C]
+  const int64_t B = qkv.size(0), T = qkv.size(1), H = local_heads(), D = embed_dim_ / num_heads_, C = H * D;
   const std::vector<Tensor> parts = tessera::split(qkv, C, 2);
   // [B, T, C] -> [B, T, H, D] -> [B, H, T, D]
   auto heads = [&](const Tensor& t) { return tessera::transpose(tessera::view(t, {B, T, H, D}), 1, 2); };

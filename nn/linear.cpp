@@ -27,7 +27,8 @@ Tensor Linear::forward(const Tensor& x) {
   const Tensor& w = weight().tensor();
   TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "Linear: expected input [..., {}], got {}", w.size(1),
                 x.sizes());
-  return tessera::linear(x, w, has_bias_ && !defers_bias_ ? bias().tensor() : Tensor());
+  const Tensor b = has_bias_ && !defers_bias_ ? bias().tensor() : Tensor();
+  return product_ ? product_(x, w, b) : tessera::linear(x, w, b);
 }
 
 void Linear::reset_own_parameters(const InitContext& context) {

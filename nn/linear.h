@@ -1,6 +1,7 @@
 // nn::Linear: y = x W^T + b with W: [out, in], b: [out] (optional).
 #pragma once
 
+#include <functional>
 #include <optional>
 
 #include "nn/module.h"
@@ -31,6 +32,13 @@ class Linear : public Module {
   void set_defers_bias(bool defers) { defers_bias_ = defers; }
   bool defers_bias() const { return defers_bias_; }
 
+  // How forward multiplies: tessera::linear(x, W, b) unless a style replaced
+  // it with a product that fuses a collective (async tensor parallelism,
+  // tp/collective_matmul.h). b is undefined when the bias is deferred.
+  using Product = std::function<Tensor(const Tensor& x, const Tensor& weight, const Tensor& bias)>;
+  void set_product(Product product) { product_ = std::move(product); }
+  bool has_product() const { return static_cast<bool>(product_); }
+
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   bool has_bias() const { return has_bias_; }
@@ -45,6 +53,7 @@ class Linear : public Module {
   int64_t out_features_;
   bool has_bias_;
   bool defers_bias_ = false;
+  Product product_;
   std::optional<double> init_std_;
 };
 

@@ -11,6 +11,7 @@
 #include "nn/linear.h"
 #include "nn/tied_linear.h"
 #include "tensor/ops.h"
+#include "tp/collective_matmul.h"
 
 namespace tessera::tp {
 
@@ -109,6 +110,13 @@ class ColwiseParallel final : public ParallelStyle {
                   options_.sections);
     TESSERA_CHECK(!options_.input_layout || !std::holds_alternative<dist::Partial>(*options_.input_layout),
                   "ColwiseParallel: the input cannot be Partial (sum it first)");
+    TESSERA_CHECK(options_.async_chunks >= 0, "ColwiseParallel: async_chunks must be >= 0, got {}",
+                  options_.async_chunks);
+    TESSERA_CHECK(options_.async_chunks == 0 ||
+                      (options_.input_layout == Layout{dist::Shard{1}} && output == Layout{dist::Shard{-1}}),
+                  "ColwiseParallel: async_chunks {} fuses the sequence's all-gather into the product: the input must "
+                  "be Shard(1) and the output Shard(-1), got {} and {}",
+                  options_.async_chunks, layout_name(options_.input_layout), dist::placement_name(output));
   }
 
   void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
@@ -117,6 +125,9 @@ class ColwiseParallel final : public ParallelStyle {
     const auto* tied = dynamic_cast<const nn::TiedLinear*>(&module);
     TESSERA_CHECK(linear != nullptr || tied != nullptr, "ColwiseParallel applies to a Linear or TiedLinear; {} is a {}",
                   name, module.type_name());
+    TESSERA_CHECK(options_.async_chunks == 0 || linear != nullptr,
+                  "ColwiseParallel on {}: async_chunks needs a Linear (its product is replaced), not a {}", name,
+                  module.type_name());
     const int64_t out_features = (linear ? linear->weight() : tied->weight()).global_shape()[0];
     TESSERA_CHECK(out_features % options_.sections == 0,
                   "ColwiseParallel on {}: {} output features do not split into {} equal sections", name, out_features,
@@ -131,7 +142,11 @@ class ColwiseParallel final : public ParallelStyle {
     const int64_t out_features = weight.global_shape()[0];
     lay_out(weight, name + ".weight", mesh, dist::Shard{0}, options_.sections);
     if (linear && linear->has_bias()) lay_out(linear->bias(), name + ".bias", mesh, dist::Shard{0}, options_.sections);
-    if (options_.input_layout) {
+    if (options_.async_chunks > 0) {
+      linear->set_product([mesh, chunks = options_.async_chunks](const Tensor& x, const Tensor& w, const Tensor& b) {
+        return all_gather_linear(x, w, b, mesh, chunks);
+      });
+    } else if (options_.input_layout) {
       module.register_forward_pre_hook([mesh, from = *options_.input_layout](
                                            nn::Module&, const nn::TensorList& inputs) -> std::optional<nn::TensorList> {
         return nn::TensorList{move_activation(inputs.at(0), mesh, from, dist::Replicate{}, dist::Partial{})};
@@ -149,6 +164,7 @@ class ColwiseParallel final : public ParallelStyle {
     std::string text = fmt::format("ColwiseParallel(input {}, output {}", layout_name(options_.input_layout),
                                    dist::placement_name(options_.output_layout));
     if (options_.sections > 1) text += fmt::format(", {} sections", options_.sections);
+    if (options_.async_chunks > 0) text += fmt::format(", async in {} chunks", options_.async_chunks);
     return text + ")";
   }
 
@@ -161,6 +177,12 @@ class RowwiseParallel final : public ParallelStyle {
   explicit RowwiseParallel(RowwiseOptions options) : options_(std::move(options)) {
     TESSERA_CHECK(!std::holds_alternative<dist::Partial>(options_.output_layout),
                   "RowwiseParallel: the output is summed here; Partial is not an output layout");
+    TESSERA_CHECK(options_.async_chunks >= 0, "RowwiseParallel: async_chunks must be >= 0, got {}",
+                  options_.async_chunks);
+    TESSERA_CHECK(options_.async_chunks == 0 || options_.output_layout == Layout{dist::Shard{1}},
+                  "RowwiseParallel: async_chunks {} fuses the reduce-scatter onto the sequence into the product: the "
+                  "output must be Shard(1), got {}",
+                  options_.async_chunks, dist::placement_name(options_.output_layout));
   }
 
   void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
@@ -182,16 +204,24 @@ class RowwiseParallel final : public ParallelStyle {
       }
       linear->set_defers_bias(true);
     }
-    module.register_forward_hook([mesh, to = options_.output_layout](nn::Module& self, const nn::TensorList&,
-                                                                     const Tensor& output) -> std::optional<Tensor> {
-      const Tensor summed = move_activation(output, mesh, dist::Partial{}, to);
+    const bool fused = options_.async_chunks > 0;
+    if (fused) {
+      linear->set_product([mesh, chunks = options_.async_chunks](const Tensor& x, const Tensor& w, const Tensor&) {
+        return linear_reduce_scatter(x, w, mesh, chunks);  // the bias is deferred: added below
+      });
+    }
+    module.register_forward_hook([mesh, to = options_.output_layout, fused](
+                                     nn::Module& self, const nn::TensorList&,
+                                     const Tensor& output) -> std::optional<Tensor> {
+      const Tensor summed = fused ? output : move_activation(output, mesh, dist::Partial{}, to);
       const auto& row_wise = static_cast<const nn::Linear&>(self);
       return row_wise.has_bias() ? tessera::add(summed, row_wise.bias().tensor()) : summed;
     });
   }
 
   std::string describe() const override {
-    return fmt::format("RowwiseParallel(output {})", dist::placement_name(options_.output_layout));
+    return fmt::format("RowwiseParallel(output {}{})", dist::placement_name(options_.output_layout),
+                       options_.async_chunks > 0 ? fmt::format(", async in {} chunks", options_.async_chunks) : "");
   }
 
  private:

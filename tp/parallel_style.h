@@ -61,6 +61,11 @@ struct ColwiseOptions {
   // A fused projection's equal parts along the outputs (GPT's qkv: 3), each
   // split over the ranks, so that a rank holds its heads' rows of each.
   int64_t sections = 1;
+  // Async tensor parallelism: 0 moves the input whole before the product;
+  // k >= 1 fuses its all-gather into the product in k batch chunks, each
+  // chunk's all-gather overlapping another's GEMM (tp/collective_matmul.h).
+  // Needs a sequence-sharded input (Shard(1)) and a Linear.
+  int64_t async_chunks = 0;
 };
 ParallelStylePtr colwise_parallel(ColwiseOptions options = {});
 
@@ -71,6 +76,10 @@ ParallelStylePtr colwise_parallel(ColwiseOptions options = {});
 // partial and summed over tp).
 struct RowwiseOptions {
   Layout output_layout = dist::Replicate{};
+  // Async tensor parallelism: 0 sums the product whole; k >= 1 fuses the
+  // reduce-scatter onto the sequence into the product in k batch chunks
+  // (tp/collective_matmul.h). Needs a Shard(1) output.
+  int64_t async_chunks = 0;
 };
 ParallelStylePtr rowwise_parallel(RowwiseOptions options = {});
 

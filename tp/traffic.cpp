@@ -4,6 +4,7 @@
 
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
+#include "tp/collective_matmul.h"
 
 namespace tessera::tp {
 
@@ -17,6 +18,16 @@ void add(dist::CommStats& stats, dist::CollectiveKind kind, int64_t bytes, int r
   entry.calls += times;
   entry.bytes_sent += volume.sent * times;
   entry.bytes_received += volume.received * times;
+}
+
+// `calls` collectives of `kind` moving `bytes` in all (chunks of one tensor:
+// the volume of an all-gather or reduce-scatter is linear in its bytes).
+void add_chunked(dist::CommStats& stats, dist::CollectiveKind kind, int64_t bytes, int ranks, int64_t calls) {
+  const dist::CommVolume volume = dist::collective_volume(kind, bytes, ranks, /*is_root=*/false);
+  dist::CollectiveStats& entry = stats[kind];
+  entry.calls += calls;
+  entry.bytes_sent += volume.sent;
+  entry.bytes_received += volume.received;
 }
 
 }  // namespace
@@ -50,15 +61,23 @@ TensorParallelTraffic plan_traffic(const nn::CausalLM& model, const TrafficShape
   const int64_t loss_rows = shape.batch * shape.seq_len *
                             static_cast<int64_t>(element_size(compute_dtype(shape.activation_dtype)));
 
+  TESSERA_CHECK(shape.async_chunks >= 0, "tp::plan_traffic: async_chunks must be >= 0, got {}", shape.async_chunks);
+  // A block's moves in and out: whole, or (async) in chunks of the batch.
+  const int64_t pieces = shape.async_chunks > 0 ? collective_chunks(shape.batch, shape.async_chunks) : 1;
+  const int64_t gathers_per_block = gpt ? 2 * pieces : 2;  // Llama gathers whole: its inputs feed several products
+  const int64_t scatters_per_block = 2 * pieces;
   TensorParallelTraffic traffic;
   // In: the embedding's sum onto the sequence; per block into and out of
   // attention and the MLP; into the head; the loss.
-  add(traffic.forward, dist::CollectiveKind::reduce_scatter, slice, ranks, 2 * layers + 1);
-  add(traffic.forward, dist::CollectiveKind::all_gather, slice, ranks, 2 * layers + 1);
+  for (dist::CommStats* pass : {&traffic.forward, &traffic.backward}) {
+    // Back: each move's conjugate (a gather's is a scatter, and the other way round).
+    const bool forward = pass == &traffic.forward;
+    add_chunked(*pass, dist::CollectiveKind::reduce_scatter, (2 * layers + 1) * slice, ranks,
+                1 + layers * (forward ? scatters_per_block : gathers_per_block));
+    add_chunked(*pass, dist::CollectiveKind::all_gather, (2 * layers + 1) * slice, ranks,
+                1 + layers * (forward ? gathers_per_block : scatters_per_block));
+  }
   add(traffic.forward, dist::CollectiveKind::all_reduce, loss_rows, ranks, 3);
-  // Back: each move's conjugate.
-  add(traffic.backward, dist::CollectiveKind::reduce_scatter, slice, ranks, 2 * layers + 1);
-  add(traffic.backward, dist::CollectiveKind::all_gather, slice, ranks, 2 * layers + 1);
   if (gpt) {  // the gradient of each rank's position rows [T/tp, C], gathered back to the whole table's use
     add(traffic.backward, dist::CollectiveKind::all_gather, shape.seq_len / ranks * width * activation_element, ranks);
   }

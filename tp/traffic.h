@@ -6,6 +6,9 @@
 //             all-gather of [B, T, C] into attention and into the MLP and a
 //             reduce-scatter out of each; the all-gather into the head; the
 //             loss's 3 all-reduces of a value a row (f32, f64 for f64 logits);
+//   async     (PlanOptions::async_chunks) the fused moves in batch chunks:
+//             the same bytes, a call per chunk (GPT: all four moves of a
+//             block; Llama: the two reduce-scatters out and their conjugates);
 //   backward  the conjugates: per block 2 reduce-scatters and 2 all-gathers,
 //             the head's reduce-scatter, the embedding's all-gather (and GPT's
 //             position rows' all-gather of [T, C]); then one all-reduce per
@@ -25,6 +28,7 @@ struct TrafficShape {
   int64_t seq_len = 1;  // T, divisible by the tp size
   DType activation_dtype = DType::f32;  // what the blocks compute in (FSDP's param_dtype)
   bool fsdp_sums_partial_gradients = false;
+  int64_t async_chunks = 0;  // the plan's PlanOptions::async_chunks
 };
 
 struct TensorParallelTraffic {

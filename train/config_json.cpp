@@ -196,6 +196,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"nproc", config.nproc},
           {"hsdp", config.hsdp},
           {"tp", config.tp},
+          {"async_tp", config.async_tp},
           {"reshard_after_forward", reshard},
           {"param_dtype", std::string(tessera::dtype_name(config.param_dtype))},
           {"reduce_dtype", reduce_dtype},

@@ -191,8 +191,9 @@ fsdp::PlanMesh run_mesh(const TrainConfig& config) { return fsdp::plan_mesh(conf
 std::unique_ptr<tessera::nn::CausalLM> plan_model(const TrainConfig& config, int64_t tensor_parallel) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
   if (tensor_parallel > 1) {
-    tessera::tp::parallelize_causal_lm(
-        *model, tessera::dist::DeviceMesh::planning(config.device, {tensor_parallel}, {"tp"}, {0}));
+    tessera::tp::parallelize_causal_lm(*model,
+                                       tessera::dist::DeviceMesh::planning(config.device, {tensor_parallel}, {"tp"}, {0}),
+                                       {.async_chunks = config.async_tp});
   }
   return model;
 }
@@ -215,7 +216,8 @@ RunPlan plan_run(const TrainConfig& config, tessera::nn::CausalLM& model, const 
         model, {.batch = config.batch,
                 .seq_len = config.seq_len,
                 .activation_dtype = config.param_dtype,
-                .fsdp_sums_partial_gradients = true});
+                .fsdp_sums_partial_gradients = true,
+                .async_chunks = config.async_tp});
     add_stats(traffic.tensor_parallel, micro_batch.forward, config.grad_accum);
     add_stats(traffic.tensor_parallel, micro_batch.backward, config.grad_accum);
   }

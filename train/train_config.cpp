@@ -209,6 +209,8 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(tp >= 1 && nproc % (static_cast<int64_t>(hsdp) * tp) == 0,
                 "--tp {} with --hsdp {} must divide the {} ranks (--nproc): the mesh is hsdp x shard x tp", tp, hsdp,
                 nproc);
+  TESSERA_CHECK(async_tp == 0 || tp > 1, "--async-tp {} overlaps tensor parallelism's collectives: pass --tp too",
+                async_tp);
   if (tp > 1) {
     TESSERA_CHECK(seq_len % tp == 0,
                   "--seq-len {} does not divide by --tp {}: sequence parallelism splits every sequence evenly", seq_len,
@@ -398,6 +400,10 @@ void add_parallelism_flags(CLI::App& app, TrainConfig& config, ParallelismFlags&
                  "Tensor-parallel degree T, the innermost mesh dim: each T contiguous ranks split every layer and read "
                  "one batch; FSDP shards over the rest (docs/tensor_parallel.md)")
       ->check(integer_in(1, kMaxRanks));
+  app.add_option("--async-tp", config.async_tp,
+                 "With --tp: fuse each sequence all-gather and reduce-scatter into the product beside it, in K batch "
+                 "chunks whose collectives overlap the GEMMs (0: whole moves; the same bits either way)")
+      ->check(integer_in(0, kMaxBatch));
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
   app.add_flag("--cpu-offload", config.cpu_offload,
                "With --device cuda: parameter shards, gradients and AdamW's state in pinned host memory (FSDP's "
@@ -557,6 +563,7 @@ std::string describe(const TrainConfig& c) {
   std::string mesh = c.hsdp > 1 ? fmt::format("replicate {} x shard {}", c.hsdp, c.shard_ranks())
                                 : fmt::format("shard {}", c.shard_ranks());
   if (c.tp > 1) mesh += fmt::format(" x tp {}", c.tp);
+  if (c.async_tp > 0) mesh += fmt::format(", async in {} chunks", c.async_tp);
   const char* offload = !c.cpu_offload             ? ""
                         : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"
                                                    : ", cpu offload";

@@ -87,6 +87,10 @@ struct TrainConfig {
   // NVLink island on GPUs), (shard, tp) or (replicate, shard, tp); the T ranks
   // of a tp group read one batch and hold one model between them (tp/plans.h).
   int tp = 1;
+  // Async tensor parallelism (tp::PlanOptions::async_chunks): 0 moves the
+  // activations whole; K >= 1 fuses the moves into the products in K batch
+  // chunks that overlap the GEMMs.
+  int async_tp = 0;
   tessera::fsdp::ReshardAfterForward reshard_after_forward = true;  // for every block; the root keeps false
   tessera::DType param_dtype = tessera::DType::f32;                 // what forward computes on and all-gathers move
   std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype

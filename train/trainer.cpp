@@ -134,7 +134,9 @@ std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& confi
                                                         const std::optional<Distributed>& distributed) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
   // Tensor parallelism first, then FSDP over each piece (torchtitan's order).
-  if (distributed && distributed->tp_mesh) tessera::tp::parallelize_causal_lm(*model, *distributed->tp_mesh);
+  if (distributed && distributed->tp_mesh) {
+    tessera::tp::parallelize_causal_lm(*model, *distributed->tp_mesh, {.async_chunks = config.async_tp});
+  }
   if (distributed) {
     for (const auto& block : model->blocks()) {
       fsdp::fully_shard(*block, fully_shard_options(config, /*root=*/false, distributed->mesh));

@@ -198,7 +198,8 @@ def check_memory(data):
             expect(reading["shards"] == shards, f"{where}: shards {reading['shards']}, the pieces' dp rows {shards}")
             expect(reading["optimizer"] == 2 * real + I64 * len(parameters),
                    f"{where}: optimizer state {reading['optimizer']}, expected {2 * real + I64 * len(parameters)}")
-            expect(reading["gradients"] == gradients, f"{where}: gradients {reading['gradients']}, expected {gradients}")
+            expect(reading["gradients"] == gradients,
+                   f"{where}: gradients {reading['gradients']}, expected {gradients}")
             expect(reading["unsharded"] == unsharded, f"{where}: gathered {reading['unsharded']}, expected {unsharded}")
             rest = reading["live"] - shards - reading["optimizer"] - gradients - unsharded
             expect(reading["activations_and_buffers"] == rest and rest >= 0,

@@ -83,6 +83,23 @@ inline Tensor rows_of_dp_rank(const Tensor& global, int64_t dp_rank) {
   return ops::contiguous(ops::narrow(global, 0, dp_rank * kRowsPerDpRank, kRowsPerDpRank));
 }
 
+// Values that are not round, from a salt: the order of their sums shows in
+// the last bits.
+inline Tensor irregular_tensor(Shape shape, uint64_t salt) {
+  std::vector<float> values;
+  for (int64_t i = 0; i < shape_numel(shape); ++i) {
+    const uint64_t h = (static_cast<uint64_t>(i) + 1) * 2654435761ULL + salt * 40503ULL;
+    values.push_back(static_cast<float>(static_cast<double>(h % 20011) / 20011.0 - 0.5) * 0.731f);
+  }
+  return ops::from_vector(values, shape);
+}
+
+// Whether two f32 tensors hold the same bits.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() &&
+         ops::contiguous(a.detach()).to_vector<float>() == ops::contiguous(b.detach()).to_vector<float>();
+}
+
 inline std::vector<double> doubles(const Tensor& tensor) {
   return ops::to(tensor.detach(), DType::f64).to_vector<double>();
 }

@@ -31,21 +31,11 @@ namespace {
 
 constexpr int64_t kMlpBatch = 2, kMlpSequence = 12, kMlpWidth = 10, kMlpHidden = 24;
 
-// Values that are not round: their sums' order shows in the last bits.
-Tensor irregular_values(Shape shape, uint64_t salt) {
-  std::vector<float> values;
-  for (int64_t i = 0; i < shape_numel(shape); ++i) {
-    const uint64_t h = (static_cast<uint64_t>(i) + 1) * 2654435761ULL + salt * 40503ULL;
-    values.push_back(static_cast<float>(static_cast<double>(h % 20011) / 20011.0 - 0.5) * 0.731f);
-  }
-  return ops::from_vector(values, shape);
-}
-
 struct MlpWeights {
-  Tensor fc_weight = irregular_values({kMlpHidden, kMlpWidth}, 1), fc_bias = irregular_values({kMlpHidden}, 2);
-  Tensor proj_weight = irregular_values({kMlpWidth, kMlpHidden}, 3), proj_bias = irregular_values({kMlpWidth}, 4);
-  Tensor input = irregular_values({kMlpBatch, kMlpSequence, kMlpWidth}, 5);
-  Tensor upstream = irregular_values({kMlpBatch, kMlpSequence, kMlpWidth}, 6);  // d loss / d output
+  Tensor fc_weight = irregular_tensor({kMlpHidden, kMlpWidth}, 1), fc_bias = irregular_tensor({kMlpHidden}, 2);
+  Tensor proj_weight = irregular_tensor({kMlpWidth, kMlpHidden}, 3), proj_bias = irregular_tensor({kMlpWidth}, 4);
+  Tensor input = irregular_tensor({kMlpBatch, kMlpSequence, kMlpWidth}, 5);
+  Tensor upstream = irregular_tensor({kMlpBatch, kMlpSequence, kMlpWidth}, 6);  // d loss / d output
 };
 
 // Rows [first, first + count) of dim `dim`, as a contiguous leaf of its own.
@@ -75,7 +65,8 @@ Reference chunked_reference(const MlpWeights& w, int64_t tp) {
     fc_weights.push_back(leaf_slice(w.fc_weight, 0, rank * hidden, hidden));
     fc_biases.push_back(leaf_slice(w.fc_bias, 0, rank * hidden, hidden));
     proj_weights.push_back(leaf_slice(w.proj_weight, 1, rank * hidden, hidden));
-    const Tensor activation = tessera::gelu(tessera::linear(inputs.back(), fc_weights.back(), fc_biases.back()), GeluApproximation::none);
+    const Tensor activation =
+        tessera::gelu(tessera::linear(inputs.back(), fc_weights.back(), fc_biases.back()), GeluApproximation::none);
     products.push_back(tessera::linear(activation, proj_weights.back(), Tensor()));
     sum = rank == 0 ? products.back() : tessera::add(sum, products.back());
   }
@@ -100,11 +91,6 @@ Reference chunked_reference(const MlpWeights& w, int64_t tp) {
     reference.input = rank == 0 ? inputs[0].grad() : ops::add(reference.input, inputs[rank].grad());
   }
   return reference;
-}
-
-bool bitwise(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() &&
-         ops::contiguous(a.detach()).to_vector<float>() == ops::contiguous(b.detach()).to_vector<float>();
 }
 
 }  // namespace
@@ -142,13 +128,14 @@ TEST_CASE("deterministic tp: a sequence-parallel MLP on tp 2, 3, 4 is bitwise th
           Tensor input = ops::contiguous(ops::narrow(weights.input, 1, rank * sequence, sequence));
           input.set_requires_grad(true);
           const Tensor output = mlp.forward(input);
-          CHECK(bitwise(output, reference.outputs[rank]));
-          autograd::backward(tessera::sum(tessera::mul(output, ops::narrow(weights.upstream, 1, rank * sequence, sequence))));
-          CHECK(bitwise(mlp.fc().weight().grad(), reference.fc_weight[rank]));
-          CHECK(bitwise(mlp.fc().bias().grad(), reference.fc_bias[rank]));
-          CHECK(bitwise(mlp.proj().weight().grad(), reference.proj_weight[rank]));
-          CHECK(bitwise(mlp.proj().bias().grad(), reference.proj_bias));  // partial, summed over tp
-          CHECK(bitwise(input.grad(), ops::narrow(reference.input, 1, rank * sequence, sequence)));
+          CHECK(same_bits(output, reference.outputs[rank]));
+          const Tensor upstream = ops::narrow(weights.upstream, 1, rank * sequence, sequence);
+          autograd::backward(tessera::sum(tessera::mul(output, upstream)));
+          CHECK(same_bits(mlp.fc().weight().grad(), reference.fc_weight[rank]));
+          CHECK(same_bits(mlp.fc().bias().grad(), reference.fc_bias[rank]));
+          CHECK(same_bits(mlp.proj().weight().grad(), reference.proj_weight[rank]));
+          CHECK(same_bits(mlp.proj().bias().grad(), reference.proj_bias));  // partial, summed over tp
+          CHECK(same_bits(input.grad(), ops::narrow(reference.input, 1, rank * sequence, sequence)));
         },
         options);
   }

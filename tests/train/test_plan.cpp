@@ -147,6 +147,10 @@ TEST_CASE("train --plan of a small run is what its Trainer's FSDP model holds, s
   gpt_tp.tp = 2;
   gpt_tp.grad_accum = 2;
   cases.push_back({"GPT, (shard 3, tp 2), 2 micro-batches", gpt_tp});
+  TrainConfig async_tp = gpt_tp;
+  async_tp.batch = 3;
+  async_tp.async_tp = 2;  // 2 chunks of the 3 sequences: a call more per move, the same bytes
+  cases.push_back({"GPT, (shard 3, tp 2), async in 2 chunks", async_tp});
   TrainConfig llama_tp = llama;
   llama_tp.nproc = 8;
   llama_tp.hsdp = 2;

@@ -716,6 +716,37 @@ TEST_CASE("train --tp: tp 2, (dp 2, tp 2) and (replicate 2, tp 2) train as 1 ran
   }
 }
 
+TEST_CASE("train --tp 2 --async-tp K: the synchronous run's losses and bytes, GPT and Llama, with FSDP; needs --tp") {
+  for (const bool llama : {false, true}) {
+    for (const int chunks : {1, 3}) {
+      CAPTURE(llama);
+      CAPTURE(chunks);
+      TrainConfig sync_run = llama ? small_llama_config() : small_config();
+      sync_run.threads = 1;
+      sync_run.nproc = 4;
+      sync_run.tp = 2;
+      sync_run.batch = 3;  // 3 chunks of one sequence, or one of three
+      TrainConfig async_run = sync_run;
+      async_run.async_tp = chunks;
+      const std::vector<Run> expected = run_fsdp(sync_run);
+      const std::vector<Run> got = run_fsdp(async_run);
+      REQUIRE(got[0].steps.size() == expected[0].steps.size());
+      for (size_t step = 0; step < expected[0].steps.size(); ++step) {
+        CAPTURE(step);
+        // One chunk runs the synchronous GEMMs; more may round otherwise (tp/collective_matmul.h).
+        const double tolerance = chunks == 1 ? 0.0 : 1e-5;
+        CHECK(relative_difference(got[0].steps[step].loss, expected[0].steps[step].loss) <= tolerance);
+        CHECK(relative_difference(got[0].steps[step].grad_norm, expected[0].steps[step].grad_norm) <= tolerance);
+        CHECK(got[0].steps[step].comm_bytes == expected[0].steps[step].comm_bytes);
+      }
+    }
+  }
+  TrainConfig refused = small_config();
+  refused.async_tp = 2;
+  CHECK_THROWS_WITH_AS(refused.validate(), doctest::Contains("--async-tp 2 overlaps tensor parallelism's collectives"),
+                       tessera::Error);
+}
+
 TEST_CASE("train --tp 2 in bf16: the head's bf16 logits go into the loss in f32; losses within 1% of FSDP's") {
   TrainConfig fsdp_run = small_config();
   fsdp_run.param_dtype = tessera::DType::bf16;
