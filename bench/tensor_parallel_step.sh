@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Tensor parallelism against plain FSDP on 4 thread ranks, the same global
 # batch: GPT-2 124M, (shard 2, tp 2) at 2 sequences per tp group against
-# (shard 4) at 1 per rank, T = 1024, f32, synthetic data. One line each: the
+# (shard 4) at 1 per rank, and (shard 2, tp 2) with async TP in 2 batch
+# chunks (--async-tp 2), T = 1024, f32, synthetic data. One line each: the
 # median step time after the first, the bytes each rank sends per step (FSDP's
 # all-gathers and reduce-scatters, TP's activation collectives, the loss's and
 # clipping's all-reduces) and the peak memory per rank. Timings on a 2-core
-# machine are noisy: compare the two lines of one run.
+# machine are noisy: compare the lines of one run.
 #
 #   bash bench/tensor_parallel_step.sh TRAIN [--out DIR] [--steps N] [--seq-len T]
 set -euo pipefail
@@ -41,3 +42,4 @@ PY
 echo "GPT-2 124M, 4 thread ranks, 4 sequences of $seq_len tokens a step, $steps steps ($(nproc) cores)"
 run fsdp "fsdp (shard 4)" --batch 1
 run fsdp_tp "fsdp x tp (2, 2)" --batch 2 --tp 2
+run fsdp_async_tp "fsdp x async tp (2, 2)" --batch 2 --tp 2 --async-tp 2

@@ -13,6 +13,9 @@
 #      on every GPU, one process each (stage `multi`): the collectives
 #      between GPUs, deterministic FSDP bitwise one GPU's, a checkpoint
 #      resumed on one GPU, HSDP and an odd world (one GPU: the launch only);
+#      tensor parallelism (stage `tp`, 2 GPUs or more): (shard N/2, tp 2)
+#      against FSDP on N/2 GPUs on the same global batch, and async TP
+#      against it, losses within 1e-5;
 #   6. GPT-2 124M bf16 training steps at B = 16 and 32, T = 1024, beside
 #      the PREDICTED step of bench/gpt2_step_prediction; B = 16 again with
 #      --cpu-offload (stage `offload`), AdamW's host step whole before the
@@ -36,7 +39,7 @@
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim] [--build DIR]
-#                           [--stages suite,tiny,nccl,multi,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
+#                           [--stages suite,tiny,nccl,multi,tp,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
 #                           [--profile-kernels REGEX]
 #
 # --stages runs only those (the build always): a second lease need not
@@ -59,7 +62,7 @@ sim=0
 build=build-gpucheck/build
 bundle=.gpu-bundle
 archive=
-default_stages=,suite,tiny,nccl,multi,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+default_stages=,suite,tiny,nccl,multi,tp,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,
 all_stages=${default_stages}profile,
 stages=$default_stages
 profile_kernels='attention_mma'
@@ -412,6 +415,25 @@ multi_gpu() {
   fi
 }
 ! wanted multi || multi_gpu
+# Tensor parallelism on the GPUs there are: tp 2 inside FSDP over the rest,
+# the tp group's activations moved by NCCL (or the simulator's collectives).
+tensor_parallel_gpus() {
+  local p=1
+  while [ $((p * 2)) -le "$gpu_count" ]; do p=$((p * 2)); done
+  if [ "$p" -lt 2 ]; then
+    say "== tp: NOT RUN ($gpu_count GPU here; tensor parallelism splits a layer over 2 GPUs or more)"
+    return
+  fi
+  stage tp_fsdp 120 train_on "$p" tp_fsdp --tp 2 || return
+  if stage tp_reference 120 train_on $((p / 2)) tp_reference; then
+    compare_losses "(shard $((p / 2)), tp 2) against FSDP on $((p / 2)) GPU(s), the same global batch" tp_fsdp \
+      tp_reference 1e-5
+  fi
+  if stage tp_async 120 train_on "$p" tp_async --tp 2 --async-tp 2; then
+    compare_losses "async TP in 2 chunks against TP on $p GPUs" tp_async tp_fsdp 1e-5
+  fi
+}
+! wanted tp || tensor_parallel_gpus
 
 # ---- 6. GPT-2 124M bf16 --------------------------------------------------------------------------------
 if [ $sim -eq 1 ]; then
