@@ -311,6 +311,7 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"nproc", 4},
                          {"hsdp", 2},
                          {"tp", 1},
+                         {"async_tp", 0},
                          {"reshard_after_forward", 2},
                          {"param_dtype", "bf16"},
                          {"reduce_dtype", nullptr},
