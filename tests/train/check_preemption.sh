@@ -5,12 +5,14 @@
 # it, TRIES times each, must every time commit the last finished step, and
 # `--resume` must end where an uninterrupted run ends, bitwise
 # (deterministic mode).
-#   - mpirun: started with --mca odls_base_sigkill_timeout 6, as
-#     docs/training.md says (it recommends 30). On SIGTERM, OpenMPI 4.1's
-#     mpirun sends the ranks SIGCONT, then SIGTERM after that timeout and
-#     SIGKILL after twice it (1 s by default: too short for a save on a busy
-#     machine; 3 s lost a checkpoint when compilers shared the loaded
-#     cores), and exits 1.
+#   - mpirun: started with --mca odls_base_sigkill_timeout 3, as
+#     docs/training.md says. On SIGTERM, OpenMPI 4.1's mpirun sends the ranks
+#     SIGCONT, then SIGTERM after that timeout and SIGKILL after twice it
+#     (1 s by default: too short for a save on a busy machine), and exits 1.
+#     It stops forwarding the ranks' output at once: a rank that fills the
+#     forwarding buffer in those seconds blocks in its write and is killed
+#     unsaved (a known defect, issue 49's note; a longer timeout makes it
+#     likelier).
 #   - tools/launch: passes the stop on to the ranks itself; the job exits 75
 #     and the launcher says every rank stopped.
 #   - one rank: the ranks agree to stop after the same step; mpirun, with
@@ -42,7 +44,7 @@ for _ in $(seq "$(nproc)"); do
 done
 
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none)
-kill_timeout_s=6
+kill_timeout_s=3
 common=(--preset tiny --batch 8 --seq-len 32 --data synthetic --deterministic --threads 1 --eval-every 0 --warmup 10)
 
 # The losses of a JSON-lines log, one per line, as written (17 significant digits).
