@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
   });
   app.add_option("--dp", options.dp, "Data-parallel ranks (FSDP shards each piece over them)")
       ->check(CLI::Range(1, 8));
-  app.add_option("--tp", options.tp, "Tensor-parallel ranks (they split every layer)")->check(CLI::Range(2, 4));
+  app.add_option("--tp", options.tp, "Tensor-parallel ranks (they split every layer; the model's 4 heads allow 2 or 4)")
+      ->check(CLI::IsMember({2, 4}));
   app.add_option("--steps", options.steps, "Training steps")->check(CLI::Range(int64_t{1}, int64_t{10000}));
   app.add_option("--traced-step", options.traced_step, "The step (from 1) that is traced and measured")
       ->check(CLI::Range(int64_t{1}, int64_t{10000}));

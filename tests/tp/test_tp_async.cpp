@@ -126,7 +126,8 @@ TEST_CASE("async tp: chunked all-gather + product and product + reduce-scatter a
             const int64_t expected_calls = tp::collective_chunks(kAsyncBatch, chunks);
             // Column-wise: x [B, T/tp, K] sequence-sharded.
             const Tensor x = irregular_tensor({kAsyncBatch, piece, kAsyncIn}, 1 + rank);
-            const Tensor w = irregular_tensor({kAsyncOut, kAsyncIn}, 11 + rank), b = irregular_tensor({kAsyncOut}, 21 + rank);
+            const Tensor w = irregular_tensor({kAsyncOut, kAsyncIn}, 11 + rank);
+            const Tensor b = irregular_tensor({kAsyncOut}, 21 + rank);
             const Tensor up = irregular_tensor({kAsyncBatch, piece * tp, kAsyncOut}, 31 + rank);
             mesh.group(0)->reset_stats();
             const auto gather_fused = [&](const Tensor& in, const Tensor& wt, const Tensor& bs) {
@@ -330,3 +331,39 @@ TEST_CASE("async tp on simulated GPUs: each chunk's GEMM waits for its own colle
   }
 }
 #endif
+
+TEST_CASE("async tp: refusals name the layout or the count that does not fit") {
+  CHECK_THROWS_WITH_AS(tp::colwise_parallel({.input_layout = dist::Replicate{}, .async_chunks = 2}),
+                       doctest::Contains("async_chunks 2 fuses the sequence's all-gather into the product: the input "
+                                         "must be Shard(1)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(tp::colwise_parallel({.input_layout = dist::Shard{1}, .async_chunks = -1}),
+                       doctest::Contains("async_chunks must be >= 0, got -1"), Error);
+  CHECK_THROWS_WITH_AS(tp::rowwise_parallel({.output_layout = dist::Replicate{}, .async_chunks = 2}),
+                       doctest::Contains("the output must be Shard(1), got Replicate()"), Error);
+  CHECK(tp::colwise_parallel({.input_layout = dist::Shard{1}, .async_chunks = 3})->describe() ==
+        "ColwiseParallel(input Shard(1), output Shard(-1), async in 3 chunks)");
+  dist::run_local(
+      2,
+      [](const dist::ProcessGroupPtr& world) {
+        const dist::DeviceMesh mesh(world, kCPU, {2}, {"tp"});
+        // A tied head's product is not a Linear's: it cannot be replaced.
+        auto gpt = std::make_shared<nn::GPT>(composed_gpt(), kMeta);
+        CHECK_THROWS_WITH_AS(
+            tp::parallelize_module(*gpt, mesh,
+                                   {{"lm_head", tp::colwise_parallel({.input_layout = dist::Shard{1},
+                                                                      .async_chunks = 2})}}),
+            doctest::Contains("ColwiseParallel on lm_head: async_chunks needs a Linear"), Error);
+        const Tensor x = irregular_tensor({2, 4, kAsyncIn}, 1), w = irregular_tensor({kAsyncOut, kAsyncIn}, 2);
+        CHECK_THROWS_WITH_AS(tp::all_gather_linear(x, w, Tensor(), mesh, 0), doctest::Contains("chunks must be >= 1"),
+                             Error);
+        CHECK_THROWS_WITH_AS(tp::linear_reduce_scatter(irregular_tensor({2, 3, kAsyncIn}, 3), w, mesh, 2),
+                             doctest::Contains("the sequence length 3 does not divide by the tp size 2"), Error);
+        CHECK_THROWS_WITH_AS(tp::all_gather_linear(x, irregular_tensor({kAsyncOut, 3}, 4), Tensor(), mesh, 2),
+                             doctest::Contains("expected x [B, T, K] and weight [N, K]"), Error);
+      },
+      thread_rank_options());
+  CHECK(tp::collective_chunks(5, 4) == 3);  // ceil-sized chunks of 2: 2, 2, 1
+  CHECK(tp::collective_chunks(1, 4) == 1);
+  CHECK_THROWS_WITH_AS(tp::collective_chunks(3, 0), doctest::Contains("collective_chunks: batch 3 in 0 chunks"), Error);
+}
