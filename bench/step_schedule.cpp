@@ -13,6 +13,7 @@ namespace bench {
 
 LinkModel h100_nvlink() {
   return {
+      .name = "NVLink",
       .bytes_per_second = {450e9, "NVLink 4 on H100 SXM: 18 links x 25 GB/s each way (NVIDIA H100 datasheet: 900 GB/s "
                                   "bidirectional)"},
       .efficiency = {0.80,
@@ -28,12 +29,27 @@ LinkModel h100_nvlink() {
   };
 }
 
+LinkModel h100_infiniband() {
+  return {
+      .name = "InfiniBand",
+      .bytes_per_second = {50e9, "one 400 Gb/s NIC a GPU, each way (torchtitan's benchmark hosts: \"400 Gb/s per GPU\")"},
+      .efficiency = {0.75, "assumption: nccl-tests across nodes on 400 Gb/s rails report bus bandwidths of about 40 GB/s "
+                           "for large all-gathers and reduce-scatters, some 80% of the wire; 75% for tens of MB"},
+      .step_latency = {10e-6, "assumption: an RDMA hop between nodes with NCCL's proxy, some 6-10 us a ring step; the "
+                              "high end"},
+      .nccl_sm_fraction = {8.0 / 132.0, "assumption: NCCL runs fewer channels over the network than over NVSwitch; 8 "
+                                        "CTAs, each holding an SM"},
+      .host_bytes_per_second = {50e9, "PCIe Gen5 x16: 64 GB/s each way, 80% achievable (assumption)"},
+  };
+}
+
 std::vector<std::string> describe(const LinkModel& link) {
-  const auto line = [](const char* what, const std::string& value, const Figure& figure) {
+  const auto line = [](const std::string& what, const std::string& value, const Figure& figure) {
     return fmt::format("{:<22} {:<14} {}", what, value, figure.source);
   };
   return {
-      line("NVLink each way", fmt::format("{:.0f} GB/s", link.bytes_per_second.value / 1e9), link.bytes_per_second),
+      line(fmt::format("{} each way", link.name).c_str(), fmt::format("{:.0f} GB/s", link.bytes_per_second.value / 1e9),
+           link.bytes_per_second),
       line("ring bus efficiency", fmt::format("{:.0f}%", 100 * link.efficiency.value), link.efficiency),
       line("ring step latency", fmt::format("{:.1f} us", link.step_latency.value * 1e6), link.step_latency),
       line("SMs NCCL holds", fmt::format("{:.0f}%", 100 * link.nccl_sm_fraction.value), link.nccl_sm_fraction),
@@ -61,9 +77,12 @@ namespace {
 // The replay's state: which ops are done, what runs, and the clock.
 class Replay {
  public:
-  Replay(const std::vector<StepOp>& ops, const LinkModel& link) : ops_(ops), link_(link) {
+  Replay(const std::vector<StepOp>& ops, const std::vector<LinkModel>& links) : ops_(ops), links_(links) {
+    TESSERA_CHECK(!links.empty(), "step schedule: a replay needs at least one link");
     timing_.start.assign(ops.size(), -1);
     timing_.end.assign(ops.size(), -1);
+    timing_.communication_seconds_by_link.assign(links.size(), 0);
+    timing_.exposed_seconds_by_link.assign(links.size(), 0);
     remaining_.assign(ops.size(), 0);
     index_events_and_streams();
   }
@@ -116,6 +135,9 @@ class Replay {
       if (op.kind == StepOp::Kind::work) {
         TESSERA_CHECK(op.seconds >= 0 && std::isfinite(op.seconds), "step schedule: op {} ('{}') takes {} s", i,
                       op.name, op.seconds);
+        TESSERA_CHECK(op.engine != Engine::link || (op.link >= 0 && op.link < static_cast<int>(links_.size())),
+                      "step schedule: op {} ('{}') runs on link {}; the replay has links 0 to {}", i, op.name, op.link,
+                      links_.size() - 1);
       }
       streams_[op.stream].push_back(i);
     }
@@ -187,25 +209,40 @@ class Replay {
     }
   }
 
-  // The rate at which each running op progresses, in seconds of its work per second.
-  double rate(size_t i, int collectives) const {
+  // The rate at which each running op progresses, in seconds of its work per
+  // second; `collectives` holds the number running on each link.
+  double rate(size_t i, const std::vector<int>& collectives) const {
     switch (ops_[i].engine) {
-      case Engine::link: return 1.0 / collectives;
-      case Engine::sms: return collectives > 0 ? 1.0 - link_.nccl_sm_fraction.value : 1.0;
+      case Engine::link: return 1.0 / collectives[static_cast<size_t>(ops_[i].link)];
+      case Engine::sms: {
+        double taken = 0;
+        for (size_t l = 0; l < links_.size(); ++l) {
+          if (collectives[l] > 0) taken += links_[l].nccl_sm_fraction.value;
+        }
+        return 1.0 - taken;
+      }
       default: return 1.0;
     }
   }
 
   void advance() {
-    const int collectives = static_cast<int>(
-        std::count_if(running_.begin(), running_.end(), [&](size_t i) { return ops_[i].engine == Engine::link; }));
+    std::vector<int> collectives(links_.size(), 0);
+    for (const size_t i : running_) {
+      if (ops_[i].engine == Engine::link) ++collectives[static_cast<size_t>(ops_[i].link)];
+    }
+    const bool communicating = std::any_of(collectives.begin(), collectives.end(), [](int n) { return n > 0; });
     double step = std::numeric_limits<double>::infinity();
     for (const size_t i : running_) step = std::min(step, remaining_[i] / rate(i, collectives));
     const bool sms = engine_busy(Engine::sms);
     if (sms) timing_.compute_seconds += step;
-    if (collectives > 0) timing_.communication_seconds += step;
-    if (collectives > 0 && !sms) timing_.exposed_seconds += step;
-    if (collectives == 0 && !sms) timing_.idle_seconds += step;
+    if (communicating) timing_.communication_seconds += step;
+    if (communicating && !sms) timing_.exposed_seconds += step;
+    if (!communicating && !sms) timing_.idle_seconds += step;
+    for (size_t l = 0; l < links_.size(); ++l) {
+      if (collectives[l] == 0) continue;
+      timing_.communication_seconds_by_link[l] += step;
+      if (!sms) timing_.exposed_seconds_by_link[l] += step;
+    }
     now_ += step;
     std::vector<size_t> still_running;
     for (const size_t i : running_) {
@@ -237,7 +274,7 @@ class Replay {
   }
 
   const std::vector<StepOp>& ops_;
-  const LinkModel& link_;
+  const std::vector<LinkModel>& links_;
   StepTiming timing_;
   std::vector<double> remaining_;
   std::vector<int64_t> gate_;                 // per op: the host wait last given before it, or -1
@@ -252,6 +289,12 @@ class Replay {
 
 }  // namespace
 
-StepTiming replay(const std::vector<StepOp>& ops, const LinkModel& link) { return Replay(ops, link).run(); }
+StepTiming replay(const std::vector<StepOp>& ops, const std::vector<LinkModel>& links) {
+  return Replay(ops, links).run();
+}
+
+StepTiming replay(const std::vector<StepOp>& ops, const LinkModel& link) {
+  return replay(ops, std::vector<LinkModel>{link});
+}
 
 }  // namespace bench

@@ -229,7 +229,8 @@ class LocalProcessGroup final : public ProcessGroup {
     const cuda::sim::CollectiveShape shape{
         .kind = std::string(collective_name(signature.kind)),
         .bytes = signature.kind == CollectiveKind::reduce_scatter ? in.nbytes() : out.nbytes(),
-        .ranks = size()};
+        .ranks = size(),
+        .group = name()};
     cuda::sim::launch_collective(
         fmt::format("{} on group '{}'", signature.to_string(), name()), shape, *stream, buffers,
         [=, finished = std::move(finished)](const std::string& refusal) {

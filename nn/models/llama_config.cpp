@@ -15,12 +15,13 @@ struct LlamaPreset {
   double rope_theta;
 };
 
-constexpr std::array<LlamaPreset, 5> kLlamaPresets{{
+constexpr std::array<LlamaPreset, 6> kLlamaPresets{{
     {"llama-nano", 256, 32, 1, 2, 1, 16, 48, 10000.0},
     {"llama-tiny", 256, 64, 2, 4, 2, 64, 192, 10000.0},
     {"llama-125m", 32000, 1024, 12, 12, 4, 768, 2048, 10000.0},
     {"llama2-7b", 32000, 4096, 32, 32, 32, 4096, 11008, 10000.0},
     {"llama3-8b", 128256, 8192, 32, 32, 8, 4096, 14336, 500000.0},
+    {"llama3-70b", 128256, 8192, 80, 64, 8, 8192, 28672, 500000.0},
 }};
 
 }  // namespace

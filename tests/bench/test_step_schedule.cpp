@@ -21,8 +21,13 @@ constexpr double kMs = 1e-3;
 StepOp kernel(int stream, double ms, std::string name = "kernel") {
   return {.kind = Kind::work, .stream = stream, .engine = Engine::sms, .seconds = ms * kMs, .name = std::move(name)};
 }
-StepOp collective(int stream, double ms) {
-  return {.kind = Kind::work, .stream = stream, .engine = Engine::link, .seconds = ms * kMs, .name = "collective"};
+StepOp collective(int stream, double ms, int link = 0) {
+  return {.kind = Kind::work,
+          .stream = stream,
+          .engine = Engine::link,
+          .seconds = ms * kMs,
+          .name = "collective",
+          .link = link};
 }
 StepOp record(int stream, int64_t event) {
   return {.kind = Kind::record, .stream = stream, .event = event, .name = "record"};
@@ -105,6 +110,29 @@ TEST_CASE("replay: concurrent collectives share the link") {
   CHECK(t.end[0] == doctest::Approx(2 * kMs));
   CHECK(t.end[1] == doctest::Approx(2 * kMs));
   CHECK(t.exposed_seconds == doctest::Approx(2 * kMs));
+}
+
+TEST_CASE("replay: collectives on two links run side by side, each link's exposed time counted apart") {
+  const std::vector<bench::LinkModel> links = {bench::h100_nvlink(), bench::h100_infiniband()};
+  const bench::StepTiming apart = bench::replay({collective(1, 1, 0), collective(2, 3, 1)}, links);
+  CHECK(apart.end[0] == doctest::Approx(1 * kMs));  // not slowed by the other link's collective
+  CHECK(apart.end[1] == doctest::Approx(3 * kMs));
+  CHECK(apart.exposed_seconds_by_link[0] == doctest::Approx(1 * kMs));
+  CHECK(apart.exposed_seconds_by_link[1] == doctest::Approx(3 * kMs));
+  CHECK(apart.exposed_seconds == doctest::Approx(3 * kMs));
+  // A kernel beside both loses the SMs of both links' NCCL.
+  const bench::StepTiming beside = bench::replay({kernel(0, 1), collective(1, 5, 0), collective(2, 5, 1)}, links);
+  const double taken = links[0].nccl_sm_fraction.value + links[1].nccl_sm_fraction.value;
+  CHECK(beside.end[0] == doctest::Approx(1 * kMs / (1 - taken)));
+  CHECK(beside.exposed_seconds_by_link[0] == doctest::Approx(5 * kMs - beside.end[0]));
+  // A link the replay does not have is refused, naming the op.
+  try {
+    bench::replay({collective(1, 1, 2)}, links);
+    FAIL("link 2 of 2 links was accepted");
+  } catch (const tessera::Error& error) {
+    CHECK(std::string(error.what()).find("op 0 ('collective') runs on link 2; the replay has links 0 to 1") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("replay: the host gives nothing after a host wait until the record it waits for is reached") {

@@ -32,13 +32,13 @@ Tensor counting(int64_t count, Device device) {
 
 TEST_SUITE("cuda devices") {
 
-TEST_CASE("the simulator has cuda:0 to cuda:7; any other is refused, naming them") {
-  CHECK(cuda::device_count() == 8);
-  for (int index : {8, 100, -1}) {
+TEST_CASE("the simulator has cuda:0 to cuda:15; any other is refused, naming them") {
+  CHECK(cuda::device_count() == 16);
+  for (int index : {16, 100, -1}) {
     CAPTURE(index);
-    CHECK_THROWS_WITH_AS(Stream::create(gpu(index)), doctest::Contains("the simulator has 8 devices, cuda:0 to cuda:7"),
+    CHECK_THROWS_WITH_AS(Stream::create(gpu(index)), doctest::Contains("the simulator has 16 devices, cuda:0 to cuda:15"),
                          Error);
-    CHECK_THROWS_WITH_AS(ops::empty({4}, {.device = gpu(index)}), doctest::Contains("cuda:0 to cuda:7"), Error);
+    CHECK_THROWS_WITH_AS(ops::empty({4}, {.device = gpu(index)}), doctest::Contains("cuda:0 to cuda:15"), Error);
   }
 }
 

@@ -243,6 +243,7 @@ TEST_CASE("LlamaConfig: presets, validation and counts") {
   const nn::LlamaConfig llama3 = nn::LlamaConfig::preset("llama3-8b");
   CHECK(llama3.num_parameters() == 8'030'261'248);  // Meta's published count
   CHECK(llama3.rope_theta == 500000.0);
+  CHECK(nn::LlamaConfig::preset("llama3-70b").num_parameters() == 70'553'706'496);  // Meta's published count
   for (const std::string& name : nn::LlamaConfig::preset_names()) {
     CAPTURE(name);
     const nn::LlamaConfig config = nn::LlamaConfig::preset(name);

@@ -1,6 +1,6 @@
 // The simulated GPUs' memory: one reserved range of the address space, so an
 // address is device memory exactly when it falls inside it, cut into one
-// slice per device (cuda:0 to cuda:7), so an address also says its device;
+// slice per device (cuda:0 to cuda:15), so an address also says its device;
 // and a registry of live allocations, so an access that lands outside every
 // allocation (past an end, or after a free) is caught and described.
 // Unallocated pages are not mapped, so even a host pointer that escaped the
@@ -17,7 +17,9 @@
 
 namespace tessera::cuda::sim {
 
-inline constexpr int kMaxDevices = 8;
+// Two nodes of eight: enough for a (dp 2, tp 8) mesh, the smallest that
+// records a tp-8 layout's schedule with its FSDP collectives.
+inline constexpr int kMaxDevices = 16;
 // Where mapped host memory lives (mapped_malloc): a slice of its own, which
 // every device may address, as pinned mapped memory is on a GPU.
 inline constexpr int kMappedHostSlice = kMaxDevices;
@@ -49,7 +51,7 @@ void check_device_buffers(const std::string& operation, int device, const std::v
 // Where the reserved range starts (0 until the first allocation makes it):
 // is_device_address runs on every access a kernel makes, so it is inline.
 inline std::atomic<uintptr_t> device_range_begin{0};
-inline constexpr uint64_t kDeviceRangeBytes = uint64_t{256} << 30;
+inline constexpr uint64_t kDeviceRangeBytes = uint64_t{512} << 30;  // address space only
 inline bool is_device_address(const void* address) {
   const uintptr_t begin = device_range_begin.load(std::memory_order_relaxed);
   return begin != 0 && reinterpret_cast<uintptr_t>(address) - begin < kDeviceRangeBytes;

@@ -234,7 +234,7 @@ void launch_collective(const std::string& operation, const CollectiveShape& shap
   check_device_buffers(operation, stream.device().index, buffers);
   StreamOrderChecker::instance().check_and_record(sim_stream->checker_id(), operation, buffers);
   schedule_op(stream, {.kind = ScheduledOp::Kind::collective, .name = shape.kind, .bytes = shape.bytes,
-                       .ranks = shape.ranks});
+                       .ranks = shape.ranks, .group = shape.group});
   stream.enqueue([operation, buffers, body = std::move(body)] {
     // Without the checks, kernels' writes are not tracked (an ASan build):
     // every kernel-written buffer would read as never written.

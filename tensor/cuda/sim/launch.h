@@ -38,6 +38,7 @@ struct CollectiveShape {
   std::string kind;   // dist::collective_name: "all_gather_into", "reduce_scatter_into", "all_reduce", "broadcast"
   int64_t bytes = 0;  // the whole buffer: an all-gather's output, a reduce-scatter's input
   int ranks = 0;      // the group's size
+  std::string group = {};  // the group's name ("world", a mesh dim's "shard" or "tp"): which links it runs on
 };
 void launch_collective(const std::string& operation, const CollectiveShape& shape, Stream& stream,
                        const std::vector<BufferUse>& buffers, std::function<void(const std::string& refusal)> body);

@@ -41,7 +41,8 @@ struct ScheduledOp {
   // Copies: the bytes; collectives: the bytes of the whole buffer (an
   // all-gather's output, a reduce-scatter's input, an all-reduce's tensor).
   int64_t bytes = 0;
-  int ranks = 0;  // collectives: the group's size
+  int ranks = 0;       // collectives: the group's size
+  std::string group = {};  // collectives: the group's name (a mesh dim's, or "world")
 };
 
 // Records while it lives; one at a time in a process.
