@@ -257,6 +257,8 @@ int run(int argc, char** argv) {
   app.add_option("--async-tp", async_chunks, "also predict async TP with K batch chunks (0: vanilla TP only)")
       ->capture_default_str()
       ->check(CLI::Range(0, 8));
+  bool skip_vanilla = false;
+  app.add_flag("--skip-vanilla", skip_vanilla, "predict only async TP (the two are independent runs; this reruns one)");
   app.add_option("--prediction-out", out_path, "write the predicted figures to this JSON file");
   CLI11_PARSE(app, argc, argv);
   TESSERA_CHECK(async_chunks != 1, "{}: --async-tp 1 is vanilla TP's schedule in one chunk; give 0 or 2 to 8",
@@ -275,7 +277,10 @@ int run(int argc, char** argv) {
   cuda::set_attention_score_grads_budget(hands_over ? int64_t{1} << 62 : 0);
   nlohmann::json out = {{"source", "PREDICTED by bench/tp_step_prediction: Llama 3 70B on 256 H100 SXM, FSDP 32 x "
                                    "TP 8, bf16, local batch 16, T 8192"}};
-  std::vector<int> variants = {0};
+  TESSERA_CHECK(!skip_vanilla || async_chunks > 1, "{}: --skip-vanilla with no --async-tp leaves nothing to predict",
+                kProgram);
+  std::vector<int> variants;
+  if (!skip_vanilla) variants.push_back(0);
   if (async_chunks > 1) variants.push_back(async_chunks);
   std::vector<Prediction> predictions;
   for (const int chunks : variants) {

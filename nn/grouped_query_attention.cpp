@@ -50,9 +50,12 @@ GroupedQueryAttention::Heads GroupedQueryAttention::project_heads(const Tensor& 
   TESSERA_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim_,
                 "GroupedQueryAttention: expected input [B, T, {}], got {}", embed_dim_,
                 x.defined() ? x.sizes() : Shape{});
-  const int64_t B = x.size(0), T = x.size(1), D = head_dim();
-  return {tessera::view((*wq_)(x), {B, T, local_heads(), D}), tessera::view((*wk_)(x), {B, T, local_kv_heads(), D}),
-          tessera::view((*wv_)(x), {B, T, local_kv_heads(), D})};
+  // B and T from the projections: under async tensor parallelism x is a
+  // sequence shard and the products gather it (tp/parallel_style.h).
+  const Tensor q = (*wq_)(x), k = (*wk_)(x), v = (*wv_)(x);
+  const int64_t B = q.size(0), T = q.size(1), D = head_dim();
+  return {tessera::view(q, {B, T, local_heads(), D}), tessera::view(k, {B, T, local_kv_heads(), D}),
+          tessera::view(v, {B, T, local_kv_heads(), D})};
 }
 
 Tensor GroupedQueryAttention::attend_causally(const Heads& heads) const {
@@ -68,7 +71,7 @@ Tensor GroupedQueryAttention::forward(const Tensor& x) {
     heads.k = (*rope_)(heads.k);
   }
   // [B, T, H, D] -> [B, T, H*D]
-  return (*wo_)(tessera::reshape(attend_causally(heads), {x.size(0), x.size(1), local_heads() * head_dim()}));
+  return (*wo_)(tessera::reshape(attend_causally(heads), {heads.q.size(0), heads.q.size(1), local_heads() * head_dim()}));
 }
 
 Tensor GroupedQueryAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t layer,

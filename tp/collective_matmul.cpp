@@ -72,7 +72,9 @@ void check_sequence_input(const char* what, const Tensor& x, const Tensor& weigh
                 "{}: expected x [B, T, K] and weight [N, K], got {} and {}", what, x.sizes(), weight.sizes());
 }
 
-// The gathered input's product, chunk by chunk as each chunk lands.
+// The gathered input's products (one per weight: attention's wq, wk and wv
+// share one gathered input), chunk by chunk as each chunk lands. Inputs:
+// x, then each weight and its bias (undefined for none).
 class AllGatherLinear final : public autograd::Function {
  public:
   AllGatherLinear(dist::DeviceMesh mesh, int64_t chunks) : mesh_(std::move(mesh)), chunks_(chunks) {}
@@ -80,56 +82,83 @@ class AllGatherLinear final : public autograd::Function {
 
   TensorList forward(autograd::FunctionContext& ctx, const TensorList& inputs) override {
     const Tensor& x = inputs[0];
-    const Tensor& weight = inputs[1];
-    const Tensor& bias = inputs[2];
-    check_sequence_input("all_gather_linear", x, weight);
+    const size_t products = (inputs.size() - 1) / 2;
+    for (size_t i = 0; i < products; ++i) check_sequence_input("all_gather_linear", x, inputs[1 + 2 * i]);
     const dist::ProcessGroupPtr& group = mesh_.group(0);
     const std::vector<dist::ShardExtent> extents = batch_chunks(x.size(0), chunks_);
     std::vector<PendingGather> pending;
     for (const dist::ShardExtent& extent : extents) {
       pending.push_back(issue_sequence_gather(ops::narrow(x, 0, extent.offset, extent.length), group));
     }
-    std::vector<Tensor> gathered, outputs;
+    std::vector<Tensor> gathered;
+    std::vector<std::vector<Tensor>> outputs(products);
     for (PendingGather& chunk : pending) {
       chunk.work.wait();
       gathered.push_back(sequence_of(chunk.landing, group->size()));
-      outputs.push_back(ops::linear(gathered.back(), weight, bias));
+      for (size_t i = 0; i < products; ++i) {
+        outputs[i].push_back(ops::linear(gathered.back(), inputs[1 + 2 * i], inputs[2 + 2 * i]));
+      }
     }
-    const Tensor whole_input = gathered.size() == 1 ? gathered[0] : ops::cat(gathered, 0);
-    ctx.save_for_backward({whole_input, weight});
+    TensorList saved = {gathered.size() == 1 ? gathered[0] : ops::cat(gathered, 0)};
     x_dtype_ = x.dtype();
-    has_bias_ = bias.defined();
-    if (has_bias_) bias_dtype_ = bias.dtype();
-    return {outputs.size() == 1 ? outputs[0] : ops::cat(outputs, 0)};
+    TensorList results;
+    for (size_t i = 0; i < products; ++i) {
+      saved.push_back(inputs[1 + 2 * i]);
+      const Tensor& bias = inputs[2 + 2 * i];
+      biases_.push_back({bias.defined(), bias.defined() ? bias.dtype() : DType::f32});
+      results.push_back(outputs[i].size() == 1 ? outputs[i][0] : ops::cat(outputs[i], 0));
+    }
+    ctx.save_for_backward(saved);
+    return results;
   }
 
   TensorList backward(autograd::FunctionContext& ctx, const TensorList& grads) override {
     const Tensor& gathered = ctx.saved()[0];
-    const Tensor& weight = ctx.saved()[1];
-    const Tensor& g = grads[0];
+    const size_t products = grads.size();
     const dist::ProcessGroupPtr& group = mesh_.group(0);
-    // dx chunk by chunk, each reduce-scattered while the next one's GEMM runs.
+    // dx chunk by chunk (every product's share summed), each reduce-scattered
+    // while the next one's GEMMs run. A product whose output got no gradient
+    // adds nothing.
     std::vector<PendingScatter> pending;
-    for (const dist::ShardExtent& extent : batch_chunks(g.size(0), chunks_)) {
-      const Tensor partial = ops::to(ops::matmul(ops::narrow(g, 0, extent.offset, extent.length), weight), x_dtype_);
-      pending.push_back(issue_sequence_scatter(partial, group));
+    const int64_t batch = gathered.size(0);
+    for (const dist::ShardExtent& extent : batch_chunks(batch, chunks_)) {
+      Tensor partial;
+      for (size_t i = 0; i < products; ++i) {
+        if (!grads[i].defined()) continue;
+        const Tensor share = ops::matmul(ops::narrow(grads[i], 0, extent.offset, extent.length), ctx.saved()[1 + i]);
+        partial = partial.defined() ? ops::add(partial, share) : share;
+      }
+      if (!partial.defined()) partial = ops::zeros(Shape{extent.length, gathered.size(1), gathered.size(2)},
+                                                  {.dtype = x_dtype_, .device = gathered.device()});
+      pending.push_back(issue_sequence_scatter(ops::to(partial, x_dtype_), group));
     }
     // dW and db over every token at once, as the synchronous Linear does.
-    const ops::LinearWeightGrads weight_grads = ops::linear_weight_backward(g, gathered, has_bias_);
+    TensorList result(1 + 2 * products);
+    for (size_t i = 0; i < products; ++i) {
+      if (!grads[i].defined()) continue;
+      const Tensor& weight = ctx.saved()[1 + i];
+      const ops::LinearWeightGrads weight_grads = ops::linear_weight_backward(grads[i], gathered, biases_[i].present);
+      result[1 + 2 * i] = ops::to(weight_grads.weight, weight.dtype());
+      if (biases_[i].present) result[2 + 2 * i] = ops::to(weight_grads.bias, biases_[i].dtype);
+    }
     std::vector<Tensor> dx;
     for (PendingScatter& chunk : pending) {
       chunk.work.wait();
       dx.push_back(chunk.output);
     }
-    return {dx.size() == 1 ? dx[0] : ops::cat(dx, 0), ops::to(weight_grads.weight, weight.dtype()),
-            has_bias_ ? ops::to(weight_grads.bias, bias_dtype_) : Tensor()};
+    result[0] = dx.size() == 1 ? dx[0] : ops::cat(dx, 0);
+    return result;
   }
 
  private:
+  struct BiasKind {
+    bool present = false;
+    DType dtype = DType::f32;
+  };
   dist::DeviceMesh mesh_;
   int64_t chunks_;
-  DType x_dtype_ = DType::f32, bias_dtype_ = DType::f32;
-  bool has_bias_ = false;
+  DType x_dtype_ = DType::f32;
+  std::vector<BiasKind> biases_;
 };
 
 // The partial product, chunk by chunk, each reduce-scattered while the next
@@ -199,8 +228,22 @@ int64_t collective_chunks(int64_t batch, int64_t chunks) {
 
 Tensor all_gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const dist::DeviceMesh& mesh,
                          int64_t chunks) {
+  return all_gather_linears(x, {weight}, {bias}, mesh, chunks)[0];
+}
+
+std::vector<Tensor> all_gather_linears(const Tensor& x, const std::vector<Tensor>& weights,
+                                       const std::vector<Tensor>& biases, const dist::DeviceMesh& mesh,
+                                       int64_t chunks) {
   check_chunks("all_gather_linear", mesh, chunks);
-  return autograd::Function::apply<AllGatherLinear>({x, weight, bias}, mesh, chunks)[0];
+  TESSERA_CHECK(!weights.empty() && biases.size() == weights.size(),
+                "all_gather_linear: {} weights and {} biases (one bias, or an undefined one, a weight)",
+                weights.size(), biases.size());
+  TensorList inputs = {x};
+  for (size_t i = 0; i < weights.size(); ++i) {
+    inputs.push_back(weights[i]);
+    inputs.push_back(biases[i]);
+  }
+  return autograd::Function::apply<AllGatherLinear>(inputs, mesh, chunks);
 }
 
 Tensor linear_reduce_scatter(const Tensor& x, const Tensor& weight, const dist::DeviceMesh& mesh, int64_t chunks) {

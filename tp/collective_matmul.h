@@ -5,7 +5,8 @@
 // compute stream, ordered by events; on CPU ranks on the communication
 // thread beside the rank's own).
 //
-//   all_gather_linear     x [B, T/tp, K] sequence-sharded -> y [B, T, N]:
+//   all_gather_linear     x [B, T/tp, K] sequence-sharded -> y [B, T, N]
+//   (all_gather_linears:  one gathered x, several weights -> several y):
 //                         every chunk's all-gather is issued first; chunk j's
 //                         GEMM waits only for its own. Backward: chunk j's
 //                         dx GEMM, then its reduce-scatter, which runs while
@@ -27,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "dist/device_mesh.h"
 #include "tensor/tensor.h"
@@ -41,6 +43,14 @@ int64_t collective_chunks(int64_t batch, int64_t chunks);
 // b: [N] or undefined. Differentiable in x, W and b.
 Tensor all_gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const dist::DeviceMesh& mesh,
                          int64_t chunks);
+
+// y_i = gather(x) W_i^T + b_i for several weights sharing the gathered input
+// (Llama's wq, wk and wv; w1 and w3): one all-gather a chunk, then every
+// product of that chunk; backward sums the products' dx before each chunk's
+// reduce-scatter. biases: one a weight (undefined for none).
+std::vector<Tensor> all_gather_linears(const Tensor& x, const std::vector<Tensor>& weights,
+                                       const std::vector<Tensor>& biases, const dist::DeviceMesh& mesh,
+                                       int64_t chunks);
 
 // y = reduce_scatter(x W^T) over the 1-D tp mesh, onto the sequence (dim 1);
 // x: [B, T, K], W: [N, K]; T divisible by the tp size. Differentiable in x

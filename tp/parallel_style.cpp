@@ -3,6 +3,7 @@
 #include "tp/parallel_style.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "autograd/functions.h"
 #include "dist/redistribute.h"
@@ -318,6 +319,91 @@ class PrepareModuleInput final : public ParallelStyle {
   PrepareInputOptions options_;
 };
 
+// The products of a group of sibling Linears that share one input: the
+// first of them to be called computes all (one chunked all-gather), the
+// others take theirs. A call with another input, or a second call of one
+// member before the rest took theirs, starts over with that input.
+class SharedGatherProducts {
+ public:
+  SharedGatherProducts(std::vector<nn::Linear*> members, dist::DeviceMesh mesh, int64_t chunks)
+      : members_(std::move(members)), mesh_(std::move(mesh)), chunks_(chunks) {}
+
+  Tensor product_of(size_t member, const Tensor& x) {
+    if (!input_.defined() || !input_.is_same(x) || taken_[member]) compute_all(x);
+    taken_[member] = true;
+    Tensor output = std::move(outputs_[member]);
+    outputs_[member] = Tensor();
+    if (std::all_of(taken_.begin(), taken_.end(), [](bool taken) { return taken; })) input_ = Tensor();
+    return output;
+  }
+
+ private:
+  void compute_all(const Tensor& x) {
+    std::vector<Tensor> weights, biases;
+    for (nn::Linear* linear : members_) {
+      weights.push_back(linear->weight().tensor());
+      biases.push_back(linear->has_bias() && !linear->defers_bias() ? linear->bias().tensor() : Tensor());
+    }
+    outputs_ = all_gather_linears(x, weights, biases, mesh_, chunks_);
+    taken_.assign(members_.size(), false);
+    input_ = x;
+  }
+
+  std::vector<nn::Linear*> members_;
+  dist::DeviceMesh mesh_;
+  int64_t chunks_;
+  Tensor input_;
+  std::vector<Tensor> outputs_;
+  std::vector<bool> taken_;
+};
+
+class GatherSequenceInto final : public ParallelStyle {
+ public:
+  explicit GatherSequenceInto(GatherIntoOptions options) : options_(std::move(options)) {
+    TESSERA_CHECK(!options_.children.empty(), "GatherSequenceInto: name the Linears that share the input");
+    TESSERA_CHECK(options_.async_chunks >= 1, "GatherSequenceInto: async_chunks must be >= 1, got {}",
+                  options_.async_chunks);
+  }
+
+  void check(const nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    ParallelStyle::check(module, name, mesh);
+    int64_t in_features = -1;
+    for (const std::string& child : options_.children) {
+      const auto* linear = dynamic_cast<const nn::Linear*>(module.child(child).get());
+      TESSERA_CHECK(linear != nullptr, "GatherSequenceInto on {}: {}.{} is a {}, not a Linear", name, name, child,
+                    module.child(child)->type_name());
+      TESSERA_CHECK(!linear->has_product(),
+                    "GatherSequenceInto on {}: {}.{} already has a fused product (async ColwiseParallel?)", name,
+                    name, child);
+      const int64_t features = linear->weight().global_shape()[1];
+      TESSERA_CHECK(in_features < 0 || features == in_features,
+                    "GatherSequenceInto on {}: {}.{} takes {} input features, the others {}", name, name, child,
+                    features, in_features);
+      in_features = features;
+    }
+  }
+
+  void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
+    check(module, name, mesh);
+    std::vector<nn::Linear*> members;
+    for (const std::string& child : options_.children) members.push_back(dynamic_cast<nn::Linear*>(module.child(child).get()));
+    auto shared = std::make_shared<SharedGatherProducts>(members, mesh, options_.async_chunks);
+    for (size_t i = 0; i < members.size(); ++i) {
+      members[i]->set_product([shared, i](const Tensor& x, const Tensor&, const Tensor&) {
+        return shared->product_of(i, x);
+      });
+    }
+  }
+
+  std::string describe() const override {
+    return fmt::format("GatherSequenceInto({}, async in {} chunks)", fmt::join(options_.children, ", "),
+                       options_.async_chunks);
+  }
+
+ private:
+  GatherIntoOptions options_;
+};
+
 class PrepareModuleOutput final : public ParallelStyle {
  public:
   explicit PrepareModuleOutput(PrepareOutputOptions options) : options_(std::move(options)) {}
@@ -386,6 +472,9 @@ ParallelStylePtr vocab_parallel_embedding(VocabParallelOptions options) {
 ParallelStylePtr sequence_parallel() { return std::make_shared<SequenceParallel>(); }
 ParallelStylePtr prepare_module_input(PrepareInputOptions options) {
   return std::make_shared<PrepareModuleInput>(std::move(options));
+}
+ParallelStylePtr gather_sequence_into(GatherIntoOptions options) {
+  return std::make_shared<GatherSequenceInto>(std::move(options));
 }
 ParallelStylePtr prepare_module_output(PrepareOutputOptions options) {
   return std::make_shared<PrepareModuleOutput>(std::move(options));

@@ -108,6 +108,19 @@ struct PrepareInputOptions {
 };
 ParallelStylePtr prepare_module_input(PrepareInputOptions options);
 
+// Async tensor parallelism for a module whose children Linears (column-wise,
+// laid out by their own entries with input_layout nullopt) all multiply its
+// sequence-sharded input: Llama's attention (wq, wk, wv) and feed-forward (w1,
+// w3). One all-gather serves them all, fused into their products in
+// async_chunks batch chunks (all_gather_linears: chunk j's GEMMs wait for
+// chunk j only); the input's gradient, summed over the children, is
+// reduce-scattered chunk by chunk. Instead of a PrepareModuleInput.
+struct GatherIntoOptions {
+  std::vector<std::string> children;
+  int64_t async_chunks = 1;
+};
+ParallelStylePtr gather_sequence_into(GatherIntoOptions options);
+
 // Moves the module's output from `output_layout` to `desired_output_layout`
 // after its forward (GPT's position embedding: Replicate -> Shard(0), each
 // rank keeping its positions' rows; the backward all-gathers the gradient).

@@ -74,16 +74,22 @@ ParallelizePlan gpt_plan(const PlanOptions& options) {
 
 ParallelizePlan llama_plan(const PlanOptions& options) {
   const ParallelStylePtr from_prepared_input = colwise_parallel({.input_layout = std::nullopt});
+  const int64_t chunks = options.async_chunks;
+  // Async, one chunked gather feeds each module's column-wise products.
+  const auto gather_into = [chunks](std::vector<std::string> children) {
+    return chunks == 0 ? gather_sequence_on_entry()
+                       : gather_sequence_into({.children = std::move(children), .async_chunks = chunks});
+  };
   return {
       {"tok_embeddings", vocab_parallel_embedding({.output_layout = kSequence})},
       {"layers.*.attention_norm", sequence_parallel()},
-      {"layers.*.attention", gather_sequence_on_entry()},
+      {"layers.*.attention", gather_into({"wq", "wk", "wv"})},
       {"layers.*.attention.wq", from_prepared_input},
       {"layers.*.attention.wk", from_prepared_input},
       {"layers.*.attention.wv", from_prepared_input},
       {"layers.*.attention.wo", rowwise_parallel({.output_layout = kSequence, .async_chunks = options.async_chunks})},
       {"layers.*.ffn_norm", sequence_parallel()},
-      {"layers.*.feed_forward", gather_sequence_on_entry()},
+      {"layers.*.feed_forward", gather_into({"w1", "w3"})},
       {"layers.*.feed_forward.w1", from_prepared_input},
       {"layers.*.feed_forward.w3", from_prepared_input},
       {"layers.*.feed_forward.w2",

@@ -64,7 +64,7 @@ TensorParallelTraffic plan_traffic(const nn::CausalLM& model, const TrafficShape
   TESSERA_CHECK(shape.async_chunks >= 0, "tp::plan_traffic: async_chunks must be >= 0, got {}", shape.async_chunks);
   // A block's moves in and out: whole, or (async) in chunks of the batch.
   const int64_t pieces = shape.async_chunks > 0 ? collective_chunks(shape.batch, shape.async_chunks) : 1;
-  const int64_t gathers_per_block = gpt ? 2 * pieces : 2;  // Llama gathers whole: its inputs feed several products
+  const int64_t gathers_per_block = 2 * pieces;  // Llama's one gather feeds several products (gather_sequence_into)
   const int64_t scatters_per_block = 2 * pieces;
   TensorParallelTraffic traffic;
   // In: the embedding's sum onto the sequence; per block into and out of

@@ -11,6 +11,7 @@
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/cuda/sim/device_heap.h"
+#include "tensor/cuda/sim/fiber_stacks.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
@@ -40,6 +41,34 @@ TEST_CASE("the simulator has cuda:0 to cuda:15; any other is refused, naming the
                          Error);
     CHECK_THROWS_WITH_AS(ops::empty({4}, {.device = gpu(index)}), doctest::Contains("cuda:0 to cuda:15"), Error);
   }
+}
+
+TEST_CASE("fiber stacks: guard pages within the process's budget, canaries beyond it, an overrun named") {
+  using cuda::sim::FiberStacks;
+  const int64_t before = FiberStacks::guarded_in_process();
+  {
+    FiberStacks small;
+    small.reserve(64);
+    CHECK(small.guarded());
+    CHECK(FiberStacks::guarded_in_process() == before + 64);
+    // A pool that would pass the budget (on 16 devices, the memory areas
+    // Linux allows a process) takes canaries instead of guard pages.
+    FiberStacks large;
+    large.reserve(static_cast<int>(FiberStacks::kGuardedStacks));
+    CHECK_FALSE(large.guarded());
+    CHECK(FiberStacks::guarded_in_process() == before + 64);
+    CHECK_NOTHROW(large.check_canaries(1024, "intact"));
+    // A thread that ran past its stack's end wrote into the canary below it.
+    const boost::context::stack_context third = large.stack(2);
+    static_cast<unsigned char*>(third.sp)[-static_cast<std::ptrdiff_t>(third.size) - 8] = 0;
+    CHECK_THROWS_WITH_AS(large.check_canaries(1024, "deep_recursion"),
+                         "cuda sim: a thread of kernel `deep_recursion` overran its 64 KiB stack (fiber stack 2; the "
+                         "simulator runs each thread on a fiber: deep recursion or large local arrays)",
+                         Error);
+    CHECK_NOTHROW(large.check_canaries(1024, "rewritten"));  // the pool stays usable
+    CHECK_NOTHROW(large.check_canaries(2, "only the first two"));
+  }
+  CHECK(FiberStacks::guarded_in_process() == before);
 }
 
 TEST_CASE("each device has its own memory, allocator and statistics") {

@@ -1,5 +1,6 @@
 // Async tensor parallelism (tp/collective_matmul.h, PlanOptions::async_chunks):
-//   - the collective matmuls alone, on tp 2 and 3 and in 1 to 4 batch
+//   - the collective matmuls alone (and one gather into three products),
+//     on tp 2 and 3 and in 1 to 4 batch
 //     chunks (uneven ones included): output and every gradient the
 //     synchronous move and Linear's (bitwise in one chunk; in several within
 //     1e-6 of each tensor's largest: a chunk's GEMM may take another BLAS
@@ -161,6 +162,76 @@ TEST_CASE("async tp: chunked all-gather + product and product + reduce-scatter a
   }
 }
 
+TEST_CASE("async tp: one chunked gather into several products (Llama's wq, wk, wv) is the moved input's products") {
+  for (const int tp : {2, 3}) {
+    for (const int64_t chunks : {1, 2, 4}) {
+      CAPTURE(tp);
+      CAPTURE(chunks);
+      dist::run_local(
+          tp,
+          [&](const dist::ProcessGroupPtr& world) {
+            const dist::DeviceMesh mesh(world, kCPU, {tp}, {"tp"});
+            const int64_t rank = world->rank(), piece = kAsyncSequence;
+            const Tensor x = irregular_tensor({kAsyncBatch, piece, kAsyncIn}, 61 + rank);
+            const std::vector<int64_t> outs = {kAsyncOut, 2, kAsyncOut + 3};
+            std::vector<Tensor> weights, ups;
+            for (size_t i = 0; i < outs.size(); ++i) {
+              weights.push_back(irregular_tensor({outs[i], kAsyncIn}, 71 + static_cast<int>(i) + rank));
+              ups.push_back(irregular_tensor({kAsyncBatch, piece * tp, outs[i]}, 81 + static_cast<int>(i) + rank));
+            }
+            const Tensor bias = irregular_tensor({outs[2]}, 91 + rank);  // the last product only
+            // Runs `products` on fresh leaves; the second output gets no gradient.
+            const auto run = [&](const auto& products) {
+              Tensor in = leaf(x), b = leaf(bias);
+              std::vector<Tensor> ws;
+              for (const Tensor& w : weights) ws.push_back(leaf(w));
+              const std::vector<Tensor> ys = products(in, ws, b);
+              autograd::backward(tessera::add(tessera::sum(tessera::mul(ys[0], ups[0])),
+                                              tessera::sum(tessera::mul(ys[2], ups[2]))));
+              std::vector<Tensor> results = {ys[0].detach(), ys[1].detach(), ys[2].detach(), in.grad(),
+                                             ws[0].grad(),   ws[2].grad(),   b.grad()};
+              // Its weight's gradient: none, or zeros (as the engine hands an unused output).
+              CHECK((!ws[1].grad().defined() || ops::amax(ops::abs(ws[1].grad())).item<double>() == 0.0));
+              return results;
+            };
+            mesh.group(0)->reset_stats();
+            const std::vector<Tensor> fused = run([&](const Tensor& in, const std::vector<Tensor>& ws, const Tensor& b) {
+              return tp::all_gather_linears(in, ws, {Tensor(), Tensor(), b}, mesh, chunks);
+            });
+            const dist::CommStats stats = mesh.group(0)->stats();
+            const std::vector<Tensor> moved = run([&](const Tensor& in, const std::vector<Tensor>& ws, const Tensor& b) {
+              const Tensor whole = tp::move_activation(in, mesh, dist::Shard{1}, dist::Replicate{}, dist::Partial{});
+              return std::vector<Tensor>{tessera::linear(whole, ws[0], Tensor()), tessera::linear(whole, ws[1], Tensor()),
+                                         tessera::linear(whole, ws[2], b)};
+            });
+            const int64_t calls = tp::collective_chunks(kAsyncBatch, chunks);
+            for (size_t index = 0; index < fused.size(); ++index) {
+              CAPTURE(index);
+              CHECK(same_values(fused[index], moved[index]));
+            }
+            // One gather a chunk for the three products, one reduce-scatter a chunk for their summed dx.
+            CHECK(stats[dist::CollectiveKind::all_gather].calls == calls);
+            CHECK(stats[dist::CollectiveKind::reduce_scatter].calls == calls);
+          },
+          thread_rank_options());
+    }
+  }
+  dist::run_local(
+      2,
+      [&](const dist::ProcessGroupPtr& world) {
+        const dist::DeviceMesh mesh(world, kCPU, {2}, {"tp"});
+        const Tensor x = irregular_tensor({kAsyncBatch, kAsyncSequence, kAsyncIn}, 1);
+        const Tensor w = irregular_tensor({kAsyncOut, kAsyncIn}, 2);
+        const Tensor narrow_w = irregular_tensor({kAsyncOut, kAsyncIn + 1}, 3);
+        CHECK_THROWS_WITH_AS(tp::all_gather_linears(x, {w}, {}, mesh, 2),
+                             "all_gather_linear: 1 weights and 0 biases (one bias, or an undefined one, a weight)",
+                             Error);
+        CHECK_THROWS_WITH_AS(tp::all_gather_linears(x, {w, narrow_w}, {Tensor(), Tensor()}, mesh, 2),
+                             doctest::Contains("all_gather_linear: expected x [B, T, K] and weight [N, K]"), Error);
+      },
+      thread_rank_options());
+}
+
 TEST_CASE("async tp: GPT and Llama with chunked moves are the synchronous plan's results, and plan_traffic's counts") {
   constexpr int tp = 2;
   for (const auto& [label, make] : composed_models()) {
@@ -283,11 +354,13 @@ TEST_CASE("async tp on simulated GPUs: each chunk's GEMM waits for its own colle
         const Tensor piece = ops::to(irregular_tensor({kAsyncBatch, kAsyncSequence, kAsyncIn}, 4), device);
         const Tensor whole = ops::to(irregular_tensor({kAsyncBatch, 2 * kAsyncSequence, kAsyncIn}, 5), device);
         world->barrier();
+        const Tensor narrow_w = ops::to(irregular_tensor({2, kAsyncIn}, 6), device);
         for (const bool gather : {true, false}) {
           std::optional<cuda::sim::ScheduleRecording> recording;
           if (world->rank() == 0) recording.emplace();
           world->barrier();
-          const Tensor y = gather ? tp::all_gather_linear(piece, w, Tensor(), mesh, 3)
+          // Gathered: into two products (Llama's w1 and w3), chunk by chunk.
+          const Tensor y = gather ? tp::all_gather_linears(piece, {w, narrow_w}, {Tensor(), Tensor()}, mesh, 3)[0]
                                   : tp::linear_reduce_scatter(whole, w, mesh, 3);
           current_stream(device)->synchronize();
           world->barrier();
@@ -296,21 +369,23 @@ TEST_CASE("async tp on simulated GPUs: each chunk's GEMM waits for its own colle
         }
       },
       thread_rank_options());
-  // All-gathers first, then the GEMMs: GEMM j waits for gather j's event and
-  // for no later gather's before it is given.
+  // All-gathers first, then the GEMMs, two a chunk: chunk j's wait for
+  // gather j's event and for no later gather's before they are given.
   {
     const std::vector<size_t> collectives = positions(gather_ops, ScheduledOp::Kind::collective);
     const std::vector<size_t> gemms = positions(gather_ops, ScheduledOp::Kind::gemm);
     REQUIRE(collectives.size() == 3);
-    REQUIRE(gemms.size() == 3);
+    REQUIRE(gemms.size() == 6);
     const int compute = gather_ops[gemms[0]].stream;
     for (size_t j = 0; j < 3; ++j) {
       const int64_t done = event_after(gather_ops, collectives[j], gather_ops[collectives[j]].stream);
       REQUIRE(done >= 0);
-      CHECK(waits_for(gather_ops, gemms[j], compute, done));  // its own
-      if (j + 1 < 3) {
-        const int64_t next = event_after(gather_ops, collectives[j + 1], gather_ops[collectives[j + 1]].stream);
-        CHECK_FALSE(waits_for(gather_ops, gemms[j], compute, next));  // not the next chunk's
+      for (const size_t gemm : {gemms[2 * j], gemms[2 * j + 1]}) {
+        CHECK(waits_for(gather_ops, gemm, compute, done));  // its own
+        if (j + 1 < 3) {
+          const int64_t next = event_after(gather_ops, collectives[j + 1], gather_ops[collectives[j + 1]].stream);
+          CHECK_FALSE(waits_for(gather_ops, gemm, compute, next));  // not the next chunk's
+        }
       }
     }
   }
@@ -354,6 +429,23 @@ TEST_CASE("async tp: refusals name the layout or the count that does not fit") {
                                    {{"lm_head", tp::colwise_parallel({.input_layout = dist::Shard{1},
                                                                       .async_chunks = 2})}}),
             doctest::Contains("ColwiseParallel on lm_head: async_chunks needs a Linear"), Error);
+        // One gather into several products: the children must be Linears without a fused product, of one width.
+        auto llama = std::make_shared<nn::Llama>(composed_llama(), kMeta);
+        const auto gather_into = [&](const std::string& module, std::vector<std::string> children) {
+          tp::parallelize_module(
+              *llama, mesh, {{module, tp::gather_sequence_into({.children = std::move(children), .async_chunks = 2})}});
+        };
+        CHECK_THROWS_WITH_AS(gather_into("layers.0.attention", {"wq", "rope"}),
+                             doctest::Contains("GatherSequenceInto on layers.0.attention: layers.0.attention.rope is a"),
+                             Error);
+        CHECK_THROWS_WITH_AS(gather_into("layers.0.feed_forward", {"w1", "w2"}),
+                             doctest::Contains("layers.0.feed_forward.w2 takes"), Error);
+        CHECK_THROWS_WITH_AS(tp::gather_sequence_into({.children = {}, .async_chunks = 2}),
+                             doctest::Contains("name the Linears that share the input"), Error);
+        CHECK_THROWS_WITH_AS(tp::gather_sequence_into({.children = {"wq"}, .async_chunks = 0}),
+                             doctest::Contains("async_chunks must be >= 1, got 0"), Error);
+        CHECK(tp::gather_sequence_into({.children = {"w1", "w3"}, .async_chunks = 2})->describe() ==
+              "GatherSequenceInto(w1, w3, async in 2 chunks)");
         const Tensor x = irregular_tensor({2, 4, kAsyncIn}, 1), w = irregular_tensor({kAsyncOut, kAsyncIn}, 2);
         CHECK_THROWS_WITH_AS(tp::all_gather_linear(x, w, Tensor(), mesh, 0), doctest::Contains("chunks must be >= 1"),
                              Error);

@@ -1,6 +1,16 @@
 // Stacks for the fibers of a block's threads: one mapping per OS thread,
 // reused by every block it runs, each stack with a guard page below it so an
 // overflowing kernel faults instead of corrupting its neighbour.
+//
+// A guard page splits the mapping: two memory areas a stack, and Linux caps a
+// process at vm.max_map_count areas (65530 by default). Sixteen simulated
+// devices, each with several stream threads running blocks of up to 1024
+// threads, would pass it (and then thread creation or malloc fails). So the
+// process guards its first kGuardedStacks stacks; beyond them the page below
+// each stack holds a canary instead, checked after every block
+// (check_canaries): an overflow is still an error naming the kernel, found
+// when the block ends rather than at the faulting write, and the page keeps
+// it off the neighbouring stack unless one frame jumps it.
 #pragma once
 
 #include <boost/context/stack_context.hpp>
@@ -13,6 +23,7 @@ namespace tessera::cuda::sim {
 class FiberStacks {
  public:
   static constexpr size_t kStackBytes = size_t{64} << 10;
+  static constexpr int64_t kGuardedStacks = 8192;  // 16384 of the default 65530 areas
 
   FiberStacks() = default;
   ~FiberStacks();
@@ -22,11 +33,21 @@ class FiberStacks {
   // Makes room for `count` stacks (mapping more if needed).
   void reserve(int count);
   boost::context::stack_context stack(int index) const;
+  // Whether this pool's stacks have guard pages (else canaries).
+  bool guarded() const { return guarded_; }
+  // After a block of `count` threads: an Error naming `kernel` if a stack
+  // ran over its end into the canary below it (the canary is rewritten
+  // first, so the pool stays usable). Nothing for guarded stacks.
+  void check_canaries(int count, const char* kernel);
+  // The stacks with guard pages in the process now (for tests).
+  static int64_t guarded_in_process();
 
  private:
   size_t slot_bytes() const;
+  void release();
   unsigned char* base_ = nullptr;
   int count_ = 0;
+  bool guarded_ = false;
 };
 
 // Under AddressSanitizer, clears `stack`'s shadow before a fiber runs on it.

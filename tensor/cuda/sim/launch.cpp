@@ -181,6 +181,7 @@ void run_launch(const std::string& kernel_name, const void* kernel_address, cons
     launch.dynamic_racecheck->reset(launch.dynamic_shared.bytes);
     ThreadBlock block(launch, index, stacks);
     block.run();
+    stacks.check_canaries(static_cast<int>(config.block.x * config.block.y * config.block.z), kernel_name.c_str());
     launch.block = nullptr;
     launch.static_racecheck->poison_touched(reinterpret_cast<unsigned char*>(launch.static_shared.begin));
   }
