@@ -34,10 +34,12 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -113,6 +115,7 @@ struct Replayed {
   double check_error = 0;
   double tp_bytes = 0, shard_bytes = 0;  // the collectives' buffers, by group
   int64_t ops = 0;
+  std::map<std::string, double> kernel_seconds;  // SM work by name, each op alone
 };
 
 // Where the forward ends: the vocabulary-parallel loss's first all-reduce
@@ -140,12 +143,13 @@ bench::CollectiveTiming time_collective(const std::vector<bench::LinkModel>& lin
 
 Replayed replay_layers(int64_t layers, int async_chunks, const bench::GpuModel& gpu,
                        const std::vector<bench::LinkModel>& links) {
-  // B from 2 (the fit's basis), and every B a multiple of the chunks.
-  const std::vector<RunShape> shapes = {{2, kSmallSeq},
-                                        {4, kSmallSeq},
-                                        {2, 2 * kSmallSeq},
-                                        {4, 2 * kSmallSeq},
-                                        {async_chunks > 1 ? 6 : 3, kSmallSeq}};
+  // B from 2 (the fit's basis). Async, every chunk of at least 2 sequences,
+  // as at the target: a chunk of one sequence skips a copy (its gathered
+  // pieces are in order already) and would record another schedule.
+  const int64_t k = std::max(async_chunks, 1);
+  const int64_t b = 2 * k, more = async_chunks > 1 ? 3 * k : 4, check = async_chunks > 1 ? 4 * k : 3;
+  const std::vector<RunShape> shapes = {
+      {b, kSmallSeq}, {more, kSmallSeq}, {b, 2 * kSmallSeq}, {more, 2 * kSmallSeq}, {check, kSmallSeq}};
   std::vector<std::vector<ScheduledOp>> runs;
   for (const RunShape& s : shapes) {
     const auto start = std::chrono::steady_clock::now();
@@ -164,7 +168,8 @@ Replayed replay_layers(int64_t layers, int async_chunks, const bench::GpuModel& 
       .width_ratio = kWidthRatio,
       .gemm_widths = {{key_value_width_per_rank(small_model(layers)), key_value_width_per_rank(target)}}};
   const std::vector<std::vector<ScheduledOp>> fitting(runs.begin(), runs.begin() + 4);
-  const std::vector<bench::FittedOp> fitted = bench::fit(fitting, {shapes.begin(), shapes.begin() + 4}, scale, kProgram);
+  const std::vector<bench::FittedOp> fitted =
+      bench::fit(fitting, {shapes.begin(), shapes.begin() + 4}, scale, kProgram);
   bench::require_same_sequence(runs, shapes, kProgram);
   Replayed r;
   r.check_error = bench::check_fit(fitted, runs[4], shapes[4]);
@@ -178,6 +183,14 @@ Replayed replay_layers(int64_t layers, int async_chunks, const bench::GpuModel& 
     if (ops[i].kind == bench::StepOp::Kind::work) first = std::min(first, r.timing.start[i]);
   }
   r.forward_seconds = r.timing.start[first_loss_op(runs[0])] - first;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == bench::StepOp::Kind::work && ops[i].engine == bench::Engine::sms) {
+      const ScheduledOp& op = runs[0][i];
+      r.kernel_seconds[op.kind == ScheduledOp::Kind::gemm ? fmt::format("GEMM {}x{}x{}", fitted[i].gemm_dims[0],
+                                                                        fitted[i].gemm_dims[1], fitted[i].gemm_dims[2])
+                                                          : op.name] += ops[i].seconds;
+    }
+  }
   for (const bench::FittedOp& f : fitted) {
     if (f.op.kind != ScheduledOp::Kind::collective) continue;
     const double bytes = bench::evaluate(f.terms[bench::kMovedBytes], scale.shape, scale.param_ratio, kWidthRatio);
@@ -192,6 +205,7 @@ struct Prediction {
   double step = 0, forward_block = 0, compute_alone = 0, exposed = 0, exposed_tp = 0, exposed_dp = 0;
   double tp_alone = 0, tp_bytes = 0, shard_bytes = 0, check_error = 0;
   double step_full_ac = 0;
+  std::vector<std::pair<double, std::string>> kernels;  // seconds a step by name, the largest first
 };
 
 Prediction extrapolate(const Replayed& two, const Replayed& three, int64_t layers) {
@@ -202,7 +216,8 @@ Prediction extrapolate(const Replayed& two, const Replayed& three, int64_t layer
   p.forward_block = three.forward_seconds - two.forward_seconds;
   p.compute_alone = grow(two.timing.compute_alone_seconds, three.timing.compute_alone_seconds);
   p.exposed = grow(two.timing.exposed_seconds, three.timing.exposed_seconds);
-  p.exposed_tp = grow(two.timing.exposed_seconds_by_link[kLinkNvlink], three.timing.exposed_seconds_by_link[kLinkNvlink]);
+  p.exposed_tp =
+      grow(two.timing.exposed_seconds_by_link[kLinkNvlink], three.timing.exposed_seconds_by_link[kLinkNvlink]);
   p.exposed_dp =
       grow(two.timing.exposed_seconds_by_link[kLinkInfiniband], three.timing.exposed_seconds_by_link[kLinkInfiniband]);
   p.tp_alone = grow(two.timing.communication_seconds_by_link[kLinkNvlink],
@@ -211,6 +226,16 @@ Prediction extrapolate(const Replayed& two, const Replayed& three, int64_t layer
   p.shard_bytes = grow(two.shard_bytes, three.shard_bytes);
   p.check_error = std::max(two.check_error, three.check_error);
   p.step_full_ac = p.step + static_cast<double>(layers) * p.forward_block;
+  std::map<std::string, double> names = two.kernel_seconds;
+  for (const auto& [name, seconds] : three.kernel_seconds) names[name] += 0;
+  for (const auto& [name, seconds] : names) {
+    const auto in = [&](const Replayed& r) {
+      const auto found = r.kernel_seconds.find(name);
+      return found == r.kernel_seconds.end() ? 0.0 : found->second;
+    };
+    p.kernels.emplace_back(grow(in(two), in(three)), name);
+  }
+  std::sort(p.kernels.rbegin(), p.kernels.rend());
   return p;
 }
 
@@ -234,6 +259,10 @@ nlohmann::json report(const std::string& label, const Prediction& p) {
              p.tp_alone, p.exposed_tp, 100 * p.exposed_tp / p.step);
   fmt::print("  PREDICTED dp collectives exposed (IB)        {:8.2f} s\n", p.exposed_dp);
   fmt::print("  PREDICTED one block's forward (recomputed)   {:8.2f} ms\n", 1e3 * p.forward_block);
+  fmt::print("  PREDICTED kernels a step, the largest (GEMMs as cuBLASLt's m x n x k):\n");
+  for (size_t i = 0; i < std::min<size_t>(12, p.kernels.size()); ++i) {
+    fmt::print("    {:8.3f} s  {}\n", p.kernels[i].first, p.kernels[i].second);
+  }
   return {{"step_s", p.step},
           {"step_full_ac_s", p.step_full_ac},
           {"tokens_per_second_per_gpu", tokens_per_gpu / p.step},

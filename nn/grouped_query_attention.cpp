@@ -71,7 +71,8 @@ Tensor GroupedQueryAttention::forward(const Tensor& x) {
     heads.k = (*rope_)(heads.k);
   }
   // [B, T, H, D] -> [B, T, H*D]
-  return (*wo_)(tessera::reshape(attend_causally(heads), {heads.q.size(0), heads.q.size(1), local_heads() * head_dim()}));
+  const Shape merged = {heads.q.size(0), heads.q.size(1), local_heads() * head_dim()};
+  return (*wo_)(tessera::reshape(attend_causally(heads), merged));
 }
 
 Tensor GroupedQueryAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t layer,

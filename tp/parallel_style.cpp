@@ -386,7 +386,9 @@ class GatherSequenceInto final : public ParallelStyle {
   void apply(nn::Module& module, const std::string& name, const dist::DeviceMesh& mesh) const override {
     check(module, name, mesh);
     std::vector<nn::Linear*> members;
-    for (const std::string& child : options_.children) members.push_back(dynamic_cast<nn::Linear*>(module.child(child).get()));
+    for (const std::string& child : options_.children) {
+      members.push_back(dynamic_cast<nn::Linear*>(module.child(child).get()));
+    }
     auto shared = std::make_shared<SharedGatherProducts>(members, mesh, options_.async_chunks);
     for (size_t i = 0; i < members.size(); ++i) {
       members[i]->set_product([shared, i](const Tensor& x, const Tensor&, const Tensor&) {

@@ -25,8 +25,9 @@ struct PlanOptions {
   // whole; k >= 1 fuses each sequence all-gather into the column-wise product
   // after it and each reduce-scatter into the row-wise product before it, in
   // k batch chunks that overlap the GEMMs. GPT: qkv and mlp.fc gather their
-  // own input, attn.proj and mlp.proj scatter; Llama: wo and w2 scatter (wq,
-  // wk and wv, and w1 and w3, share one gathered input, moved whole).
+  // own input, attn.proj and mlp.proj scatter; Llama: attention's and
+  // feed_forward's one gather feeds wq, wk and wv, and w1 and w3
+  // (gather_sequence_into), wo and w2 scatter.
   int64_t async_chunks = 0;
 };
 

@@ -7,8 +7,8 @@
 //             reduce-scatter out of each; the all-gather into the head; the
 //             loss's 3 all-reduces of a value a row (f32, f64 for f64 logits);
 //   async     (PlanOptions::async_chunks) the fused moves in batch chunks:
-//             the same bytes, a call per chunk (GPT: all four moves of a
-//             block; Llama: the two reduce-scatters out and their conjugates);
+//             the same bytes, a call per chunk (all four moves of a block,
+//             GPT's and Llama's);
 //   backward  the conjugates: per block 2 reduce-scatters and 2 all-gathers,
 //             the head's reduce-scatter, the embedding's all-gather (and GPT's
 //             position rows' all-gather of [T, C]); then one all-reduce per

@@ -54,7 +54,7 @@ std::string error_of(auto&& body) {
 
 TEST_SUITE("bench") {
 
-TEST_CASE("schedule fit: each op's law from four sizes, evaluated at the target with p by the parameters, the rest by w") {
+TEST_CASE("schedule fit: each op's law from four sizes, at the target with p by the parameters, the rest by w") {
   const bench::TargetScale target{.shape = {16, 1024}, .param_ratio = 100, .width_ratio = 8};
   const std::vector<bench::FittedOp> fitted = bench::fit(runs_of(32), kFitShapes, target, "test");
   REQUIRE(fitted.size() == 3);
@@ -64,7 +64,8 @@ TEST_CASE("schedule fit: each op's law from four sizes, evaluated at the target 
   CHECK(norm[2] == doctest::Approx(5));
   CHECK(norm[3] == doctest::Approx(7));
   const double b = 16, t = 1024;
-  CHECK(bench::evaluate(norm, target.shape, 100, 8) == doctest::Approx(1000 * 100 + 8 * (3 * t + 5 * b * t + 7 * b * t * t)));
+  const double expected = 1000 * 100 + 8 * (3 * t + 5 * b * t + 7 * b * t * t);
+  CHECK(bench::evaluate(norm, target.shape, 100, 8) == doctest::Approx(expected));
   // The fit against a size it did not see.
   CHECK(bench::check_fit(fitted, schedule_at({3, 64}, 32), {3, 64}) < 1e-9);
   // The GEMM: m = 3 C grows by w, n = B T becomes the target's, k = C grows by w.

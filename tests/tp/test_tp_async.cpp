@@ -195,14 +195,15 @@ TEST_CASE("async tp: one chunked gather into several products (Llama's wq, wk, w
               return results;
             };
             mesh.group(0)->reset_stats();
-            const std::vector<Tensor> fused = run([&](const Tensor& in, const std::vector<Tensor>& ws, const Tensor& b) {
+            using Products = std::vector<Tensor>;
+            const Products fused = run([&](const Tensor& in, const Products& ws, const Tensor& b) {
               return tp::all_gather_linears(in, ws, {Tensor(), Tensor(), b}, mesh, chunks);
             });
             const dist::CommStats stats = mesh.group(0)->stats();
-            const std::vector<Tensor> moved = run([&](const Tensor& in, const std::vector<Tensor>& ws, const Tensor& b) {
+            const Products moved = run([&](const Tensor& in, const Products& ws, const Tensor& b) {
               const Tensor whole = tp::move_activation(in, mesh, dist::Shard{1}, dist::Replicate{}, dist::Partial{});
-              return std::vector<Tensor>{tessera::linear(whole, ws[0], Tensor()), tessera::linear(whole, ws[1], Tensor()),
-                                         tessera::linear(whole, ws[2], b)};
+              return Products{tessera::linear(whole, ws[0], Tensor()), tessera::linear(whole, ws[1], Tensor()),
+                              tessera::linear(whole, ws[2], b)};
             });
             const int64_t calls = tp::collective_chunks(kAsyncBatch, chunks);
             for (size_t index = 0; index < fused.size(); ++index) {

@@ -608,10 +608,11 @@ TEST_CASE("command line: a preset or a flag of the other family, or an unknown o
        "--preset: llama-tiny not in {nano,tiny,gpt2-124m,gpt2-350m,gpt2-774m,gpt2-1558m} (the gpt presets); "
        "llama-tiny is a llama preset: pass --model llama"},
       {{"--model", "llama", "--preset", "tiny"},
-       "--preset: tiny not in {llama-nano,llama-tiny,llama-125m,llama2-7b,llama3-8b} (the llama presets); tiny is a "
-       "gpt preset: pass --model gpt"},
+       "--preset: tiny not in {llama-nano,llama-tiny,llama-125m,llama2-7b,llama3-8b,llama3-70b} (the llama "
+       "presets); tiny is a gpt preset: pass --model gpt"},
       {{"--model", "llama", "--preset", "llama4"},
-       "--preset: llama4 not in {llama-nano,llama-tiny,llama-125m,llama2-7b,llama3-8b} (the llama presets)\n"},
+       "--preset: llama4 not in {llama-nano,llama-tiny,llama-125m,llama2-7b,llama3-8b,llama3-70b} (the llama "
+       "presets)\n"},
       {{"--n-kv-head", "1"},
        "--n-kv-head and --ffn-hidden shape a Llama (grouped-query attention, SwiGLU), not a GPT: pass --model llama"},
       {{"--model", "gpt", "--ffn-hidden", "96"}, "--n-kv-head and --ffn-hidden shape a Llama"},
@@ -734,7 +735,9 @@ TEST_CASE("train --tp 2 --async-tp K: the synchronous run's losses and bytes, GP
       for (size_t step = 0; step < expected[0].steps.size(); ++step) {
         CAPTURE(step);
         // One chunk runs the synchronous GEMMs; more may round otherwise (tp/collective_matmul.h).
-        const double tolerance = chunks == 1 ? 0.0 : 1e-5;
+        // Llama's one gather into several products sums their dx itself, in
+        // its own order, where the synchronous run's autograd adds them: within rounding.
+        const double tolerance = chunks == 1 && !llama ? 0.0 : 1e-5;
         CHECK(relative_difference(got[0].steps[step].loss, expected[0].steps[step].loss) <= tolerance);
         CHECK(relative_difference(got[0].steps[step].grad_norm, expected[0].steps[step].grad_norm) <= tolerance);
         CHECK(got[0].steps[step].comm_bytes == expected[0].steps[step].comm_bytes);
