@@ -66,7 +66,7 @@ constexpr int kDataParallel = 32;   // nodes
 constexpr int kRecordedShards = 2;  // the small run's dp
 constexpr int64_t kBatch = 16;      // sequences a dp rank, shared by its 8 tp ranks (torchtitan's "local batch")
 constexpr int64_t kSeq = 8192;
-constexpr int64_t kSmallSeq = 64;   // T0: a multiple of tp and of the attention tile (async: half)
+constexpr int64_t kSmallSeq = 32;   // T0: a multiple of tp and of the attention tile
 constexpr int kLinkNvlink = 0, kLinkInfiniband = 1;
 
 nn::LlamaConfig target_model() { return nn::LlamaConfig::preset("llama3-70b"); }
@@ -80,7 +80,7 @@ nn::LlamaConfig small_model(int64_t layers) {
   c.n_kv_head = 8;
   c.ffn_hidden = 3584;
   c.vocab_size = 16032;
-  c.block_size = 2 * kSmallSeq;
+  c.block_size = 4 * kSmallSeq;  // as the committed async fit ran (RoPE tables of 128 positions)
   c.n_layer = layers;
   return c;
 }
@@ -141,18 +141,21 @@ bench::CollectiveTiming time_collective(const std::vector<bench::LinkModel>& lin
                 kProgram, op.name, op.group);
 }
 
-Replayed replay_layers(int64_t layers, int async_chunks, const bench::GpuModel& gpu,
+// The fitted sizes, the same for every variant so that their ratio compares
+// like for like: B from 2 K (the fit's basis) for async TP in K chunks, so
+// that every chunk holds at least 2 sequences, as at the target (a chunk of
+// one sequence skips a copy, its gathered pieces being in order already, and
+// would record another schedule). T0 = 32 keeps every run's B T within
+// one power of two's sort (the embedding's backward sorts the token ids in
+// log2(B T) bitonic stages).
+std::vector<RunShape> fitted_shapes(int shape_chunks) {
+  const int64_t k = shape_chunks;
+  return {{2 * k, kSmallSeq}, {3 * k, kSmallSeq}, {2 * k, 2 * kSmallSeq}, {3 * k, 2 * kSmallSeq}, {4 * k, kSmallSeq}};
+}
+
+Replayed replay_layers(int64_t layers, int async_chunks, int shape_chunks, const bench::GpuModel& gpu,
                        const std::vector<bench::LinkModel>& links) {
-  // B from 2 (the fit's basis). Async, every chunk of at least 2 sequences,
-  // as at the target: a chunk of one sequence skips a copy (its gathered
-  // pieces are in order already) and would record another schedule.
-  // And every run's tokens within one power of two's sort (the embedding's
-  // backward sorts the token ids in log2(B T) bitonic stages): async at
-  // T0 = 32, so that B T stays at most 384 as vanilla's stays at 512.
-  const int64_t k = std::max(async_chunks, 1);
-  const int64_t b = 2 * k, more = async_chunks > 1 ? 3 * k : 4, check = async_chunks > 1 ? 4 * k : 3;
-  const int64_t t0 = async_chunks > 1 ? kSmallSeq / 2 : kSmallSeq;
-  const std::vector<RunShape> shapes = {{b, t0}, {more, t0}, {b, 2 * t0}, {more, 2 * t0}, {check, t0}};
+  const std::vector<RunShape> shapes = fitted_shapes(shape_chunks);
   std::vector<std::vector<ScheduledOp>> runs;
   for (const RunShape& s : shapes) {
     const auto start = std::chrono::steady_clock::now();
@@ -289,8 +292,9 @@ int run(int argc, char** argv) {
   app.add_option("--async-tp", async_chunks, "also predict async TP with K batch chunks (0: vanilla TP only)")
       ->capture_default_str()
       ->check(CLI::Range(0, 8));
-  bool skip_vanilla = false;
+  bool skip_vanilla = false, skip_async = false;
   app.add_flag("--skip-vanilla", skip_vanilla, "predict only async TP (the two are independent runs; this reruns one)");
+  app.add_flag("--skip-async", skip_async, "predict only vanilla TP, fitted at --async-tp K's sizes");
   app.add_option("--prediction-out", out_path, "write the predicted figures to this JSON file");
   CLI11_PARSE(app, argc, argv);
   TESSERA_CHECK(async_chunks != 1, "{}: --async-tp 1 is vanilla TP's schedule in one chunk; give 0 or 2 to 8",
@@ -311,13 +315,17 @@ int run(int argc, char** argv) {
                                    "TP 8, bf16, local batch 16, T 8192"}};
   TESSERA_CHECK(!skip_vanilla || async_chunks > 1, "{}: --skip-vanilla with no --async-tp leaves nothing to predict",
                 kProgram);
+  TESSERA_CHECK(!(skip_vanilla && skip_async), "{}: --skip-vanilla with --skip-async leaves nothing to predict",
+                kProgram);
   std::vector<int> variants;
   if (!skip_vanilla) variants.push_back(0);
-  if (async_chunks > 1) variants.push_back(async_chunks);
+  if (async_chunks > 1 && !skip_async) variants.push_back(async_chunks);
+  // With no async variant, vanilla is fitted at the default async's sizes (2 chunks).
+  const int shape_chunks = async_chunks > 1 ? async_chunks : 2;
   std::vector<Prediction> predictions;
   for (const int chunks : variants) {
-    const Replayed two = replay_layers(2, chunks, gpu, links);
-    const Replayed three = replay_layers(3, chunks, gpu, links);
+    const Replayed two = replay_layers(2, chunks, shape_chunks, gpu, links);
+    const Replayed three = replay_layers(3, chunks, shape_chunks, gpu, links);
     const Prediction p = extrapolate(two, three, target.n_layer);
     const std::string label = chunks == 0 ? "vanilla TP" : fmt::format("async TP, {} chunks", chunks);
     out[label] = report(fmt::format("Llama 3 70B, 256 H100 SXM, FSDP 32 x TP 8, local batch 16, T 8192: {}", label), p);
