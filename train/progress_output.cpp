@@ -1,5 +1,6 @@
 #include "train/progress_output.h"
 
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -15,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "tensor/error.h"
 #include "train/graceful_stop.h"
 
 namespace tessera::train {
@@ -132,7 +135,12 @@ class ProgressOutput::Buffer : public std::streambuf {
 ProgressOutput::ProgressOutput(int fd) : ProgressOutput(fd, Options{}) {}
 
 ProgressOutput::ProgressOutput(int fd, Options options) : state_(std::make_shared<State>()) {
-  state_->fd = fd;
+  // The thread writes to a descriptor of its own: whoever closes `fd` then
+  // never races a write still under way, and a number reused by a later
+  // open() (a checkpoint's file) can never receive progress lines.
+  const int own_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  TESSERA_CHECK(own_fd >= 0, "progress output: cannot duplicate descriptor {}: {}", fd, std::strerror(errno));
+  state_->fd = own_fd;
   state_->capacity = options.capacity_bytes;
   buffer_ = std::make_unique<Buffer>(state_);
   stream_ = std::make_unique<std::ostream>(buffer_.get());
@@ -141,7 +149,7 @@ ProgressOutput::ProgressOutput(int fd, Options options) : state_(std::make_share
   grace_ = options.grace;
   // Detached from the start: close() waits for it through the state, so
   // that it can also leave it blocked in a write nobody will read.
-  std::thread([state = state_] {
+  std::thread([state = state_, own_fd] {
     // A reader that closed its end makes write(2) fail with EPIPE here
     // instead of raising SIGPIPE, whose default kills the whole process.
     sigset_t pipe_signal;
@@ -149,6 +157,7 @@ ProgressOutput::ProgressOutput(int fd, Options options) : state_(std::make_share
     sigaddset(&pipe_signal, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
     state->write_lines();
+    ::close(own_fd);
   }).detach();
 }
 

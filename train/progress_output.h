@@ -10,8 +10,9 @@
 // Closing waits until every queued line is written, except after a stop
 // signal (GracefulStop::requested), when it waits at most a grace period:
 // whoever sent the signal may never read again, and the run's state is saved
-// by then. The writer thread writes only to its descriptor with write(2), so
-// leaving it blocked there at exit touches nothing the exit tears down.
+// by then. The writer thread writes only with write(2), to a duplicate of the
+// descriptor that it closes when it ends: leaving it blocked there at exit
+// touches nothing the exit tears down, and the caller may close its own.
 #pragma once
 
 #include <chrono>

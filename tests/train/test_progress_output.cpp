@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "tensor/error.h"
 #include "train/progress_output.h"
 
 using tessera::train::ProgressOutput;
@@ -163,6 +164,19 @@ TEST_CASE("a reader that closes its end ends the writing, not the caller nor the
   for (int i = 0; i < 1000; ++i) out.stream() << "step " << i << '\n';
   out.close();  // EPIPE ends the thread's writing; close returns
   CHECK(out.dropped_lines() == 0);
+}
+
+TEST_CASE("the writer keeps a descriptor of its own: the caller may close theirs, and a bad one is refused") {
+  ProgressPipe pipe;
+  {
+    ProgressOutput out(pipe.write_end, {.give_up_waiting = [] { return false; }});
+    ::close(pipe.write_end);  // the lines still go out, through the writer's duplicate
+    pipe.write_end = -1;
+    for (int i = 0; i < 3; ++i) out.stream() << "step " << i << '\n';
+    out.close();
+  }
+  CHECK(pipe.drain() == "step 0\nstep 1\nstep 2\n");
+  CHECK_THROWS_WITH_AS(ProgressOutput(-1), doctest::Contains("cannot duplicate descriptor -1"), tessera::Error);
 }
 
 }  // TEST_SUITE
