@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/init.h"
 #include "tensor/ops.h"
 
@@ -57,7 +58,7 @@ Tensor Module::operator()(TensorList inputs) {
   for (const auto& [id, hook] : pre_hooks) {
     if (auto replaced = hook(*this, inputs)) inputs = std::move(*replaced);
   }
-  Tensor output = forward_inputs(inputs);
+  Tensor output = checkpoints_activations_ ? checkpointed_forward(*this, inputs) : forward_inputs(inputs);
   const auto hooks = hooks_->hooks;
   for (const auto& [id, hook] : hooks) {
     if (auto replaced = hook(*this, inputs, output)) output = std::move(*replaced);

@@ -102,6 +102,13 @@ class Module {
   // instead while one is (nn::MLP).
   bool has_forward_hooks() const;
 
+  // Activation checkpointing (nn/activation_checkpoint.h): operator() then
+  // runs forward keeping only the inputs, and backward recomputes the rest.
+  void set_activation_checkpointing(bool enabled) { checkpoints_activations_ = enabled; }
+  bool activation_checkpointing() const { return checkpoints_activations_; }
+  // Expires when the module is destroyed (what a recorded recompute checks).
+  std::weak_ptr<const void> lifetime() const { return hooks_; }
+
   // ---- registry ----------------------------------------------------------------
   // Names are non-empty, contain no '.', and are unique within the module
   // across parameters, buffers and children.
@@ -212,6 +219,7 @@ class Module {
 
   std::string type_name_;
   bool training_ = true;
+  bool checkpoints_activations_ = false;
   std::vector<NamedParameter> parameters_;
   std::vector<NamedBuffer> buffers_;
   std::vector<std::string> non_persistent_buffers_;
