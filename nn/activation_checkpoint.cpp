@@ -177,7 +177,8 @@ ActivationCheckpointPolicy ActivationCheckpointPolicy::parse(std::string_view te
     const std::string_view number = text.substr(every_prefix.size());
     int64_t k = 0;
     const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), k);
-    if (error == std::errc() && end == number.data() + number.size() && k >= 1) return {.mode = Mode::every, .every = k};
+    const bool whole = error == std::errc() && end == number.data() + number.size();
+    if (whole && k >= 1) return {.mode = Mode::every, .every = k};
   }
   fail("activation checkpointing: '{}' is not a policy; give off, full or every:K with K >= 1 (every:2 checkpoints "
        "every second block)", text);

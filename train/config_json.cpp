@@ -197,6 +197,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"hsdp", config.hsdp},
           {"tp", config.tp},
           {"async_tp", config.async_tp},
+          {"ac", config.ac.str()},
           {"reshard_after_forward", reshard},
           {"param_dtype", std::string(tessera::dtype_name(config.param_dtype))},
           {"reduce_dtype", reduce_dtype},

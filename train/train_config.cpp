@@ -404,6 +404,22 @@ void add_parallelism_flags(CLI::App& app, TrainConfig& config, ParallelismFlags&
                  "With --tp: fuse each sequence all-gather and reduce-scatter into the product beside it, in K batch "
                  "chunks whose collectives overlap the GEMMs (0: whole moves; the same bits either way)")
       ->check(integer_in(0, kMaxBatch));
+  using tessera::nn::ActivationCheckpointPolicy;
+  app.add_option_function<std::string>(
+         "--ac", [&config](const std::string& text) { config.ac = ActivationCheckpointPolicy::parse(text); },
+         "Activation checkpointing of the blocks: off, full, or every:K (every K-th block); a checkpointed block keeps "
+         "only its input and recomputes its forward in backward, the same bits (docs/training.md)")
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            try {
+              ActivationCheckpointPolicy::parse(input);
+              return {};
+            } catch (const tessera::Error& error) {
+              return error.what();
+            }
+          },
+          "off|full|every:K"))
+      ->default_str("off");
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
   app.add_flag("--cpu-offload", config.cpu_offload,
                "With --device cuda: parameter shards, gradients and AdamW's state in pinned host memory (FSDP's "
@@ -564,6 +580,9 @@ std::string describe(const TrainConfig& c) {
                                 : fmt::format("shard {}", c.shard_ranks());
   if (c.tp > 1) mesh += fmt::format(" x tp {}", c.tp);
   if (c.async_tp > 0) mesh += fmt::format(", async in {} chunks", c.async_tp);
+  if (c.ac.mode != tessera::nn::ActivationCheckpointPolicy::Mode::off) {
+    mesh += fmt::format(", activation checkpointing {}", c.ac.str());
+  }
   const char* offload = !c.cpu_offload             ? ""
                         : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"
                                                    : ", cpu offload";

@@ -11,6 +11,7 @@
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/plan.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/models/gpt_config.h"
 #include "nn/models/llama_config.h"
 #include "tensor/device.h"
@@ -91,6 +92,10 @@ struct TrainConfig {
   // activations whole; K >= 1 fuses the moves into the products in K batch
   // chunks that overlap the GEMMs.
   int async_tp = 0;
+  // Activation checkpointing of the blocks (--ac off|full|every:K): applied
+  // after tensor parallelism and before FSDP, as torchtitan does. It changes
+  // memory and time, never the numbers.
+  tessera::nn::ActivationCheckpointPolicy ac;
   tessera::fsdp::ReshardAfterForward reshard_after_forward = true;  // for every block; the root keeps false
   tessera::DType param_dtype = tessera::DType::f32;                 // what forward computes on and all-gathers move
   std::optional<tessera::DType> reduce_dtype;                       // gradient reduce-scatter; unset: param_dtype

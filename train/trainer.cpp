@@ -137,6 +137,7 @@ std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& confi
   if (distributed && distributed->tp_mesh) {
     tessera::tp::parallelize_causal_lm(*model, *distributed->tp_mesh, {.async_chunks = config.async_tp});
   }
+  tessera::nn::apply_activation_checkpointing(model->blocks(), config.ac);
   if (distributed) {
     for (const auto& block : model->blocks()) {
       fsdp::fully_shard(*block, fully_shard_options(config, /*root=*/false, distributed->mesh));

@@ -122,6 +122,33 @@ TEST_CASE("fsdp: the naive reference (one collective per parameter) is bitwise f
   });
 }
 
+TEST_CASE("fsdp: activation checkpointing trains bitwise as without it, with not one collective more") {
+  // The recompute runs inside each block's backward, after FSDP's pre-backward
+  // all-gather: it reuses the gathered parameters. Dropout replays its masks.
+  nn::GPTConfig gpt = tiny_gpt();
+  gpt.n_layer = 3;
+  gpt.dropout = 0.1;
+  for (const TrainingSetup& setup : {TrainingSetup{.model = gpt_recipe(gpt), .steps = 4}, llama()}) {
+    for (int world : {2, 3}) {
+      const TrainingResult plain = train_fsdp(setup, {.world = world});
+      for (const char* policy : {"full", "every:2"}) {
+        CAPTURE(setup.model.name);
+        CAPTURE(world);
+        CAPTURE(policy);
+        const TrainingResult checkpointed = train_fsdp(
+            setup, {.world = world, .activation_checkpointing = nn::ActivationCheckpointPolicy::parse(policy)});
+        check_bitwise(plain, checkpointed);
+        for (const dist::CollectiveKind kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter}) {
+          CAPTURE(dist::collective_name(kind));
+          CHECK(checkpointed.fsdp_communication[kind].calls == plain.fsdp_communication[kind].calls);
+          CHECK(checkpointed.fsdp_communication[kind].bytes_sent == plain.fsdp_communication[kind].bytes_sent);
+        }
+        CHECK(plain.fsdp_communication[dist::CollectiveKind::all_gather].calls > 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise the same training") {
   for (const TrainingSetup& setup : {tiny(), awkward()}) {
     const TrainingResult expected = train_unsharded(setup, 4);

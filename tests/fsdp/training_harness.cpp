@@ -168,7 +168,12 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
                                     ? dist::DeviceMesh(world, kCPU, {sharding.replicate, shards}, {"replicate", "shard"})
                                     : dist::DeviceMesh(world, kCPU, {shards}, {"shard"});
   auto model = build_meta(setup);
-  for (nn::Module* unit : setup.model.shard_units(model->model())) {
+  const std::vector<nn::Module*> units = setup.model.shard_units(model->model());
+  for (size_t index = 0; index < units.size(); ++index) {
+    units[index]->set_activation_checkpointing(
+        sharding.activation_checkpointing.checkpoints(static_cast<int64_t>(index)));
+  }
+  for (nn::Module* unit : units) {
     fully_shard(*unit, {.mesh = mesh, .reshard_after_forward = sharding.reshard_after_forward,
                          .mp_policy = sharding.mp_policy});
   }
@@ -191,6 +196,7 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
     world->all_reduce(total, dist::ReduceOp::sum);
     result.losses.push_back(total.item() / static_cast<double>(world->size() * setup.grad_accum));
   }
+  result.fsdp_communication = root.communication_stats();
   for (const auto& [name, param] : model->named_parameters()) {
     const Tensor full = param->is_sharded() ? param->dtensor().full_tensor() : param->tensor();
     result.parameters[name] = full.to_vector<double>();

@@ -22,6 +22,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/models/gpt_config.h"
 #include "nn/models/llama_config.h"
 #include "tests/fsdp/equivalence.h"
@@ -72,12 +73,15 @@ struct ShardingSetup {
   MixedPrecisionPolicy mp_policy = {};
   bool sync_every_micro_batch = true;  // false: set_requires_gradient_sync(false) but on the last
   bool deterministic = false;  // rank-order reductions (the local backend's anyway)
+  // Activation checkpointing of the shard units, applied before fully_shard.
+  nn::ActivationCheckpointPolicy activation_checkpointing = {};
 };
 
 struct TrainingResult {
   std::vector<double> losses;                           // per step, mean over the global batch
   std::map<std::string, std::vector<double>> parameters;  // full values after the last step
   std::vector<double> grad_norms;                       // per step, before clipping
+  dist::CommStats fsdp_communication;  // FSDP's collectives over the whole run (train_fsdp*: the root's tree)
 };
 
 // One process, `micro_batches` micro-batches per step (the global batch).
