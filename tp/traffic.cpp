@@ -78,6 +78,11 @@ TensorParallelTraffic plan_traffic(const nn::CausalLM& model, const TrafficShape
                 1 + layers * (forward ? gathers_per_block : scatters_per_block));
   }
   add(traffic.forward, dist::CollectiveKind::all_reduce, loss_rows, ranks, 3);
+  for (const auto& block : model.blocks()) {
+    if (!block->activation_checkpointing()) continue;
+    add_chunked(traffic.backward, dist::CollectiveKind::all_gather, 2 * slice, ranks, gathers_per_block);
+    add_chunked(traffic.backward, dist::CollectiveKind::reduce_scatter, 2 * slice, ranks, scatters_per_block);
+  }
   if (gpt) {  // the gradient of each rank's position rows [T/tp, C], gathered back to the whole table's use
     add(traffic.backward, dist::CollectiveKind::all_gather, shape.seq_len / ranks * width * activation_element, ranks);
   }

@@ -9,6 +9,8 @@
 //   async     (PlanOptions::async_chunks) the fused moves in batch chunks:
 //             the same bytes, a call per chunk (all four moves of a block,
 //             GPT's and Llama's);
+//   recompute each block with activation checkpointing (nn/activation_checkpoint.h)
+//             repeats its forward's moves during backward (counted there);
 //   backward  the conjugates: per block 2 reduce-scatters and 2 all-gathers,
 //             the head's reduce-scatter, the embedding's all-gather (and GPT's
 //             position rows' all-gather of [T, C]); then one all-reduce per

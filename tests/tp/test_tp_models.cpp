@@ -26,6 +26,7 @@
 #include "autograd/grad_mode.h"
 #include "dist/backends/local_backend.h"
 #include "fsdp/fully_shard.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/dropout.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
@@ -402,36 +403,69 @@ TEST_CASE("tp: refusals name what does not fit") {
 
 TEST_CASE("tp: every step's collectives on the tp group, calls and bytes, are tp::plan_traffic's, exactly") {
   for (const ModelFactory& make : {gpt_factory(), llama_factory()}) {
-    for (int world : {2, 3}) {
-      dist::run_local(
-          world,
-          [&](const dist::ProcessGroupPtr& group) {
-            const dist::DeviceMesh mesh = tp_mesh(group);
-            auto model = parallel_model(make, mesh);
-            INFO(model->type_name(), " on tp ", world);
-            const tp::TensorParallelTraffic planned =
-                tp::plan_traffic(*model, {.batch = kBatch, .seq_len = kSequence, .activation_dtype = DType::f32});
-            const int64_t vocab = 67;
-            const dist::ProcessGroupPtr& tp_group = mesh.group(0);
-            tp_group->reset_stats();
-            const Tensor loss = model->loss(tokens(vocab, 1), tokens(vocab, 2));
-            const dist::CommStats forward = tp_group->stats();
-            tp_group->reset_stats();
-            autograd::backward(loss);
-            const dist::CommStats backward = tp_group->stats();
-            for (const auto kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter,
-                                    dist::CollectiveKind::all_reduce}) {
-              CAPTURE(dist::collective_name(kind));
-              CHECK(forward[kind].calls == planned.forward[kind].calls);
-              CHECK(forward[kind].bytes_sent == planned.forward[kind].bytes_sent);
-              CHECK(forward[kind].bytes_received == planned.forward[kind].bytes_received);
-              CHECK(backward[kind].calls == planned.backward[kind].calls);
-              CHECK(backward[kind].bytes_sent == planned.backward[kind].bytes_sent);
-              CHECK(backward[kind].bytes_received == planned.backward[kind].bytes_received);
-            }
-            CHECK(planned.forward[dist::CollectiveKind::all_gather].bytes_sent > 0);
-          },
-          thread_rank_options());
+    // every:2 recomputes the second block: its forward's moves repeat in backward.
+    for (const char* checkpointing : {"off", "every:2"}) {
+      for (int world : {2, 3}) {
+        dist::run_local(
+            world,
+            [&](const dist::ProcessGroupPtr& group) {
+              const dist::DeviceMesh mesh = tp_mesh(group);
+              auto model = parallel_model(make, mesh);
+              INFO(model->type_name(), " on tp ", world, ", activation checkpointing ", checkpointing);
+              nn::apply_activation_checkpointing(model->blocks(), nn::ActivationCheckpointPolicy::parse(checkpointing));
+              const tp::TensorParallelTraffic planned =
+                  tp::plan_traffic(*model, {.batch = kBatch, .seq_len = kSequence, .activation_dtype = DType::f32});
+              const int64_t vocab = 67;
+              const dist::ProcessGroupPtr& tp_group = mesh.group(0);
+              tp_group->reset_stats();
+              const Tensor loss = model->loss(tokens(vocab, 1), tokens(vocab, 2));
+              const dist::CommStats forward = tp_group->stats();
+              tp_group->reset_stats();
+              autograd::backward(loss);
+              const dist::CommStats backward = tp_group->stats();
+              for (const auto kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter,
+                                      dist::CollectiveKind::all_reduce}) {
+                CAPTURE(dist::collective_name(kind));
+                CHECK(forward[kind].calls == planned.forward[kind].calls);
+                CHECK(forward[kind].bytes_sent == planned.forward[kind].bytes_sent);
+                CHECK(forward[kind].bytes_received == planned.forward[kind].bytes_received);
+                CHECK(backward[kind].calls == planned.backward[kind].calls);
+                CHECK(backward[kind].bytes_sent == planned.backward[kind].bytes_sent);
+                CHECK(backward[kind].bytes_received == planned.backward[kind].bytes_received);
+              }
+              CHECK(planned.forward[dist::CollectiveKind::all_gather].bytes_sent > 0);
+            },
+            thread_rank_options());
+      }
     }
+  }
+}
+
+TEST_CASE("tp with activation checkpointing: the same loss and gradients, bitwise, dropout replayed on its slice") {
+  for (const ModelFactory& make : {gpt_with_dropout_factory(), llama_factory()}) {
+    dist::run_local(
+        2,
+        [&](const dist::ProcessGroupPtr& group) {
+          const dist::DeviceMesh mesh = tp_mesh(group);
+          const int64_t vocab = small_gpt().vocab_size;
+          const auto gradients = [&](const char* checkpointing) {
+            auto model = parallel_model(make, mesh);
+            nn::apply_activation_checkpointing(model->blocks(), nn::ActivationCheckpointPolicy::parse(checkpointing));
+            manual_seed(79);
+            const Tensor loss = model->loss(tokens(vocab, 1), tokens(vocab, 2));
+            autograd::backward(loss);
+            std::map<std::string, std::vector<double>> values{{"loss", as_doubles(loss)}};
+            for (const auto& [name, parameter] : model->named_parameters()) {
+              values[name] = as_doubles(parameter->grad());
+            }
+            return values;
+          };
+          const auto plain = gradients("off"), checkpointed = gradients("full");
+          for (const auto& [name, values] : plain) {
+            CAPTURE(name);
+            CHECK(checkpointed.at(name) == values);
+          }
+        },
+        thread_rank_options());
   }
 }
