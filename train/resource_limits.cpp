@@ -16,6 +16,7 @@
 
 #include "dist/comm_stats.h"
 #include "tensor/error.h"
+#include "train/activation_plan.h"
 #include "train/corpus.h"
 
 namespace tessera::train {
@@ -165,61 +166,23 @@ double gathered_gradient_bytes(const TrainConfig& config, const GroupSize& root,
   return others * p + block.numel * std::max(p, r) + (block.slot + block.params) * r;
 }
 
-// What one micro-batch keeps for backward per token, in elements: the
-// activations (param_dtype: fully_shard casts every block's input to it; the
-// embeddings come out in it) and the statistics (their compute dtype), per
-// block and at the top (the final norm and the logits [V]).
-struct TokenActivations {
-  double block_values, block_statistics, top_values, top_statistics;
-};
-
-// nn/gpt.cpp's forward, the autograd nodes' saved tensors:
-//   per block  17 C: the block input (ln1), ln1's output (qkv), qkv [3C]
-//              (attention's q, k, v are views of it), attention's output
-//              [C] and its head merge [C] (proj), the residual h (ln2), ln2's
-//              output (fc), fc's [4C] (GELU) and GELU's [4C] (proj);
-//              2 norms' mean and rstd, attention's log-sum-exp per head
-//   top        ln_f's input and output [2C], its mean and rstd, the logits [Vp]
-TokenActivations token_activations(const tessera::nn::GPTConfig& model) {
-  const double C = static_cast<double>(model.n_embd), H = static_cast<double>(model.n_head);
-  return {17 * C, 4 + H, 2 * C + static_cast<double>(model.padded_vocab_size()), 2};
-}
-
-// nn/models/llama.cpp's forward, with kv = n_kv_head * head_dim:
-//   per block  the block input (attention_norm), its output (wq, wk, wv),
-//              q [C] and its rotation [C] (RoPE's products keep q), k [kv]
-//              and its rotation [kv], with grouped kv heads (n_kv_head <
-//              n_head) k and v repeated to every query head [C each]
-//              (attention keeps those; v's own [kv] is then free), else k's
-//              and v's views; attention's output [C] and its head merge [C]
-//              (wo), the residual h (ffn_norm), ffn_norm's output (w1, w3),
-//              w1's, SiLU's, w3's and their product [4F];
-//              2 norms' rstd, attention's log-sum-exp per head
-//   top        norm's input and output [2C], its rstd, the logits [V]
-TokenActivations token_activations(const tessera::nn::LlamaConfig& model) {
-  const double C = static_cast<double>(model.n_embd), H = static_cast<double>(model.n_head);
-  const double F = static_cast<double>(model.ffn_hidden);
-  const double kv = static_cast<double>(model.n_kv_head * model.head_dim());
-  const bool grouped = model.n_kv_head < model.n_head;
-  const double k = 2 * kv + (grouped ? C : 0.0), v = grouped ? C : kv;
-  return {8 * C + k + v + 4 * F, 2 + H, 2 * C + static_cast<double>(model.vocab_size), 1};
-}
-
-// The token activations above over the micro-batch's tokens, plus the
-// batch's inputs and targets (i64) and backward's first working set: the
-// logits' gradient in the compute dtype and, for 16-bit activations, the
-// logits' compute-dtype copy and the gradient cast back.
+// What forward keeps for backward under the run's --ac (train/activation_plan.h,
+// exact: fully_shard casts every block's input to param_dtype and the
+// embeddings come out in it), plus the batch's inputs and targets (i64),
+// backward's first working set (the logits' gradient in the compute dtype
+// and, for 16-bit activations, the logits' compute-dtype copy and the
+// gradient cast back) and, when a block is checkpointed, the activations
+// its recompute brings back for its backward (one block at a time).
 double activation_bytes(const TrainConfig& config) {
   const ModelConfig model = config.model_config();
-  const TokenActivations token = std::visit([](const auto& shape) { return token_activations(shape); }, model);
+  const ActivationBytes plan = plan_activations(config);
+  const double held = static_cast<double>(plan.total + (checkpoints_any_block(config) ? plan.block : 0));
   const double p = size_of(config.param_dtype);
   const double c = size_of(tessera::compute_dtype(config.param_dtype));
-  const double V = static_cast<double>(padded_vocab_size(model)), L = static_cast<double>(n_layer(model));
+  const double V = static_cast<double>(padded_vocab_size(model));
   const double tokens = static_cast<double>(config.batch) * static_cast<double>(config.seq_len);
-  const double per_block = token.block_values * p + token.block_statistics * c;
-  const double top = token.top_values * p + token.top_statistics * c + 2 * size_of(DType::i64);
   const double logits_gradient = V * c + (p < c ? V * (c + p) : 0.0);
-  return tokens * (L * per_block + top + logits_gradient);
+  return held + tokens * (2 * size_of(DType::i64) + logits_gradient);
 }
 
 // Buffers every rank holds whole, outside FSDP: a Llama block's RoPE cos and

@@ -13,6 +13,7 @@
 #include "tensor/error.h"
 #include "tp/plans.h"
 #include "tp/traffic.h"
+#include "train/activation_plan.h"
 #include "train/file_roles.h"
 #include "train/model_family.h"
 #include "train/output_claim.h"
@@ -386,9 +387,22 @@ void print_plan(const TrainConfig& config, std::ostream& out) {
   }
   out << fsdp::format_plan(plan.sharding, kAdamWState);
 
+  // What forward keeps for backward, under the run's activation checkpointing.
+  const ActivationBytes activations = plan_activations(config);
+  const int64_t layers = n_layer(config.model_config());
+  int64_t checkpointed = 0;
+  for (int64_t index = 0; index < layers; ++index) checkpointed += config.ac.checkpoints(index) ? 1 : 0;
+  out << fmt::format("\nactivations held after forward (--ac {}, train/activation_plan.h): {} a rank{}: {} of {} "
+                     "blocks checkpointed at {} each, the others {} each, {} outside the blocks\n",
+                     config.ac.str(), tessera::dist::human_bytes(activations.total),
+                     config.tp > 1 ? " (one rank's without the tp split: an upper bound)" : "", checkpointed, layers,
+                     tessera::dist::human_bytes(activations.checkpointed_block),
+                     tessera::dist::human_bytes(activations.block),
+                     tessera::dist::human_bytes(activations.outside_blocks));
+
   // What FSDP's plan does not hold: the step's own tensors, from the run's estimate.
   const RankMemoryEstimate estimate = estimate_rank_memory(config);
-  out << fmt::format("\nnot in the plan (estimate_rank_memory, --batch {} x --seq-len {}): about {} of activations "
+  out << fmt::format("not in the plan (estimate_rank_memory, --batch {} x --seq-len {}): about {} of activations "
                      "and {} of gradients in flight per rank{}\n",
                      config.batch, config.seq_len, tessera::dist::human_bytes(estimate.activations),
                      tessera::dist::human_bytes(estimate.gathered_gradients),

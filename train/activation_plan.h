@@ -1,0 +1,64 @@
+// The activations a rank holds for backward once its forward is done, from
+// the model's shape: the figure activation checkpointing changes, which the
+// run plan adds to the parameters' and optimizer's memory. FSDP shards
+// parameters, never activations, so it holds at any world size.
+//
+// Per token of the micro-batch (e: the parameters' dtype, which activations
+// follow; statistics in its compute dtype, written 4 below as for f32 and
+// bf16; H heads, C width, F SwiGLU width, Vp the padded
+// vocabulary):
+//   GPT block     16 C e + (4 + H) 4        (+ 2 C e for the dropout masks)
+//     ln1's output, qkv (3C), attention's output (the merged heads are its
+//     view) and log-sum-exp, the residual sum and ln2's output with both
+//     norms' mean and rstd, the MLP's pre-activation and GELU (4C each), and
+//     the block's output;
+//   Llama block   (8 C + 4 F) e + (2 + H) 4     (one key/value head: (6 C + 2 D + 4 F) e + ...)
+//     the attention norm's output, rotated q, k and v with each key/value head
+//     repeated for its query heads (a copy, H D = C each, unless there is one
+//     key/value head: then a view of its D values), attention's output and
+//     log-sum-exp, the residual sum, the FFN norm's output (both rstd), the
+//     SwiGLU's w1 and w3 products, SiLU's output and the gated product, and
+//     the block's output;
+//   checkpointed  C e: its output, which the next block keeps as its input;
+//   outside the blocks: the embedding's output (GPT: with dropout also its
+//     mask), the final norm's output and statistics, the logits (Vp e) and
+//     the loss's log-sum-exp; per sequence GPT's position ids (8 T bytes);
+//     the loss itself.
+// Checked exactly against the allocator in tests/train/test_activation_plan.cpp;
+// bench/activation_memory measures GPT-2 124M and Llama beside it.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/activation_checkpoint.h"
+#include "tensor/dtype.h"
+#include "train/model_family.h"
+#include "train/train_config.h"
+
+namespace tessera::train {
+
+struct ActivationShape {
+  int64_t batch = 1;    // sequences of the micro-batch
+  int64_t seq_len = 1;  // T
+  DType dtype = DType::f32;  // what the blocks compute in (FSDP's param_dtype)
+  tessera::nn::ActivationCheckpointPolicy checkpointing = {};
+};
+
+struct ActivationBytes {
+  int64_t block = 0;               // one block that is not checkpointed
+  int64_t checkpointed_block = 0;  // one that is
+  int64_t outside_blocks = 0;      // embedding, final norm, logits, loss
+  int64_t total = 0;               // what the whole model holds under the policy
+};
+
+// A model without tensor parallelism.
+ActivationBytes plan_activations(const ModelConfig& config, const ActivationShape& shape);
+inline int64_t plan_activation_bytes(const ModelConfig& config, const ActivationShape& shape) {
+  return plan_activations(config, shape).total;
+}
+// A run's: its model, --batch, --seq-len, --param-dtype and --ac.
+ActivationBytes plan_activations(const TrainConfig& config);
+// Whether the run's --ac checkpoints any of its blocks.
+bool checkpoints_any_block(const TrainConfig& config);
+
+}  // namespace tessera::train
