@@ -2,7 +2,8 @@
 // time the recompute costs: for each policy, what a model holds for backward
 // once its forward is done (a rank's activations: FSDP shards parameters,
 // never activations, so this is the per-rank figure at any world size), the
-// peak of forward and backward, and the median time of forward + backward.
+// peak of forward and backward (its first step), and the median time of
+// forward + backward over --steps rounds that run one step of each policy.
 // Beside each, the run plan's figure (train/activation_plan.h).
 //   activation_memory [--model gpt|llama] [--preset P] [--batch B] [--seq T]
 //                     [--device cpu|cuda] [--ac off,full,every:2] [--steps N]
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
@@ -47,34 +49,58 @@ tessera::Tensor random_tokens(int64_t batch, int64_t seq, int64_t vocab, uint64_
   return tessera::ops::to(ids, device);
 }
 
-Measured measure(const tessera::train::ModelConfig& shape, const ActivationCheckpointPolicy& policy, int64_t batch,
-                 int64_t seq, tessera::Device device, int steps) {
-  tessera::manual_seed(1);
-  std::unique_ptr<tessera::nn::CausalLM> model = tessera::train::build_model(shape, device);
-  tessera::nn::apply_activation_checkpointing(model->blocks(), policy);
-  const int64_t vocab = tessera::train::vocab_size(shape);
-  const tessera::Tensor idx = random_tokens(batch, seq, vocab, 1, device);
-  const tessera::Tensor targets = random_tokens(batch, seq, vocab, 2, device);
-  Measured measured;
-  std::vector<double> seconds;
-  for (int step = 0; step <= steps; ++step) {  // step 0 warms up and measures memory
-    for (const auto& parameter : model->parameters()) parameter->tensor().set_grad(tessera::Tensor());
+// One policy's model and batch. Its first step measures memory; the timed
+// steps of all policies run in rounds, one step each, so that a change in
+// the machine's load falls on every policy alike.
+class PolicyRun {
+ public:
+  PolicyRun(const tessera::train::ModelConfig& shape, const ActivationCheckpointPolicy& policy, int64_t batch,
+            int64_t seq, tessera::Device device)
+      : policy_(policy), device_(device) {
+    tessera::manual_seed(1);
+    model_ = tessera::train::build_model(shape, device);
+    tessera::nn::apply_activation_checkpointing(model_->blocks(), policy);
+    const int64_t vocab = tessera::train::vocab_size(shape);
+    idx_ = random_tokens(batch, seq, vocab, 1, device);
+    targets_ = random_tokens(batch, seq, vocab, 2, device);
     auto counters = std::make_shared<tessera::MemoryCounters>();
-    const auto start = Clock::now();
-    {
-      const tessera::MemoryScope scope(counters);
-      const tessera::Tensor loss = model->loss(idx, targets);
-      if (step == 0) measured.held_after_forward = counters->snapshot().live_bytes;
-      tessera::autograd::backward(loss);
-      tessera::current_stream(device)->synchronize();
-    }
-    if (step == 0) measured.peak = counters->snapshot().peak_bytes;
-    if (step > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    step(counters);
+    measured_.peak = counters->snapshot().peak_bytes;
   }
-  std::sort(seconds.begin(), seconds.end());
-  measured.median_seconds = seconds.empty() ? 0.0 : seconds[seconds.size() / 2];
-  return measured;
-}
+
+  const ActivationCheckpointPolicy& policy() const { return policy_; }
+  void timed_step() {
+    const auto start = Clock::now();
+    step(nullptr);
+    seconds_.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  Measured measured() const {
+    Measured result = measured_;
+    std::vector<double> sorted = seconds_;
+    std::sort(sorted.begin(), sorted.end());
+    result.median_seconds = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+    return result;
+  }
+
+ private:
+  // Forward and backward; with `counters`, what forward holds is read there.
+  void step(const std::shared_ptr<tessera::MemoryCounters>& counters) {
+    for (const auto& parameter : model_->parameters()) parameter->tensor().set_grad(tessera::Tensor());
+    std::optional<tessera::MemoryScope> scope;
+    if (counters != nullptr) scope.emplace(counters);
+    const tessera::Tensor loss = model_->loss(idx_, targets_);
+    if (counters != nullptr) measured_.held_after_forward = counters->snapshot().live_bytes;
+    tessera::autograd::backward(loss);
+    tessera::current_stream(device_)->synchronize();
+  }
+
+  ActivationCheckpointPolicy policy_;
+  tessera::Device device_;
+  std::unique_ptr<tessera::nn::CausalLM> model_;
+  tessera::Tensor idx_, targets_;
+  Measured measured_;
+  std::vector<double> seconds_;
+};
 
 }  // namespace
 
@@ -115,9 +141,17 @@ int main(int argc, char** argv) {
                bench::cpu_model(), tessera::num_threads(), bench::load_average());
     fmt::print("{:<10} {:>14} {:>14} {:>10} {:>12} {:>10} {:>7}\n", "--ac", "held (bytes)", "plan (bytes)",
                "held/plan", "peak (MiB)", "step (s)", "vs off");
-    double off_seconds = 0;
+    std::vector<std::unique_ptr<PolicyRun>> runs;
     for (const ActivationCheckpointPolicy& policy : picked) {
-      const Measured measured = measure(shape, policy, batch, seq, device, steps);
+      runs.push_back(std::make_unique<PolicyRun>(shape, policy, batch, seq, device));
+    }
+    for (int round = 0; round < steps; ++round) {
+      for (const auto& run : runs) run->timed_step();
+    }
+    double off_seconds = 0;
+    for (const auto& run : runs) {
+      const ActivationCheckpointPolicy& policy = run->policy();
+      const Measured measured = run->measured();
       const int64_t planned = tessera::train::plan_activation_bytes(shape, {.batch = batch, .seq_len = seq,
                                                                           .dtype = dtype, .checkpointing = policy});
       if (policy.mode == ActivationCheckpointPolicy::Mode::off) off_seconds = measured.median_seconds;
