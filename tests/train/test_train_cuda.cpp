@@ -7,14 +7,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "fsdp/state_dict.h"
+#include "nn/activation_checkpoint.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/ops.h"
+#include "tensor/storage.h"
 #include "tests/train/cuda_device.h"
+#include "train/activation_plan.h"
+#include "train/model_family.h"
 #include "train/resource_limits.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -102,6 +108,38 @@ TEST_CASE("the tiny GPT trains on cuda as on the cpu: 20 AdamW steps in f32 with
     CAPTURE(step);
     CHECK(cuda[step].device_mallocs == 0);
     CHECK(cuda[step].reads == 1);
+  }
+}
+
+TEST_CASE("on cuda, what forward holds is the activation plan's figure, to the byte, GPT and Llama, --ac off, full, "
+          "every:2") {
+  tessera::nn::LlamaConfig llama = tessera::nn::LlamaConfig::preset("llama-tiny");
+  llama.n_layer = 3;
+  tessera::nn::GPTConfig gpt = tessera::nn::GPTConfig::preset("tiny");
+  gpt.n_layer = 3;
+  gpt.dropout = 0.1;
+  using tessera::train::ModelConfig;
+  for (const ModelConfig& shape : {ModelConfig(gpt), ModelConfig(llama)}) {
+    for (const char* text : {"off", "full", "every:2"}) {
+      CAPTURE(tessera::train::describe_shape(shape));
+      CAPTURE(text);
+      const auto policy = tessera::nn::ActivationCheckpointPolicy::parse(text);
+      tessera::manual_seed(22);
+      std::unique_ptr<tessera::nn::CausalLM> model = tessera::train::build_model(shape, kCuda);
+      tessera::nn::apply_activation_checkpointing(model->blocks(), policy);
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < 2 * 32; ++i) ids.push_back((i * 5 + 3) % 256);
+      const tessera::Tensor idx = tessera::ops::to(tessera::ops::from_vector(ids, {2, 32}), kCuda);
+      auto counters = std::make_shared<tessera::MemoryCounters>();
+      int64_t held = 0;
+      {
+        const tessera::MemoryScope scope(counters);
+        const tessera::Tensor loss = model->loss(idx, idx);
+        held = counters->snapshot().live_bytes;
+        tessera::autograd::backward(loss);
+      }
+      CHECK(held == tessera::train::plan_activation_bytes(shape, {.batch = 2, .seq_len = 32, .checkpointing = policy}));
+    }
   }
 }
 
