@@ -292,6 +292,7 @@ TEST_CASE("train config JSON records the run's settings") {
   config.reshard_after_forward = tessera::fsdp::ReshardAfterForward::to_group_of(2);
   config.param_dtype = tessera::DType::bf16;
   config.deterministic = true;
+  config.ac = tessera::nn::ActivationCheckpointPolicy::parse("every:3");
   const json recorded = tessera::train::train_config_to_json(config);
   const json expected = {{"preset", "nano"},
                          {"seq_len", 24},
@@ -312,6 +313,7 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"hsdp", 2},
                          {"tp", 1},
                          {"async_tp", 0},
+                         {"ac", "every:3"},
                          {"reshard_after_forward", 2},
                          {"param_dtype", "bf16"},
                          {"reduce_dtype", nullptr},
