@@ -196,6 +196,8 @@ std::unique_ptr<tessera::nn::CausalLM> plan_model(const TrainConfig& config, int
                                        tessera::dist::DeviceMesh::planning(config.device, {tensor_parallel}, {"tp"}, {0}),
                                        {.async_chunks = config.async_tp});
   }
+  // As shard_model_meta: a checkpointed block repeats its TP moves in backward (tp::plan_traffic counts them).
+  tessera::nn::apply_activation_checkpointing(model->blocks(), config.ac);
   return model;
 }
 

@@ -158,6 +158,14 @@ TEST_CASE("train --plan of a small run is what its Trainer's FSDP model holds, s
   llama_tp.param_dtype = tessera::DType::bf16;
   llama_tp.reduce_dtype = tessera::DType::f32;
   cases.push_back({"Llama, (replicate 2, shard 2, tp 2), bf16 parameters", llama_tp});
+  // Activation checkpointing: no FSDP collective more, the same unsharded
+  // peak; under tp a checkpointed block's moves repeat in backward.
+  TrainConfig checkpointed_tp = gpt_tp;
+  checkpointed_tp.ac = tessera::nn::ActivationCheckpointPolicy::parse("every:2");
+  cases.push_back({"GPT, (shard 3, tp 2), --ac every:2", checkpointed_tp});
+  TrainConfig checkpointed = llama;
+  checkpointed.ac = tessera::nn::ActivationCheckpointPolicy::parse("full");
+  cases.push_back({"Llama, 3 ranks, --ac full", checkpointed});
 
   for (const Case& c : cases) {
     CAPTURE(c.name);
