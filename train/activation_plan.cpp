@@ -64,11 +64,12 @@ ActivationBytes plan_activations(const TrainConfig& config) {
                                                   .dtype = config.param_dtype, .checkpointing = config.ac});
 }
 
-bool checkpoints_any_block(const TrainConfig& config) {
+int64_t checkpointed_blocks(const TrainConfig& config) {
+  int64_t count = 0;
   for (int64_t index = 0; index < n_layer(config.model_config()); ++index) {
-    if (config.ac.checkpoints(index)) return true;
+    count += config.ac.checkpoints(index) ? 1 : 0;
   }
-  return false;
+  return count;
 }
 
 }  // namespace tessera::train

@@ -58,7 +58,7 @@ inline int64_t plan_activation_bytes(const ModelConfig& config, const Activation
 }
 // A run's: its model, --batch, --seq-len, --param-dtype and --ac.
 ActivationBytes plan_activations(const TrainConfig& config);
-// Whether the run's --ac checkpoints any of its blocks.
-bool checkpoints_any_block(const TrainConfig& config);
+// How many of the run's blocks its --ac checkpoints.
+int64_t checkpointed_blocks(const TrainConfig& config);
 
 }  // namespace tessera::train

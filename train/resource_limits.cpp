@@ -176,7 +176,7 @@ double gathered_gradient_bytes(const TrainConfig& config, const GroupSize& root,
 double activation_bytes(const TrainConfig& config) {
   const ModelConfig model = config.model_config();
   const ActivationBytes plan = plan_activations(config);
-  const double held = static_cast<double>(plan.total + (checkpoints_any_block(config) ? plan.block : 0));
+  const double held = static_cast<double>(plan.total + (checkpointed_blocks(config) > 0 ? plan.block : 0));
   const double p = size_of(config.param_dtype);
   const double c = size_of(tessera::compute_dtype(config.param_dtype));
   const double V = static_cast<double>(padded_vocab_size(model));

@@ -391,13 +391,11 @@ void print_plan(const TrainConfig& config, std::ostream& out) {
 
   // What forward keeps for backward, under the run's activation checkpointing.
   const ActivationBytes activations = plan_activations(config);
-  const int64_t layers = n_layer(config.model_config());
-  int64_t checkpointed = 0;
-  for (int64_t index = 0; index < layers; ++index) checkpointed += config.ac.checkpoints(index) ? 1 : 0;
   out << fmt::format("\nactivations held after forward (--ac {}, train/activation_plan.h): {} a rank{}: {} of {} "
                      "blocks checkpointed at {} each, the others {} each, {} outside the blocks\n",
                      config.ac.str(), tessera::dist::human_bytes(activations.total),
-                     config.tp > 1 ? " (one rank's without the tp split: an upper bound)" : "", checkpointed, layers,
+                     config.tp > 1 ? " (one rank's without the tp split: an upper bound)" : "",
+                     checkpointed_blocks(config), n_layer(config.model_config()),
                      tessera::dist::human_bytes(activations.checkpointed_block),
                      tessera::dist::human_bytes(activations.block),
                      tessera::dist::human_bytes(activations.outside_blocks));

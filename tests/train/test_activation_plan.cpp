@@ -110,7 +110,9 @@ TEST_CASE("the run's estimate follows --ac: held activations, and one block brou
   const int64_t full_estimate = train::estimate_rank_memory(config).activations;
   const train::ActivationBytes full = train::plan_activations(config);
   CHECK(off_estimate - full_estimate == (off.total - full.total) - full.block);
-  CHECK(train::checkpoints_any_block(config));
+  CHECK(train::checkpointed_blocks(config) == 12);
+  config.ac = ActivationCheckpointPolicy::parse("every:5");
+  CHECK(train::checkpointed_blocks(config) == 2);
 }
 
 }  // TEST_SUITE
