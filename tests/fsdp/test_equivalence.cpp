@@ -138,7 +138,8 @@ TEST_CASE("fsdp: activation checkpointing trains bitwise as without it, with not
         const TrainingResult checkpointed = train_fsdp(
             setup, {.world = world, .activation_checkpointing = nn::ActivationCheckpointPolicy::parse(policy)});
         check_bitwise(plain, checkpointed);
-        for (const dist::CollectiveKind kind : {dist::CollectiveKind::all_gather, dist::CollectiveKind::reduce_scatter}) {
+        using dist::CollectiveKind;
+        for (const CollectiveKind kind : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter}) {
           CAPTURE(dist::collective_name(kind));
           CHECK(checkpointed.fsdp_communication[kind].calls == plain.fsdp_communication[kind].calls);
           CHECK(checkpointed.fsdp_communication[kind].bytes_sent == plain.fsdp_communication[kind].bytes_sent);
