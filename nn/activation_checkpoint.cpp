@@ -3,6 +3,8 @@
 #include "nn/activation_checkpoint.h"
 
 #include <charconv>
+#include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/recompute_memo.h"
 #include "tensor/philox.h"
 
 namespace tessera::nn {
@@ -59,19 +62,21 @@ TensorList trainable_tensors(const Module& module) {
 class CheckpointBackward : public autograd::Node {
  public:
   CheckpointBackward(Module& module, TensorList inputs, TensorList parameters, GeneratorPosition generator,
-                     Shape output_shape)
+                     Shape output_shape, std::unique_ptr<autograd::RecomputeMemo> memo)
       : module_(&module),
         module_alive_(module.lifetime()),
         training_(module.is_training()),
         inputs_(std::move(inputs)),
         parameters_(std::move(parameters)),
         generator_(generator),
-        output_shape_(std::move(output_shape)) {}
+        output_shape_(std::move(output_shape)),
+        memo_(std::move(memo)) {}
 
   std::string name() const override { return "CheckpointBackward"; }
   void release_saved_tensors() override {
     inputs_.clear();
     parameters_.clear();
+    memo_.reset();
   }
 
   autograd::TensorList apply(autograd::TensorList&& grad_outputs) override {
@@ -100,8 +105,12 @@ class CheckpointBackward : public autograd::Node {
     {
       const GeneratorReplay replay(generator_);
       const autograd::GradModeGuard recording(true);
+      std::optional<autograd::ReplayingMemo> kept_outputs;
+      if (memo_) kept_outputs.emplace(*memo_);
       output = module_->forward_inputs(replay_inputs);
+      if (memo_) memo_->check_all_taken(module_->type_name().c_str());
     }
+    memo_.reset();
     TESSERA_CHECK(output.sizes() == output_shape_,
                   "activation checkpointing: {}'s recomputed forward gave shape {}, but its forward gave {}; a "
                   "checkpointed forward must depend only on its inputs, parameters and random generator",
@@ -134,6 +143,7 @@ class CheckpointBackward : public autograd::Node {
   TensorList parameters_;
   GeneratorPosition generator_;
   Shape output_shape_;
+  std::unique_ptr<autograd::RecomputeMemo> memo_;  // selective checkpointing's kept outputs; null under full
 };
 
 }  // namespace
@@ -144,9 +154,15 @@ Tensor checkpointed_forward(Module& module, const TensorList& inputs) {
   if (!inputs_want_grad && parameters.empty()) return module.forward_inputs(inputs);  // nothing to differentiate
 
   const GeneratorPosition generator = GeneratorPosition::now();
+  std::unique_ptr<autograd::RecomputeMemo> memo;
+  if (module.activation_checkpointing_mode() == Checkpointing::selective) {
+    memo = std::make_unique<autograd::RecomputeMemo>();
+  }
   Tensor computed;
   {
     const autograd::NoGradGuard not_recorded;
+    std::optional<autograd::RecordingMemo> keeping;
+    if (memo) keeping.emplace(*memo);
     computed = module.forward_inputs(inputs);
   }
   // A handle of its own: the forward may return an input itself, whose
@@ -161,7 +177,7 @@ Tensor checkpointed_forward(Module& module, const TensorList& inputs) {
   }
   for (const Tensor& parameter : parameters) edges.push_back(autograd::gradient_edge(parameter));
   auto node = std::make_shared<CheckpointBackward>(module, std::move(saved), std::move(parameters), generator,
-                                                   output.sizes());
+                                                   output.sizes(), std::move(memo));
   node->set_next_edges(std::move(edges));
   autograd::set_history(output, node);
   return output;
@@ -172,6 +188,7 @@ Tensor checkpointed_forward(Module& module, const TensorList& inputs) {
 ActivationCheckpointPolicy ActivationCheckpointPolicy::parse(std::string_view text) {
   if (text == "off") return {};
   if (text == "full") return {.mode = Mode::full};
+  if (text == "selective") return {.mode = Mode::selective};
   constexpr std::string_view every_prefix = "every:";
   if (text.starts_with(every_prefix)) {
     const std::string_view number = text.substr(every_prefix.size());
@@ -180,8 +197,8 @@ ActivationCheckpointPolicy ActivationCheckpointPolicy::parse(std::string_view te
     const bool whole = error == std::errc() && end == number.data() + number.size();
     if (whole && k >= 1) return {.mode = Mode::every, .every = k};
   }
-  fail("activation checkpointing: '{}' is not a policy; give off, full or every:K with K >= 1 (every:2 checkpoints "
-       "every second block)", text);
+  fail("activation checkpointing: '{}' is not a policy; give off, full, every:K with K >= 1 (every:2 checkpoints "
+       "every second block) or selective", text);
 }
 
 std::string ActivationCheckpointPolicy::str() const {
@@ -189,6 +206,7 @@ std::string ActivationCheckpointPolicy::str() const {
     case Mode::off: return "off";
     case Mode::full: return "full";
     case Mode::every: return fmt::format("every:{}", every);
+    case Mode::selective: return "selective";
   }
   return "off";
 }
@@ -196,18 +214,24 @@ std::string ActivationCheckpointPolicy::str() const {
 bool ActivationCheckpointPolicy::checkpoints(int64_t block_index) const {
   switch (mode) {
     case Mode::off: return false;
-    case Mode::full: return true;
+    case Mode::full:
+    case Mode::selective: return true;
     case Mode::every: return (block_index + 1) % every == 0;
   }
   return false;
 }
 
+Checkpointing ActivationCheckpointPolicy::mode_of(int64_t block_index) const {
+  if (!checkpoints(block_index)) return Checkpointing::off;
+  return mode == Mode::selective ? Checkpointing::selective : Checkpointing::full;
+}
+
 int64_t apply_activation_checkpointing(const ModuleList& blocks, const ActivationCheckpointPolicy& policy) {
   int64_t turned_on = 0;
   for (int64_t index = 0; index < blocks.size(); ++index) {
-    const bool on = policy.checkpoints(index);
-    blocks[index].set_activation_checkpointing(on);
-    turned_on += on ? 1 : 0;
+    const Checkpointing mode = policy.mode_of(index);
+    blocks[index].set_activation_checkpointing(mode);
+    turned_on += mode != Checkpointing::off ? 1 : 0;
   }
   return turned_on;
 }

@@ -18,6 +18,12 @@
 // layouts) do not run again and no all-gather is added. Its children's hooks
 // do run: tensor parallelism's collectives inside a block are repeated.
 //
+// Selective checkpointing (Checkpointing::selective) also keeps the outputs
+// of the forward's GEMMs and attention in a memo, and the replay takes them
+// from it instead of computing them (autograd/recompute_memo.h): it holds
+// about half of what the block holds without checkpointing, and recomputes
+// only the cheap ops between those.
+//
 // The module must outlive the backward pass (an error otherwise), and its
 // parameters must be the same tensors at backward as at forward.
 #pragma once
@@ -36,24 +42,29 @@ namespace tessera::nn {
 Tensor checkpointed_forward(Module& module, const TensorList& inputs);
 
 // Which blocks a model checkpoints (train --ac):
-//   off       none;
-//   full      every block;
-//   every:K   every K-th block, counted from 1 (blocks K-1, 2K-1, ... from 0),
-//             as torchtitan's layer-wise policy counts them.
+//   off        none;
+//   full       every block;
+//   every:K    every K-th block, counted from 1 (blocks K-1, 2K-1, ... from 0),
+//              as torchtitan's layer-wise policy counts them;
+//   selective  every block, keeping its GEMMs' and attention's outputs
+//              (autograd/recompute_memo.h): the norms, activations, dropout
+//              and one GEMM of a fused GELU MLP are recomputed.
 struct ActivationCheckpointPolicy {
-  enum class Mode { off, full, every };
+  enum class Mode { off, full, every, selective };
   Mode mode = Mode::off;
   int64_t every = 1;  // K, for Mode::every
 
-  // "off", "full" or "every:K" with K >= 1; anything else is an error naming it.
+  // "off", "full", "every:K" with K >= 1 or "selective"; anything else is an
+  // error naming it.
   static ActivationCheckpointPolicy parse(std::string_view text);
   std::string str() const;
   bool checkpoints(int64_t block_index) const;
+  Checkpointing mode_of(int64_t block_index) const;
   bool operator==(const ActivationCheckpointPolicy&) const = default;
 };
 
-// Turns checkpointing on for the blocks the policy picks and off for the
-// others; returns how many it turned on.
+// Sets each block's checkpointing as the policy says (off for the blocks it
+// does not pick); returns how many it turned on.
 int64_t apply_activation_checkpointing(const ModuleList& blocks, const ActivationCheckpointPolicy& policy);
 
 }  // namespace tessera::nn

@@ -58,7 +58,7 @@ Tensor Module::operator()(TensorList inputs) {
   for (const auto& [id, hook] : pre_hooks) {
     if (auto replaced = hook(*this, inputs)) inputs = std::move(*replaced);
   }
-  Tensor output = checkpoints_activations_ ? checkpointed_forward(*this, inputs) : forward_inputs(inputs);
+  Tensor output = activation_checkpointing() ? checkpointed_forward(*this, inputs) : forward_inputs(inputs);
   const auto hooks = hooks_->hooks;
   for (const auto& [id, hook] : hooks) {
     if (auto replaced = hook(*this, inputs, output)) output = std::move(*replaced);

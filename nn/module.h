@@ -54,6 +54,11 @@ using ForwardPreHook = std::function<std::optional<TensorList>(Module& module, c
 using ForwardHook =
     std::function<std::optional<Tensor>(Module& module, const TensorList& inputs, const Tensor& output)>;
 
+// What a module's forward keeps for backward (nn/activation_checkpoint.h):
+// everything (off), its inputs (full), or its inputs and the outputs of its
+// GEMMs and attention (selective).
+enum class Checkpointing { off, full, selective };
+
 // What load_state_dict(strict = false) did not match (shape mismatches always throw).
 struct LoadResult {
   std::vector<std::string> missing_keys;     // expected by the module, absent from the dict
@@ -103,9 +108,13 @@ class Module {
   bool has_forward_hooks() const;
 
   // Activation checkpointing (nn/activation_checkpoint.h): operator() then
-  // runs forward keeping only the inputs, and backward recomputes the rest.
-  void set_activation_checkpointing(bool enabled) { checkpoints_activations_ = enabled; }
-  bool activation_checkpointing() const { return checkpoints_activations_; }
+  // runs forward keeping only the inputs (full), or the inputs and the
+  // outputs of its GEMMs and attention (selective), and backward recomputes
+  // the rest.
+  void set_activation_checkpointing(Checkpointing mode) { checkpointing_ = mode; }
+  void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled ? Checkpointing::full : Checkpointing::off; }
+  bool activation_checkpointing() const { return checkpointing_ != Checkpointing::off; }
+  Checkpointing activation_checkpointing_mode() const { return checkpointing_; }
   // Expires when the module is destroyed (what a recorded recompute checks).
   std::weak_ptr<const void> lifetime() const { return hooks_; }
 
@@ -219,7 +228,7 @@ class Module {
 
   std::string type_name_;
   bool training_ = true;
-  bool checkpoints_activations_ = false;
+  Checkpointing checkpointing_ = Checkpointing::off;
   std::vector<NamedParameter> parameters_;
   std::vector<NamedBuffer> buffers_;
   std::vector<std::string> non_persistent_buffers_;

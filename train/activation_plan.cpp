@@ -11,6 +11,7 @@ namespace {
 
 struct PerToken {
   int64_t block = 0, outside = 0;
+  int64_t selective_block = 0;  // what a block checkpointed selectively holds
   int64_t per_sequence_position = 0;  // GPT's position ids (i64), held by wpe's backward
 };
 
@@ -20,8 +21,11 @@ PerToken gpt_per_token(const tessera::nn::GPTConfig& config, int64_t element, in
                        int64_t padded_vocab) {
   const int64_t C = config.n_embd, H = config.n_head;
   const int64_t masks = config.dropout > 0.0 ? 1 : 0;
+  // Selective: its output, and qkv (3C), attention's output and log-sum-exp,
+  // attention's projection and the MLP's second product.
   return {.block = (16 + 2 * masks) * C * element + (4 + H) * statistic,
           .outside = (1 + masks) * C * element + C * element + 2 * statistic + padded_vocab * element + statistic,
+          .selective_block = 7 * C * element + H * statistic,
           .per_sequence_position = 8};
 }
 
@@ -31,8 +35,12 @@ PerToken llama_per_token(const tessera::nn::LlamaConfig& config, int64_t element
   // of H D = C values a token for k and for v, except from one key/value head,
   // whose repeat is a view of its D values (nn/grouped_query_attention.cpp).
   const int64_t keys_and_values = 2 * (config.n_kv_head == 1 ? C / H : C);
+  // Selective: its output, and the products of wq, wk and wv (not repeated),
+  // attention's output and log-sum-exp, and the products of wo, w1, w3, w2.
+  const int64_t key_value_width = config.n_kv_head * (C / H);
   return {.block = (6 * C + keys_and_values + 4 * F) * element + (2 + H) * statistic,
-          .outside = C * element + C * element + statistic + config.vocab_size * element + statistic};
+          .outside = C * element + C * element + statistic + config.vocab_size * element + statistic,
+          .selective_block = (5 * C + 2 * key_value_width + 2 * F) * element + H * statistic};
 }
 
 }  // namespace
@@ -48,8 +56,9 @@ ActivationBytes plan_activations(const ModelConfig& config, const ActivationShap
                                  : llama_per_token(std::get<tessera::nn::LlamaConfig>(config), element, statistic);
   const int64_t tokens = shape.batch * shape.seq_len;
   const int64_t width = std::visit([](const auto& c) { return c.n_embd; }, config);
+  const bool selective = shape.checkpointing.mode == tessera::nn::ActivationCheckpointPolicy::Mode::selective;
   ActivationBytes bytes{.block = per_token.block * tokens,
-                        .checkpointed_block = width * element * tokens,
+                        .checkpointed_block = (selective ? per_token.selective_block : width * element) * tokens,
                         .outside_blocks = per_token.outside * tokens +
                                           per_token.per_sequence_position * shape.seq_len + statistic};  // and the loss
   bytes.total = bytes.outside_blocks;

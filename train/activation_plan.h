@@ -20,6 +20,12 @@
 //     SwiGLU's w1 and w3 products, SiLU's output and the gated product, and
 //     the block's output;
 //   checkpointed  C e: its output, which the next block keeps as its input;
+//   selective     also the products the replay takes (autograd/recompute_memo.h):
+//     GPT     7 C e + H 4: qkv (3C), attention's output and log-sum-exp, its
+//             projection and the MLP's second product;
+//     Llama   (5 C + 2 K + 2 F) e + H 4, K = n_kv_head D: the products of wq,
+//             wk and wv (before any repeat), attention's output and
+//             log-sum-exp, and those of wo, w1, w3 and w2;
 //   outside the blocks: the embedding's output (GPT: with dropout also its
 //     mask), the final norm's output and statistics, the logits (Vp e) and
 //     the loss's log-sum-exp; per sequence GPT's position ids (8 T bytes);
@@ -46,7 +52,7 @@ struct ActivationShape {
 
 struct ActivationBytes {
   int64_t block = 0;               // one block that is not checkpointed
-  int64_t checkpointed_block = 0;  // one that is
+  int64_t checkpointed_block = 0;  // one that is (fully or selectively, as the policy says)
   int64_t outside_blocks = 0;      // embedding, final norm, logits, loss
   int64_t total = 0;               // what the whole model holds under the policy
 };

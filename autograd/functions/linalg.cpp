@@ -3,6 +3,7 @@
 // the flattened batch, not a batch of GEMMs summed afterwards.
 #include "autograd/functions.h"
 #include "autograd/functions/recording.h"
+#include "autograd/recompute_memo.h"
 
 namespace tessera {
 
@@ -159,18 +160,24 @@ class LinearGeluLinearBackward final : public Node {
   Tensor x_, fc_weight_, proj_weight_, pre_, h_;
 };
 
+Tensor memoized_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return autograd::memoized(autograd::MemoizedOp::linear, {&x, &weight, &bias},
+                            [&] { return TensorList{ops::linear(x, weight, bias)}; })[0];
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   const GradInputsAllowed recorded_here;
-  Tensor y = ops::matmul(a, b);
+  Tensor y =
+      autograd::memoized(autograd::MemoizedOp::matmul, {&a, &b}, [&] { return TensorList{ops::matmul(a, b)}; })[0];
   if (autograd::any_requires_grad({&a, &b})) autograd::record(y, std::make_shared<MatmulBackward>(a, b), {&a, &b});
   return y;
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const GradInputsAllowed recorded_here;
-  Tensor y = ops::linear(x, weight, bias);
+  Tensor y = memoized_linear(x, weight, bias);
   if (autograd::any_requires_grad({&x, &weight, &bias})) {
     autograd::record(y, std::make_shared<LinearBackward>(x, weight, bias), {&x, &weight, &bias});
   }
@@ -184,8 +191,10 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor
                 "{} and {}",
                 fc_weight.sizes(), proj_weight.sizes());
   const GradInputsAllowed recorded_here;
+  // Under selective activation checkpointing only the second product is
+  // kept (autograd/recompute_memo.h says why).
   const ops::LinearGeluOutput hidden = ops::linear_gelu(x, fc_weight, fc_bias);
-  Tensor y = ops::linear(hidden.y, proj_weight, proj_bias);
+  Tensor y = memoized_linear(hidden.y, proj_weight, proj_bias);
   if (autograd::any_requires_grad({&x, &fc_weight, &fc_bias, &proj_weight, &proj_bias})) {
     const bool fc_needs_grad = autograd::any_requires_grad({&x, &fc_weight, &fc_bias});
     autograd::record(y,

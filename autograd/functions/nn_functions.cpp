@@ -5,6 +5,7 @@
 // for dropout.
 #include "autograd/functions.h"
 #include "autograd/functions/recording.h"
+#include "autograd/recompute_memo.h"
 
 namespace tessera {
 
@@ -225,7 +226,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   const GradInputsAllowed recorded_here;
-  ops::AttentionOutput out = ops::causal_attention(q, k, v);
+  const TensorList kept = autograd::memoized(autograd::MemoizedOp::attention, {&q, &k, &v}, [&] {
+    ops::AttentionOutput computed = ops::causal_attention(q, k, v);
+    return TensorList{std::move(computed.out), std::move(computed.logsumexp)};
+  });
+  const ops::AttentionOutput out{.out = kept[0], .logsumexp = kept[1]};
   Tensor y = out.out;
   if (autograd::any_requires_grad({&q, &k, &v})) {
     autograd::record(y, std::make_shared<AttentionBackward>(q, k, v, out), {&q, &k, &v});

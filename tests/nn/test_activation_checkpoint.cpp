@@ -1,8 +1,9 @@
 // Activation checkpointing: training with it is training without it, bit for
 // bit (dropout included); each checkpointed block runs its forward once more
-// in backward; after forward a checkpointed block holds exactly its input;
-// a finite-difference check through the recompute; the policies; the
-// refusals.
+// in backward; after forward a checkpointed block holds exactly its input,
+// and a selective one its input and its products; the selective replay
+// takes the forward's products instead of computing them; finite-difference
+// checks through the recompute; the policies; the refusals.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -16,9 +17,11 @@
 #include "autograd/grad_mode.h"
 #include "nn/activation.h"
 #include "nn/activation_checkpoint.h"
+#include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
+#include "nn/transformer_block.h"
 #include "nn/optim/adamw.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
@@ -110,6 +113,32 @@ TEST_CASE("GPT with dropout trains bit for bit as without checkpointing, each re
     check_same_training(reference, every);
     CHECK(every.block_forwards == 3 * (3 + 1));
   }
+  SUBCASE("selective") {
+    const TrainedRun selective = train_checkpointed(build(), ActivationCheckpointPolicy::parse("selective"));
+    check_same_training(reference, selective);
+    CHECK(selective.block_forwards == 2 * 3 * 3);
+  }
+}
+
+TEST_CASE("the selective replay takes the forward's products, where full checkpointing computes them again") {
+  const auto qkv_outputs = [](const char* policy) {
+    manual_seed(18);
+    nn::GPT model(checkpoint_gpt_config());
+    nn::apply_activation_checkpointing(model.blocks(), ActivationCheckpointPolicy::parse(policy));
+    std::vector<const void*> storages;  // qkv's output, in forward then in the replay
+    model.block(1).attn().qkv().register_forward_hook([&](nn::Module&, const nn::TensorList&, const Tensor& out) {
+      storages.push_back(out.storage().get());
+      return std::optional<Tensor>();
+    });
+    const auto [idx, targets] = checkpoint_batch(2, 8, 256);
+    autograd::backward(model.loss(idx, targets));
+    return storages;
+  };
+  const std::vector<const void*> selective = qkv_outputs("selective"), full = qkv_outputs("full");
+  REQUIRE(selective.size() == 2);
+  REQUIRE(full.size() == 2);
+  CHECK(selective[0] == selective[1]);
+  CHECK(full[0] != full[1]);
 }
 
 TEST_CASE("Llama trains bit for bit as without checkpointing") {
@@ -123,6 +152,9 @@ TEST_CASE("Llama trains bit for bit as without checkpointing") {
   const TrainedRun full = train_checkpointed(build(), ActivationCheckpointPolicy::parse("full"));
   check_same_training(reference, full);
   CHECK(full.block_forwards == 2 * reference.block_forwards);
+  const TrainedRun selective = train_checkpointed(build(), ActivationCheckpointPolicy::parse("selective"));
+  check_same_training(reference, selective);
+  CHECK(selective.block_forwards == 2 * reference.block_forwards);
 }
 
 TEST_CASE("after forward a checkpointed block holds exactly its input: B T C elements") {
@@ -151,6 +183,12 @@ TEST_CASE("after forward a checkpointed block holds exactly its input: B T C ele
           checkpointed_per_block);
   CHECK(checkpointed_per_block == block_input_bytes);
   CHECK(kept_per_block >= 10 * block_input_bytes);
+  // Selective: also qkv (3C), attention's output (C) and log-sum-exp (one
+  // f32 a head), attention's projection (C) and the MLP's second product (C).
+  const int64_t heads = checkpoint_gpt_config().n_head;
+  const int64_t selective_per_block = (live_after_forward(3, "selective") - live_after_forward(1, "selective")) / 2;
+  MESSAGE("selective: ", selective_per_block);
+  CHECK(selective_per_block == 7 * block_input_bytes + B * T * heads * 4);
 }
 
 TEST_CASE("finite differences through the recompute, dropout on (the replay draws the same masks)") {
@@ -176,6 +214,37 @@ TEST_CASE("finite differences through the recompute, dropout on (the replay draw
   const nn::TensorList with = gradients(true), without = gradients(false);
   CHECK(checkpoint_values(with[0]) == checkpoint_values(without[0]));
   CHECK(checkpoint_values(with[1]) == checkpoint_values(without[1]));
+}
+
+TEST_CASE("finite differences through a selective replay: a fused GELU MLP with dropout, and attention") {
+  manual_seed(19);
+  auto mlp = std::make_shared<nn::MLP>(4, 8, 4, std::make_shared<nn::GELU>(),
+                                       nn::MLPOptions{.dropout = 0.3, .dtype = DType::f64});
+  mlp->set_activation_checkpointing(nn::Checkpointing::selective);
+  Tensor x = ops::randn({3, 4}, {.dtype = DType::f64});
+  x.set_requires_grad(true);
+  const Tensor fc_weight = mlp->fc().weight().tensor();
+  const Tensor proj_weight = mlp->proj().weight().tensor();
+  const auto f = [&](const nn::TensorList& inputs) {
+    manual_seed(20);
+    return (*mlp)(inputs[0]);
+  };
+  const autograd::GradcheckResult result = autograd::gradcheck(f, {x, fc_weight, proj_weight});
+  CHECK_MESSAGE(result.ok, result.report);
+  const auto gradients = [&](nn::Checkpointing mode) {
+    mlp->set_activation_checkpointing(mode);
+    return autograd::grad({tessera::sum(f({x}))}, {x, fc_weight, proj_weight});
+  };
+  const nn::TensorList with = gradients(nn::Checkpointing::selective), without = gradients(nn::Checkpointing::off);
+  for (size_t i = 0; i < with.size(); ++i) CHECK(checkpoint_values(with[i]) == checkpoint_values(without[i]));
+
+  auto block = std::make_shared<nn::TransformerBlock>(8, 2, nn::TransformerBlockOptions{.dtype = DType::f64});
+  block->set_activation_checkpointing(nn::Checkpointing::selective);
+  Tensor tokens = ops::randn({1, 3, 8}, {.dtype = DType::f64});
+  tokens.set_requires_grad(true);
+  const autograd::GradcheckResult through_attention =
+      autograd::gradcheck([&](const nn::TensorList& inputs) { return (*block)(inputs[0]); }, {tokens});
+  CHECK_MESSAGE(through_attention.ok, through_attention.report);
 }
 
 TEST_CASE("with recording off a checkpointed module records nothing and recomputes nothing") {
@@ -206,6 +275,12 @@ TEST_CASE("policies: parse, print and pick blocks as torchtitan counts them") {
   CHECK(picked == std::vector<int64_t>{2, 5});
   CHECK(ActivationCheckpointPolicy::parse("every:1").checkpoints(0));
   CHECK_FALSE(ActivationCheckpointPolicy::parse("off").checkpoints(0));
+  const ActivationCheckpointPolicy selective = ActivationCheckpointPolicy::parse("selective");
+  CHECK(selective.str() == "selective");
+  CHECK(selective.checkpoints(4));
+  CHECK(selective.mode_of(4) == nn::Checkpointing::selective);
+  CHECK(every3.mode_of(2) == nn::Checkpointing::full);
+  CHECK(every3.mode_of(1) == nn::Checkpointing::off);
   for (const char* bad : {"", "on", "every", "every:", "every:0", "every:-2", "every:2x", "Full", "selective:x"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(ActivationCheckpointPolicy::parse(bad), doctest::Contains("is not a policy"),
@@ -217,6 +292,8 @@ TEST_CASE("policies: parse, print and pick blocks as torchtitan counts them") {
   CHECK_FALSE(model.block(0).activation_checkpointing());
   CHECK(nn::apply_activation_checkpointing(model.blocks(), {}) == 0);
   CHECK_FALSE(model.block(2).activation_checkpointing());
+  CHECK(nn::apply_activation_checkpointing(model.blocks(), selective) == 3);
+  CHECK(model.block(0).activation_checkpointing_mode() == nn::Checkpointing::selective);
 }
 
 TEST_CASE("refusals: a module gone, switched to eval, or with other parameters by backward") {
@@ -246,6 +323,56 @@ TEST_CASE("refusals: a module gone, switched to eval, or with other parameters b
     const Tensor loss = tessera::sum((*mlp)(x));
     mlp->fc().set_parameter("weight", std::make_shared<nn::Parameter>(ops::zeros({8, 4})));
     CHECK_THROWS_WITH_AS(autograd::backward(loss), doctest::Contains("trainable parameters changed"),
+                         tessera::Error);
+  }
+}
+
+namespace {
+
+// A forward whose products depend on a knob that backward may find changed:
+// `rows` rows of x through the first weight, then the second weight if `twice`.
+class KnobbedProducts : public nn::Module {
+ public:
+  KnobbedProducts() : nn::Module("KnobbedProducts") {
+    register_parameter("first", std::make_shared<nn::Parameter>(ops::randn({4, 4})));
+    register_parameter("second", std::make_shared<nn::Parameter>(ops::randn({4, 4})));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = tessera::linear(tessera::narrow(x, 0, 0, rows), parameter("first")->tensor(), Tensor());
+    if (twice) y = tessera::linear(y, parameter("second")->tensor(), Tensor());
+    return tessera::sum(y);
+  }
+  int64_t rows = 2;
+  bool twice = true;
+};
+
+}  // namespace
+
+TEST_CASE("refusals: a selective replay that calls other products than its forward") {
+  manual_seed(21);
+  const Tensor x = ops::randn({3, 4});
+  KnobbedProducts module;
+  module.set_activation_checkpointing(nn::Checkpointing::selective);
+  SUBCASE("on other shapes") {
+    const Tensor loss = module(x);
+    module.rows = 1;
+    CHECK_THROWS_WITH_AS(autograd::backward(loss),
+                         doctest::Contains("memoized op 1 is linear([1, 4], [4, 4], []), but the forward's was "
+                                           "linear([2, 4], [4, 4], [])"),
+                         tessera::Error);
+  }
+  SUBCASE("fewer") {
+    const Tensor loss = module(x);
+    module.twice = false;
+    CHECK_THROWS_WITH_AS(autograd::backward(loss),
+                         doctest::Contains("KnobbedProducts's recompute called 1 memoized ops, but its forward called 2"),
+                         tessera::Error);
+  }
+  SUBCASE("more") {
+    module.twice = false;
+    const Tensor loss = module(x);
+    module.twice = true;
+    CHECK_THROWS_WITH_AS(autograd::backward(loss), doctest::Contains("but the forward called only 1 memoized ops"),
                          tessera::Error);
   }
 }

@@ -1,7 +1,7 @@
 // train/activation_plan.h against the allocator: what a model holds once its
 // forward is done, to the byte, for GPT (with and without dropout, biases,
 // a padded vocabulary) and Llama (grouped, one and as many key/value heads
-// as query heads) under --ac off, full and every:2; and the run's figure
+// as query heads) under --ac off, full, every:2 and selective; and the run's figure
 // that --plan prints and the memory estimate uses.
 #include <doctest/doctest.h>
 
@@ -47,7 +47,7 @@ int64_t measured_activation_bytes(const ModelConfig& shape, const ActivationChec
 
 TEST_SUITE("activation plan") {
 
-TEST_CASE("the plan is what forward holds, to the byte, GPT and Llama under off, full and every:2") {
+TEST_CASE("the plan is what forward holds, to the byte, GPT and Llama under off, full, every:2 and selective") {
   nn::GPTConfig dropout = nn::GPTConfig::preset("tiny");
   dropout.n_layer = 3;
   dropout.dropout = 0.1;
@@ -64,7 +64,7 @@ TEST_CASE("the plan is what forward holds, to the byte, GPT and Llama under off,
       {"gpt, no bias, vocab 97 padded", awkward},   {"llama, grouped kv", grouped},
       {"llama, one kv head", one_kv},               {"llama, kv per head", full_heads}};
   for (const auto& [name, shape] : models) {
-    for (const char* policy_text : {"off", "full", "every:2"}) {
+    for (const char* policy_text : {"off", "full", "every:2", "selective"}) {
       const ActivationCheckpointPolicy policy = ActivationCheckpointPolicy::parse(policy_text);
       for (const auto& [batch, seq] : {std::pair<int64_t, int64_t>{1, 8}, std::pair<int64_t, int64_t>{3, 24}}) {
         CAPTURE(name);
@@ -92,6 +92,10 @@ TEST_CASE("the parts: a checkpointed block costs its output, the others their fo
   const train::ActivationBytes every4 = train::plan_activations(
       gpt, {.batch = 8, .seq_len = 1024, .checkpointing = ActivationCheckpointPolicy::parse("every:4")});
   CHECK(every4.total == every4.outside_blocks + 3 * every4.checkpointed_block + 9 * every4.block);
+  const train::ActivationBytes selective = train::plan_activations(
+      gpt, {.batch = 8, .seq_len = 1024, .checkpointing = ActivationCheckpointPolicy::parse("selective")});
+  CHECK(selective.checkpointed_block == tokens * (7 * C * 4 + H * 4));
+  CHECK(selective.total == selective.outside_blocks + 12 * selective.checkpointed_block);
   // bf16 activations: values in 2 bytes, statistics still in f32.
   const train::ActivationBytes bf16 = train::plan_activations(gpt, {.batch = 8, .seq_len = 1024, .dtype = DType::bf16});
   CHECK(bf16.block == tokens * (16 * C * 2 + (4 + H) * 4));
