@@ -407,8 +407,9 @@ void add_parallelism_flags(CLI::App& app, TrainConfig& config, ParallelismFlags&
   using tessera::nn::ActivationCheckpointPolicy;
   app.add_option_function<std::string>(
          "--ac", [&config](const std::string& text) { config.ac = ActivationCheckpointPolicy::parse(text); },
-         "Activation checkpointing of the blocks: off, full, or every:K (every K-th block); a checkpointed block keeps "
-         "only its input and recomputes its forward in backward, the same bits (docs/training.md)")
+         "Activation checkpointing of the blocks: off, full, every:K (every K-th block) or selective; a checkpointed "
+         "block keeps only its input (selective: and its GEMMs' and attention's outputs) and recomputes the rest in "
+         "backward, the same bits (docs/training.md)")
       ->check(CLI::Validator(
           [](std::string& input) -> std::string {
             try {
@@ -418,7 +419,7 @@ void add_parallelism_flags(CLI::App& app, TrainConfig& config, ParallelismFlags&
               return error.what();
             }
           },
-          "off|full|every:K"))
+          "off|full|every:K|selective"))
       ->default_str("off");
   app.add_flag("--deterministic", config.deterministic, "Rank-order reductions: bitwise reproducible runs");
   app.add_flag("--cpu-offload", config.cpu_offload,

@@ -92,7 +92,7 @@ struct TrainConfig {
   // activations whole; K >= 1 fuses the moves into the products in K batch
   // chunks that overlap the GEMMs.
   int async_tp = 0;
-  // Activation checkpointing of the blocks (--ac off|full|every:K): applied
+  // Activation checkpointing of the blocks (--ac off|full|every:K|selective): applied
   // after tensor parallelism and before FSDP, as torchtitan does. It changes
   // memory and time, never the numbers.
   tessera::nn::ActivationCheckpointPolicy ac;

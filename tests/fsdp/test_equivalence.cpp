@@ -131,7 +131,7 @@ TEST_CASE("fsdp: activation checkpointing trains bitwise as without it, with not
   for (const TrainingSetup& setup : {TrainingSetup{.model = gpt_recipe(gpt), .steps = 4}, llama()}) {
     for (int world : {2, 3}) {
       const TrainingResult plain = train_fsdp(setup, {.world = world});
-      for (const char* policy : {"full", "every:2"}) {
+      for (const char* policy : {"full", "every:2", "selective"}) {
         CAPTURE(setup.model.name);
         CAPTURE(world);
         CAPTURE(policy);

@@ -403,8 +403,9 @@ TEST_CASE("tp: refusals name what does not fit") {
 
 TEST_CASE("tp: every step's collectives on the tp group, calls and bytes, are tp::plan_traffic's, exactly") {
   for (const ModelFactory& make : {gpt_factory(), llama_factory()}) {
-    // every:2 recomputes the second block: its forward's moves repeat in backward.
-    for (const char* checkpointing : {"off", "every:2"}) {
+    // every:2 recomputes the second block: its forward's moves repeat in
+    // backward; selective repeats every block's (it keeps products, not moves).
+    for (const char* checkpointing : {"off", "every:2", "selective"}) {
       for (int world : {2, 3}) {
         dist::run_local(
             world,
@@ -460,10 +461,14 @@ TEST_CASE("tp with activation checkpointing: the same loss and gradients, bitwis
             }
             return values;
           };
-          const auto plain = gradients("off"), checkpointed = gradients("full");
-          for (const auto& [name, values] : plain) {
-            CAPTURE(name);
-            CHECK(checkpointed.at(name) == values);
+          const auto plain = gradients("off");
+          for (const char* policy : {"full", "selective"}) {
+            const auto checkpointed = gradients(policy);
+            for (const auto& [name, values] : plain) {
+              CAPTURE(policy);
+              CAPTURE(name);
+              CHECK(checkpointed.at(name) == values);
+            }
           }
         },
         thread_rank_options());

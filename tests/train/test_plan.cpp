@@ -166,6 +166,9 @@ TEST_CASE("train --plan of a small run is what its Trainer's FSDP model holds, s
   TrainConfig checkpointed = llama;
   checkpointed.ac = tessera::nn::ActivationCheckpointPolicy::parse("full");
   cases.push_back({"Llama, 3 ranks, --ac full", checkpointed});
+  TrainConfig selective_tp = llama_tp;
+  selective_tp.ac = tessera::nn::ActivationCheckpointPolicy::parse("selective");
+  cases.push_back({"Llama, (replicate 2, shard 2, tp 2), bf16, --ac selective", selective_tp});
 
   for (const Case& c : cases) {
     CAPTURE(c.name);

@@ -112,7 +112,7 @@ TEST_CASE("the tiny GPT trains on cuda as on the cpu: 20 AdamW steps in f32 with
 }
 
 TEST_CASE("on cuda, what forward holds is the activation plan's figure, to the byte, GPT and Llama, --ac off, full, "
-          "every:2") {
+          "every:2, selective") {
   tessera::nn::LlamaConfig llama = tessera::nn::LlamaConfig::preset("llama-tiny");
   llama.n_layer = 3;
   tessera::nn::GPTConfig gpt = tessera::nn::GPTConfig::preset("tiny");
@@ -120,7 +120,7 @@ TEST_CASE("on cuda, what forward holds is the activation plan's figure, to the b
   gpt.dropout = 0.1;
   using tessera::train::ModelConfig;
   for (const ModelConfig& shape : {ModelConfig(gpt), ModelConfig(llama)}) {
-    for (const char* text : {"off", "full", "every:2"}) {
+    for (const char* text : {"off", "full", "every:2", "selective"}) {
       CAPTURE(tessera::train::describe_shape(shape));
       CAPTURE(text);
       const auto policy = tessera::nn::ActivationCheckpointPolicy::parse(text);
@@ -281,7 +281,8 @@ TEST_CASE("--tp 2 under FSDP and HSDP on simulated GPUs, every stream operation 
   }
 }
 
-TEST_CASE("--ac full on simulated GPUs, dropout on, FSDP 2 and FSDP x TP 2 x 2 jittered: the bits of --ac off") {
+TEST_CASE("--ac full and selective on simulated GPUs, dropout on, FSDP 2 and FSDP x TP 2 x 2 jittered: the bits of "
+          "--ac off") {
   // The recompute runs on the compute stream after FSDP's pre-backward wait
   // for its all-gather; the stream-ordering checker would raise a read of a
   // parameter not yet gathered, so a completed run had none.
@@ -299,13 +300,16 @@ TEST_CASE("--ac full on simulated GPUs, dropout on, FSDP 2 and FSDP x TP 2 x 2 j
     config.tp = tp;
     std::vector<std::vector<float>> plain;
     const std::vector<std::pair<double, double>> plain_steps = rank0_steps(config, &plain);
-    config.ac = tessera::nn::ActivationCheckpointPolicy::parse("full");
-    tessera::cuda::sim::set_stream_jitter(5, 200);
-    std::vector<std::vector<float>> checkpointed;
-    const std::vector<std::pair<double, double>> checkpointed_steps = rank0_steps(config, &checkpointed);
-    tessera::cuda::sim::set_stream_jitter(0, 0);
-    CHECK(checkpointed_steps == plain_steps);
-    CHECK(checkpointed == plain);
+    for (const char* policy : {"full", "selective"}) {
+      CAPTURE(policy);
+      config.ac = tessera::nn::ActivationCheckpointPolicy::parse(policy);
+      tessera::cuda::sim::set_stream_jitter(5, 200);
+      std::vector<std::vector<float>> checkpointed;
+      const std::vector<std::pair<double, double>> checkpointed_steps = rank0_steps(config, &checkpointed);
+      tessera::cuda::sim::set_stream_jitter(0, 0);
+      CHECK(checkpointed_steps == plain_steps);
+      CHECK(checkpointed == plain);
+    }
   }
 }
 
