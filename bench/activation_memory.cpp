@@ -6,7 +6,7 @@
 // forward + backward over --steps rounds that run one step of each policy.
 // Beside each, the run plan's figure (train/activation_plan.h).
 //   activation_memory [--model gpt|llama] [--preset P] [--batch B] [--seq T]
-//                     [--device cpu|cuda] [--ac off,full,every:2] [--steps N]
+//                     [--device cpu|cuda] [--ac off,full,every:2,selective] [--steps N]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -104,7 +104,7 @@ class PolicyRun {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string family = "gpt", preset, device_name = "cpu", policies = "off,full,every:2";
+  std::string family = "gpt", preset, device_name = "cpu", policies = "off,full,every:2,selective";
   int64_t batch = 8, seq = 1024;
   int steps = 1;
   CLI::App app{"Activation memory and step time with and without activation checkpointing", "activation_memory"};

@@ -15,16 +15,25 @@ namespace tessera::fsdp {
 
 namespace {
 
-FlatLayout make_layout(const std::vector<std::unique_ptr<FSDPParam>>& params, int world) {
+// The layout of the parameters `which` (indices into `params`), in that order.
+FlatLayout make_layout(const std::vector<std::unique_ptr<FSDPParam>>& params, const std::vector<size_t>& which,
+                       int world) {
   FlatLayout layout;
   layout.world = world;
-  for (const auto& param : params) {
-    const int64_t chunk_rows = padded_shard_rows(param->rows(), world);
+  for (const size_t index : which) {
+    const FSDPParam& param = *params[index];
+    const int64_t chunk_rows = padded_shard_rows(param.rows(), world);
     layout.chunk_rows.push_back(chunk_rows);
     layout.offsets.push_back(layout.slot_numel);
-    layout.slot_numel += chunk_rows * param->row_numel();
+    layout.slot_numel += chunk_rows * param.row_numel();
   }
   return layout;
+}
+
+std::vector<size_t> every_index(size_t count) {
+  std::vector<size_t> indices(count);
+  for (size_t index = 0; index < count; ++index) indices[index] = index;
+  return indices;
 }
 
 // Rows [0, rows) of a chunk inside a flat buffer, shaped like the parameter.
@@ -106,18 +115,24 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
   TESSERA_CHECK(is_floating(param_dtype_) && is_floating(reduce_dtype_),
                 "fully_shard: param_dtype and reduce_dtype must be floating, got {} and {}", dtype_name(param_dtype_),
                 dtype_name(reduce_dtype_));
-  shard_layout_ = make_layout(params_, comm_.shard->size());
-  if (comm_.post_forward) post_forward_layout_ = make_layout(params_, comm_.post_forward->size());
+  const std::vector<size_t> all = every_index(params_.size());
+  shard_layout_ = make_layout(params_, all, comm_.shard->size());
+  if (comm_.post_forward) post_forward_layout_ = make_layout(params_, all, comm_.post_forward->size());
   set_reshard_after_forward(reshard_after_forward);
-  for (const auto& param : params_) expected_gradients_ += param->param().requires_grad() ? 1 : 0;
   for (size_t index = 0; index < params_.size(); ++index) {
-    const auto& tensor_parallel = params_[index]->param().tensor_parallel();
+    if (params_[index]->param().requires_grad()) trainable_.push_back(index);
+  }
+  expected_gradients_ = static_cast<int64_t>(trainable_.size());
+  gradient_layout_ = make_layout(params_, trainable_, comm_.shard->size());
+  for (size_t position = 0; position < trainable_.size(); ++position) {
+    const FSDPParam& param = *params_[trainable_[position]];
+    const auto& tensor_parallel = param.param().tensor_parallel();
     if (!tensor_parallel || !tensor_parallel->partial_gradient) continue;
     TESSERA_CHECK(comm_.tensor_parallel != nullptr,
                   "FSDPParamGroup: parameter '{}' has partial gradients over tensor parallelism, and no tp group to "
                   "sum them over",
-                  params_[index]->fqn());
-    partial_gradient_params_.push_back(index);
+                  param.fqn());
+    partial_gradient_params_.push_back(position);
   }
 }
 
@@ -407,8 +422,8 @@ void FSDPParamGroup::post_backward() {
 }
 
 void FSDPParamGroup::issue_reduce_scatter() {
-  const FlatLayout& layout = shard_layout_;
-  const int64_t flags = static_cast<int64_t>(params_.size());
+  const FlatLayout& layout = gradient_layout_;
+  const int64_t flags = static_cast<int64_t>(trainable_.size());
   const int64_t slot_numel = layout.slot_numel + flags;
   Tensor input;
   std::vector<bool> present_here;
@@ -424,28 +439,29 @@ void FSDPParamGroup::issue_reduce_scatter() {
     // Every byte is written once: rows, zero padding, and the flags.
     input = ops::empty({layout.world * slot_numel}, {.dtype = reduce_dtype_, .device = device()});
     std::vector<Tensor> grads;
-    for (const auto& param : params_) {
-      grads.push_back(param->unsharded().grad());
+    for (const size_t index : trainable_) {
+      grads.push_back(params_[index]->unsharded().grad());
       present_here.push_back(grads.back().defined());
     }
     std::vector<CopySegment> segments;
     for (int rank = 0; rank < layout.world; ++rank) {
       const int64_t slot = rank * slot_numel;
-      for (size_t index = 0; index < params_.size(); ++index) {
-        const FSDPParam& param = *params_[index];
+      for (size_t position = 0; position < trainable_.size(); ++position) {
+        const FSDPParam& param = *params_[trainable_[position]];
         const dist::ShardExtent extent = dist::shard_extent(param.rows(), layout.world, rank);
-        const Tensor& grad = grads[index];
+        const Tensor& grad = grads[position];
         const Tensor rows = grad.defined() ? ops::narrow(grad, 0, extent.offset, extent.length) : Tensor();
-        add_rows_into_chunk(segments, input, slot + layout.offsets[index], layout.chunk_rows[index], rows, param);
+        add_rows_into_chunk(segments, input, slot + layout.offsets[position], layout.chunk_rows[position], rows,
+                            param);
       }
-      for (size_t index = 0; index < params_.size(); ++index) {
-        add_fill(segments, input, slot + layout.slot_numel + static_cast<int64_t>(index), 1,
-                 present_here[index] ? 1.0 : 0.0);
+      for (size_t position = 0; position < trainable_.size(); ++position) {
+        add_fill(segments, input, slot + layout.slot_numel + static_cast<int64_t>(position), 1,
+                 present_here[position] ? 1.0 : 0.0);
       }
     }
     ops::copy_segments(segments);
-    for (const auto& param : params_) {
-      Tensor unsharded = param->unsharded();
+    for (const size_t index : trainable_) {
+      Tensor unsharded = params_[index]->unsharded();
       if (unsharded.grad().defined()) unsharded.set_grad(Tensor());
     }
     gradients_read = streams_->keep_gradients_read(std::move(grads));
@@ -531,9 +547,9 @@ void FSDPParamGroup::finish_reduce_scatter() {
     // One all-reduce of the shards packed together (norm vectors are small:
     // latency, not bytes, is their cost).
     std::vector<Tensor> pieces;
-    for (size_t index : partial_gradient_params_) {
-      const int64_t elements = shard_layout_.chunk_rows[index] * params_[index]->row_numel();
-      pieces.push_back(ops::narrow(pending.output, 0, shard_layout_.offsets[index], elements));
+    for (const size_t position : partial_gradient_params_) {
+      const int64_t elements = gradient_layout_.chunk_rows[position] * params_[trainable_[position]]->row_numel();
+      pieces.push_back(ops::narrow(pending.output, 0, gradient_layout_.offsets[position], elements));
     }
     Tensor packed = ops::cat(pieces, 0);
     comm_.tensor_parallel->all_reduce(packed, dist::ReduceOp::sum);
@@ -600,20 +616,20 @@ void FSDPParamGroup::wait_for_shard_reads() {
 
 void FSDPParamGroup::accumulate_gradients(const Tensor& reduced, const std::vector<bool>& present,
                                           const std::shared_ptr<Stream>& compute, bool adopt_views) {
-  const FlatLayout& layout = shard_layout_;
+  const FlatLayout& layout = gradient_layout_;
   // A parameter has a gradient when any rank's backward gave it one: the
   // reduced flags say so. Alone in its groups, this rank knows without
   // reading them (on a device, a read would be a synchronisation per group).
   const bool alone = comm_.shard->size() == 1 && !comm_.replicate;
   const std::vector<double> reduced_flags =
       alone ? std::vector<double>()
-            : ops::narrow(reduced, 0, layout.slot_numel, static_cast<int64_t>(params_.size())).to_vector<double>();
+            : ops::narrow(reduced, 0, layout.slot_numel, static_cast<int64_t>(trainable_.size())).to_vector<double>();
   std::vector<CopySegment> casts;  // new sharded gradients, cast to the parameters' dtypes
-  for (size_t index = 0; index < params_.size(); ++index) {
-    if (alone ? !present[index] : reduced_flags[index] == 0.0) continue;
-    const FSDPParam& param = *params_[index];
+  for (size_t position = 0; position < trainable_.size(); ++position) {
+    if (alone ? !present[position] : reduced_flags[position] == 0.0) continue;
+    const FSDPParam& param = *params_[trainable_[position]];
     Tensor sharded = param.sharded();
-    const Tensor piece = chunk_view(reduced, layout.offsets[index], param.local_rows(), param);
+    const Tensor piece = chunk_view(reduced, layout.offsets[position], param.local_rows(), param);
     if (sharded.grad().defined()) {
       ops::add_(sharded.mutable_grad(), piece);
     } else if (adopt_views && piece.dtype() == param.dtype()) {

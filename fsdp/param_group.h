@@ -16,7 +16,10 @@
 // receives the sum of its own slot. The gradient slots end with one presence
 // flag per parameter (1 where this rank has a gradient), so a parameter gets
 // a sharded gradient exactly when some rank produced one, and the collective
-// is the same size on every rank whatever the data did.
+// is the same size on every rank whatever the data did. Only trainable
+// parameters (requires_grad when the group is made) have a chunk and a flag
+// in the gradient slots: a frozen one costs the reduce-scatter nothing, and
+// gets no gradient buffer (a frozen base under LoRA adapters).
 //
 // States: sharded -> (unshard) -> unsharded -> (reshard) -> sharded, or, with
 // reshard_after_forward = to_group_of(N), sharded_post_forward: each rank
@@ -176,6 +179,10 @@ class FSDPParamGroup {
   DType reduce_dtype() const { return reduce_dtype_; }
   const MixedPrecisionPolicy& policy() const { return policy_; }
   const FlatLayout& layout() const { return shard_layout_; }
+  // The reduce-scatter's: the trainable parameters only (flags excluded).
+  const FlatLayout& gradient_layout() const { return gradient_layout_; }
+  // Indices into params() of the trainable parameters, in gradient_layout's order.
+  const std::vector<size_t>& trainable() const { return trainable_; }
   // Bytes of one all-gather output (all ranks' slots) in param_dtype.
   int64_t unsharded_bytes() const;
   // Where the collectives and the unsharded parameters live: the shards'
@@ -216,8 +223,11 @@ class FSDPParamGroup {
 
   std::vector<std::unique_ptr<FSDPParam>> params_;
   GroupComm comm_;
-  // Indices of the parameters whose gradients are partial over tensor
-  // parallelism: their reduced shards are summed over comm_.tensor_parallel.
+  // The trainable parameters (indices into params_) and their gradient slot.
+  std::vector<size_t> trainable_;
+  FlatLayout gradient_layout_;
+  // Positions in trainable_ of the parameters whose gradients are partial over
+  // tensor parallelism: their reduced shards are summed over comm_.tensor_parallel.
   std::vector<size_t> partial_gradient_params_;
   MixedPrecisionPolicy policy_;
   DType param_dtype_;
@@ -249,7 +259,7 @@ class FSDPParamGroup {
     Tensor input;   // all ranks' gradient slots
     Tensor output;  // this rank's reduced slot (+ flags)
     dist::Work work;
-    std::vector<bool> present_here;  // which parameters this rank's backward gave a gradient
+    std::vector<bool> present_here;  // which trainable parameters (trainable_ order) this rank's backward gave a gradient
     std::vector<Tensor> gradients_read;  // compute's unsharded gradients the copy-in read (cuda)
     Event copied_in;                     // on the reduce-scatter stream after the copy-in (cuda)
   };

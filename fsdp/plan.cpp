@@ -40,6 +40,9 @@ void lay_out(PlannedUnit& unit, const PlanMesh& mesh) {
       unit.post_forward_slot_numel += padded_shard_rows(param.rows(), *post_forward_ranks) * param.row_numel();
     }
     unit.unsharded_bytes += bytes_of(unit.param_dtype, param.numel());
+    if (!param.requires_grad) continue;  // frozen: no place in the gradient slot
+    unit.gradient_slot_numel += param.padded_rows * param.row_numel();
+    unit.gradient_flags += 1;
     if (param.partial_gradient) unit.partial_gradient_numel += param.padded_rows * param.row_numel();
   }
   unit.all_gather_buffer_bytes = bytes_of(unit.param_dtype, mesh.shard * unit.slot_numel);
@@ -450,6 +453,9 @@ PlannedUnit unit_of_state(const FSDPState& state, const PlanMesh& mesh) {
   TESSERA_CHECK(unit.slot_numel == group->layout().slot_numel,
                 "sharding plan: the layout of {} has {} elements a slot, its FSDP group {}", unit.label(),
                 unit.slot_numel, group->layout().slot_numel);
+  TESSERA_CHECK(unit.gradient_slot_numel == group->gradient_layout().slot_numel,
+                "sharding plan: the gradient layout of {} has {} elements a slot, its FSDP group {}", unit.label(),
+                unit.gradient_slot_numel, group->gradient_layout().slot_numel);
   return unit;
 }
 
@@ -495,8 +501,7 @@ void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMe
                    *ranks, micro_batches);
   }
   if (!unit.has_trainable_parameters()) return;
-  const int64_t flags = static_cast<int64_t>(unit.params.size());
-  const int64_t gradient_bytes = bytes_of(unit.reduce_dtype, unit.slot_numel + flags);
+  const int64_t gradient_bytes = bytes_of(unit.reduce_dtype, unit.gradient_slot_numel + unit.gradient_flags);
   add_collective(volume, dist::CollectiveKind::reduce_scatter, gradient_bytes, mesh.shard, synced);
   if (mesh.replicate > 1) {
     add_collective(volume, dist::CollectiveKind::all_reduce, gradient_bytes, mesh.replicate, synced);

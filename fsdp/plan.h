@@ -35,8 +35,9 @@ namespace tessera::fsdp {
 //   all-gather      one per group in forward, and one more in backward for
 //                   groups that reshard after forward (over the group of N
 //                   ranks when reshard_after_forward = N);
-//   reduce-scatter  one per group with trainable parameters: its gradient
-//                   slot plus one presence flag per parameter, in reduce_dtype;
+//   reduce-scatter  one per group with trainable parameters: their padded
+//                   chunks plus one presence flag each, in reduce_dtype (a
+//                   frozen parameter has no place in it);
 //   all-reduce      HSDP only: that reduced slot again over the replicate group;
 //   partial-gradient all-reduce
 //                   under tensor parallelism: the reduced shards of the
@@ -144,7 +145,11 @@ struct PlannedUnit {
   int64_t all_gather_buffer_bytes = 0;  // one all-gather's output: S slots in param_dtype
   int64_t post_forward_buffer_bytes = 0;  // the backward all-gather's output over N ranks
   int64_t unsharded_bytes = 0;          // the unsharded parameters in param_dtype (no padding)
-  int64_t partial_gradient_numel = 0;   // of the slot: the partial-gradient parameters' padded chunks
+  // The reduce-scatter's slot: the trainable parameters' padded chunks (a
+  // frozen one has none), then one presence flag each.
+  int64_t gradient_slot_numel = 0;
+  int64_t gradient_flags = 0;
+  int64_t partial_gradient_numel = 0;   // of the gradient slot: the partial-gradient parameters' padded chunks
 
   // "(root)" or the module's name.
   std::string label() const { return fqn.empty() ? std::string("(root)") : fqn; }

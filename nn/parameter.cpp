@@ -146,6 +146,17 @@ void Parameter::set_sums_partial_gradient(bool sums) {
   });
 }
 
+void Parameter::set_requires_grad(bool requires_grad) {
+  if (requires_grad == requires_grad_) return;
+  TESSERA_CHECK(!is_sharded(), "Parameter: requires_grad cannot change once FSDP has sharded the parameter (its "
+                "gradient slots are laid out); freeze or thaw it before fully_shard");
+  TESSERA_CHECK(!requires_grad || is_floating(tensor_.dtype()),
+                "Parameter: only a floating parameter can require grad, this one is {}", dtype_name(tensor_.dtype()));
+  requires_grad_ = requires_grad;
+  if (!requires_grad) tensor_.set_grad(Tensor());
+  replace_leaf(tensor_);  // sets the flag on the tensor and moves the gradient hooks on or off it
+}
+
 void Parameter::replace_leaf(Tensor tensor) {
   TESSERA_CHECK(tensor.defined(), "Parameter: the tensor is undefined");
   TESSERA_CHECK(tensor.is_leaf(), "Parameter: the tensor must be a leaf (it has autograd history); detach it first");

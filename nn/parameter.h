@@ -125,6 +125,11 @@ class Parameter {
   bool sums_partial_gradient() const { return partial_gradient_sum_.has_value(); }
 
   bool requires_grad() const { return requires_grad_; }
+  // Freezes (false) or thaws the parameter: its tensor stops or starts
+  // wanting gradients, and a frozen one's gradient is dropped. Before
+  // fully_shard: FSDP lays out its gradient slots by this flag (a frozen
+  // parameter gets none), so a sharded parameter refuses a change.
+  void set_requires_grad(bool requires_grad);
   const Tensor& grad() const { return tensor_.grad(); }
   const Shape& sizes() const { return tensor_.sizes(); }
   int64_t numel() const { return tensor_.numel(); }

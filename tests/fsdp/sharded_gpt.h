@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -28,10 +29,13 @@ struct ShardedGPT {
 };
 
 // Blocks, then the root (with the blocks' mixed precision), on `mesh`;
-// allocated and initialised.
+// allocated and initialised. `before_sharding` runs on the meta model first
+// (to freeze parameters, say).
 inline ShardedGPT build_sharded_gpt(const dist::DeviceMesh& mesh, FullyShardOptions block_options = {},
-                                    FullyShardOptions root_options = {}) {
+                                    FullyShardOptions root_options = {},
+                                    const std::function<void(nn::GPT&)>& before_sharding = {}) {
   ShardedGPT sharded{std::make_unique<nn::GPT>(kAwkward, kMeta), {}, std::nullopt};
+  if (before_sharding) before_sharding(*sharded.model);
   block_options.mesh = mesh;
   root_options.mesh = mesh;
   root_options.mp_policy = block_options.mp_policy;

@@ -150,6 +150,40 @@ TEST_CASE("fsdp: activation checkpointing trains bitwise as without it, with not
   }
 }
 
+TEST_CASE("fsdp: frozen parameters train as unsharded, bitwise, and stay as they were; 2 and 3 ranks") {
+  TrainingSetup setup = tiny();
+  const ModelRecipe trainable = setup.model;
+  setup.model.name += ", qkv and wpe frozen";
+  setup.model.build_on_meta = [trainable](DType dtype) {
+    std::shared_ptr<nn::Module> model = trainable.build_on_meta(dtype);
+    for (const auto& [name, parameter] : model->named_parameters()) {
+      if (name.find("attn.qkv.") != std::string::npos || name == "wpe.weight") parameter->set_requires_grad(false);
+    }
+    return model;
+  };
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const TrainingResult expected = train_unsharded(setup, world);
+    const TrainingResult sharded = train_fsdp(setup, {.world = world});
+    check_bitwise(expected, sharded);
+    TrainingSetup one_step = setup;
+    one_step.steps = 1;
+    const TrainingResult early = train_fsdp(one_step, {.world = world});
+    int frozen = 0;
+    for (const auto& [name, values] : sharded.parameters) {
+      const bool is_frozen = name.find("attn.qkv.") != std::string::npos || name.ends_with("wpe.weight");
+      CAPTURE(name);
+      if (is_frozen) {
+        CHECK(values == early.parameters.at(name));
+        ++frozen;
+      } else {
+        CHECK(values != early.parameters.at(name));
+      }
+    }
+    CHECK(frozen == 2 * tiny_gpt().n_layer + 1);
+  }
+}
+
 TEST_CASE("fsdp: reshard_after_forward true, false and 2 on 4 ranks give bitwise the same training") {
   for (const TrainingSetup& setup : {tiny(), awkward()}) {
     const TrainingResult expected = train_unsharded(setup, 4);

@@ -112,6 +112,22 @@ TEST_CASE("fully_shard and fsdp_module: the handle of a module, and none for a m
   });
 }
 
+TEST_CASE("a parameter is frozen before fully_shard; after, changing requires_grad is an error") {
+  dist::run_local(2, [](const dist::ProcessGroupPtr& group) {
+    const dist::DeviceMesh mesh(group, kCPU, {2});
+    ShardedGPT sharded = build_sharded_gpt(mesh, {}, {}, [](nn::GPT& model) {
+      model.wpe().weight().set_requires_grad(false);
+      CHECK_FALSE(model.wpe().weight().requires_grad());
+    });
+    CHECK_FALSE(sharded.model->wpe().weight().requires_grad());
+    CHECK_FALSE(sharded.model->wpe().weight().tensor().requires_grad());
+    CHECK_THROWS_WITH_AS(sharded.model->wpe().weight().set_requires_grad(true),
+                         doctest::Contains("requires_grad cannot change once FSDP has sharded the parameter"), Error);
+    CHECK_THROWS_WITH_AS(sharded.model->wte().weight().set_requires_grad(false),
+                         doctest::Contains("freeze or thaw it before fully_shard"), Error);
+  });
+}
+
 TEST_CASE("fully_shard: reshard_after_forward to_group_of(S) is always(), to_group_of(1) is never(), and the root's "
           "default is never()") {
   dist::run_local(4, [](const dist::ProcessGroupPtr& group) {

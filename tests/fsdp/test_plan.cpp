@@ -291,6 +291,7 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
     const char* name;
     int world, replicate;
     FullyShardOptions blocks;
+    bool frozen = false;  // attention's qkv and the position embedding frozen: no gradient slot, no gradient
   };
   const std::vector<Case> cases = {
       {"1 rank", 1, 1, {}},
@@ -300,19 +301,41 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
       {"4 ranks, reshard_after_forward 2", 4, 1, {.reshard_after_forward = ReshardAfterForward::to_group_of(2)}},
       {"HSDP 2 x 2, bf16 parameters, f32 gradients", 4, 2,
        {.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}}},
+      {"3 ranks, frozen qkv and wpe", 3, 1, {}, true},
   };
+  const auto freeze = [](nn::GPT& model) {
+    for (const auto& [name, parameter] : model.named_parameters()) {
+      if (name.find("attn.qkv.") != std::string::npos || name == "wpe.weight") parameter->set_requires_grad(false);
+    }
+  };
+  int64_t unfrozen_reduce_scatter_sent = 0;  // the plain 3-rank case's, a step
   for (const Case& c : cases) {
     CAPTURE(c.name);
     nn::GPT meta_model(kAwkward, kMeta);
+    if (c.frozen) freeze(meta_model);
     const ShardingPlan plan = plan_fully_shard(gpt_calls(meta_model, c.blocks), plan_mesh(c.world, c.replicate));
     const StepCommVolume comm = comm_per_step(plan);
+    if (c.world == 3 && !c.blocks.reshard_after_forward && !c.frozen) {
+      unfrozen_reduce_scatter_sent = comm.reduce_scatter_bytes_sent;
+    }
+    if (c.frozen) {
+      // Each frozen parameter's chunk and flag leave every rank's gradient
+      // slot: a step sends (S - 1) of them fewer, in f32.
+      int64_t frozen_slot = 0;
+      for (const auto& parameter : meta_model.parameters()) {
+        if (parameter->requires_grad()) continue;
+        frozen_slot += padded_shard_rows(parameter->sizes()[0], 3) * (parameter->numel() / parameter->sizes()[0]) + 1;
+      }
+      CHECK(frozen_slot > 0);
+      CHECK(comm.reduce_scatter_bytes_sent == unfrozen_reduce_scatter_sent - 2 * 4 * frozen_slot);
+    }
     dist::run_local(c.world, [&](const dist::ProcessGroupPtr& group) {
       const dist::DeviceMesh mesh =
           c.replicate == 1
               ? dist::DeviceMesh(group, kCPU, {c.world}, {"shard"})
               : dist::DeviceMesh(group, kCPU, {c.replicate, c.world / c.replicate}, {"replicate", "shard"});
       const int64_t baseline = dist::rank_memory_stats().live_bytes;
-      ShardedGPT sharded = build_sharded_gpt(mesh, c.blocks);
+      ShardedGPT sharded = build_sharded_gpt(mesh, c.blocks, {}, c.frozen ? freeze : std::function<void(nn::GPT&)>());
       const int64_t shards = dist::rank_memory_stats().live_bytes - baseline;
       const ShardingPlan live = plan_of(*sharded.model);  // the groups fully_shard made
       // Two steps record the prefetch order; the third is FSDP's steady state.
@@ -345,6 +368,9 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
         if (grad.defined()) gradients += grad.numel() * static_cast<int64_t>(element_size(grad.dtype()));
       }
       CHECK(gradients == plan.gradient_bytes);
+      for (const auto& parameter : sharded.model->parameters()) {
+        if (!parameter->requires_grad()) CHECK_FALSE(parameter->tensor().grad().defined());
+      }
     });
   }
 }
