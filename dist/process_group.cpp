@@ -51,7 +51,8 @@ bool is_communicable(DType dtype) {
     case DType::bf16:
     case DType::f16:
     case DType::i32:
-    case DType::i64: return true;
+    case DType::i64:
+    case DType::u8: return true;
     case DType::boolean: return false;
   }
   return false;
@@ -71,8 +72,17 @@ void check_buffer(std::string_view collective, const char* role, const Tensor& t
                 collective, role, tensor.device().str(), size);
   TESSERA_CHECK(tensor.is_contiguous(), "{}: {} {} is not contiguous (strides {}); pass a contiguous buffer",
                 collective, role, tensor.sizes(), tensor.strides());
-  TESSERA_CHECK(is_communicable(tensor.dtype()), "{}: {} has dtype {}; collectives carry f32, f64, bf16, f16, i32, i64",
-                collective, role, dtype_name(tensor.dtype()));
+  TESSERA_CHECK(is_communicable(tensor.dtype()),
+                "{}: {} has dtype {}; collectives carry f32, f64, bf16, f16, i32, i64 and u8", collective, role,
+                dtype_name(tensor.dtype()));
+}
+
+// A reduction's buffer: of a dtype that can be summed. Checked before the
+// collective is issued, so that every rank refuses it alike (refused midway,
+// on the rank that reduces, it would leave the others waiting).
+void check_reducible(std::string_view collective, const Tensor& tensor) {
+  TESSERA_CHECK(tensor.dtype() != DType::u8, "{}: cannot reduce dtype u8 (raw bytes: they are gathered, broadcast "
+                "and sent, not summed)", collective);
 }
 
 const char* byte_address(const Tensor& tensor) {
@@ -430,6 +440,7 @@ Work ProcessGroup::all_gather_into(const Tensor& out, const Tensor& in, bool asy
 Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, ReduceOp op, bool async_op) {
   check_whole_and_chunk("reduce_scatter_into", out, in, /*out_is_whole=*/false, size_, rank_,
                         moves_device_tensors());
+  check_reducible("reduce_scatter_into", in);
   const CollectiveSignature signature{.kind = CollectiveKind::reduce_scatter,
                                       .dtype = in.dtype(),
                                       .op = op,
@@ -452,6 +463,7 @@ Work ProcessGroup::reduce_scatter_into(const Tensor& out, const Tensor& in, Redu
 Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async_op) {
   constexpr std::string_view name = "all_reduce";
   check_buffer(name, "tensor", tensor, size_, moves_device_tensors());
+  check_reducible(name, tensor);
   const CollectiveSignature signature{.kind = CollectiveKind::all_reduce,
                                       .dtype = tensor.dtype(),
                                       .op = op,
@@ -545,6 +557,7 @@ Work ProcessGroup::coalesce_pairs(std::string_view name, const std::vector<Tenso
   for (size_t index = 0; index < outs.size(); ++index) {
     check_whole_and_chunk(fmt::format("{} (collective {})", name, index), outs[index], ins[index], out_is_whole,
                           size_, rank_, moves_device_tensors());
+    if (!out_is_whole) check_reducible(fmt::format("{} (collective {})", name, index), ins[index]);
   }
   std::vector<Tensor> tensors = outs;
   tensors.insert(tensors.end(), ins.begin(), ins.end());
@@ -573,6 +586,7 @@ Work ProcessGroup::all_reduce_coalesced(const std::vector<Tensor>& tensors, Redu
   for (size_t index = 0; index < tensors.size(); ++index) {
     check_buffer(fmt::format("{} (collective {})", name, index), "tensor", tensors[index], size_,
                  moves_device_tensors());
+    check_reducible(fmt::format("{} (collective {})", name, index), tensors[index]);
   }
   return coalesce(name, tensors.size(), tensors, async_op,
                   [&](size_t index) { return all_reduce(tensors[index], op, /*async_op=*/true); });

@@ -138,7 +138,8 @@ void visit_reducible_dtype(DType dtype, const char* what, Fn&& fn) {
     case DType::f16: return fn(Half{});
     case DType::i32: return fn(int32_t{});
     case DType::i64: return fn(int64_t{});
-    case DType::boolean: break;
+    case DType::boolean:
+    case DType::u8: break;
   }
   fail("{}: cannot reduce dtype {} (f32, f64, bf16, f16, i32 and i64 can be reduced)", what, dtype_name(dtype));
 }

@@ -14,6 +14,7 @@ size_t element_size(DType dtype) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::boolean: return 1;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -27,6 +28,7 @@ std::string_view dtype_name(DType dtype) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::boolean: return "bool";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -36,7 +38,7 @@ DType dtype_from_name(std::string_view name) {
     auto dtype = static_cast<DType>(i);
     if (dtype_name(dtype) == name) return dtype;
   }
-  fail("unknown dtype '{}' (expected f32, f64, bf16, f16, i32, i64 or bool)", name);
+  fail("unknown dtype '{}' (expected f32, f64, bf16, f16, i32, i64, bool or u8)", name);
 }
 
 bool is_floating(DType dtype) {
@@ -52,6 +54,7 @@ namespace {
 int promotion_rank(DType dtype) {
   switch (dtype) {
     case DType::boolean: return 0;
+    case DType::u8: return 1;
     case DType::i32: return 1;
     case DType::i64: return 2;
     case DType::bf16: return 3;

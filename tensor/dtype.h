@@ -1,7 +1,10 @@
 // Element types. CPU kernels compute in f32 (f64 for gradient checks); bf16
 // and f16 are storage and communication types, converted with round-to-
 // nearest-even so that a value survives a round trip through the wire format
-// exactly as on GPUs.
+// exactly as on GPUs. u8 is raw bytes: packed formats (NF4's codes, an
+// all-gather's mixed payloads) are u8 tensors that are created, copied,
+// viewed, gathered and cast, never computed on; a byte never passes through
+// a float type on its way (a NaN-canonicalising copy would change it).
 #pragma once
 
 #include <cstdint>
@@ -12,9 +15,9 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean };
+enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean, u8 };
 
-constexpr int kNumDTypes = 7;
+constexpr int kNumDTypes = 8;
 
 size_t element_size(DType dtype);
 std::string_view dtype_name(DType dtype);
@@ -52,6 +55,7 @@ template <> struct dtype_of<Half> { static constexpr DType value = DType::f16; }
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
+template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
 
 // Calls fn with a value of the C++ type of `dtype` (its value is unused;
 // only its type matters): visit_dtype(t.dtype(), [&]<typename T>(T) { ... }).
@@ -65,6 +69,7 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
     case DType::i32: return fn(int32_t{});
     case DType::i64: return fn(int64_t{});
     case DType::boolean: return fn(bool{});
+    case DType::u8: return fn(uint8_t{});
   }
   return fn(float{});
 }

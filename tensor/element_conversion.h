@@ -2,7 +2,8 @@
 // (host and device code), so a copy or cast gives the same bits on both
 // devices: 16-bit floats through f32 (tensor/float16_bits.h), floats to
 // integers saturating with NaN to 0 (a plain cast of an out-of-range value is
-// undefined behaviour), anything to bool as "not zero". Also the two
+// undefined behaviour; u8 saturates to [0, 255]), integers to narrower ones
+// wrapping (C++'s modular conversion), anything to bool as "not zero". Also the two
 // element-level helpers both devices' kernels share.
 #pragma once
 
@@ -36,6 +37,11 @@ TESSERA_HOST_DEVICE To convert(From value) {
     return result;
   } else if constexpr (std::is_same_v<To, bool>) {
     return value != From(0);
+  } else if constexpr (std::is_integral_v<To> && std::is_unsigned_v<To> && std::is_floating_point_v<From>) {
+    constexpr auto limit = static_cast<From>(uint64_t{1} << (8 * sizeof(To)));  // 2^bits, exact
+    if (value != value || value <= From(-1)) return To(0);  // (-1, 0) truncates to 0 too
+    if (value >= limit) return std::numeric_limits<To>::max();
+    return static_cast<To>(value);
   } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
     constexpr auto limit = static_cast<From>(uint64_t{1} << (8 * sizeof(To) - 1));  // 2^(bits-1), exact
     if (value != value) return To(0);

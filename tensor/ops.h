@@ -54,6 +54,7 @@ Tensor arange(double start, double end, double step = 1.0, TensorOptions options
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, TensorOptions options = {});
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions options = {});
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, TensorOptions options = {.dtype = DType::i64});
+Tensor from_vector(const std::vector<uint8_t>& values, const Shape& shape, TensorOptions options = {.dtype = DType::u8});
 Tensor scalar_tensor(double value, TensorOptions options = {});  // 0-d
 // Uniform [low, high) and normal(mean, std) from Philox: element i of the
 // result is value i of the sequence `key` (see tensor/philox.h).

@@ -107,6 +107,7 @@ MPI_Datatype element_type(DType dtype) {
     case DType::f16: return MPI_UINT16_T;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
     case DType::boolean: break;
   }
   fail("mpi backend: no reduction for dtype {}", dtype_name(dtype));

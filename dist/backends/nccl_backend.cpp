@@ -54,6 +54,7 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::f16: return ncclFloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
     case DType::boolean: break;
   }
   fail("nccl backend: no NCCL type for {}", dtype_name(dtype));

@@ -121,6 +121,10 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, Tenso
   return from_host(values, shape, options);
 }
 
+Tensor from_vector(const std::vector<uint8_t>& values, const Shape& shape, TensorOptions options) {
+  return from_host(values, shape, options);
+}
+
 Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
 
 namespace {

@@ -128,6 +128,36 @@ TEST_CASE("local: every collective x dtype x op is exact for world sizes 1 to 8"
   }
 }
 
+TEST_CASE("local: u8 bytes are gathered and broadcast exactly, every byte value; reducing them is refused") {
+  for (int n : {1, 3, 8}) {
+    run_local(n, [&](const ProcessGroupPtr& world) {
+      const int r = world->rank();
+      std::vector<uint8_t> mine(256), expected;
+      for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<uint8_t>(i * 7 + static_cast<size_t>(r) * 31);
+      for (int p = 0; p < n; ++p) {
+        for (size_t i = 0; i < mine.size(); ++i) {
+          expected.push_back(static_cast<uint8_t>(i * 7 + static_cast<size_t>(p) * 31));
+        }
+      }
+      Tensor out = ops::zeros({n * 256}, {.dtype = DType::u8});
+      world->all_gather_into(out, ops::from_vector(mine, {256}));
+      CHECK(out.to_vector<uint8_t>() == expected);
+      Tensor data = ops::from_vector(mine, {256});
+      world->broadcast(data, 0);
+      CHECK(data.to_vector<uint8_t>() == std::vector<uint8_t>(expected.begin(), expected.begin() + 256));
+      // Refused on every rank before anything is issued: no rank waits.
+      Tensor summed = ops::from_vector(mine, {256});
+      CHECK_THROWS_WITH_AS(world->all_reduce(summed, ReduceOp::sum), doctest::Contains("cannot reduce dtype u8"),
+                           Error);
+      Tensor chunk = ops::zeros({1}, {.dtype = DType::u8});
+      Tensor whole = ops::zeros({n}, {.dtype = DType::u8});
+      CHECK_THROWS_WITH_AS(world->reduce_scatter_into(chunk, whole, ReduceOp::sum),
+                           doctest::Contains("cannot reduce dtype u8"), Error);
+      world->barrier();
+    });
+  }
+}
+
 TEST_CASE("local: collectives over many pieces and past the streaming threshold") {
   // 3 MiB + 4 bytes of f32 per rank on 4 ranks: every all-gather, all-reduce
   // and broadcast writes more than the last-level cache, so they stream, and

@@ -36,10 +36,11 @@ TENSORS = {
     "i32": ("I32", (4,)),
     "i64": ("I64", (2, 2)),
     "scalar": ("F32", ()),
+    "u8": ("U8", (6,)),
 }
 
 NUMPY_TYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64,
-               "BOOL": np.bool_}
+               "BOOL": np.bool_, "U8": np.uint8}
 
 
 def base(i):
@@ -50,7 +51,7 @@ def base(i):
 def value(dtype, i):
     v = base(i)
     return {"F32": v * 0.25, "F64": v / 3.0, "F16": v * 0.5, "BF16": v * 0.125, "I32": v * 100000 + i,
-            "I64": v * 2**40 + i, "BOOL": v > 0}[dtype]
+            "I64": v * 2**40 + i, "BOOL": v > 0, "U8": v + 11}[dtype]
 
 
 def expected(dtype, shape):
@@ -98,7 +99,7 @@ def check(path):
                 got = opened.get_tensor(name)
             want = expected(dtype, shape)
             assert got.dtype == want.dtype and np.array_equal(got, want), f"{name}: values {got}, expected {want}"
-    print(f"OK {path}: {len(TENSORS)} tensors (BF16, BOOL, F16, F32, F64, I32, I64, 0-d, empty) "
+    print(f"OK {path}: {len(TENSORS)} tensors (BF16, BOOL, F16, F32, F64, I32, I64, U8, 0-d, empty) "
           f"match the formula; metadata {metadata}")
 
 

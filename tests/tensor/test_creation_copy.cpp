@@ -423,3 +423,35 @@ TEST_CASE("contiguous strides: row-major, and saturated where only an empty tens
   CHECK(empty.numel() == 0);
   CHECK(empty.strides()[1] == big);
 }
+
+TEST_CASE("u8 holds raw bytes: all 256 values through copies, views, joins and casts; no arithmetic") {
+  std::vector<uint8_t> all(256);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i);
+  const Tensor bytes = ops::from_vector(all, {16, 16});
+  CHECK(bytes.dtype() == DType::u8);
+  CHECK(bytes.nbytes() == 256);
+  CHECK(dtype_from_name("u8") == DType::u8);
+  CHECK(ops::clone(bytes).to_vector<uint8_t>() == all);
+  std::vector<uint8_t> transposed;
+  for (int64_t column = 0; column < 16; ++column) {
+    for (int64_t row = 0; row < 16; ++row) transposed.push_back(all[static_cast<size_t>(row * 16 + column)]);
+  }
+  CHECK(ops::contiguous(ops::transpose(bytes, 0, 1)).to_vector<uint8_t>() == transposed);
+  CHECK(ops::cat({ops::narrow(bytes, 0, 0, 5), ops::narrow(bytes, 0, 5, 11)}, 0).to_vector<uint8_t>() == all);
+  Tensor strided = ops::transpose(ops::zeros({16, 16}, {.dtype = DType::u8}), 0, 1);
+  ops::copy_(strided, bytes);
+  CHECK(ops::contiguous(strided).to_vector<uint8_t>() == all);
+  // Casts: to floats exactly; from floats saturating to [0, 255], NaN to 0;
+  // from wider integers modulo 256.
+  std::vector<float> widened(all.begin(), all.end());
+  CHECK(ops::to(bytes, DType::f32).to_vector<float>() == widened);
+  CHECK(ops::to(ops::to(bytes, DType::bf16), DType::u8).to_vector<uint8_t>() == all);
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor floats =
+      ops::from_vector(std::vector<float>{-3.0f, -0.5f, 0.7f, 254.9f, 255.5f, 300.0f, NAN, inf, -inf}, {9});
+  CHECK(ops::to(floats, DType::u8).to_vector<uint8_t>() == std::vector<uint8_t>{0, 0, 0, 254, 255, 255, 0, 255, 0});
+  CHECK(ops::to(ops::from_vector(std::vector<int64_t>{256, -1, 513}, {3}), DType::u8).to_vector<uint8_t>() ==
+        std::vector<uint8_t>{0, 255, 1});
+  CHECK_THROWS_WITH_AS(ops::add(bytes, bytes), doctest::Contains("u8 is a dtype of raw bytes"), Error);
+  CHECK_THROWS_WITH_AS(ops::mul(bytes, 2.0), doctest::Contains("u8 is a dtype of raw bytes"), Error);
+}
