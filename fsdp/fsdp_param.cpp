@@ -71,9 +71,13 @@ void FSDPParam::init_unsharded(DType param_dtype, Device device) {
   const Tensor& shard = sharded();
   TESSERA_CHECK(!shard.is_meta(), "fsdp: parameter '{}' is still on meta; call to_empty(device) and "
                 "reset_parameters() after fully_shard and before the first forward", fqn_);
-  const Shape& shape = global_shape();
-  auto storage = Storage::released(device, shape_numel(shape) * static_cast<int64_t>(element_size(param_dtype)));
-  unsharded_ = Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, param_dtype);
+  // An all-gather extension may unshard into another shape and dtype (NF4's
+  // bytes into a matrix).
+  const auto& extension = param_->all_gather_extension();
+  const Shape shape = extension ? extension->unsharded_shape(global_shape()) : global_shape();
+  const DType dtype = extension ? extension->unsharded_dtype(param_dtype) : param_dtype;
+  auto storage = Storage::released(device, shape_numel(shape) * static_cast<int64_t>(element_size(dtype)));
+  unsharded_ = Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
   if (param_->requires_grad()) unsharded_.set_requires_grad(true);
 }
 

@@ -149,8 +149,12 @@ FSDPModule fully_shard(nn::Module& module, FullyShardOptions options) {
                   "module's call", name, fqn);
     TESSERA_CHECK(parameter->tensor().dim() >= 1, "fully_shard({}): parameter '{}' is 0-d; dim-0 sharding needs dim "
                   ">= 1 (pass it in ignored_params to keep it whole)", name, fqn);
-    TESSERA_CHECK(is_floating(parameter->tensor().dtype()), "fully_shard({}): parameter '{}' is {}; only floating "
-                  "parameters can be sharded", name, fqn, dtype_name(parameter->tensor().dtype()));
+    // Packed bytes (NF4's) shard too, with an all-gather extension to unpack
+    // them: without one they would be cast to param_dtype.
+    TESSERA_CHECK(is_floating(parameter->tensor().dtype()) || parameter->all_gather_extension() != nullptr,
+                  "fully_shard({}): parameter '{}' is {}; only floating parameters, or ones with an all-gather "
+                  "extension (nn/all_gather_extension.h), can be sharded", name, fqn,
+                  dtype_name(parameter->tensor().dtype()));
     to_shard.emplace_back(fqn, parameter);
   }
   // Tensor parallelism underneath: FSDP shards each rank's piece over its

@@ -3,7 +3,11 @@
 #include "fsdp/param_group.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
@@ -101,13 +105,20 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
                   "but the group is {}offloaded; one group's shards live in one place", param->fqn(),
                   param->offloaded() ? "" : "not ", offload_to_ ? "" : "not ");
   }
-  const DType own = params_.front()->dtype();
+  // The group's own dtype: its parameters', or f32 where every one is packed
+  // bytes behind an all-gather extension (which picks its unsharded dtype).
+  DType own = DType::f32;
+  const auto floating = std::find_if(params_.begin(), params_.end(), [](const std::unique_ptr<FSDPParam>& param) {
+    return is_floating(param->dtype());
+  });
+  if (floating != params_.end()) own = (*floating)->dtype();
   if (!policy_.param_dtype) {
     for (const auto& param : params_) {
+      if (!is_floating(param->dtype())) continue;  // packed bytes: its extension unpacks them
       TESSERA_CHECK(param->dtype() == own,
                     "fully_shard: parameters '{}' ({}) and '{}' ({}) differ in dtype; one group moves one dtype: set "
                     "MixedPrecisionPolicy::param_dtype or shard them in separate calls",
-                    params_.front()->fqn(), dtype_name(own), param->fqn(), dtype_name(param->dtype()));
+                    (*floating)->fqn(), dtype_name(own), param->fqn(), dtype_name(param->dtype()));
     }
   }
   param_dtype_ = policy_.param_dtype.value_or(own);
@@ -115,6 +126,22 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::unique_ptr<FSDPParam>> params, G
   TESSERA_CHECK(is_floating(param_dtype_) && is_floating(reduce_dtype_),
                 "fully_shard: param_dtype and reduce_dtype must be floating, got {} and {}", dtype_name(param_dtype_),
                 dtype_name(reduce_dtype_));
+  for (const auto& param : params_) {
+    const auto& extension = param->param().all_gather_extension();
+    if (!extension) continue;
+    extended_ = true;
+    TESSERA_CHECK(!offload_to_, "fully_shard: parameter '{}' has an all-gather extension ({}); CPU offload of its "
+                  "group is not supported", param->fqn(), extension->name());
+    const bool same_face = extension->unsharded_shape(param->global_shape()) == param->global_shape() &&
+                           extension->unsharded_dtype(param_dtype_) == param_dtype_;
+    TESSERA_CHECK(same_face || !param->param().requires_grad(),
+                  "fully_shard: parameter '{}' requires grad, but its all-gather extension ({}) unshards it as {} {} "
+                  "where its shards hold {} rows of {} in {}; its gradient would have no shard to go back to: freeze "
+                  "it (Parameter::set_requires_grad(false)) or unshard into its own shape and param_dtype",
+                  param->fqn(), extension->name(), dtype_name(extension->unsharded_dtype(param_dtype_)),
+                  extension->unsharded_shape(param->global_shape()), param->global_shape()[0],
+                  param->global_shape(), dtype_name(param_dtype_));
+  }
   const std::vector<size_t> all = every_index(params_.size());
   shard_layout_ = make_layout(params_, all, comm_.shard->size());
   if (comm_.post_forward) post_forward_layout_ = make_layout(params_, all, comm_.post_forward->size());
@@ -151,6 +178,9 @@ FSDPParamGroup::~FSDPParamGroup() {
 void FSDPParamGroup::set_reshard_after_forward(ReshardAfterForward reshard_after_forward) {
   const ReshardAfterForward resolved = reshard_after_forward.resolved(comm_.shard->size());
   const int64_t post_forward_ranks = comm_.post_forward ? comm_.post_forward->size() : 0;
+  TESSERA_CHECK(!extended_ || !resolved.group_size(),
+                "FSDPParamGroup '{}': reshard_after_forward {} keeps a group-of-N shard of the unsharded parameters, "
+                "which all-gather extensions do not define; use true or false", module_fqn_, resolved.to_string());
   TESSERA_CHECK(resolved.group_size().value_or(0) == post_forward_ranks,
                 "FSDPParamGroup '{}': reshard_after_forward {} on {} shard ranks needs a post-forward group of that "
                 "size, got {} ranks", module_fqn_, resolved.to_string(), comm_.shard->size(), post_forward_ranks);
@@ -208,6 +238,7 @@ void FSDPParamGroup::unshard(bool async_op) {
   TESSERA_CHECK(unsharded_memory_ != nullptr, "fsdp: a group is unsharded before the root's first forward; run a "
                 "forward of the root module first (its lazy init sets up every group)");
   autograd::NoGradGuard no_grad;  // copies of parameters, not ops on them
+  if (extended_) return unshard_payloads(async_op);
   const bool from_post_forward = state_ == ShardState::sharded_post_forward;
   const dist::ProcessGroupPtr& group = from_post_forward ? comm_.post_forward : comm_.shard;
   // FSDP made the post-forward group: its collectives go where the shard group's do.
@@ -288,6 +319,186 @@ void FSDPParamGroup::copy_in_shards(const Tensor& slot, const FlatLayout& layout
   ops::copy_segments(segments);
 }
 
+// ---- unshard through all-gather extensions ----------------------------------------------------
+
+namespace {
+
+constexpr int64_t kPayloadAlignment = 16;  // bytes: every payload of a byte slot starts on a 16-byte boundary
+
+int64_t aligned(int64_t bytes) { return (bytes + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment; }
+
+// Payload `piece` of `rank`'s slot in `gathered`, 1-D in the piece's dtype.
+Tensor rank_piece(const Tensor& gathered, int64_t slot_units, int64_t rank, int64_t offset, int64_t numel,
+                  DType dtype) {
+  const int64_t units = gathered.dtype() == DType::u8 ? numel * static_cast<int64_t>(element_size(dtype)) : numel;
+  const Tensor chunk = ops::narrow(gathered, 0, rank * slot_units + offset, units);
+  return gathered.dtype() == DType::u8 && dtype != DType::u8 ? ops::view_bytes_as(chunk, dtype, {numel}) : chunk;
+}
+
+}  // namespace
+
+void FSDPParamGroup::unshard_payloads(bool async_op) {
+  const dist::ProcessGroupPtr& group = comm_.shard;
+  streams_->order_copy_in_after_compute();
+  std::optional<StreamGuard> on_copy_in;
+  if (streams_->separate()) on_copy_in.emplace(streams_->copy_in());
+  PayloadLayout layout;
+  std::vector<Tensor> payloads;  // one per piece, 1-D contiguous
+  {
+    dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "pre_all_gather", "fsdp", {{"module", module_fqn_}});
+    for (size_t index = 0; index < params_.size(); ++index) {
+      const FSDPParam& param = *params_[index];
+      const Tensor padded = param.padded_sharded();
+      const auto& extension = param.param().all_gather_extension();
+      if (!extension) {
+        payloads.push_back(ops::flatten(ops::to(padded, param_dtype_)));
+        layout.metadata.push_back(nullptr);
+      } else {
+        nn::AllGatherPayloads made = extension->pre_all_gather(padded, param_dtype_);
+        TESSERA_CHECK(!made.payloads.empty(), "fsdp: the all-gather extension ({}) of '{}' gave no payload",
+                      extension->name(), param.fqn());
+        for (const Tensor& payload : made.payloads) {
+          TESSERA_CHECK(payload.defined() && payload.device() == device(),
+                        "fsdp: the all-gather extension ({}) of '{}' gave a payload {}; payloads live on {}",
+                        extension->name(), param.fqn(), payload.defined() ? "on " + payload.device().str() :
+                        std::string("that is undefined"), device().str());
+          payloads.push_back(ops::flatten(ops::contiguous(payload)));
+        }
+        layout.metadata.push_back(std::move(made.metadata));
+      }
+      while (layout.pieces.size() < payloads.size()) {
+        const Tensor& payload = payloads[layout.pieces.size()];
+        layout.pieces.push_back({index, 0, payload.numel(), payload.dtype()});
+      }
+    }
+  }
+  check_payloads_agree(layout);
+  // One dtype for the slot when every payload has it; bytes otherwise.
+  const bool one_dtype = std::all_of(layout.pieces.begin(), layout.pieces.end(),
+                                     [&](const PayloadPiece& piece) { return piece.dtype == layout.pieces[0].dtype; });
+  layout.buffer_dtype = one_dtype ? layout.pieces[0].dtype : DType::u8;
+  for (PayloadPiece& piece : layout.pieces) {
+    piece.offset = layout.slot_units;
+    const int64_t bytes = piece.numel * static_cast<int64_t>(element_size(piece.dtype));
+    layout.slot_units += one_dtype ? piece.numel : aligned(bytes);
+  }
+  Tensor gathered;
+  {
+    MemoryScope scope(unsharded_memory_);
+    const TensorOptions options{.dtype = layout.buffer_dtype, .device = device()};
+    // A byte slot's alignment gaps are zeroed: every byte sent is defined.
+    gathered = one_dtype ? ops::empty({group->size() * layout.slot_units}, options)
+                         : ops::zeros({group->size() * layout.slot_units}, options);
+  }
+  const Tensor slot = ops::narrow(gathered, 0, group->rank() * layout.slot_units, layout.slot_units);
+  for (size_t position = 0; position < payloads.size(); ++position) {
+    const PayloadPiece& piece = layout.pieces[position];
+    Tensor destination = rank_piece(gathered, layout.slot_units, group->rank(), piece.offset, piece.numel, piece.dtype);
+    ops::copy_(destination, payloads[position]);  // the same dtype: bytes as they are
+  }
+  on_copy_in.reset();
+  streams_->order_all_gather_after_copy_in();
+  std::optional<StreamGuard> on_all_gather;
+  if (streams_->separate()) on_all_gather.emplace(streams_->all_gather());
+  const int64_t slot_bytes = layout.slot_units * static_cast<int64_t>(element_size(layout.buffer_dtype));
+  pending_all_gather_ = PendingAllGather{gathered, dist::Work(), group->size(), ++all_gathers_issued_, Tensor(),
+                                         Event(), std::move(layout)};
+  try {
+    pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+  } catch (...) {
+    if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
+    throw;
+  }
+  if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
+  on_all_gather.reset();
+  count(dist::CollectiveKind::all_gather, slot_bytes, *group);
+  if (!async_op) wait_for_unshard();
+}
+
+void FSDPParamGroup::check_payloads_agree(const PayloadLayout& layout) const {
+  // One line a parameter: "dtype numel, dtype numel".
+  std::vector<std::string> mine(params_.size());
+  for (const PayloadPiece& piece : layout.pieces) {
+    std::string& line = mine[piece.param];
+    line += fmt::format("{}{} [{}]", line.empty() ? "" : ", ", dtype_name(piece.dtype), piece.numel);
+  }
+  std::string text;
+  for (const std::string& line : mine) text += line + "\n";
+  const std::vector<std::vector<uint8_t>> everyone = comm_.shard->all_gather_bytes(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  std::vector<std::vector<std::string>> lines;  // [rank][param]
+  for (const std::vector<uint8_t>& bytes : everyone) {
+    std::vector<std::string> split(1);
+    for (const uint8_t byte : bytes) {
+      if (byte == '\n') {
+        split.emplace_back();
+      } else {
+        split.back() += static_cast<char>(byte);
+      }
+    }
+    split.pop_back();
+    lines.push_back(std::move(split));
+  }
+  for (size_t index = 0; index < params_.size(); ++index) {
+    std::map<std::string, std::vector<int>> ranks_of;  // payloads -> the ranks that gave them
+    for (size_t rank = 0; rank < lines.size(); ++rank) {
+      ranks_of[index < lines[rank].size() ? lines[rank][index] : "nothing"].push_back(static_cast<int>(rank));
+    }
+    if (ranks_of.size() == 1) continue;
+    std::string variants;
+    for (const auto& [payloads, ranks] : ranks_of) {
+      variants += fmt::format("{}rank{} {} gave {}", variants.empty() ? "" : "; ", ranks.size() > 1 ? "s" : "",
+                              fmt::join(ranks, ", "), payloads);
+    }
+    const auto& extension = params_[index]->param().all_gather_extension();
+    fail("fsdp: the all-gather payloads of '{}' ({}) differ between ranks of group '{}': {}; every rank's "
+         "pre_all_gather must give the same dtypes and sizes (nothing was issued)",
+         params_[index]->fqn(), extension ? extension->name() : "no extension", comm_.shard->name(), variants);
+  }
+}
+
+void FSDPParamGroup::copy_out_payloads(const Tensor& gathered, const PayloadLayout& layout) {
+  autograd::NoGradGuard no_grad;
+  const int64_t world = comm_.shard->size();
+  size_t position = 0;
+  for (size_t index = 0; index < params_.size(); ++index) {
+    FSDPParam& param = *params_[index];
+    {
+      MemoryScope scope(unsharded_memory_);
+      param.alloc_unsharded();
+    }
+    std::vector<const PayloadPiece*> pieces;
+    for (; position < layout.pieces.size() && layout.pieces[position].param == index; ++position) {
+      pieces.push_back(&layout.pieces[position]);
+    }
+    const auto& extension = param.param().all_gather_extension();
+    if (!extension) {
+      // Its padded shard from every rank: the real rows into the unsharded tensor.
+      const PayloadPiece& piece = *pieces.front();
+      for (int rank = 0; rank < world; ++rank) {
+        const dist::ShardExtent extent = dist::shard_extent(param.rows(), static_cast<int>(world), rank);
+        if (extent.length == 0) continue;
+        const Tensor rows =
+            ops::narrow(rank_piece(gathered, layout.slot_units, rank, piece.offset, piece.numel, piece.dtype), 0, 0,
+                        extent.length * param.row_numel());
+        Tensor target = ops::narrow(param.unsharded(), 0, extent.offset, extent.length);
+        ops::copy_(target, ops::view(rows, target.sizes()));
+      }
+      continue;
+    }
+    std::vector<Tensor> gathered_payloads;
+    for (const PayloadPiece* piece : pieces) {
+      std::vector<Tensor> by_rank;
+      for (int rank = 0; rank < world; ++rank) {
+        by_rank.push_back(rank_piece(gathered, layout.slot_units, rank, piece->offset, piece->numel, piece->dtype));
+      }
+      gathered_payloads.push_back(world == 1 ? by_rank.front() : ops::cat(by_rank, 0));
+    }
+    extension->post_all_gather(gathered_payloads, layout.metadata[index], param.unsharded());
+  }
+  for (const auto& param : params_) param->to_unsharded();
+}
+
 std::optional<int64_t> FSDPParamGroup::pending_all_gather() const {
   if (!pending_all_gather_) return std::nullopt;
   return pending_all_gather_->number;
@@ -303,7 +514,11 @@ void FSDPParamGroup::wait_for_unshard() {
   }
   {
     dist::TraceSpan span(tracer(), trace_rank(), "fsdp", "copy_out", "fsdp", {{"module", module_fqn_}});
-    copy_out(pending_all_gather_->gathered, layout_for(pending_all_gather_->world));
+    if (pending_all_gather_->payloads) {
+      copy_out_payloads(pending_all_gather_->gathered, *pending_all_gather_->payloads);
+    } else {
+      copy_out(pending_all_gather_->gathered, layout_for(pending_all_gather_->world));
+    }
   }
   // The all-gather buffer is copy_in's, and compute has just read it: it goes
   // once copy_in has waited for that read, so the allocator's event at its

@@ -26,6 +26,15 @@
 // keeps its rows of a group-of-N sharding, so the backward all-gather spans N
 // ranks only.
 //
+// With all-gather extensions (nn/all_gather_extension.h) the group's
+// all-gather moves payloads instead: each parameter's pre_all_gather gives
+// them (a parameter without one gives its padded shard in param_dtype), the
+// payload sizes are checked across ranks, and a rank's slot is every payload
+// one after the other, in their common dtype or, when dtypes differ, as
+// bytes at 16-byte aligned offsets. Copy-out hands each parameter its
+// payloads from every rank to post_all_gather. Such a group reshards fully
+// (no to_group_of(N)) and keeps its shards on the device.
+//
 // Under CPU offload (fsdp/offload_policy.h) the shards and their gradients
 // are in host memory: the copy-in is a host-to-device copy of each padded
 // shard into its chunk, and the reduced slot comes back device-to-host into
@@ -183,8 +192,11 @@ class FSDPParamGroup {
   const FlatLayout& gradient_layout() const { return gradient_layout_; }
   // Indices into params() of the trainable parameters, in gradient_layout's order.
   const std::vector<size_t>& trainable() const { return trainable_; }
-  // Bytes of one all-gather output (all ranks' slots) in param_dtype.
+  // Bytes of one all-gather output (all ranks' slots) in param_dtype (without
+  // all-gather extensions).
   int64_t unsharded_bytes() const;
+  // Whether some parameter has an all-gather extension.
+  bool extended() const { return extended_; }
   // Where the collectives and the unsharded parameters live: the shards'
   // device, or the computing device under CPU offload.
   Device device() const;
@@ -216,6 +228,24 @@ class FSDPParamGroup {
   // one when every one is viewed).
   Tensor free_host_landing(int64_t numel);
   void copy_out(const Tensor& gathered, const FlatLayout& layout);
+  // The all-gather extensions' path (see the top of this file).
+  struct PayloadPiece {
+    size_t param;      // index into params_
+    int64_t offset;    // in a slot, in units of the buffer's dtype
+    int64_t numel;     // elements of `dtype`
+    DType dtype;
+  };
+  struct PayloadLayout {
+    DType buffer_dtype = DType::u8;
+    int64_t slot_units = 0;  // one rank's slot, in units of buffer_dtype
+    std::vector<PayloadPiece> pieces;
+    std::vector<std::shared_ptr<const void>> metadata;  // per parameter
+  };
+  void unshard_payloads(bool async_op);
+  // Every rank's payload dtypes and sizes, exchanged and compared: an error
+  // naming the parameter and the ranks when they differ.
+  void check_payloads_agree(const PayloadLayout& layout) const;
+  void copy_out_payloads(const Tensor& gathered, const PayloadLayout& layout);
   void issue_reduce_scatter();
   void count(dist::CollectiveKind kind, int64_t bytes, const dist::ProcessGroup& group);
   dist::Tracer* tracer() const;
@@ -242,6 +272,7 @@ class FSDPParamGroup {
   std::shared_ptr<std::vector<FSDPParamGroup*>> outstanding_;
   std::shared_ptr<FSDPStreams> streams_;
   std::optional<Device> offload_to_;  // the computing device under CPU offload
+  bool extended_ = false;             // some parameter has an all-gather extension
 
   ShardState state_ = ShardState::sharded;
   struct PendingAllGather {
@@ -251,6 +282,7 @@ class FSDPParamGroup {
     int64_t number;  // counting all-gathers from 1
     Tensor read_from_compute;  // compute's buffer the copy-in read (post-forward slot)
     Event issued;              // on the all-gather stream after the issue, or its failure (cuda)
+    std::optional<PayloadLayout> payloads;  // with all-gather extensions
   };
   int64_t all_gathers_issued_ = 0;
   std::optional<PendingAllGather> pending_all_gather_;

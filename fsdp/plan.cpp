@@ -346,8 +346,9 @@ PlannedUnit unit_of_call(const PlannedCall& call, const std::string& fqn, bool i
     const Tensor& tensor = parameter->tensor();
     TESSERA_CHECK(tensor.dim() >= 1, "{}: parameter '{}' is 0-d; dim-0 sharding needs dim >= 1 (pass it in "
                   "ignored_params to keep it whole)", where, parameter_fqn);
-    TESSERA_CHECK(is_floating(tensor.dtype()), "{}: parameter '{}' is {}; only floating parameters can be sharded",
-                  where, parameter_fqn, dtype_name(tensor.dtype()));
+    TESSERA_CHECK(is_floating(tensor.dtype()) || parameter->all_gather_extension() != nullptr,
+                  "{}: parameter '{}' is {}; only floating parameters, or ones with an all-gather extension, can be "
+                  "sharded", where, parameter_fqn, dtype_name(tensor.dtype()));
     // The root's lazy init refuses a parameter tied to a module outside its group's.
     for (const auto& [use_module, use_name] : tree.slots.at(parameter.get())) {
       TESSERA_CHECK(is_inside(use_module, fqn),

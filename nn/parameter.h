@@ -19,6 +19,7 @@
 
 #include "autograd/hooks.h"
 #include "dist/dtensor.h"
+#include "nn/all_gather_extension.h"
 #include "tensor/tensor.h"
 
 namespace tessera::nn {
@@ -148,6 +149,13 @@ class Parameter {
   // The tensor-parallel layout; null when tensor parallelism did not touch
   // the parameter.
   const std::shared_ptr<const TensorParallelSpec>& tensor_parallel() const { return tensor_parallel_; }
+
+  // What FSDP's all-gather moves for this parameter (nn/all_gather_extension.h);
+  // null: the shard as it is, in param_dtype. Set before fully_shard.
+  void set_all_gather_extension(std::shared_ptr<AllGatherExtension> extension) {
+    all_gather_extension_ = std::move(extension);
+  }
+  const std::shared_ptr<AllGatherExtension>& all_gather_extension() const { return all_gather_extension_; }
   // The logical shape: the whole tensor's, whichever way it is split.
   const Shape& global_shape() const;
   // The held shard as a DTensor (no communication); throws when whole.
@@ -167,6 +175,7 @@ class Parameter {
   bool requires_grad_;
   std::shared_ptr<const ShardingSpec> sharding_;
   std::shared_ptr<const TensorParallelSpec> tensor_parallel_;
+  std::shared_ptr<AllGatherExtension> all_gather_extension_;
   // Shared with the handles, which may outlive the parameter.
   std::shared_ptr<std::vector<GradientHook>> gradient_hooks_ = std::make_shared<std::vector<GradientHook>>();
   int64_t next_gradient_hook_id_ = 0;

@@ -106,6 +106,12 @@ Tensor unsqueeze(const Tensor& tensor, int64_t dim);
 // Broadcast view (stride 0 on expanded dims); -1 keeps a size.
 Tensor expand(const Tensor& tensor, const Shape& shape);
 Tensor as_strided(const Tensor& tensor, const Shape& shape, const Shape& strides, int64_t offset);
+// The bytes of a contiguous tensor as a 1-D u8 view, and the reverse: a
+// contiguous 1-D u8 tensor's bytes viewed as `dtype` of `shape` (its byte
+// offset a multiple of the element size, its length the shape's bytes). No
+// byte is converted: how FSDP moves payloads of mixed dtypes in one buffer.
+Tensor as_bytes(const Tensor& tensor);
+Tensor view_bytes_as(const Tensor& bytes, DType dtype, const Shape& shape);
 // The shape both broadcast to; throws naming `op` if they do not.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 

@@ -276,6 +276,28 @@ Tensor as_strided(const Tensor& tensor, const Shape& shape, const Shape& strides
   }
 }
 
+Tensor as_bytes(const Tensor& tensor) {
+  check_raw_op_inputs("as_bytes", {{"tensor", tensor}});
+  TESSERA_CHECK(tensor.is_contiguous(), "as_bytes: the tensor {} is not contiguous (strides {})", tensor.sizes(),
+                tensor.strides());
+  const auto size = static_cast<int64_t>(element_size(tensor.dtype()));
+  return Tensor::make(tensor.storage(), {tensor.numel() * size}, {1}, tensor.storage_offset() * size, DType::u8);
+}
+
+Tensor view_bytes_as(const Tensor& bytes, DType dtype, const Shape& shape) {
+  check_raw_op_inputs("view_bytes_as", {{"bytes", bytes}});
+  TESSERA_CHECK(bytes.dtype() == DType::u8 && bytes.dim() == 1 && bytes.is_contiguous(),
+                "view_bytes_as: needs a contiguous 1-D u8 tensor, got {} {}", dtype_name(bytes.dtype()),
+                bytes.sizes());
+  const auto size = static_cast<int64_t>(element_size(dtype));
+  TESSERA_CHECK(bytes.storage_offset() % size == 0,
+                "view_bytes_as: byte offset {} is not a multiple of {}'s {} bytes", bytes.storage_offset(),
+                dtype_name(dtype), size);
+  TESSERA_CHECK(shape_numel(shape) * size == bytes.numel(), "view_bytes_as: {} bytes are not {} {} ({} bytes)",
+                bytes.numel(), dtype_name(dtype), shape, shape_numel(shape) * size);
+  return Tensor::make(bytes.storage(), shape, contiguous_strides(shape), bytes.storage_offset() / size, dtype);
+}
+
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   const size_t ndim = std::max(a.size(), b.size());
   Shape result(ndim);
