@@ -72,24 +72,13 @@ void RecomputeMemo::check_all_taken(const char* module_name) const {
 RecomputeMemo* recording_memo() { return thread_recording; }
 RecomputeMemo* replaying_memo() { return thread_replaying; }
 
-RecordingMemo::RecordingMemo(RecomputeMemo& memo)
+MemoScope::MemoScope(RecomputeMemo& memo, Role role)
     : previous_recording_(thread_recording), previous_replaying_(thread_replaying) {
-  thread_recording = &memo;
-  thread_replaying = nullptr;
+  thread_recording = role == Role::record ? &memo : nullptr;
+  thread_replaying = role == Role::replay ? &memo : nullptr;
 }
 
-RecordingMemo::~RecordingMemo() {
-  thread_recording = previous_recording_;
-  thread_replaying = previous_replaying_;
-}
-
-ReplayingMemo::ReplayingMemo(RecomputeMemo& memo)
-    : previous_recording_(thread_recording), previous_replaying_(thread_replaying) {
-  thread_recording = nullptr;
-  thread_replaying = &memo;
-}
-
-ReplayingMemo::~ReplayingMemo() {
+MemoScope::~MemoScope() {
   thread_recording = previous_recording_;
   thread_replaying = previous_replaying_;
 }

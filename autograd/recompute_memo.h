@@ -2,10 +2,10 @@
 // (GEMMs and attention), kept from a checkpointed forward so that its
 // recompute in backward takes them instead of computing them again.
 //
-// A checkpointed forward runs with recording off and a RecordingMemo open:
+// A checkpointed forward runs with recording off and the memo open to record:
 // each memoizable op computes as usual and appends its outputs to the memo.
-// The replay in backward runs the same forward with recording on and a
-// ReplayingMemo open: each memoizable op takes the next entry instead of
+// The replay in backward runs the same forward with recording on and the
+// memo open to replay: each memoizable op takes the next entry instead of
 // computing, and records its backward node on the replay's inputs as usual.
 // Everything between those ops (norms, activations, dropout, residual adds,
 // copies) is recomputed, so the memo is all a selective block holds besides
@@ -64,26 +64,16 @@ class RecomputeMemo {
 RecomputeMemo* recording_memo();
 RecomputeMemo* replaying_memo();
 
-// Opens `memo` for recording (or replaying) on this thread for a scope; the
-// scope before it is restored after, so a scope nests inside another.
-class RecordingMemo {
+// Opens `memo` on this thread for a scope, to record into (the checkpointed
+// forward) or to replay from (the recompute); the scope before it is
+// restored after, so a scope nests inside another.
+class MemoScope {
  public:
-  explicit RecordingMemo(RecomputeMemo& memo);
-  ~RecordingMemo();
-  RecordingMemo(const RecordingMemo&) = delete;
-  RecordingMemo& operator=(const RecordingMemo&) = delete;
-
- private:
-  RecomputeMemo* previous_recording_;
-  RecomputeMemo* previous_replaying_;
-};
-
-class ReplayingMemo {
- public:
-  explicit ReplayingMemo(RecomputeMemo& memo);
-  ~ReplayingMemo();
-  ReplayingMemo(const ReplayingMemo&) = delete;
-  ReplayingMemo& operator=(const ReplayingMemo&) = delete;
+  enum class Role { record, replay };
+  MemoScope(RecomputeMemo& memo, Role role);
+  ~MemoScope();
+  MemoScope(const MemoScope&) = delete;
+  MemoScope& operator=(const MemoScope&) = delete;
 
  private:
   RecomputeMemo* previous_recording_;

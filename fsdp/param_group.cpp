@@ -268,6 +268,13 @@ void FSDPParamGroup::unshard(bool async_op) {
     }
   }
   on_copy_in.reset();
+  issue_all_gather(PendingAllGather{gathered, dist::Work(), layout.world, ++all_gathers_issued_,
+                                    std::move(read_from_compute), Event()},
+                   slot, *group, layout.slot_numel * static_cast<int64_t>(element_size(param_dtype_)), async_op);
+}
+
+void FSDPParamGroup::issue_all_gather(PendingAllGather pending, const Tensor& slot, dist::ProcessGroup& group,
+                                      int64_t slot_bytes, bool async_op) {
   // The all-gather stream issues the collective once the copy-in is done;
   // the group's own stream then waits for the all-gather stream.
   streams_->order_all_gather_after_copy_in();
@@ -276,10 +283,9 @@ void FSDPParamGroup::unshard(bool async_op) {
   // Pending before the issue: should issuing throw, the compute buffer the
   // copy-in read is still held until compute is ordered after it (reshard,
   // or the destructor).
-  pending_all_gather_ = PendingAllGather{gathered, dist::Work(), layout.world, ++all_gathers_issued_,
-                                         std::move(read_from_compute), Event()};
+  pending_all_gather_ = std::move(pending);
   try {
-    pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
+    pending_all_gather_->work = group.all_gather_into(pending_all_gather_->gathered, slot, /*async_op=*/true);
   } catch (...) {
     // Nothing was issued, but the copy-in has read the shards (or the
     // post-forward slot): compute's wait on `issued` in reshard must still
@@ -291,7 +297,7 @@ void FSDPParamGroup::unshard(bool async_op) {
   // the all-gather stream itself.
   if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
   on_all_gather.reset();
-  count(dist::CollectiveKind::all_gather, layout.slot_numel * static_cast<int64_t>(element_size(param_dtype_)), *group);
+  count(dist::CollectiveKind::all_gather, slot_bytes, group);
   if (!async_op) wait_for_unshard();
 }
 
@@ -397,22 +403,10 @@ void FSDPParamGroup::unshard_payloads(bool async_op) {
     ops::copy_(destination, payloads[position]);  // the same dtype: bytes as they are
   }
   on_copy_in.reset();
-  streams_->order_all_gather_after_copy_in();
-  std::optional<StreamGuard> on_all_gather;
-  if (streams_->separate()) on_all_gather.emplace(streams_->all_gather());
   const int64_t slot_bytes = layout.slot_units * static_cast<int64_t>(element_size(layout.buffer_dtype));
-  pending_all_gather_ = PendingAllGather{gathered, dist::Work(), group->size(), ++all_gathers_issued_, Tensor(),
-                                         Event(), std::move(layout)};
-  try {
-    pending_all_gather_->work = group->all_gather_into(gathered, slot, /*async_op=*/true);
-  } catch (...) {
-    if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
-    throw;
-  }
-  if (streams_->separate()) pending_all_gather_->issued.record(*streams_->all_gather());
-  on_all_gather.reset();
-  count(dist::CollectiveKind::all_gather, slot_bytes, *group);
-  if (!async_op) wait_for_unshard();
+  issue_all_gather(PendingAllGather{gathered, dist::Work(), group->size(), ++all_gathers_issued_, Tensor(), Event(),
+                                    std::move(layout)},
+                   slot, *group, slot_bytes, async_op);
 }
 
 void FSDPParamGroup::check_payloads_agree(const PayloadLayout& layout) const {

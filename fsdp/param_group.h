@@ -286,6 +286,10 @@ class FSDPParamGroup {
   };
   int64_t all_gathers_issued_ = 0;
   std::optional<PendingAllGather> pending_all_gather_;
+  // Issues `pending`'s all-gather of this rank's `slot` on `group` once the
+  // copy-in is done, and counts it; waits for it unless async_op.
+  void issue_all_gather(PendingAllGather pending, const Tensor& slot, dist::ProcessGroup& group, int64_t slot_bytes,
+                        bool async_op);
   Tensor post_forward_slot_;  // this rank's group-of-N slot while sharded_post_forward
   struct PendingReduceScatter {
     Tensor input;   // all ranks' gradient slots

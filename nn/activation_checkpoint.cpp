@@ -105,8 +105,8 @@ class CheckpointBackward : public autograd::Node {
     {
       const GeneratorReplay replay(generator_);
       const autograd::GradModeGuard recording(true);
-      std::optional<autograd::ReplayingMemo> kept_outputs;
-      if (memo_) kept_outputs.emplace(*memo_);
+      std::optional<autograd::MemoScope> kept_outputs;
+      if (memo_) kept_outputs.emplace(*memo_, autograd::MemoScope::Role::replay);
       output = module_->forward_inputs(replay_inputs);
       if (memo_) memo_->check_all_taken(module_->type_name().c_str());
     }
@@ -161,8 +161,8 @@ Tensor checkpointed_forward(Module& module, const TensorList& inputs) {
   Tensor computed;
   {
     const autograd::NoGradGuard not_recorded;
-    std::optional<autograd::RecordingMemo> keeping;
-    if (memo) keeping.emplace(*memo);
+    std::optional<autograd::MemoScope> keeping;
+    if (memo) keeping.emplace(*memo, autograd::MemoScope::Role::record);
     computed = module.forward_inputs(inputs);
   }
   // A handle of its own: the forward may return an input itself, whose
