@@ -14,6 +14,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
 #include "dist/comm_stats.h"
 #include "dist/init.h"
 #include "fsdp/fsdp_param.h"
