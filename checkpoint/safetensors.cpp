@@ -32,9 +32,10 @@ struct DTypeName {
 };
 constexpr DTypeName kDTypeNames[] = {{DType::f32, "F32"},  {DType::f64, "F64"}, {DType::bf16, "BF16"},
                                      {DType::f16, "F16"},  {DType::i32, "I32"}, {DType::i64, "I64"},
-                                     {DType::boolean, "BOOL"}, {DType::u8, "U8"}};
+                                     {DType::boolean, "BOOL"}, {DType::u8, "U8"},
+                                     {DType::f8e4m3, "F8_E4M3"}, {DType::f8e5m2, "F8_E5M2"}};
 // Every dtype of the format (safetensors 0.8.0). The ones tessera has no type
-// for (I8, F8_E4M3, ...) are refused by name, not as unknown.
+// for (I8, F8_E8M0, ...) are refused by name, not as unknown.
 constexpr std::string_view kFormatDTypes[] = {
     "BOOL", "F4",  "F6_E2M3", "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
     "I16",  "U16", "F16",     "BF16",    "I32", "U32", "F32",     "C64",     "F64",     "I64",         "U64"};

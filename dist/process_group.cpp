@@ -52,7 +52,9 @@ bool is_communicable(DType dtype) {
     case DType::f16:
     case DType::i32:
     case DType::i64:
-    case DType::u8: return true;
+    case DType::u8:
+    case DType::f8e4m3:
+    case DType::f8e5m2: return true;
     case DType::boolean: return false;
   }
   return false;
@@ -73,16 +75,17 @@ void check_buffer(std::string_view collective, const char* role, const Tensor& t
   TESSERA_CHECK(tensor.is_contiguous(), "{}: {} {} is not contiguous (strides {}); pass a contiguous buffer",
                 collective, role, tensor.sizes(), tensor.strides());
   TESSERA_CHECK(is_communicable(tensor.dtype()),
-                "{}: {} has dtype {}; collectives carry f32, f64, bf16, f16, i32, i64 and u8", collective, role,
-                dtype_name(tensor.dtype()));
+                "{}: {} has dtype {}; collectives carry f32, f64, bf16, f16, f8e4m3, f8e5m2, i32, i64 and u8",
+                collective, role, dtype_name(tensor.dtype()));
 }
 
 // A reduction's buffer: of a dtype that can be summed. Checked before the
 // collective is issued, so that every rank refuses it alike (refused midway,
 // on the rank that reduces, it would leave the others waiting).
 void check_reducible(std::string_view collective, const Tensor& tensor) {
-  TESSERA_CHECK(tensor.dtype() != DType::u8, "{}: cannot reduce dtype u8 (raw bytes: they are gathered, broadcast "
-                "and sent, not summed)", collective);
+  TESSERA_CHECK(element_size(tensor.dtype()) > 1,
+                "{}: cannot reduce dtype {} (8-bit values are gathered, broadcast and sent, not summed: their sums "
+                "would not fit them)", collective, dtype_name(tensor.dtype()));
 }
 
 const char* byte_address(const Tensor& tensor) {

@@ -139,7 +139,9 @@ void visit_reducible_dtype(DType dtype, const char* what, Fn&& fn) {
     case DType::i32: return fn(int32_t{});
     case DType::i64: return fn(int64_t{});
     case DType::boolean:
-    case DType::u8: break;
+    case DType::u8:
+    case DType::f8e4m3:
+    case DType::f8e5m2: break;
   }
   fail("{}: cannot reduce dtype {} (f32, f64, bf16, f16, i32 and i64 can be reduced)", what, dtype_name(dtype));
 }

@@ -269,7 +269,7 @@ void FSDPParamGroup::unshard(bool async_op) {
   }
   on_copy_in.reset();
   issue_all_gather(PendingAllGather{gathered, dist::Work(), layout.world, ++all_gathers_issued_,
-                                    std::move(read_from_compute), Event()},
+                                    std::move(read_from_compute), Event(), std::nullopt},
                    slot, *group, layout.slot_numel * static_cast<int64_t>(element_size(param_dtype_)), async_op);
 }
 

@@ -295,7 +295,7 @@ class FSDPParamGroup {
     Tensor input;   // all ranks' gradient slots
     Tensor output;  // this rank's reduced slot (+ flags)
     dist::Work work;
-    std::vector<bool> present_here;  // which trainable parameters (trainable_ order) this rank's backward gave a gradient
+    std::vector<bool> present_here;  // per trainable parameter (trainable_'s order): this rank gave a gradient
     std::vector<Tensor> gradients_read;  // compute's unsharded gradients the copy-in read (cuda)
     Event copied_in;                     // on the reduce-scatter stream after the copy-in (cuda)
   };

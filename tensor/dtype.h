@@ -1,7 +1,9 @@
 // Element types. CPU kernels compute in f32 (f64 for gradient checks); bf16
 // and f16 are storage and communication types, converted with round-to-
 // nearest-even so that a value survives a round trip through the wire format
-// exactly as on GPUs. u8 is raw bytes: packed formats (NF4's codes, an
+// exactly as on GPUs. f8e4m3 and f8e5m2 are FP8 training's 8-bit floats
+// (tensor/float8_bits.h): computed in f32 like the 16-bit ones, rounded to
+// nearest even and saturated as the hardware's conversion does. u8 is raw bytes: packed formats (NF4's codes, an
 // all-gather's mixed payloads) are u8 tensors that are created, copied,
 // viewed, gathered and cast, never computed on; a byte never passes through
 // a float type on its way (a NaN-canonicalising copy would change it).
@@ -12,12 +14,13 @@
 #include <string_view>
 
 #include "tensor/float16_bits.h"
+#include "tensor/float8_bits.h"
 
 namespace tessera {
 
-enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean, u8 };
+enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean, u8, f8e4m3, f8e5m2 };
 
-constexpr int kNumDTypes = 8;
+constexpr int kNumDTypes = 10;
 
 size_t element_size(DType dtype);
 std::string_view dtype_name(DType dtype);
@@ -46,6 +49,21 @@ struct Half {
   explicit operator float() const { return float16_bits::float_from_half(bits); }
 };
 
+// The 8-bit floats (tensor/float8_bits.h).
+struct Float8E4M3 {
+  uint8_t bits = 0;
+  Float8E4M3() = default;
+  explicit Float8E4M3(float value) : bits(float8_bits::code_from_float(value, float8_bits::e4m3())) {}
+  explicit operator float() const { return float8_bits::float_from_code(bits, float8_bits::e4m3()); }
+};
+
+struct Float8E5M2 {
+  uint8_t bits = 0;
+  Float8E5M2() = default;
+  explicit Float8E5M2(float value) : bits(float8_bits::code_from_float(value, float8_bits::e5m2())) {}
+  explicit operator float() const { return float8_bits::float_from_code(bits, float8_bits::e5m2()); }
+};
+
 // Maps a C++ element type to its DType.
 template <typename T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
@@ -56,6 +74,8 @@ template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
 template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct dtype_of<Float8E4M3> { static constexpr DType value = DType::f8e4m3; };
+template <> struct dtype_of<Float8E5M2> { static constexpr DType value = DType::f8e5m2; };
 
 // Calls fn with a value of the C++ type of `dtype` (its value is unused;
 // only its type matters): visit_dtype(t.dtype(), [&]<typename T>(T) { ... }).
@@ -70,6 +90,8 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
     case DType::i64: return fn(int64_t{});
     case DType::boolean: return fn(bool{});
     case DType::u8: return fn(uint8_t{});
+    case DType::f8e4m3: return fn(Float8E4M3{});
+    case DType::f8e5m2: return fn(Float8E5M2{});
   }
   return fn(float{});
 }

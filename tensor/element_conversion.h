@@ -18,6 +18,11 @@ namespace tessera {
 
 template <typename T>
 constexpr bool is_16_bit_float = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
+template <typename T>
+constexpr bool is_8_bit_float = std::is_same_v<T, Float8E4M3> || std::is_same_v<T, Float8E5M2>;
+// The floats stored narrower than f32 and computed in it.
+template <typename T>
+constexpr bool is_narrow_float = is_16_bit_float<T> || is_8_bit_float<T>;
 
 template <typename To, typename From>
 TESSERA_HOST_DEVICE To convert(From value) {
@@ -27,6 +32,18 @@ TESSERA_HOST_DEVICE To convert(From value) {
     return convert<To>(float16_bits::float_from_bfloat16(value.bits));
   } else if constexpr (std::is_same_v<From, Half>) {
     return convert<To>(float16_bits::float_from_half(value.bits));
+  } else if constexpr (std::is_same_v<From, Float8E4M3>) {
+    return convert<To>(float8_bits::float_from_code(value.bits, float8_bits::e4m3()));
+  } else if constexpr (std::is_same_v<From, Float8E5M2>) {
+    return convert<To>(float8_bits::float_from_code(value.bits, float8_bits::e5m2()));
+  } else if constexpr (std::is_same_v<To, Float8E4M3>) {
+    Float8E4M3 result;
+    result.bits = float8_bits::code_from_float(static_cast<float>(value), float8_bits::e4m3());
+    return result;
+  } else if constexpr (std::is_same_v<To, Float8E5M2>) {
+    Float8E5M2 result;
+    result.bits = float8_bits::code_from_float(static_cast<float>(value), float8_bits::e5m2());
+    return result;
   } else if constexpr (std::is_same_v<To, BFloat16>) {
     BFloat16 result;
     result.bits = float16_bits::bfloat16_from_float(static_cast<float>(value));

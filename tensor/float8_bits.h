@@ -27,10 +27,12 @@ struct Format {
   uint32_t max_finite_code;
   bool has_infinity;
 };
-inline constexpr Format kE4M3{4, 3, 0x7e, false};
-inline constexpr Format kE5M2{5, 2, 0x7b, true};
+// Functions, not variables: device code may call them (it cannot read a
+// host variable).
+TESSERA_HOST_DEVICE constexpr Format e4m3() { return {4, 3, 0x7e, false}; }
+TESSERA_HOST_DEVICE constexpr Format e5m2() { return {5, 2, 0x7b, true}; }
 
-TESSERA_HOST_DEVICE inline float float_from_code(uint8_t code, const Format& format) {
+TESSERA_HOST_DEVICE inline float float_from_code(uint8_t code, Format format) {
   const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
   const int mantissa_bits = format.mantissa_bits;
   const uint32_t exponent_field = (code & 0x7fu) >> mantissa_bits;
@@ -58,7 +60,7 @@ TESSERA_HOST_DEVICE inline float float_from_code(uint8_t code, const Format& for
   return float16_bits::float_of(sign | (f32_exponent << 23) | (mantissa << (23 - mantissa_bits)));
 }
 
-TESSERA_HOST_DEVICE inline uint8_t code_from_float(float value, const Format& format) {
+TESSERA_HOST_DEVICE inline uint8_t code_from_float(float value, Format format) {
   const uint32_t word = float16_bits::bits_of(value);
   const uint32_t sign = (word >> 24) & 0x80u;
   const uint32_t magnitude = word & 0x7fffffffu;

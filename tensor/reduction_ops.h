@@ -16,7 +16,7 @@ namespace tessera {
 
 template <typename T>
 struct SumOp {
-  using Acc = std::conditional_t<std::is_floating_point_v<T> || is_16_bit_float<T>, double, int64_t>;
+  using Acc = std::conditional_t<std::is_floating_point_v<T> || is_narrow_float<T>, double, int64_t>;
   TESSERA_HOST_DEVICE static Acc identity() { return Acc(0); }
   TESSERA_HOST_DEVICE static Acc load(T value) { return convert<Acc>(value); }
   TESSERA_HOST_DEVICE static Acc combine(Acc a, Acc b) {
@@ -28,9 +28,9 @@ struct SumOp {
   }
 };
 
-// The type max and min work in: f32 for 16-bit floats, else T.
+// The type max and min work in: f32 for 16- and 8-bit floats, else T.
 template <typename T>
-using ExtremumValue = std::conditional_t<is_16_bit_float<T>, float, T>;
+using ExtremumValue = std::conditional_t<is_narrow_float<T>, float, T>;
 
 template <typename T>
 struct MaxOp {

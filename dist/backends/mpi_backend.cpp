@@ -107,7 +107,9 @@ MPI_Datatype element_type(DType dtype) {
     case DType::f16: return MPI_UINT16_T;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::u8:
+    case DType::f8e4m3:
+    case DType::f8e5m2: return MPI_UINT8_T;  // moved as bytes, never reduced
     case DType::boolean: break;
   }
   fail("mpi backend: no reduction for dtype {}", dtype_name(dtype));

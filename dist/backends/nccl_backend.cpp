@@ -54,7 +54,9 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::f16: return ncclFloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
-    case DType::u8: return ncclUint8;
+    case DType::u8:
+    case DType::f8e4m3:
+    case DType::f8e5m2: return ncclUint8;  // moved as bytes, never reduced
     case DType::boolean: break;
   }
   fail("nccl backend: no NCCL type for {}", dtype_name(dtype));

@@ -32,11 +32,13 @@ void visit_compute_dtype(DType dtype, const char* kernel, Fn&& fn) {
     case DType::boolean: return fn(bool{});
     case DType::bf16:
     case DType::f16:
+    case DType::f8e4m3:
+    case DType::f8e5m2:
     case DType::u8: break;
   }
   TESSERA_CHECK(dtype != DType::u8, "cpu::{}: u8 is a dtype of raw bytes (packed formats), not computed on; cast it "
                 "with ops::to first", kernel);
-  fail("cpu::{}: computes in f32, f64, i32, i64 or bool, got {} (the op converts 16-bit floats)", kernel,
+  fail("cpu::{}: computes in f32, f64, i32, i64 or bool, got {} (the op converts 16- and 8-bit floats)", kernel,
        dtype_name(dtype));
 }
 

@@ -471,7 +471,11 @@ void random(const Tensor& out, RandomDistribution distribution, PhiloxKey key, d
             uint64_t first_index) {
   TESSERA_CHECK(is_floating(out.dtype()), "cpu::random: needs a floating output, got {}", dtype_name(out.dtype()));
   visit_dtype(out.dtype(), [&]<typename T>(T) {
-    if constexpr (std::is_floating_point_v<T> || is_16_bit_float<T>) random_typed<T>(out, distribution, key, a, b, first_index);
+    if constexpr (std::is_floating_point_v<T> || is_16_bit_float<T>) {
+      random_typed<T>(out, distribution, key, a, b, first_index);
+    } else {
+      fail("cpu::random: no random draws in {}; draw in f32 and cast", dtype_name(out.dtype()));
+    }
   });
 }
 

@@ -26,6 +26,8 @@ int64_t checked_numel(const Shape& shape, DType dtype, const char* op) {
 
 void check_floating(DType dtype, const char* op) {
   TESSERA_CHECK(is_floating(dtype), "{}: needs a floating dtype, got {}", op, dtype_name(dtype));
+  TESSERA_CHECK(element_size(dtype) > 1, "{}: {} has too few values for random draws; draw in f32 and cast", op,
+                dtype_name(dtype));
 }
 
 // Fills `out` with elements [first_index, first_index + numel) of the sequence

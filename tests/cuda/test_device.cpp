@@ -126,7 +126,8 @@ TEST_CASE("every dtype goes to the device and back bit for bit, and casts there 
   std::mt19937 random(7);
   for (auto& byte : pattern) byte = static_cast<uint8_t>(random());
   for (const DType dtype :
-       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean, DType::u8}) {
+       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean, DType::u8,
+        DType::f8e4m3, DType::f8e5m2}) {
     CAPTURE(dtype_name(dtype));
     Tensor host = ops::empty({8, 16}, {.dtype = dtype});
     std::memcpy(host.raw_data(), pattern.data(), static_cast<size_t>(host.nbytes()));
@@ -138,7 +139,7 @@ TEST_CASE("every dtype goes to the device and back bit for bit, and casts there 
     CHECK(device.device() == kCuda);
     CHECK(bitwise_equal(host, device));
     for (const DType target : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64,
-                               DType::boolean, DType::u8}) {
+                               DType::boolean, DType::u8, DType::f8e4m3, DType::f8e5m2}) {
       CAPTURE(dtype_name(target));
       CHECK(bitwise_equal(ops::to(host, target), ops::to(device, target)));
     }

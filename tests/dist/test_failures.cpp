@@ -273,7 +273,7 @@ TEST_CASE("local failures: misuse throws before anything is issued, and the grou
                              "all_reduce: tensor [3, 4] is not contiguous (strides [1, 3]); pass a contiguous buffer",
                              Error);
         CHECK_THROWS_WITH_AS(world->all_reduce(ops::zeros({4}, {.dtype = DType::boolean})),
-                             "all_reduce: tensor has dtype bool; collectives carry f32, f64, bf16, f16, i32, i64 and u8",
+                             "all_reduce: tensor has dtype bool; collectives carry f32, f64, bf16, f16, f8e4m3, f8e5m2, i32, i64 and u8",
                              Error);
         CHECK_THROWS_WITH_AS(world->broadcast(ops::ones({4}), 3),
                              "broadcast: root 3 is not a rank of group 'world' (size 3)", Error);

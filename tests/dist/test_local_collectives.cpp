@@ -149,6 +149,9 @@ TEST_CASE("local: u8 bytes are gathered and broadcast exactly, every byte value;
       Tensor summed = ops::from_vector(mine, {256});
       CHECK_THROWS_WITH_AS(world->all_reduce(summed, ReduceOp::sum), doctest::Contains("cannot reduce dtype u8"),
                            Error);
+      Tensor f8 = ops::zeros({4}, {.dtype = DType::f8e4m3});
+      CHECK_THROWS_WITH_AS(world->all_reduce(f8, ReduceOp::sum), doctest::Contains("cannot reduce dtype f8e4m3"),
+                           Error);
       Tensor chunk = ops::zeros({1}, {.dtype = DType::u8});
       Tensor whole = ops::zeros({n}, {.dtype = DType::u8});
       CHECK_THROWS_WITH_AS(world->reduce_scatter_into(chunk, whole, ReduceOp::sum),

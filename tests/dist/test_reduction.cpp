@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/reduction.h"
+#include "tensor/element_conversion.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
@@ -38,7 +39,7 @@ struct Buffer {
   void set(size_t i, double value) {
     visit_dtype(dtype, [&]<typename T>(T) {
       T element;
-      if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+      if constexpr (is_narrow_float<T>) {
         element = T(static_cast<float>(value));
       } else {
         element = static_cast<T>(value);
@@ -52,7 +53,7 @@ struct Buffer {
       for (size_t i = 0; i < out.size(); ++i) {
         T element;
         std::memcpy(&element, bytes.data() + i * sizeof(T), sizeof(T));
-        if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+        if constexpr (is_narrow_float<T>) {
           out[i] = static_cast<double>(static_cast<float>(element));
         } else {
           out[i] = static_cast<double>(element);

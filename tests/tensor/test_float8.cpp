@@ -10,8 +10,11 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "tensor/float8_bits.h"
+#include "tensor/ops.h"
 
 using namespace tessera;
 
@@ -62,10 +65,45 @@ void check_format(const char* name, const float8_bits::Format& format) {
 }  // namespace
 
 TEST_CASE("float8 e4m3 and e5m2: all 256 codes and the rounding boundaries against ml_dtypes; satfinite saturation") {
-  check_format("e4m3", float8_bits::kE4M3);
-  check_format("e5m2", float8_bits::kE5M2);
-  CHECK(float8_bits::float_from_code(0x7e, float8_bits::kE4M3) == 448.0f);
-  CHECK(float8_bits::float_from_code(0x7b, float8_bits::kE5M2) == 57344.0f);
-  CHECK(float8_bits::float_from_code(0x01, float8_bits::kE4M3) == std::ldexp(1.0f, -9));
-  CHECK(float8_bits::float_from_code(0x01, float8_bits::kE5M2) == std::ldexp(1.0f, -16));
+  check_format("e4m3", float8_bits::e4m3());
+  check_format("e5m2", float8_bits::e5m2());
+  CHECK(float8_bits::float_from_code(0x7e, float8_bits::e4m3()) == 448.0f);
+  CHECK(float8_bits::float_from_code(0x7b, float8_bits::e5m2()) == 57344.0f);
+  CHECK(float8_bits::float_from_code(0x01, float8_bits::e4m3()) == std::ldexp(1.0f, -9));
+  CHECK(float8_bits::float_from_code(0x01, float8_bits::e5m2()) == std::ldexp(1.0f, -16));
+}
+
+TEST_CASE("f8e4m3 and f8e5m2 tensors: every finite code survives a cast round trip; ops compute in f32, round back") {
+  for (const auto& [name, dtype, format] : {std::tuple{"e4m3", DType::f8e4m3, float8_bits::e4m3()},
+                                            std::tuple{"e5m2", DType::f8e5m2, float8_bits::e5m2()}}) {
+    CAPTURE(name);
+    std::vector<float> values;
+    std::vector<uint8_t> codes;
+    for (int code = 0; code < 256; ++code) {
+      const float value = float8_bits::float_from_code(static_cast<uint8_t>(code), format);
+      if (!std::isfinite(value)) continue;
+      values.push_back(value);
+      codes.push_back(static_cast<uint8_t>(code));
+    }
+    const Tensor narrow = ops::to(ops::from_vector(values, {static_cast<int64_t>(values.size())}), dtype);
+    CHECK(narrow.dtype() == dtype);
+    CHECK(element_size(dtype) == 1);
+    CHECK(ops::as_bytes(narrow).to_vector<uint8_t>() == codes);
+    CHECK(ops::to(narrow, DType::f32).to_vector<float>() == values);
+    // a + b: in f32, then one rounding into the format (saturating).
+    const Tensor sum = ops::add(narrow, narrow);
+    CHECK(sum.dtype() == dtype);
+    std::vector<uint8_t> expected;
+    for (const float value : values) expected.push_back(float8_bits::code_from_float(value + value, format));
+    CHECK(ops::as_bytes(sum).to_vector<uint8_t>() == expected);
+    CHECK_THROWS_WITH_AS(ops::rand({4}, {.dtype = dtype}), doctest::Contains("too few values for random draws"),
+                         Error);
+  }
+  CHECK(promote_types(DType::f8e4m3, DType::f8e5m2) == DType::bf16);
+  CHECK(promote_types(DType::f8e4m3, DType::bf16) == DType::bf16);
+  CHECK(promote_types(DType::f8e5m2, DType::f32) == DType::f32);
+  CHECK(promote_types(DType::f8e4m3, DType::i64) == DType::f8e4m3);
+  CHECK(dtype_from_name("f8e4m3") == DType::f8e4m3);
+  CHECK(is_floating(DType::f8e5m2));
+  CHECK(compute_dtype(DType::f8e5m2) == DType::f32);
 }
