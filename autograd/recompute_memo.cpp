@@ -13,9 +13,7 @@ thread_local RecomputeMemo* thread_recording = nullptr;
 thread_local RecomputeMemo* thread_replaying = nullptr;
 
 std::string describe_call(MemoizedOp op, const std::vector<Shape>& input_shapes) {
-  std::string text = fmt::format("{}(", memoized_op_name(op));
-  for (size_t i = 0; i < input_shapes.size(); ++i) text += fmt::format("{}{}", i ? ", " : "", input_shapes[i]);
-  return text + ")";
+  return fmt::format("{}({})", memoized_op_name(op), fmt::join(input_shapes, ", "));
 }
 
 }  // namespace
@@ -34,14 +32,6 @@ std::vector<Shape> shapes_of(std::initializer_list<const Tensor*> inputs) {
   shapes.reserve(inputs.size());
   for (const Tensor* input : inputs) shapes.push_back(input->defined() ? input->sizes() : Shape{});
   return shapes;
-}
-
-int64_t RecomputeMemo::bytes() const {
-  int64_t total = 0;
-  for (const Entry& entry : entries_) {
-    for (const Tensor& output : entry.outputs) total += output.defined() ? output.nbytes() : 0;
-  }
-  return total;
 }
 
 void RecomputeMemo::append(MemoizedOp op, std::vector<Shape> input_shapes, TensorList outputs) {

@@ -38,11 +38,6 @@ const char* memoized_op_name(MemoizedOp op);
 
 class RecomputeMemo {
  public:
-  // Bytes of the outputs held (those not yet handed to a replay).
-  int64_t bytes() const;
-  size_t entries() const { return entries_.size(); }
-  void clear() { entries_.clear(); next_ = 0; }
-
   void append(MemoizedOp op, std::vector<Shape> input_shapes, TensorList outputs);
   // The next entry's outputs, moved out; an error naming both calls where
   // the entry is not `op` on `input_shapes`, or there is none.

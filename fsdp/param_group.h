@@ -195,8 +195,6 @@ class FSDPParamGroup {
   // Bytes of one all-gather output (all ranks' slots) in param_dtype (without
   // all-gather extensions).
   int64_t unsharded_bytes() const;
-  // Whether some parameter has an all-gather extension.
-  bool extended() const { return extended_; }
   // Where the collectives and the unsharded parameters live: the shards'
   // device, or the computing device under CPU offload.
   Device device() const;
