@@ -157,6 +157,11 @@ struct KernelTable {
   void (*dropout)(const Tensor& y, const Tensor& mask, const Tensor& x, double p, PhiloxKey key,
                   PhiloxNumbering numbering);
 
+  // out [rows, in] (contiguous f32, f64, bf16 or f16) = the NF4 rows of
+  // `packed` (contiguous u8 [rows, nf4::RowLayout::of(in).row_bytes()])
+  // dequantised as tensor/nf4_format.h says, each rounded once to out's dtype.
+  void (*nf4_dequantize)(const Tensor& out, const Tensor& packed);
+
   // One AdamW step over many tensors of one device (cuda: one fused launch
   // per batch of tensors, not one per parameter); see AdamWTensor.
   void (*adamw_step)(const std::vector<AdamWTensor>& tensors, const AdamWMoments& moments);

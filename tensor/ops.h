@@ -315,6 +315,16 @@ AttentionGrads causal_attention_backward(const Tensor& grad_out, const Tensor& q
 // of a larger tensor draws the whole's mask there).
 std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key, PhiloxNumbering numbering = {});
 
+// ---- quantised weights --------------------------------------------------
+// NF4 (tensor/nf4_format.h): a floating [rows, in] matrix packed row by row
+// into u8 [rows, nf4_row_bytes(in)] (quantised on the host, returned on the
+// weight's device; a non-finite element is an error naming it), and back
+// into `dtype` (f32, f64, bf16 or f16) by the device's kernel. Neither op
+// records a gradient: a quantised weight is frozen.
+int64_t nf4_row_bytes(int64_t in_features);
+Tensor nf4_quantize(const Tensor& weight);
+Tensor nf4_dequantize(const Tensor& packed, int64_t in_features, DType dtype);
+
 // ---- printing ---------------------------------------------------------------
 // "tensor([[1.0000, 2.0000], ...], shape=[2, 2], dtype=f32, device=cpu)";
 // large tensors are summarised with "..." like NumPy.

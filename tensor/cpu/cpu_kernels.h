@@ -54,6 +54,9 @@ void causal_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const
                                const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& logsumexp);
 
+// tensor/cpu/quantization.cpp
+void nf4_dequantize(const Tensor& out, const Tensor& packed);
+
 // tensor/cpu/optimizer.cpp
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWMoments& moments);
 void sum_of_squares(const Tensor& total, const std::vector<Tensor>& tensors);

@@ -30,6 +30,7 @@ const KernelTable& kernel_table() {
       .causal_attention = causal_attention,
       .causal_attention_backward = causal_attention_backward,
       .dropout = dropout,
+      .nf4_dequantize = nf4_dequantize,
       .adamw_step = adamw_step,
       .sum_of_squares = sum_of_squares,
       .scale_to_max_norm = scale_to_max_norm,

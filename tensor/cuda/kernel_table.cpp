@@ -10,6 +10,7 @@
 #include "tensor/cuda/blas_lt.h"
 #include "tensor/cuda/cross_entropy.h"
 #include "tensor/cuda/dropout.h"
+#include "tensor/cuda/quantization.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/indexing.h"
 #include "tensor/cuda/multi_tensor.h"
@@ -222,6 +223,15 @@ void dropout_kernel(const Tensor& y, const Tensor& mask, const Tensor& x, double
   dropout(operand(y), operand(mask), operand(x), p, 1.0 / (1.0 - p), key, numbering,
           launch_on_current_stream(y.device(), {buffer_use("x", x, kRead), buffer_use("y", y, kWrite),
                                                 buffer_use("mask", mask, kWrite)}));
+}
+
+void nf4_dequantize_kernel(const Tensor& out, const Tensor& packed) {
+  TESSERA_CHECK(out.is_contiguous() && packed.is_contiguous() && packed.dtype() == DType::u8,
+                "cuda::nf4_dequantize: needs a contiguous output and contiguous u8 rows, got {} and {} {}",
+                out.sizes(), dtype_name(packed.dtype()), packed.sizes());
+  nf4_dequantize(operand(out), operand(packed), out.size(1),
+                 launch_on_current_stream(out.device(), {buffer_use("packed", packed, kRead),
+                                                         buffer_use("out", out, kWrite)}));
 }
 
 // A tensor an optimizer kernel reads or writes in place: contiguous f32 or
@@ -867,6 +877,7 @@ const KernelTable& kernel_table() {
       .causal_attention = causal_attention_kernel,
       .causal_attention_backward = causal_attention_backward_kernel,
       .dropout = dropout_kernel,
+      .nf4_dequantize = nf4_dequantize_kernel,
       .adamw_step = adamw_step_kernel,
       .sum_of_squares = sum_of_squares_kernel,
       .scale_to_max_norm = scale_to_max_norm_kernel,

@@ -155,6 +155,21 @@ TEST_CASE("every dtype goes to the device and back bit for bit, and casts there 
   }
 }
 
+TEST_CASE("nf4 weights dequantise on the device to the cpu's bits, in every output dtype") {
+  // 3 rows of 64 x 257 + 3: a partial last block and two scale groups a row.
+  const int64_t in = 64 * 257 + 3;
+  Tensor weights = ops::randn({3, in}, PhiloxKey{11, 2});
+  weights = ops::mul(weights, ops::from_vector(std::vector<double>{0.01, 0.2, 3.0}, {3, 1}));
+  const Tensor packed = ops::nf4_quantize(weights);
+  const Tensor on_device = ops::nf4_quantize(ops::to(weights, kCuda));
+  CHECK(on_device.device() == kCuda);
+  CHECK(bitwise_equal(packed, on_device));  // packed on the host, whatever the weight's device
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    CAPTURE(dtype_name(dtype));
+    CHECK(bitwise_equal(ops::nf4_dequantize(packed, in, dtype), ops::nf4_dequantize(on_device, in, dtype)));
+  }
+}
+
 TEST_CASE("fill and arange on the device equal the cpu's bits") {
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean}) {
     CAPTURE(dtype_name(dtype));
