@@ -612,12 +612,28 @@ void FSDPParamGroup::pre_backward() {
 void FSDPParamGroup::on_gradient_accumulated() {
   if (on_gradient_) on_gradient_();
   ++gradients_ready_;
-  if (needs_post_backward_ && gradients_ready_ == expected_gradients_) post_backward();
+  const bool module_done = !has_frozen_parameters() || (inputs_announced_ && input_gradients_pending_ == 0);
+  if (needs_post_backward_ && gradients_ready_ == expected_gradients_ && module_done) post_backward();
+}
+
+void FSDPParamGroup::expect_input_gradient() {
+  inputs_announced_ = true;
+  ++input_gradients_pending_;
+}
+
+void FSDPParamGroup::on_input_gradient() {
+  if (on_gradient_) on_gradient_();
+  if (input_gradients_pending_ > 0) --input_gradients_pending_;
+  if (needs_post_backward_ && gradients_ready_ == expected_gradients_ && input_gradients_pending_ == 0) {
+    post_backward();
+  }
 }
 
 void FSDPParamGroup::post_backward() {
   needs_post_backward_ = false;
   gradients_ready_ = 0;
+  input_gradients_pending_ = 0;
+  inputs_announced_ = false;
   if (dist::Tracer* trace = tracer(); trace != nullptr && backward_start_us_ != 0) {
     trace->record(dist::TraceEvent{.rank = trace_rank(), .track = "fsdp", .name = "backward", .category = "fsdp",
                                    .start_us = backward_start_us_, .duration_us = dist::Tracer::now_us() - backward_start_us_,
@@ -879,6 +895,8 @@ void FSDPParamGroup::finish_backward(bool wait_for_reduce_scatter) {
     streams_->order_compute_after(*streams_->reduce_scatter());
   }
   gradients_ready_ = 0;
+  input_gradients_pending_ = 0;
+  inputs_announced_ = false;
 }
 
 }  // namespace tessera::fsdp

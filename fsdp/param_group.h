@@ -143,8 +143,19 @@ class FSDPParamGroup {
   void post_forward(bool backward_follows);
   void pre_backward();
   // Called by the gradient-accumulation hooks; runs post_backward when every
-  // parameter of the group has its gradient.
+  // trainable parameter of the group has its gradient, and, for a group with
+  // frozen parameters, its module's backward is done (below).
   void on_gradient_accumulated();
+  // A frozen parameter has no gradient to say that the backward is done with
+  // it: its module's product with it (for the input's gradient) may run after
+  // every trainable gradient of the group has arrived. So such a group waits
+  // for the gradients of its module's inputs, as FSDP2 does: the module's
+  // state announces each input that will receive one (in forward) and each
+  // arrival (in backward). Inputs that need no gradient leave the group to
+  // the end of the pass (finish_backward).
+  bool has_frozen_parameters() const { return trainable_.size() < params_.size(); }
+  void expect_input_gradient();
+  void on_input_gradient();
   // Reshards (if reshard_after_backward) and, when gradients are synced,
   // reduce-scatters the unsharded gradients.
   void post_backward();
@@ -318,6 +329,8 @@ class FSDPParamGroup {
   int64_t expected_gradients_ = 0;
   int64_t gradients_ready_ = 0;
   bool needs_post_backward_ = false;  // forwarded with grad, post_backward not yet run
+  int64_t input_gradients_pending_ = 0;  // with frozen parameters: announced inputs whose gradient is to come
+  bool inputs_announced_ = false;         // with frozen parameters: some input will get a gradient
   int64_t backward_start_us_ = 0;
   std::function<void()> on_gradient_;
   dist::CommStats comm_stats_;

@@ -200,6 +200,7 @@ std::optional<nn::TensorList> FSDPState::pre_forward(const nn::TensorList& input
   if (group_ != nullptr) {
     record_once(context_->pre_forward_order);
     group_->pre_forward();
+    if (group_->has_frozen_parameters() && autograd::GradMode::is_enabled()) announce_input_gradients(inputs);
     if (forward_prefetch_) {
       prefetch(*forward_prefetch_);
     } else if (FSDPState* next = neighbour_in(context_->pre_forward_order, +1)) {
@@ -240,6 +241,20 @@ std::optional<Tensor> FSDPState::post_forward(const Tensor& output) {
     result = tessera::to(result, *policy_.output_dtype);
   }
   return result;
+}
+
+// A hook on each input that will get a gradient: its arrival means the
+// module's backward has run (every use of its parameters is behind it).
+void FSDPState::announce_input_gradients(const nn::TensorList& inputs) {
+  for (const Tensor& input : inputs) {
+    if (!input.defined() || !input.requires_grad()) continue;
+    group_->expect_input_gradient();
+    Tensor hooked = input;
+    autograd::register_hook(hooked, [this](const Tensor&) {
+      group_->on_input_gradient();
+      return Tensor();
+    });
+  }
 }
 
 // ---- backward --------------------------------------------------------------------------------------
