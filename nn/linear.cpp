@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
 #include "nn/init.h"
+#include "nn/nf4_all_gather.h"
 #include "tensor/ops.h"
 
 namespace tessera::nn {
@@ -14,7 +16,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
       in_features_(in_features),
       out_features_(out_features),
       has_bias_(options.bias),
-      init_std_(options.init_std) {
+      init_std_(options.init_std),
+      dtype_(options.dtype) {
   TESSERA_CHECK(in_features > 0 && out_features > 0, "Linear: features must be positive, got in {} out {}",
                 in_features, out_features);
   const TensorOptions meta{.dtype = options.dtype, .device = kMeta};
@@ -24,25 +27,119 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  const Tensor& w = weight().tensor();
+  const Tensor w = dense_weight(x.dtype());
   TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "Linear: expected input [..., {}], got {}", w.size(1),
                 x.sizes());
   const Tensor b = has_bias_ && !defers_bias_ ? bias().tensor() : Tensor();
-  return product_ ? product_(x, w, b) : tessera::linear(x, w, b);
+  Tensor y = product_ ? product_(x, w, b) : tessera::linear(x, w, b);
+  if (!lora_) return y;
+  const Tensor low_rank = tessera::linear(tessera::linear(x, lora_a().tensor(), Tensor()), lora_b().tensor(), Tensor());
+  return tessera::add(y, tessera::mul(low_rank, lora_->scaling()));
+}
+
+Tensor Linear::dense_weight(DType dtype) const {
+  const Tensor& w = weight().tensor();
+  // Packed: outside FSDP's unshard (one rank, or a module without fully_shard).
+  // Inside it the parameter holds NF4AllGather's dequantised weight already.
+  if (w.dtype() != DType::u8) return w;
+  return ops::nf4_dequantize(w, in_features_, dtype);
+}
+
+void Linear::quantize_nf4() {
+  TESSERA_CHECK(!nf4_, "Linear: quantize_nf4: the weight is NF4 already");
+  TESSERA_CHECK(!weight().is_sharded() && !weight().tensor_parallel(),
+                "Linear: quantize_nf4 comes before fully_shard and without tensor parallelism (the weight's rows "
+                "must be whole)");
+  TESSERA_CHECK(!product_, "Linear: quantize_nf4: a replaced product (tensor parallelism) multiplies the weight itself");
+  autograd::NoGradGuard no_grad;
+  Parameter& w = weight();
+  const Tensor packed = ops::nf4_quantize(w.tensor().detach());
+  w.set_requires_grad(false);
+  w.set_tensor(packed);
+  w.set_all_gather_extension(std::make_shared<NF4AllGather>(in_features_));
+  if (has_bias_) bias().set_requires_grad(false);
+  nf4_ = true;
+}
+
+void Linear::load_dense_weight(const Tensor& rows) {
+  TESSERA_CHECK(nf4_, "Linear: load_dense_weight is for an NF4 weight; copy into weight() instead");
+  Tensor& packed = weight().tensor();
+  TESSERA_CHECK(rows.dim() == 2 && rows.size(0) == packed.size(0) && rows.size(1) == in_features_,
+                "Linear: load_dense_weight: expected this rank's {} rows of {}, got {}", packed.size(0),
+                in_features_, rows.sizes());
+  autograd::NoGradGuard no_grad;
+  ops::copy_(packed, ops::nf4_quantize(rows.detach()));
+}
+
+void Linear::add_lora(const LoRAOptions& options, const InitContext& context) {
+  TESSERA_CHECK(!lora_, "Linear: add_lora: the layer has an adapter already");
+  TESSERA_CHECK(options.rank >= 1 && options.rank <= std::min(in_features_, out_features_),
+                "Linear: add_lora: rank must be in [1, min(in, out) = {}], got {}", std::min(in_features_, out_features_),
+                options.rank);
+  TESSERA_CHECK(std::isfinite(options.alpha) && options.alpha > 0.0, "Linear: add_lora: alpha must be positive, got {}",
+                options.alpha);
+  TESSERA_CHECK(!weight().is_sharded() && !weight().tensor_parallel() && !product_,
+                "Linear: add_lora comes before fully_shard and without tensor parallelism");
+  const Device device = weight().tensor().device();
+  const TensorOptions meta{.dtype = dtype_, .device = kMeta};
+  register_parameter("lora_a", ops::empty({options.rank, in_features_}, meta));
+  register_parameter("lora_b", ops::empty({out_features_, options.rank}, meta));
+  lora_ = options;
+  if (device.is_meta()) return;
+  const TensorOptions real{.dtype = dtype_, .device = device};
+  lora_a().set_tensor(ops::empty({options.rank, in_features_}, real));
+  lora_b().set_tensor(ops::empty({out_features_, options.rank}, real));
+  autograd::NoGradGuard no_grad;
+  reset_lora(context);
+}
+
+const LoRAOptions& Linear::lora() const {
+  TESSERA_CHECK(lora_.has_value(), "Linear: the layer has no LoRA adapter");
+  return *lora_;
+}
+
+void Linear::reset_lora(const InitContext& context) {
+  // A as torch's Linear default (kaiming_uniform, a = sqrt(5)), B zero: the
+  // adapter adds nothing until B has trained.
+  init::kaiming_uniform_(lora_a(), context.key("lora_a"), std::sqrt(5.0));
+  init::zeros_(lora_b());
 }
 
 void Linear::reset_own_parameters(const InitContext& context) {
+  if (lora_) reset_lora(context);
+  if (!nf4_) {
+    init_dense_weight(weight(), context);
+  } else if (!weight().tensor().is_meta()) {
+    // The dense weight this rank's packed rows stand for, drawn as an
+    // unquantised Linear draws it (the same values at every world size),
+    // then packed: a freshly built NF4 layer is its dense twin quantised.
+    const Tensor& packed = weight().tensor();
+    Parameter dense(ops::empty({packed.size(0), in_features_}, {.dtype = dtype_, .device = packed.device()}), false);
+    if (const auto& sharding = weight().sharding()) {
+      auto rows = std::make_shared<ShardingSpec>(*sharding);
+      rows->global_shape = {out_features_, in_features_};
+      dense.set_tensor(dense.tensor(), std::move(rows));
+    }
+    init_dense_weight(dense, context);
+    load_dense_weight(dense.tensor());
+  }
+  if (!has_bias_) return;
   if (init_std_) {
-    init::normal_(weight(), context.key("weight"), 0.0, *init_std_);
-    if (has_bias_) init::zeros_(bias());
+    init::zeros_(bias());
     return;
   }
-  // torch's default: kaiming_uniform(a = sqrt(5)) = U(+-1/sqrt(in)) for both.
-  init::kaiming_uniform_(weight(), context.key("weight"), std::sqrt(5.0));
-  if (has_bias_) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features_));
-    init::uniform_(bias(), context.key("bias"), -bound, bound);
+  // torch's default: U(+-1/sqrt(in)), as the weight.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features_));
+  init::uniform_(bias(), context.key("bias"), -bound, bound);
+}
+
+void Linear::init_dense_weight(Parameter& dense, const InitContext& context) const {
+  if (init_std_) {
+    init::normal_(dense, context.key("weight"), 0.0, *init_std_);
+    return;
   }
+  // torch's default: kaiming_uniform(a = sqrt(5)) = U(+-1/sqrt(in)).
+  init::kaiming_uniform_(dense, context.key("weight"), std::sqrt(5.0));
 }
 
 }  // namespace tessera::nn

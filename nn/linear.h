@@ -1,4 +1,13 @@
 // nn::Linear: y = x W^T + b with W: [out, in], b: [out] (optional).
+//
+// Two adaptations for fine-tuning (QLoRA: Dettmers et al. 2023; LoRA: Hu et
+// al. 2021), set before fully_shard:
+// - quantize_nf4(): W is frozen and stored packed in NF4 (u8 rows,
+//   tensor/nf4_format.h), dequantised for each product; FSDP gathers the
+//   packed rows (nn/nf4_all_gather.h).
+// - add_lora({r, alpha}): y += (alpha / r) (x A^T) B^T with trainable
+//   A [r, in] ~ U(+-1/sqrt(in)) and B [out, r] = 0, so that training starts
+//   from the unadapted model's outputs exactly (the LoRA paper's init).
 #pragma once
 
 #include <functional>
@@ -15,6 +24,12 @@ struct LinearOptions {
   std::optional<double> init_std = std::nullopt;
   Device device = kCPU;
   DType dtype = DType::f32;
+};
+
+struct LoRAOptions {
+  int64_t rank = 8;
+  double alpha = 16.0;
+  double scaling() const { return alpha / static_cast<double>(rank); }
 };
 
 class Linear : public Module {
@@ -39,6 +54,30 @@ class Linear : public Module {
   void set_product(Product product) { product_ = std::move(product); }
   bool has_product() const { return static_cast<bool>(product_); }
 
+  // Packs the weight into NF4 and freezes it (the bias too: a quantised
+  // layer is a frozen base). A materialised weight is quantised from its
+  // values; a meta one is laid out (its values come from a checkpoint
+  // through load_dense_weight, or are zeros after reset_parameters).
+  void quantize_nf4();
+  bool is_nf4() const { return nf4_; }
+  // Quantises `rows` (this rank's rows of the dense weight: the rows the
+  // packed weight's FSDP shard holds, or all of them) into the packed weight.
+  void load_dense_weight(const Tensor& rows);
+  // The weight as the product uses it: dequantised into `dtype` when packed
+  // (no gradient), else the weight's tensor itself.
+  Tensor dense_weight(DType dtype) const;
+
+  // Adds a LoRA adapter (lora_a, lora_b); `context` names and seeds its
+  // init, done now unless the module is on meta (then reset_parameters).
+  void add_lora(const LoRAOptions& options, const InitContext& context);
+  bool has_lora() const { return lora_.has_value(); }
+  const LoRAOptions& lora() const;  // throws without an adapter
+  Parameter& lora_a() const { return *parameter("lora_a"); }
+  Parameter& lora_b() const { return *parameter("lora_b"); }
+  // No adapter, no packed weight, no replaced product: what fused callers
+  // (MLP's GELU fusion) may multiply with the weight directly.
+  bool is_plain() const { return !nf4_ && !lora_ && !product_; }
+
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   bool has_bias() const { return has_bias_; }
@@ -49,12 +88,20 @@ class Linear : public Module {
   void reset_own_parameters(const InitContext& context) override;
 
  private:
+  void reset_lora(const InitContext& context);
+  // The weight's init (torch's default or GPT-2's normal) into `dense`: the
+  // weight, or the dense rows an NF4 weight packs.
+  void init_dense_weight(Parameter& dense, const InitContext& context) const;
+
   int64_t in_features_;
   int64_t out_features_;
   bool has_bias_;
   bool defers_bias_ = false;
   Product product_;
   std::optional<double> init_std_;
+  DType dtype_;
+  bool nf4_ = false;
+  std::optional<LoRAOptions> lora_;
 };
 
 }  // namespace tessera::nn

@@ -28,7 +28,7 @@ bool MLP::fuses_gelu() const {
   if (typeid(activation) != typeid(GELU)) return false;
   if (static_cast<const GELU&>(activation).approximation() != GeluApproximation::tanh) return false;
   return !fc_->has_forward_hooks() && !activation_->has_forward_hooks() && !proj_->has_forward_hooks() &&
-         !proj_->defers_bias() && !fc_->has_product() && !proj_->has_product();
+         !proj_->defers_bias() && fc_->is_plain() && proj_->is_plain();
 }
 
 Tensor MLP::forward(const Tensor& x) {

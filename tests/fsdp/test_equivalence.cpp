@@ -26,6 +26,7 @@
 
 #include "dist/backends/local_backend.h"
 #include "fsdp/naive_fsdp.h"
+#include "nn/linear.h"
 #include "nn/models/gpt.h"
 #include "tensor/error.h"
 #include "tests/fsdp/training_harness.h"
@@ -181,6 +182,50 @@ TEST_CASE("fsdp: frozen parameters train as unsharded, bitwise, and stay as they
       }
     }
     CHECK(frozen == 2 * tiny_gpt().n_layer + 1);
+  }
+}
+
+TEST_CASE("fsdp: QLoRA (NF4 base, LoRA adapters) on 1, 2, 3 and 8 ranks is bitwise unsharded training") {
+  // The Llama's projections packed in NF4 and frozen with rank-2 adapters,
+  // every other parameter frozen: wk and wv have 8 rows (8 ranks hold one
+  // each, 3 ranks 3, 3, 2), w2's rows are 40 wide (one partial NF4 block).
+  TrainingSetup setup = llama();
+  const ModelRecipe dense = setup.model;
+  setup.model.name += ", QLoRA rank 2";
+  setup.model.build_on_meta = [dense](DType dtype) {
+    std::shared_ptr<nn::Module> model = dense.build_on_meta(dtype);
+    for (const auto& [name, parameter] : model->named_parameters()) parameter->set_requires_grad(false);
+    for (const auto& [name, module] : model->named_modules()) {
+      auto* linear = dynamic_cast<nn::Linear*>(module);
+      if (linear == nullptr || !name.starts_with("layers.")) continue;
+      linear->quantize_nf4();
+      linear->add_lora({.rank = 2, .alpha = 4.0}, nn::InitContext{7, name});
+    }
+    return model;
+  };
+  setup.steps = 4;
+  TrainingSetup one_step = setup;
+  one_step.steps = 1;
+  for (int world : {1, 2, 3, 8}) {
+    CAPTURE(world);
+    const TrainingResult expected = train_unsharded(setup, world);
+    const TrainingResult sharded = train_fsdp(setup, {.world = world});
+    check_bitwise(expected, sharded);
+    const TrainingResult early = train_fsdp(one_step, {.world = world});
+    int adapters = 0, packed = 0;
+    for (const auto& [name, values] : sharded.parameters) {
+      CAPTURE(name);
+      if (name.find(".lora_") != std::string::npos) {
+        ++adapters;
+        CHECK(values != early.parameters.at(name));  // the adapters train (B from step 1, A once B is not zero)
+      } else {
+        const bool projection = name.find("layers.") != std::string::npos && !name.ends_with("norm.weight");
+        packed += projection && name.ends_with(".weight");
+        CHECK(values == early.parameters.at(name));  // everything else is frozen
+      }
+    }
+    CHECK(adapters == 2 * 7 * 2);
+    CHECK(packed == 7 * 2);
   }
 }
 
