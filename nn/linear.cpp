@@ -50,7 +50,8 @@ void Linear::quantize_nf4() {
   TESSERA_CHECK(!weight().is_sharded() && !weight().tensor_parallel(),
                 "Linear: quantize_nf4 comes before fully_shard and without tensor parallelism (the weight's rows "
                 "must be whole)");
-  TESSERA_CHECK(!product_, "Linear: quantize_nf4: a replaced product (tensor parallelism) multiplies the weight itself");
+  TESSERA_CHECK(!product_,
+                "Linear: quantize_nf4: a replaced product (tensor parallelism) multiplies the weight itself");
   autograd::NoGradGuard no_grad;
   Parameter& w = weight();
   const Tensor packed = ops::nf4_quantize(w.tensor().detach());
@@ -74,8 +75,8 @@ void Linear::load_dense_weight(const Tensor& rows) {
 void Linear::add_lora(const LoRAOptions& options, const InitContext& context) {
   TESSERA_CHECK(!lora_, "Linear: add_lora: the layer has an adapter already");
   TESSERA_CHECK(options.rank >= 1 && options.rank <= std::min(in_features_, out_features_),
-                "Linear: add_lora: rank must be in [1, min(in, out) = {}], got {}", std::min(in_features_, out_features_),
-                options.rank);
+                "Linear: add_lora: rank must be in [1, min(in, out) = {}], got {}",
+                std::min(in_features_, out_features_), options.rank);
   TESSERA_CHECK(std::isfinite(options.alpha) && options.alpha > 0.0, "Linear: add_lora: alpha must be positive, got {}",
                 options.alpha);
   TESSERA_CHECK(!weight().is_sharded() && !weight().tensor_parallel() && !product_,

@@ -42,7 +42,8 @@ void quantize_row(const float* weights, const RowLayout& layout, uint8_t* row) {
     const float scale = block_scale(row, layout, j / kBlockSize);
     const uint8_t code = scale > 0.0f ? nearest_code(weights[j] / scale) : kZeroCode;
     uint8_t& byte = row[(j / kBlockSize) * kCodeBytesPerBlock + (j % kBlockSize) / 2];
-    byte = j % 2 == 0 ? static_cast<uint8_t>((byte & 0x0fu) | (code << 4)) : static_cast<uint8_t>((byte & 0xf0u) | code);
+    byte = j % 2 == 0 ? static_cast<uint8_t>((byte & 0x0fu) | (code << 4))
+                      : static_cast<uint8_t>((byte & 0xf0u) | code);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "dist/init.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/fully_shard.h"
+#include "nn/linear.h"
 #include "nn/module.h"
 #include "tensor/ops.h"
 
@@ -257,6 +258,50 @@ TEST_CASE("refused at fully_shard: a trainable parameter unsharded into another 
                                              .reshard_after_forward = fsdp::ReshardAfterForward::to_group_of(2)}),
                          doctest::Contains("which all-gather extensions do not define"), Error);
   });
+}
+
+TEST_CASE("NF4 weights: quantise-then-shard is shard-then-quantise, gathered bitwise the whole, 0.52 B a weight") {
+  // 13 rows of 4096: uneven shards, and on 8 ranks an empty one.
+  const Tensor dense = ops::mul(ops::randn({13, 4096}, PhiloxKey{21, 0}), 0.02);
+  const Tensor whole_packed = ops::nf4_quantize(dense);
+  const Tensor whole_dequantised = ops::nf4_dequantize(whole_packed, 4096, DType::f32);
+  for (int world : {1, 2, 3, 8}) {
+    dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
+      CAPTURE(world);
+      nn::Linear linear(4096, 13, {.bias = false});
+      Tensor weight = linear.weight().tensor();
+      ops::copy_(weight, dense);
+      linear.quantize_nf4();
+      fsdp::FSDPModule sharded = fully_shard(linear, {.mesh = dist::DeviceMesh(group, kCPU, {world})});
+      // This rank's packed rows are the whole packed weight's rows ...
+      const dist::ShardExtent rows = dist::shard_extent(13, world, group->rank());
+      const Tensor shard = linear.weight().tensor();
+      CHECK(shard.dtype() == DType::u8);
+      CHECK(shard.to_vector<int64_t>() == ops::narrow(whole_packed, 0, rows.offset, rows.length).to_vector<int64_t>());
+      // ... and packing this rank's dense rows (what loading a checkpoint does) writes the same bytes.
+      linear.load_dense_weight(ops::narrow(dense, 0, rows.offset, rows.length));
+      CHECK(linear.weight().tensor().to_vector<int64_t>() == shard.to_vector<int64_t>());
+      {
+        const autograd::NoGradGuard no_grad;
+        linear(ops::zeros({1, 4096}));
+      }
+      sharded.reset_communication_stats();
+      sharded.unshard();
+      CHECK(linear.weight().tensor().dtype() == DType::f32);
+      CHECK(linear.weight().tensor().to_vector<float>() == whole_dequantised.to_vector<float>());
+      // The packed rows travel as they are: ceil(13 / world) rows of 2120 bytes per rank.
+      const int64_t slot = fsdp::padded_shard_rows(13, world) * ops::nf4_row_bytes(4096);
+      const dist::CommStats stats = sharded.communication_stats();
+      CHECK(stats[dist::CollectiveKind::all_gather].calls == 1);
+      CHECK(stats[dist::CollectiveKind::all_gather].bytes_sent ==
+            dist::collective_volume(dist::CollectiveKind::all_gather, slot, world, false).sent);
+      const double bytes_per_weight =
+          static_cast<double>(slot * world) / static_cast<double>(fsdp::padded_shard_rows(13, world) * world * 4096);
+      CHECK(bytes_per_weight == doctest::Approx(2120.0 / 4096.0));  // 0.518, against 2 for bf16
+      sharded.reshard();
+      CHECK(linear.weight().tensor().dtype() == DType::u8);
+    });
+  }
 }
 
 }  // TEST_SUITE

@@ -60,7 +60,7 @@ void check_near(const std::vector<double>& actual, const std::vector<double>& ex
 
 }  // namespace
 
-TEST_CASE("LoRA: the adapter starts at zero, adds alpha/r x A^T B^T, and trains A and B with finite-difference gradients") {
+TEST_CASE("LoRA: the adapter starts at zero, adds alpha/r x A^T B^T; finite-difference gradients through it") {
   manual_seed(3);
   nn::Linear linear(6, 5, {.dtype = DType::f64});
   const std::vector<double> weight_before = lora_values(linear.weight().tensor());
@@ -95,7 +95,7 @@ TEST_CASE("LoRA: the adapter starts at zero, adds alpha/r x A^T B^T, and trains 
   CHECK(lora_values(twin.lora_a().tensor()) == lora_values(linear.lora_a().tensor()));
 }
 
-TEST_CASE("NF4 Linear: frozen packed weight, the product of the dequantised weight, a fresh init the dense init packed") {
+TEST_CASE("NF4 Linear: a frozen packed weight, the dequantised weight's product, a fresh init the dense one packed") {
   nn::Linear dense(70, 9);
   nn::Linear packed(70, 9);
   dense.reset_parameters(5);
@@ -175,8 +175,8 @@ TEST_CASE("MLP: an adapted fc or proj leaves the fused GELU path, the unfused la
 
 TEST_CASE("LoRA and NF4: the refusals name what is wrong") {
   nn::Linear linear(8, 4);
-  CHECK_THROWS_WITH_AS(linear.add_lora({.rank = 0}, {}), doctest::Contains("rank must be in [1, min(in, out) = 4], got 0"),
-                       Error);
+  CHECK_THROWS_WITH_AS(linear.add_lora({.rank = 0}, {}),
+                       doctest::Contains("rank must be in [1, min(in, out) = 4], got 0"), Error);
   CHECK_THROWS_WITH_AS(linear.add_lora({.rank = 5}, {}), doctest::Contains("got 5"), Error);
   CHECK_THROWS_WITH_AS(linear.add_lora({.rank = 2, .alpha = 0.0}, {}), doctest::Contains("alpha must be positive"),
                        Error);

@@ -130,7 +130,8 @@ TEST_CASE("nf4: every code is the nearest value to weight / stored scale, and th
       std::vector<double> absmax(row.scales.size(), 0.0);
       for (int64_t j = 0; j < in; ++j) {
         const auto i = static_cast<size_t>(r * in + j);
-        absmax[static_cast<size_t>(j / 64)] = std::max(absmax[static_cast<size_t>(j / 64)], std::fabs(double{original[i]}));
+        double& block_max = absmax[static_cast<size_t>(j / 64)];
+        block_max = std::max(block_max, std::fabs(double{original[i]}));
       }
       double spread = 0.0;
       for (const double scale : absmax) mean += scale / static_cast<double>(absmax.size());
@@ -156,7 +157,9 @@ TEST_CASE("nf4: every code is the nearest value to weight / stored scale, and th
     }
     if (rows > 2) {
       double worst = 0.0;
-      for (int64_t j = 0; j < in; ++j) worst = std::max(worst, std::fabs(restored[static_cast<size_t>(2 * in + j)] + 0.25));
+      for (int64_t j = 0; j < in; ++j) {
+        worst = std::max(worst, std::fabs(restored[static_cast<size_t>(2 * in + j)] + 0.25));
+      }
       CHECK(worst <= 0.25 * 1e-6);
     }
   }
