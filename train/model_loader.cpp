@@ -109,7 +109,7 @@ LoadedModel load_model_from_checkpoint(const std::string& path) {
   std::map<std::string, tessera::Shape> stored;
   for (const auto& [name, info] : metadata.tensors) stored[name] = info.global_shape;
   LoadedModel loaded{build_eval_model(config, stored, checkpoint::kModelPrefix, dir + ": the checkpoint"), config, dir,
-                     step_from_training_state(metadata.training_state, metadata_path)};
+                     step_from_training_state(metadata.training_state, metadata_path), {}};
   // Not strict: the checkpoint also holds the optimizer's "optim.*" state.
   const checkpoint::LoadReport report =
       checkpoint::load(dir, checkpoint::model_state(*loaded.model), {.strict = false});
@@ -140,7 +140,7 @@ LoadedModel load_model_from_safetensors(const std::string& path) {
   std::map<std::string, tessera::Shape> stored;
   for (const checkpoint::SafetensorsEntry& entry : header.entries) stored[entry.name] = entry.shape;
   LoadedModel loaded{build_eval_model(config, stored, "", path + ": the file"), config, path,
-                     step_from_metadata(header.metadata, path)};
+                     step_from_metadata(header.metadata, path), {}};
   // The file names parameters plainly ("wte.weight", "tok_embeddings.weight"), without "model.".
   checkpoint::import_safetensors(path, checkpoint::model_state(*loaded.model, ""), {.strict = true});
   return loaded;
@@ -151,7 +151,7 @@ LoadedModel load_model_from_hf_dir(const std::string& dir) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(info.config, tessera::kCPU);
   model->eval();
   load_hf_weights(dir, info, checkpoint::model_state(*model, ""));
-  return {std::move(model), info.config, dir, std::nullopt};
+  return {std::move(model), info.config, dir, std::nullopt, hf_end_of_text_ids(dir, vocab_size(info.config))};
 }
 
 LoadedModel load_model_from_export(const std::string& path) {

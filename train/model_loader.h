@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/models/causal_lm.h"
 #include "train/model_family.h"
@@ -20,6 +21,9 @@ struct LoadedModel {
   ModelConfig config;                            // the family and shape the file records
   std::string source;                            // the checkpoint directory or .safetensors file read
   std::optional<int64_t> step;                   // the training step, when the file records it
+  // A Hugging Face directory's eos ids (generation_config.json's, else
+  // config.json's): where its generation ends by default. Empty otherwise.
+  std::vector<int64_t> end_of_text_ids;
 };
 
 // `path` itself when it holds metadata.json (one checkpoint), else the
@@ -45,7 +49,8 @@ LoadedModel load_model_from_safetensors(const std::string& path);
 
 // A Hugging Face model directory (GPT2LMHeadModel or LlamaForCausalLM:
 // huggingface/hf_checkpoint.h): the config from its config.json, the
-// weights from its model.safetensors or shards. No step is recorded.
+// weights from its model.safetensors or shards, the eos ids from its
+// generation_config.json or config.json. No step is recorded.
 LoadedModel load_model_from_hf_dir(const std::string& dir);
 
 // --init-from's source: a Hugging Face model directory, else an exported .safetensors file.

@@ -546,8 +546,10 @@ void Trainer::export_to(const std::string& path) {
   const tessera::checkpoint::Publish publish =
       config_.overwrite ? tessera::checkpoint::Publish::replace : tessera::checkpoint::Publish::no_clobber;
   if (config_.export_format == "hf") {
+    // The export carries the source directory's token ids and generation config, and the run's tokenizer.
+    const HfExportSources sources{is_hf_model_dir(config_.init_from) ? config_.init_from : "", config_.tokenizer};
     export_hf(path, config_.model_config(), tessera::checkpoint::model_state(*model_, ""),
-              {.group = distributed_ ? distributed_->world : nullptr, .publish = publish});
+              {.group = distributed_ ? distributed_->world : nullptr, .publish = publish, .sources = sources});
     return;
   }
   tessera::checkpoint::export_safetensors(

@@ -11,7 +11,8 @@
 // or with --escape (a backslash as \\, bytes that are not printable as \xHH:
 // byte_text.h, reversible). A batch (--prompts-file: one escaped prompt a
 // line): one escaped line per prompt, newlines as \x0a. --stop ends a
-// sequence at a token (escaped text of one token, or --stop-id). Where the
+// sequence at a token (escaped text of one token, or --stop-id); without it,
+// a Hugging Face directory's generation ends at its eos ids. Where the
 // model came from and the speed go to stderr. --max-new-tokens is refused,
 // before the model loads, when its buffers would not fit in half the
 // available memory (resource_limits.h). Exit status: 0 generated, 1 failed (a model that
@@ -116,7 +117,7 @@ std::optional<int> parse_command_line(int argc, char** argv, GenerateConfig& con
   app.add_option("--stop", config.stop_texts,
                  "End a sequence when it samples this token (kept in the output): text of exactly one token, escaped "
                  "as the output is (--stop '\\x0a' for a newline); repeatable")
-      ->default_str("none");
+      ->default_str("none; a Hugging Face directory's eos ids");
   app.add_option("--stop-id", config.stop_ids, "End a sequence at this token id (kept in the output); repeatable")
       ->check(tessera::train::integer_in(0, kMaxTokenId))
       ->default_str("none");
@@ -280,6 +281,13 @@ int run(const GenerateConfig& config) {
       throw tessera::train::UsageError(fmt::format("--stop-id {}: the model's vocabulary is [0, {})", token, vocab_size));
     }
   }
+  // Without --stop, a Hugging Face model ends where transformers' generate would: at its eos ids.
+  std::vector<uint32_t> stop_tokens = request.stop_tokens;
+  if (stop_tokens.empty() && !loaded.end_of_text_ids.empty()) {
+    stop_tokens.assign(loaded.end_of_text_ids.begin(), loaded.end_of_text_ids.end());
+    std::cerr << fmt::format("generate: stopping at {}'s end-of-text id{} {} (--stop or --stop-id to choose others)\n",
+                             loaded.source, stop_tokens.size() == 1 ? "" : "s", fmt::join(stop_tokens, ", "));
+  }
 
   tessera::train::GenerationOptions options;
   options.max_new_tokens = config.max_new_tokens;
@@ -287,7 +295,7 @@ int run(const GenerateConfig& config) {
   options.sampling.top_k = config.top_k_given ? config.top_k : std::min(config.top_k, vocab_size);
   options.sampling.top_p = config.top_p;
   options.sampling.key = tessera::PhiloxKey{config.seed, 0};
-  options.stop_tokens = request.stop_tokens;
+  options.stop_tokens = stop_tokens;
   options.kv_cache = !config.no_kv_cache;
 
   const auto start = std::chrono::steady_clock::now();

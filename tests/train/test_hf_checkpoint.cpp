@@ -5,7 +5,9 @@
 // token for token, FSDP ranks (3: uneven shards) load only their pieces and
 // compute the same logits, an export has exactly the keys and shapes
 // transformers saved and loads back bitwise, and every unmappable config key
-// or mismatched tensor is refused by name.
+// or mismatched tensor is refused by name. An export carries its source's
+// token ids, generation_config.json and tokenizer files (hf_companion_files.h):
+// llama_eos is a golden Llama with all three.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -24,9 +26,12 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/train/text_file.h"
 #include "tp/plans.h"
 #include "train/huggingface/hf_checkpoint.h"
 #include "train/huggingface/hf_tensor_map.h"
+#include "train/model_loader.h"
+#include "train/tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
 using tessera::Tensor;
@@ -50,6 +55,7 @@ constexpr double kFloat64Bound = 1e-10;
 constexpr double kAccuracyRatio = 1.5;
 
 const fs::path kHfGolden = TESSERA_HF_GOLDEN_DIR;
+const fs::path kTokenizerGolden = TESSERA_TOKENIZER_GOLDEN_DIR;
 const std::vector<std::string> kModels = {"gpt2", "llama", "llama_tied"};
 
 struct Expected {
@@ -396,4 +402,206 @@ TEST_CASE("hf import into (dp 2, tp 2): each rank reads the boxes of its tensor-
     });
     CHECK(mismatches == 0);
   }
+}
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path) { return nlohmann::json::parse(tessera::testing::read_file(path)); }
+
+// The tokenizer files (kHfTokenizerFiles) that `dir` holds.
+std::vector<std::string> tokenizer_files_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const char* name : tessera::train::kHfTokenizerFiles) {
+    if (fs::exists(dir / name)) names.push_back(name);
+  }
+  return names;
+}
+
+// The model of golden `model` exported to `out` with `sources`.
+void export_golden(const std::string& model, const std::string& out, const tessera::train::HfExportSources& sources) {
+  const std::string golden = (kHfGolden / model).string();
+  tessera::train::export_hf(out, tessera::train::read_hf_model_info(golden).config,
+                            checkpoint::model_state(*load_whole(golden), ""), {.sync = false, .sources = sources});
+}
+
+}  // namespace
+
+TEST_CASE("hf export carries the source's token ids, generation config and tokenizer files") {
+  TempDir temp;
+  const fs::path golden = kHfGolden / "llama_eos";
+  const std::string out = temp / "export";
+  export_golden("llama_eos", out, {.model_dir = golden.string(), .tokenizer = golden.string()});
+  CHECK_FALSE(fs::exists(out + ".tmp"));
+
+  // Llama 3's way: bos one id, eos a list (kept a list), pad null.
+  const nlohmann::json config = read_json(fs::path(out) / "config.json");
+  CHECK(config.at("bos_token_id") == 0);
+  CHECK(config.at("eos_token_id") == nlohmann::json::array({1, 2}));
+  CHECK(config.at("pad_token_id").is_null());
+  CHECK(tessera::train::read_hf_model_info(out).token_ids ==
+        tessera::train::read_hf_model_info(golden.string()).token_ids);
+  // The source's generation config as it was: sampling settings and ids.
+  CHECK(read_json(fs::path(out) / "generation_config.json") == read_json(golden / "generation_config.json"));
+  // tokenizer.json, tokenizer_config.json and chat_template.jinja, byte for byte.
+  const std::vector<std::string> tokenizer_files = tokenizer_files_in(golden);
+  CHECK(tokenizer_files.size() == 3);
+  CHECK(tokenizer_files_in(out) == tokenizer_files);
+  for (const std::string& name : tokenizer_files) {
+    CAPTURE(name);
+    CHECK(tessera::testing::read_file(fs::path(out) / name) == tessera::testing::read_file(golden / name));
+  }
+  // `generate --init-from` reads the export's tokenizer, and stops at its eos ids.
+  CHECK(tessera::train::holds_tokenizer(out));
+  CHECK(tessera::train::Tokenizer::load(out).vocab_size() == 665);
+  CHECK(tessera::train::load_model_from_export(out).end_of_text_ids == std::vector<int64_t>{1, 2});
+}
+
+TEST_CASE("hf token ids: one id or a list, as the source wrote them; an id outside the vocabulary is refused") {
+  TempDir temp;
+  int copies = 0;
+  // The golden llama (vocab 101) with its config's token ids edited, exported.
+  auto export_with_ids = [&](const nlohmann::json& bos, const nlohmann::json& eos) {
+    const fs::path dir = temp.path / std::to_string(copies++);
+    fs::create_directories(dir);
+    const std::string source = copy_with_config("llama", dir, [&](nlohmann::json& c) {
+      c["bos_token_id"] = bos;
+      c["eos_token_id"] = eos;
+    });
+    const std::string out = (dir / "export").string();
+    const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(source);
+    tessera::train::export_hf(out, info.config, checkpoint::model_state(*load_whole(source), ""),
+                              {.sync = false, .sources = {.model_dir = source}});
+    return out;
+  };
+  const std::string listed = export_with_ids(3, {5, 7});
+  CHECK(read_json(fs::path(listed) / "config.json").at("eos_token_id") == nlohmann::json::array({5, 7}));
+  const tessera::train::HfTokenIds ids = tessera::train::read_hf_model_info(listed).token_ids;
+  CHECK(ids.eos.ids == std::vector<int64_t>{5, 7});
+  CHECK(ids.eos.is_list);
+  CHECK(ids.bos.ids == std::vector<int64_t>{3});
+  CHECK_FALSE(ids.bos.is_list);
+  CHECK_FALSE(ids.pad.known());
+  // The golden generation_config.json has no ids: carried, with config.json's filled in for generate.
+  const nlohmann::json generation = read_json(fs::path(listed) / "generation_config.json");
+  CHECK(generation.at("eos_token_id") == nlohmann::json::array({5, 7}));
+  CHECK(generation.at("bos_token_id") == 3);
+  CHECK(generation.at("transformers_version") == "5.24.0");
+  CHECK(read_json(fs::path(export_with_ids(nullptr, {9})) / "config.json").at("eos_token_id") ==
+        nlohmann::json::array({9}));
+  CHECK(read_json(fs::path(export_with_ids(nullptr, 9)) / "config.json").at("eos_token_id") == 9);
+
+  // Refused on import, naming the file and the key.
+  const auto refusal = [&](const std::string& key, const nlohmann::json& value) {
+    const fs::path dir = temp.path / std::to_string(copies++);
+    fs::create_directories(dir);
+    const std::string source = copy_with_config("llama", dir, [&](nlohmann::json& c) { c[key] = value; });
+    return error_of([&] { tessera::train::read_hf_model_info(source); });
+  };
+  const std::string too_large = refusal("eos_token_id", 101);
+  CHECK(tessera::testing::contains(too_large, "config.json: \"eos_token_id\": token id 101 is outside the vocabulary "
+                                              "[0, 101)"));
+  CHECK(tessera::testing::contains(refusal("pad_token_id", -1), "\"pad_token_id\": token id -1 is outside"));
+  CHECK(tessera::testing::contains(refusal("eos_token_id", {1, 200}), "\"eos_token_id\": token id 200"));
+  CHECK(tessera::testing::contains(refusal("bos_token_id", "<s>"), "\"bos_token_id\" must be a token id or a list"));
+
+  // A source generation_config.json with a bad id fails the export before anything is published.
+  const fs::path dir = temp.path / "bad_generation";
+  fs::create_directories(dir);
+  const std::string source = copy_with_config("llama", dir, [](nlohmann::json&) {});
+  tessera::testing::write_file(fs::path(source) / "generation_config.json", R"({"eos_token_id": [1, 500]})");
+  const std::string out = (dir / "export").string();
+  const tessera::train::HfModelInfo info = tessera::train::read_hf_model_info(source);
+  const std::string error = error_of([&] {
+    tessera::train::export_hf(out, info.config, checkpoint::model_state(*load_whole(source), ""),
+                              {.sync = false, .sources = {.model_dir = source}});
+  });
+  CHECK(tessera::testing::contains(error, "generation_config.json: \"eos_token_id\": token id 500 is outside"));
+  CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out + ".tmp"));
+}
+
+TEST_CASE("hf export of a byte-level model: null token ids, no generation config, no tokenizer") {
+  TempDir temp;
+  const std::string out = temp / "export";
+  export_golden("gpt2", out, {});
+  const nlohmann::json config = read_json(fs::path(out) / "config.json");
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    CAPTURE(key);
+    CHECK(config.at(key).is_null());
+  }
+  CHECK_FALSE(fs::exists(fs::path(out) / "generation_config.json"));
+  CHECK(tokenizer_files_in(out).empty());
+  CHECK_FALSE(tessera::train::holds_tokenizer(out));
+  CHECK(tessera::train::load_model_from_export(out).end_of_text_ids.empty());
+}
+
+TEST_CASE("hf export from a --tokenizer run: the tokenizer's files and its end-of-text id") {
+  TempDir temp;
+  const fs::path gpt2_tokenizer = kTokenizerGolden / "gpt2";  // tokenizer.json, vocab.json, merges.txt
+  tessera::nn::GPTConfig gpt = std::get<tessera::nn::GPTConfig>(
+      tessera::train::read_hf_model_info((kHfGolden / "gpt2").string()).config);
+  gpt.vocab_size = tessera::train::Tokenizer::load(gpt2_tokenizer).vocab_size();  // 659: <|endoftext|> is id 0
+  const auto model = tessera::train::build_model(gpt, tessera::kCPU);
+  auto export_gpt = [&](const std::string& name, const fs::path& tokenizer) {
+    const std::string out = temp / name;
+    tessera::train::export_hf(out, gpt, checkpoint::model_state(*model, ""),
+                              {.sync = false, .sources = {.tokenizer = tokenizer.string()}});
+    return fs::path(out);
+  };
+
+  // A directory: every tokenizer file it has, byte for byte, and a tokenizer_config.json that says how to read them.
+  const fs::path from_dir = export_gpt("dir", gpt2_tokenizer);
+  CHECK(tokenizer_files_in(from_dir) ==
+        std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"});
+  for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt"}) {
+    CAPTURE(name);
+    CHECK(tessera::testing::read_file(from_dir / name) == tessera::testing::read_file(gpt2_tokenizer / name));
+  }
+  // GPT-2's convention: <|endoftext|> begins and ends a text.
+  const nlohmann::json config = read_json(from_dir / "config.json");
+  CHECK(config.at("bos_token_id") == 0);
+  CHECK(config.at("eos_token_id") == 0);
+  CHECK(read_json(from_dir / "generation_config.json") == nlohmann::json{{"bos_token_id", 0}, {"eos_token_id", 0}});
+  CHECK(read_json(from_dir / "tokenizer_config.json") ==
+        nlohmann::json{{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"bos_token", "<|endoftext|>"},
+                       {"eos_token", "<|endoftext|>"}});
+
+  // GPT-2's vocab.json (merges.txt beside it): read by transformers' GPT2Tokenizer; <|endoftext|> is a vocab entry.
+  const fs::path from_vocab = export_gpt("vocab", gpt2_tokenizer / "vocab.json");
+  CHECK(tokenizer_files_in(from_vocab) ==
+        std::vector<std::string>{"tokenizer_config.json", "vocab.json", "merges.txt"});
+  CHECK(read_json(from_vocab / "tokenizer_config.json").at("tokenizer_class") == "GPT2Tokenizer");
+  CHECK(read_json(from_vocab / "config.json").at("eos_token_id") == 0);
+  // tessera reads each export's tokenizer as it read the source's (the same bytes).
+  CHECK(tessera::train::Tokenizer::load(from_vocab).content_crc32c() ==
+        tessera::train::Tokenizer::load(gpt2_tokenizer / "vocab.json").content_crc32c());
+  CHECK(tessera::train::Tokenizer::load(from_dir).content_crc32c() ==
+        tessera::train::Tokenizer::load(gpt2_tokenizer).content_crc32c());
+
+  // Llama 3's tokenizer.json, alone: <|end_of_text|> (id 1) is eos only; its bos is another token.
+  const tessera::train::ModelConfig llama =
+      tessera::train::read_hf_model_info((kHfGolden / "llama_eos").string()).config;
+  const std::string llama_out = temp / "llama";
+  const std::string llama_tokenizer = (kTokenizerGolden / "llama3" / "tokenizer.json").string();
+  tessera::train::export_hf(llama_out, llama,
+                            checkpoint::model_state(*tessera::train::build_model(llama, tessera::kCPU), ""),
+                            {.sync = false, .sources = {.tokenizer = llama_tokenizer}});
+  const nlohmann::json llama_config = read_json(fs::path(llama_out) / "config.json");
+  CHECK(llama_config.at("eos_token_id") == 1);
+  CHECK(llama_config.at("bos_token_id").is_null());
+  CHECK(read_json(fs::path(llama_out) / "tokenizer_config.json") ==
+        nlohmann::json{{"tokenizer_class", "PreTrainedTokenizerFast"}, {"eos_token", "<|end_of_text|>"}});
+  CHECK(tessera::train::load_model_from_export(llama_out).end_of_text_ids == std::vector<int64_t>{1});
+
+  // A tokenizer whose end of text is outside the model's vocabulary is refused, naming the file.
+  const fs::path wide = temp.path / "wide_tokenizer";
+  fs::create_directories(wide);
+  tessera::testing::write_file(wide / "tokenizer.json",
+                               R"({"added_tokens": [{"id": 700, "content": "<|endoftext|>"}]})");
+  const std::string error = error_of([&] { export_golden("gpt2", temp / "wide", {.tokenizer = wide.string()}); });
+  CHECK(tessera::testing::contains(error, (wide / "tokenizer.json").string() +
+                                              ": end-of-text token <|endoftext|> has id 700, outside the model's "
+                                              "vocabulary [0, 101)"));
+  CHECK_FALSE(fs::exists(temp / "wide.tmp"));
 }

@@ -62,8 +62,12 @@ class HfDirectorySink final : public checkpoint::ExportSink {
     // Emptied, not replaced: a claim (output_claim.h) holds this very directory.
     fs::create_directories(tmp_);
     for (const fs::directory_entry& leftover : fs::directory_iterator(tmp_)) fs::remove_all(leftover.path());
-    write_text_file((fs::path(tmp_) / kHfConfigFile).string(), hf_config_from_model(config_).dump(2) + "\n",
-                    options_.sync);
+    const HfCompanions companions = hf_companions(config_, options_.sources);
+    write_text_file((fs::path(tmp_) / kHfConfigFile).string(),
+                    hf_config_from_model(config_, companions.token_ids).dump(2) + "\n", options_.sync);
+    for (const HfExportFile& file : companions.files) {
+      write_text_file((fs::path(tmp_) / file.name).string(), file.bytes, options_.sync);
+    }
   }
 
   void write(const std::string& name, const tessera::Tensor& whole) override {

@@ -17,6 +17,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "train/huggingface/hf_companion_files.h"
 #include "train/huggingface/hf_config.h"
 
 namespace tessera::train {
@@ -48,11 +49,17 @@ struct HfExportOptions {
   bool sync = true;                                // fsync the files and the directory
   // no_clobber: an existing DIR is an error (and the complete DIR.tmp is kept).
   tessera::checkpoint::Publish publish = tessera::checkpoint::Publish::replace;
+  // What the model came from: the export carries its token ids, generation
+  // config and tokenizer files (hf_companion_files.h). Empty: a byte-level
+  // model of its own, with null ids and no tokenizer.
+  HfExportSources sources = {};
 };
 
 // Collective: writes the model (`state` as for load_hf_weights) to DIR as
 // config.json and model.safetensors (or shards and their index) in the
-// checkpoint's layout, in the parameters' dtype. Everything is written to
+// checkpoint's layout, in the parameters' dtype, with what options.sources
+// gives (generation_config.json, the tokenizer's files byte for byte, the
+// token ids in config.json), read on rank 0 only. Everything is written to
 // DIR.tmp first (emptied when it exists: an interrupted export's, or the
 // directory a claim holds, output_claim.h), then DIR.tmp is renamed to DIR;
 // an existing DIR is replaced only after the new one is complete. An error

@@ -107,7 +107,7 @@ HfModelInfo gpt2_from_config(const ConfigReader& reader) {
   if (!reader.boolean("tie_word_embeddings", true)) {
     reader.refuse("tie_word_embeddings", "tessera's GPT head is always wte (tied)");
   }
-  return {config, false};
+  return {config, false, {}};
 }
 
 HfModelInfo llama_from_config(const ConfigReader& reader) {
@@ -136,7 +136,25 @@ HfModelInfo llama_from_config(const ConfigReader& reader) {
     reader.refuse("head_dim", fmt::format("tessera's heads are hidden_size / num_attention_heads = {} wide",
                                           config.n_embd / config.n_head));
   }
-  return {config, reader.boolean("tie_word_embeddings", false)};
+  return {config, reader.boolean("tie_word_embeddings", false), {}};
+}
+
+// One token-id key: null or absent, an integer, or a list of integers, each in [0, vocab_size).
+HfTokenId token_id_from_json(const nlohmann::json& json, const std::string& key, int64_t vocab_size,
+                             const std::string& source) {
+  HfTokenId token;
+  const auto found = json.find(key);
+  if (found == json.end() || found->is_null()) return token;
+  token.is_list = found->is_array();
+  const nlohmann::json values = token.is_list ? *found : nlohmann::json::array({*found});
+  for (const nlohmann::json& value : values) {
+    TESSERA_CHECK(value.is_number_integer(), "{}: \"{}\" must be a token id or a list of them, got {}", source, key,
+                  found->dump());
+    TESSERA_CHECK(value.is_number_unsigned() && value.get<uint64_t>() < static_cast<uint64_t>(vocab_size),
+                  "{}: \"{}\": token id {} is outside the vocabulary [0, {})", source, key, value.dump(), vocab_size);
+    token.ids.push_back(value.get<int64_t>());
+  }
+  return token;
 }
 
 std::string hf_dtype_name(tessera::DType dtype) {
@@ -167,10 +185,23 @@ HfModelInfo hf_model_from_config(const nlohmann::json& json, const std::string& 
   } catch (const tessera::Error& error) {
     tessera::fail("{}: the model it describes is not one tessera builds: {}", source, error.what());
   }
+  info.token_ids = hf_token_ids_from_json(json, vocab_size(info.config), source);
   return info;
 }
 
-nlohmann::ordered_json hf_config_from_model(const ModelConfig& model) {
+nlohmann::ordered_json HfTokenId::to_json() const {
+  if (is_list) return ids;
+  return ids.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(ids.front());
+}
+
+HfTokenIds hf_token_ids_from_json(const nlohmann::json& json, int64_t vocab_size, const std::string& source) {
+  TESSERA_CHECK(json.is_object(), "{}: expected a JSON object, got {}", source, json.type_name());
+  return {token_id_from_json(json, "bos_token_id", vocab_size, source),
+          token_id_from_json(json, "eos_token_id", vocab_size, source),
+          token_id_from_json(json, "pad_token_id", vocab_size, source)};
+}
+
+nlohmann::ordered_json hf_config_from_model(const ModelConfig& model, const HfTokenIds& token_ids) {
   nlohmann::ordered_json json;
   if (const auto* config = std::get_if<GPTConfig>(&model)) {
     json = {{"architectures", {"GPT2LMHeadModel"}},
@@ -191,8 +222,9 @@ nlohmann::ordered_json hf_config_from_model(const ModelConfig& model) {
             {"reorder_and_upcast_attn", false},
             {"add_cross_attention", false},
             {"tie_word_embeddings", true},
-            {"bos_token_id", nullptr},
-            {"eos_token_id", nullptr},
+            {"bos_token_id", token_ids.bos.to_json()},
+            {"eos_token_id", token_ids.eos.to_json()},
+            {"pad_token_id", token_ids.pad.to_json()},
             {"dtype", hf_dtype_name(config->dtype)}};
   } else {
     const auto& llama = std::get<LlamaConfig>(model);
@@ -213,8 +245,9 @@ nlohmann::ordered_json hf_config_from_model(const ModelConfig& model) {
             {"mlp_bias", false},
             {"attention_dropout", 0.0},
             {"tie_word_embeddings", false},
-            {"bos_token_id", nullptr},
-            {"eos_token_id", nullptr},
+            {"bos_token_id", token_ids.bos.to_json()},
+            {"eos_token_id", token_ids.eos.to_json()},
+            {"pad_token_id", token_ids.pad.to_json()},
             {"dtype", hf_dtype_name(llama.dtype)}};
   }
   return json;
