@@ -333,6 +333,24 @@ constexpr int64_t kPayloadAlignment = 16;  // bytes: every payload of a byte slo
 
 int64_t aligned(int64_t bytes) { return (bytes + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment; }
 
+}  // namespace
+
+PayloadSlotLayout payload_slot_layout(const std::vector<nn::PayloadSize>& payloads) {
+  PayloadSlotLayout layout;
+  const bool one_dtype = !payloads.empty() && std::all_of(payloads.begin(), payloads.end(), [&](const auto& payload) {
+    return payload.dtype == payloads.front().dtype;
+  });
+  layout.buffer_dtype = one_dtype ? payloads.front().dtype : DType::u8;
+  for (const nn::PayloadSize& payload : payloads) {
+    layout.offsets.push_back(layout.slot_units);
+    const int64_t bytes = payload.numel * static_cast<int64_t>(element_size(payload.dtype));
+    layout.slot_units += one_dtype ? payload.numel : aligned(bytes);
+  }
+  return layout;
+}
+
+namespace {
+
 // Payload `piece` of `rank`'s slot in `gathered`, 1-D in the piece's dtype.
 Tensor rank_piece(const Tensor& gathered, int64_t slot_units, int64_t rank, int64_t offset, int64_t numel,
                   DType dtype) {
@@ -379,14 +397,16 @@ void FSDPParamGroup::unshard_payloads(bool async_op) {
     }
   }
   check_payloads_agree(layout);
-  // One dtype for the slot when every payload has it; bytes otherwise.
-  const bool one_dtype = std::all_of(layout.pieces.begin(), layout.pieces.end(),
-                                     [&](const PayloadPiece& piece) { return piece.dtype == layout.pieces[0].dtype; });
-  layout.buffer_dtype = one_dtype ? layout.pieces[0].dtype : DType::u8;
-  for (PayloadPiece& piece : layout.pieces) {
-    piece.offset = layout.slot_units;
-    const int64_t bytes = piece.numel * static_cast<int64_t>(element_size(piece.dtype));
-    layout.slot_units += one_dtype ? piece.numel : aligned(bytes);
+  std::vector<nn::PayloadSize> sizes;
+  for (const PayloadPiece& piece : layout.pieces) sizes.push_back({piece.dtype, piece.numel});
+  const PayloadSlotLayout slot_layout = payload_slot_layout(sizes);
+  // A byte slot of mixed payloads has alignment gaps (zeroed below).
+  const bool one_dtype = std::all_of(sizes.begin(), sizes.end(),
+                                     [&](const nn::PayloadSize& size) { return size.dtype == sizes.front().dtype; });
+  layout.buffer_dtype = slot_layout.buffer_dtype;
+  layout.slot_units = slot_layout.slot_units;
+  for (size_t position = 0; position < layout.pieces.size(); ++position) {
+    layout.pieces[position].offset = slot_layout.offsets[position];
   }
   Tensor gathered;
   {

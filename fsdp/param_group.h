@@ -74,6 +74,18 @@ struct FlatLayout {
   int64_t slot_numel = 0;           // elements of one rank's slot (flags excluded)
 };
 
+// One rank's all-gather slot for payloads (nn/all_gather_extension.h) of
+// these dtypes and sizes, in order: elements of their dtype when all share
+// one, else bytes (u8), each payload starting on a 16-byte boundary. The
+// group lays out its all-gathers so, and the sharding plan counts them so.
+struct PayloadSlotLayout {
+  DType buffer_dtype = DType::u8;
+  int64_t slot_units = 0;        // in units of buffer_dtype
+  std::vector<int64_t> offsets;  // per payload, in units of buffer_dtype
+  int64_t slot_bytes() const { return slot_units * static_cast<int64_t>(element_size(buffer_dtype)); }
+};
+PayloadSlotLayout payload_slot_layout(const std::vector<nn::PayloadSize>& payloads);
+
 // What the group needs from its mesh: the shard group (S ranks), the
 // replicate group of HSDP (null on a 1-D mesh), and the group of N ranks that
 // reshard_after_forward = to_group_of(N) all-gathers over in backward (null
@@ -150,9 +162,10 @@ class FSDPParamGroup {
   // it: its module's product with it (for the input's gradient) may run after
   // every trainable gradient of the group has arrived. So such a group waits
   // for the gradients of its module's inputs, as FSDP2 does: the module's
-  // state announces each input that will receive one (in forward) and each
-  // arrival (in backward). Inputs that need no gradient leave the group to
-  // the end of the pass (finish_backward).
+  // state announces each forward whose inputs will receive them, and their
+  // arrival in backward (FSDPState::through_post_backward). A module whose
+  // inputs need no gradient leaves the group to the end of the pass
+  // (finish_backward).
   bool has_frozen_parameters() const { return trainable_.size() < params_.size(); }
   void expect_input_gradient();
   void on_input_gradient();

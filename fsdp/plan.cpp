@@ -15,6 +15,7 @@
 #include "dist/dtensor.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/module_names.h"
+#include "fsdp/param_group.h"
 #include "fsdp/state.h"
 
 namespace tessera::fsdp {
@@ -26,6 +27,29 @@ int64_t bytes_of(DType dtype, int64_t numel) { return numel * static_cast<int64_
 std::string quoted_module(const std::string& fqn) { return fqn.empty() ? std::string("the root") : "'" + fqn + "'"; }
 
 // ---- layouts -------------------------------------------------------------------------------------
+
+// One rank's all-gather slot in bytes: the padded chunks in param_dtype, or
+// with all-gather extensions the payloads they say, laid out as the group
+// lays them out (payload_slot_layout).
+int64_t all_gather_slot_bytes(const PlannedUnit& unit) {
+  const bool extended = std::any_of(unit.params.begin(), unit.params.end(),
+                                    [](const PlannedParam& param) { return param.all_gather_extension != nullptr; });
+  if (!extended) return bytes_of(unit.param_dtype, unit.slot_numel);
+  std::vector<nn::PayloadSize> payloads;
+  for (const PlannedParam& param : unit.params) {
+    if (!param.all_gather_extension) {
+      payloads.push_back({unit.param_dtype, param.padded_rows * param.row_numel()});
+      continue;
+    }
+    Shape padded_shape = param.global_shape;
+    padded_shape.at(0) = param.padded_rows;
+    for (const nn::PayloadSize& payload :
+         param.all_gather_extension->payload_sizes(padded_shape, param.dtype, unit.param_dtype)) {
+      payloads.push_back(payload);
+    }
+  }
+  return payload_slot_layout(payloads).slot_bytes();
+}
 
 // The flat layout of `unit`'s parameters over `mesh` (FlatLayout in
 // param_group.h), from FSDP's dim-0 split: every parameter's padded chunk,
@@ -39,13 +63,19 @@ void lay_out(PlannedUnit& unit, const PlanMesh& mesh) {
     if (post_forward_ranks) {
       unit.post_forward_slot_numel += padded_shard_rows(param.rows(), *post_forward_ranks) * param.row_numel();
     }
-    unit.unsharded_bytes += bytes_of(unit.param_dtype, param.numel());
+    if (const auto& extension = param.all_gather_extension) {
+      unit.unsharded_bytes += bytes_of(extension->unsharded_dtype(unit.param_dtype),
+                                       shape_numel(extension->unsharded_shape(param.global_shape)));
+    } else {
+      unit.unsharded_bytes += bytes_of(unit.param_dtype, param.numel());
+    }
     if (!param.requires_grad) continue;  // frozen: no place in the gradient slot
     unit.gradient_slot_numel += param.padded_rows * param.row_numel();
     unit.gradient_flags += 1;
     if (param.partial_gradient) unit.partial_gradient_numel += param.padded_rows * param.row_numel();
   }
-  unit.all_gather_buffer_bytes = bytes_of(unit.param_dtype, mesh.shard * unit.slot_numel);
+  unit.all_gather_slot_bytes = all_gather_slot_bytes(unit);
+  unit.all_gather_buffer_bytes = mesh.shard * unit.all_gather_slot_bytes;
   if (post_forward_ranks) {
     unit.post_forward_buffer_bytes = bytes_of(unit.param_dtype, *post_forward_ranks * unit.post_forward_slot_numel);
   }
@@ -283,7 +313,8 @@ PlannedParam planned_param(const std::string& fqn, const nn::Parameter& paramete
                      .dtype = dtype,
                      .requires_grad = parameter.requires_grad(),
                      .padded_rows = 0,
-                     .padding_rows = 0};
+                     .padding_rows = 0,
+                     .all_gather_extension = parameter.all_gather_extension()};
   if (const auto& spec = parameter.tensor_parallel()) {
     param.logical_shape = spec->global_shape;
     param.tensor_parallel = placement_text(*spec);
@@ -371,16 +402,20 @@ PlannedUnit unit_of_call(const PlannedCall& call, const std::string& fqn, bool i
   }
 
   const MixedPrecisionPolicy& policy = call.options.mp_policy;
-  if (!unit.params.empty() && !policy.param_dtype) {
+  // The group's own dtype, as fully_shard picks it: its floating parameters'
+  // (packed bytes are unpacked by their extensions), f32 without any.
+  const auto floating = std::find_if(unit.params.begin(), unit.params.end(),
+                                     [](const PlannedParam& param) { return is_floating(param.dtype); });
+  if (floating != unit.params.end() && !policy.param_dtype) {
     for (const PlannedParam& param : unit.params) {
-      TESSERA_CHECK(param.dtype == unit.params.front().dtype,
+      if (!is_floating(param.dtype)) continue;
+      TESSERA_CHECK(param.dtype == floating->dtype,
                     "{}: parameters '{}' ({}) and '{}' ({}) differ in dtype; one group moves one dtype: set "
                     "MixedPrecisionPolicy::param_dtype or shard them in separate calls",
-                    where, unit.params.front().fqn, dtype_name(unit.params.front().dtype), param.fqn,
-                    dtype_name(param.dtype));
+                    where, floating->fqn, dtype_name(floating->dtype), param.fqn, dtype_name(param.dtype));
     }
   }
-  unit.param_dtype = policy.param_dtype.value_or(unit.params.empty() ? DType::f32 : unit.params.front().dtype);
+  unit.param_dtype = policy.param_dtype.value_or(floating == unit.params.end() ? DType::f32 : floating->dtype);
   unit.reduce_dtype = policy.reduce_dtype.value_or(unit.param_dtype);
   unit.offloaded = call.options.offload_policy.has_value();
   TESSERA_CHECK(is_floating(unit.param_dtype) && is_floating(unit.reduce_dtype),
@@ -491,7 +526,7 @@ void add_collective(StepCommVolume& volume, dist::CollectiveKind kind, int64_t b
 // them reducing their gradients.
 void add_unit_comm(StepCommVolume& volume, const PlannedUnit& unit, const PlanMesh& mesh, int64_t micro_batches,
                    int64_t synced) {
-  const int64_t slot_bytes = bytes_of(unit.param_dtype, unit.slot_numel);
+  const int64_t slot_bytes = unit.all_gather_slot_bytes;
   add_collective(volume, dist::CollectiveKind::all_gather, slot_bytes, mesh.shard, micro_batches);
   // Backward's all-gather: none when kept unsharded, over the shard group
   // again, or over the post-forward group of N.
@@ -555,7 +590,7 @@ void append_unit(std::string& text, const PlannedUnit& unit, const PlanMesh& mes
                       unit.label(), unit.module_type, unit.params.size(), reshard_text(unit),
                       dtype_name(unit.param_dtype), dtype_name(unit.reduce_dtype));
   text += fmt::format("  all-gather buffer {} x {} = {}; unsharded parameters {}\n", mesh.shard,
-                      dist::human_bytes(bytes_of(unit.param_dtype, unit.slot_numel)),
+                      dist::human_bytes(unit.all_gather_slot_bytes),
                       dist::human_bytes(unit.all_gather_buffer_bytes), dist::human_bytes(unit.unsharded_bytes));
   size_t name_width = std::string_view("parameter").size();
   for (const PlannedParam& param : unit.params) name_width = std::max(name_width, param.fqn.size());

@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/reshard_after_forward.h"
+#include "nn/all_gather_extension.h"
 #include "nn/module.h"
 #include "tensor/dtype.h"
 
@@ -118,6 +120,9 @@ struct PlannedParam {
   bool requires_grad = true;
   int64_t padded_rows = 0;   // every rank's shard: padded_shard_rows(rows, S)
   int64_t padding_rows = 0;  // padded_rows x S - rows: zero rows at the end of the last ranks' shards
+  // What the all-gather moves for it and what it unshards into, when not
+  // the shard in param_dtype (nn/all_gather_extension.h: NF4's packed rows).
+  std::shared_ptr<nn::AllGatherExtension> all_gather_extension = nullptr;
 
   int64_t rows() const { return global_shape.at(0); }
   int64_t row_numel() const;  // elements per dim-0 row
@@ -142,9 +147,12 @@ struct PlannedUnit {
   // padded chunk, one after the other.
   int64_t slot_numel = 0;               // over the shard group
   int64_t post_forward_slot_numel = 0;  // over reshard_after_forward's N ranks; 0 without an N
-  int64_t all_gather_buffer_bytes = 0;  // one all-gather's output: S slots in param_dtype
+  int64_t all_gather_slot_bytes = 0;    // one rank's slot: slot_numel in param_dtype, or the extensions' payloads
+  int64_t all_gather_buffer_bytes = 0;  // one all-gather's output: S slots
   int64_t post_forward_buffer_bytes = 0;  // the backward all-gather's output over N ranks
-  int64_t unsharded_bytes = 0;          // the unsharded parameters in param_dtype (no padding)
+  // The unsharded parameters (no padding): in param_dtype, or as their
+  // all-gather extensions unshard them.
+  int64_t unsharded_bytes = 0;
   // The reduce-scatter's slot: the trainable parameters' padded chunks (a
   // frozen one has none), then one presence flag each.
   int64_t gradient_slot_numel = 0;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
@@ -200,15 +201,18 @@ std::optional<nn::TensorList> FSDPState::pre_forward(const nn::TensorList& input
   if (group_ != nullptr) {
     record_once(context_->pre_forward_order);
     group_->pre_forward();
-    if (group_->has_frozen_parameters() && autograd::GradMode::is_enabled()) announce_input_gradients(inputs);
     if (forward_prefetch_) {
       prefetch(*forward_prefetch_);
     } else if (FSDPState* next = neighbour_in(context_->pre_forward_order, +1)) {
       prefetch({next});
     }
   }
-  if (!policy_.cast_forward_inputs || !policy_.param_dtype) return std::nullopt;
-  nn::TensorList cast = inputs;
+  std::optional<nn::TensorList> forwarded;
+  if (group_ != nullptr && group_->has_frozen_parameters() && autograd::GradMode::is_enabled()) {
+    forwarded = through_post_backward(inputs);
+  }
+  if (!policy_.cast_forward_inputs || !policy_.param_dtype) return forwarded;
+  nn::TensorList cast = forwarded.value_or(inputs);
   for (Tensor& input : cast) {
     if (input.defined() && is_floating(input.dtype())) input = tessera::to(input, *policy_.param_dtype);
   }
@@ -243,18 +247,49 @@ std::optional<Tensor> FSDPState::post_forward(const Tensor& output) {
   return result;
 }
 
-// A hook on each input that will get a gradient: its arrival means the
-// module's backward has run (every use of its parameters is behind it).
-void FSDPState::announce_input_gradients(const nn::TensorList& inputs) {
-  for (const Tensor& input : inputs) {
-    if (!input.defined() || !input.requires_grad()) continue;
-    group_->expect_input_gradient();
-    Tensor hooked = input;
-    autograd::register_hook(hooked, [this](const Tensor&) {
-      group_->on_input_gradient();
-      return Tensor();
-    });
+namespace {
+
+// The identity on a module's inputs, whose backward runs once their
+// gradients are complete: the module's backward is done then (FSDP2's
+// RegisterPostBackwardFunction). Being a node of its own inside the module,
+// it runs before any hook on the inputs themselves, such as the pre-backward
+// of the module that produced them: this group reshards before that one
+// unshards and prefetches.
+class PostBackwardOnInputs final : public autograd::Function {
+ public:
+  explicit PostBackwardOnInputs(FSDPParamGroup* group) : group_(group) {}
+  nn::TensorList forward(autograd::FunctionContext&, const nn::TensorList& inputs) override {
+    nn::TensorList aliases;
+    for (const Tensor& input : inputs) aliases.push_back(ops::view(input, input.sizes()));
+    return aliases;
   }
+  nn::TensorList backward(autograd::FunctionContext&, const nn::TensorList& gradients) override {
+    group_->on_input_gradient();
+    return gradients;
+  }
+  std::string name() const override { return "FSDPPostBackwardOnInputs"; }
+
+ private:
+  FSDPParamGroup* group_;
+};
+
+}  // namespace
+
+std::optional<nn::TensorList> FSDPState::through_post_backward(const nn::TensorList& inputs) {
+  std::vector<size_t> wanting;  // the inputs that will get a gradient
+  nn::TensorList routed;
+  for (size_t index = 0; index < inputs.size(); ++index) {
+    if (inputs[index].defined() && inputs[index].requires_grad()) {
+      wanting.push_back(index);
+      routed.push_back(inputs[index]);
+    }
+  }
+  if (wanting.empty()) return std::nullopt;  // nothing to wait for: the end of the pass reshards
+  group_->expect_input_gradient();
+  routed = autograd::Function::apply<PostBackwardOnInputs>(routed, group_.get());
+  nn::TensorList forwarded = inputs;
+  for (size_t position = 0; position < wanting.size(); ++position) forwarded[wanting[position]] = routed[position];
+  return forwarded;
 }
 
 // ---- backward --------------------------------------------------------------------------------------

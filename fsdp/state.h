@@ -87,7 +87,10 @@ class FSDPState : public nn::ModuleExtension, public std::enable_shared_from_thi
   std::optional<nn::TensorList> pre_forward(const nn::TensorList& inputs);
   std::optional<Tensor> post_forward(const Tensor& output);
   void pre_backward();
-  void announce_input_gradients(const nn::TensorList& inputs);
+  // With frozen parameters: the inputs that will get a gradient, routed
+  // through a node that tells the group when they have (param_group.h);
+  // nullopt when none will.
+  std::optional<nn::TensorList> through_post_backward(const nn::TensorList& inputs);
   // Once per backward pass: the root's final callback, queued by whichever
   // hook of the tree runs first.
   void queue_final_callback();

@@ -28,6 +28,12 @@
 
 namespace tessera::nn {
 
+// One payload's dtype and element count.
+struct PayloadSize {
+  DType dtype = DType::f32;
+  int64_t numel = 0;
+};
+
 struct AllGatherPayloads {
   std::vector<Tensor> payloads;           // this rank's; FSDP flattens each (made contiguous)
   std::shared_ptr<const void> metadata;   // handed to post_all_gather as it is
@@ -47,6 +53,12 @@ class AllGatherExtension {
   // padded with zero rows to the same row count on every rank (rows
   // dist::shard_extent says, then padding), on the group's device.
   virtual AllGatherPayloads pre_all_gather(const Tensor& padded_shard, DType param_dtype) = 0;
+  // What pre_all_gather returns for a padded shard of this shape and dtype,
+  // without running it: how a sharding plan (fsdp/plan.h) counts the
+  // all-gather's bytes before any tensor exists. The default throws: an
+  // extension that cannot say is gathered, but not planned.
+  virtual std::vector<PayloadSize> payload_sizes(const Shape& padded_shard_shape, DType shard_dtype,
+                                                 DType param_dtype) const;
 
   // `gathered[i]`: payload i of every rank, rank after rank, 1-D in its
   // dtype; `metadata`: this rank's from pre_all_gather. Writes every element

@@ -22,6 +22,13 @@ AllGatherPayloads NF4AllGather::pre_all_gather(const Tensor& padded_shard, DType
   return {{padded_shard}, nullptr};
 }
 
+std::vector<PayloadSize> NF4AllGather::payload_sizes(const Shape& padded_shard_shape, DType shard_dtype,
+                                                     DType) const {
+  TESSERA_CHECK(shard_dtype == DType::u8, "NF4AllGather: the shard must be packed NF4 rows (u8), got {}",
+                dtype_name(shard_dtype));
+  return {{DType::u8, shape_numel(padded_shard_shape)}};
+}
+
 void NF4AllGather::post_all_gather(const std::vector<Tensor>& gathered, const std::shared_ptr<const void>&,
                                    const Tensor& unsharded) {
   const int64_t rows = unsharded.size(0);
@@ -29,8 +36,8 @@ void NF4AllGather::post_all_gather(const std::vector<Tensor>& gathered, const st
   TESSERA_CHECK(gathered.size() == 1 && gathered[0].numel() >= rows * row_bytes,
                 "NF4AllGather: expected one gathered payload of at least {} rows of {} bytes", rows, row_bytes);
   const Tensor packed = ops::view(ops::narrow(gathered[0], 0, 0, rows * row_bytes), {rows, row_bytes});
-  Tensor target = unsharded;
-  ops::copy_(target, ops::nf4_dequantize(packed, in_features_, unsharded.dtype()));
+  Tensor target = unsharded;  // straight into the unsharded weight: no dense temporary beside it
+  ops::nf4_dequantize_into(target, packed);
 }
 
 }  // namespace tessera::nn

@@ -21,6 +21,9 @@ class NF4AllGather final : public AllGatherExtension {
   Shape unsharded_shape(const Shape& packed_shape) const override;
   DType unsharded_dtype(DType param_dtype) const override { return param_dtype; }
   AllGatherPayloads pre_all_gather(const Tensor& padded_shard, DType param_dtype) override;
+  // The padded shard's bytes, as they are.
+  std::vector<PayloadSize> payload_sizes(const Shape& padded_shard_shape, DType shard_dtype,
+                                         DType param_dtype) const override;
   void post_all_gather(const std::vector<Tensor>& gathered, const std::shared_ptr<const void>& metadata,
                        const Tensor& unsharded) override;
 

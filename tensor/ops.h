@@ -324,6 +324,9 @@ std::pair<Tensor, Tensor> dropout(const Tensor& x, double p, PhiloxKey key, Phil
 int64_t nf4_row_bytes(int64_t in_features);
 Tensor nf4_quantize(const Tensor& weight);
 Tensor nf4_dequantize(const Tensor& packed, int64_t in_features, DType dtype);
+// The same into `out` (contiguous [rows, in] of one of those dtypes, on the
+// packed rows' device), allocating nothing.
+void nf4_dequantize_into(Tensor& out, const Tensor& packed);
 
 // ---- printing ---------------------------------------------------------------
 // "tensor([[1.0000, 2.0000], ...], shape=[2, 2], dtype=f32, device=cpu)";

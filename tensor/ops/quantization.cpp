@@ -40,19 +40,32 @@ Tensor nf4_quantize(const Tensor& weight) {
 }
 
 Tensor nf4_dequantize(const Tensor& packed, int64_t in_features, DType dtype) {
+  TESSERA_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16,
+                "nf4_dequantize: dequantises into f32, f64, bf16 or f16, got {}", dtype_name(dtype));
+  Tensor out = empty({packed.dim() == 2 ? packed.size(0) : 0, in_features},
+                     {.dtype = dtype, .device = packed.device()});
+  nf4_dequantize_into(out, packed);
+  return out;
+}
+
+void nf4_dequantize_into(Tensor& out, const Tensor& packed) {
   check_raw_op_inputs("nf4_dequantize", {{"packed", packed}});
   TESSERA_CHECK(packed.dtype() == DType::u8 && packed.dim() == 2,
                 "nf4_dequantize: needs packed NF4 rows (u8 [rows, row bytes]), got {} {}", dtype_name(packed.dtype()),
                 packed.sizes());
+  TESSERA_CHECK(out.dim() == 2 && out.size(0) == packed.size(0) && out.is_contiguous(),
+                "nf4_dequantize: the output must be a contiguous [{}, in], got {}", packed.size(0), out.sizes());
+  const int64_t in_features = out.size(1);
   TESSERA_CHECK(in_features > 0 && packed.size(1) == nf4_row_bytes(in_features),
                 "nf4_dequantize: rows of {} elements pack into {} bytes, but the packed rows have {}", in_features,
                 in_features > 0 ? nf4_row_bytes(in_features) : 0, packed.size(1));
+  const DType dtype = out.dtype();
   TESSERA_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16,
                 "nf4_dequantize: dequantises into f32, f64, bf16 or f16, got {}", dtype_name(dtype));
-  const Tensor out = empty({packed.size(0), in_features}, {.dtype = dtype, .device = packed.device()});
-  if (packed.is_meta() || out.numel() == 0) return out;
+  TESSERA_CHECK(out.device() == packed.device(), "nf4_dequantize: the output is on {}, the packed rows on {}",
+                out.device().str(), packed.device().str());
+  if (packed.is_meta() || out.numel() == 0) return;
   kernels(packed.device()).nf4_dequantize(out, contiguous(packed));
-  return out;
 }
 
 }  // namespace tessera::ops

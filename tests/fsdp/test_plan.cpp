@@ -292,6 +292,7 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
     int world, replicate;
     FullyShardOptions blocks;
     bool frozen = false;  // attention's qkv and the position embedding frozen: no gradient slot, no gradient
+    bool qlora = false;   // every parameter frozen, the blocks' projections NF4 with rank-2 adapters
   };
   const std::vector<Case> cases = {
       {"1 rank", 1, 1, {}},
@@ -302,21 +303,53 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
       {"HSDP 2 x 2, bf16 parameters, f32 gradients", 4, 2,
        {.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32}}},
       {"3 ranks, frozen qkv and wpe", 3, 1, {}, true},
+      {"3 ranks, QLoRA: NF4 projections gathered as packed rows", 3, 1, {}, false, true},
+      {"2 ranks, QLoRA, reshard_after_forward false", 2, 1, {.reshard_after_forward = false}, false, true},
   };
   const auto freeze = [](nn::GPT& model) {
     for (const auto& [name, parameter] : model.named_parameters()) {
       if (name.find("attn.qkv.") != std::string::npos || name == "wpe.weight") parameter->set_requires_grad(false);
     }
   };
+  const auto adapt = [](nn::GPT& model) {
+    for (const auto& [name, parameter] : model.named_parameters()) parameter->set_requires_grad(false);
+    for (const auto& [name, module] : model.named_modules()) {
+      auto* linear = dynamic_cast<nn::Linear*>(module);
+      if (linear == nullptr || !name.starts_with("blocks.")) continue;
+      linear->quantize_nf4();
+      linear->add_lora({.rank = 2, .alpha = 4.0}, nn::InitContext{3, name});
+    }
+  };
+  const auto transform = [&](const Case& c) {
+    return c.frozen ? std::function<void(nn::GPT&)>(freeze) : c.qlora ? std::function<void(nn::GPT&)>(adapt)
+                                                                       : std::function<void(nn::GPT&)>();
+  };
   int64_t unfrozen_reduce_scatter_sent = 0;  // the plain 3-rank case's, a step
   for (const Case& c : cases) {
-    CAPTURE(c.name);
+    const std::string name = c.name;
+    CAPTURE(name);
     nn::GPT meta_model(kAwkward, kMeta);
-    if (c.frozen) freeze(meta_model);
+    if (c.frozen || c.qlora) transform(c)(meta_model);
     const ShardingPlan plan = plan_fully_shard(gpt_calls(meta_model, c.blocks), plan_mesh(c.world, c.replicate));
     const StepCommVolume comm = comm_per_step(plan);
     if (c.world == 3 && !c.blocks.reshard_after_forward && !c.frozen) {
       unfrozen_reduce_scatter_sent = comm.reduce_scatter_bytes_sent;
+    }
+    if (c.qlora) {
+      // A block's all-gather: its 4 projections' packed rows (u8) and the
+      // adapters' padded chunks (f32), each at a 16-byte boundary of a byte slot.
+      const nn::Module& block = meta_model.blocks()[0];
+      int64_t slot = 0;
+      const auto aligned = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
+      for (const auto& parameter : block.parameters()) {
+        const int64_t rows = padded_shard_rows(parameter->sizes()[0], c.world);
+        const int64_t row_bytes = (parameter->numel() / parameter->sizes()[0]) * element_size(parameter->tensor().dtype());
+        slot += aligned(rows * row_bytes);
+      }
+      CHECK(plan.units[1].all_gather_slot_bytes == slot);
+      // qkv's rows of 72 weights pack into 74 bytes (two blocks, two scale
+      // codes, a step and a mean), against 288 in f32.
+      CHECK(ops::nf4_row_bytes(72) == 74);
     }
     if (c.frozen) {
       // Each frozen parameter's chunk and flag leave every rank's gradient
@@ -335,7 +368,7 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
               ? dist::DeviceMesh(group, kCPU, {c.world}, {"shard"})
               : dist::DeviceMesh(group, kCPU, {c.replicate, c.world / c.replicate}, {"replicate", "shard"});
       const int64_t baseline = dist::rank_memory_stats().live_bytes;
-      ShardedGPT sharded = build_sharded_gpt(mesh, c.blocks, {}, c.frozen ? freeze : std::function<void(nn::GPT&)>());
+      ShardedGPT sharded = build_sharded_gpt(mesh, c.blocks, {}, transform(c));
       const int64_t shards = dist::rank_memory_stats().live_bytes - baseline;
       const ShardingPlan live = plan_of(*sharded.model);  // the groups fully_shard made
       // Two steps record the prefetch order; the third is FSDP's steady state.
@@ -346,6 +379,7 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
       for (const auto& param : sharded.model->parameters()) param->tensor().set_grad(Tensor());
       train_step(*sharded.model, group->rank());
       if (group->rank() != 0) return;  // rank 0 holds the most real rows: the plan's per-rank figures
+      CAPTURE(name);
 
       CHECK(shards == plan.shard_bytes);  // every parameter's padded shard, allocated by to_empty
       CHECK(live.shard_bytes == plan.shard_bytes);
