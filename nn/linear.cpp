@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "autograd/function.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "nn/init.h"
@@ -26,12 +27,41 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
   materialize(options.device);
 }
 
+namespace {
+
+// The product with a packed NF4 weight outside FSDP's unshard: dequantised
+// for the forward and again for the backward, so that no dense copy of the
+// weight is held in between (as bitsandbytes' and torchao's NF4 linears do).
+// The weight and bias are frozen: only the input gets a gradient.
+class PackedWeightProduct final : public autograd::Function {
+ public:
+  PackedWeightProduct(Tensor packed, int64_t in_features, Tensor bias)
+      : packed_(std::move(packed)), in_features_(in_features), bias_(std::move(bias)) {}
+  autograd::TensorList forward(autograd::FunctionContext&, const autograd::TensorList& inputs) override {
+    return {ops::linear(inputs[0], ops::nf4_dequantize(packed_, in_features_, inputs[0].dtype()), bias_)};
+  }
+  autograd::TensorList backward(autograd::FunctionContext&, const autograd::TensorList& gradients) override {
+    return {ops::matmul(gradients[0], ops::nf4_dequantize(packed_, in_features_, gradients[0].dtype()))};
+  }
+  std::string name() const override { return "PackedWeightProduct"; }
+
+ private:
+  Tensor packed_;
+  int64_t in_features_;
+  Tensor bias_;
+};
+
+}  // namespace
+
 Tensor Linear::forward(const Tensor& x) {
-  const Tensor w = dense_weight(x.dtype());
-  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "Linear: expected input [..., {}], got {}", w.size(1),
-                x.sizes());
+  const Tensor& stored = weight().tensor();
+  const bool packed = stored.dtype() == DType::u8;  // else FSDP's unshard holds the dequantised weight
+  const int64_t in = packed ? in_features_ : stored.size(1);
+  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == in, "Linear: expected input [..., {}], got {}", in, x.sizes());
   const Tensor b = has_bias_ && !defers_bias_ ? bias().tensor() : Tensor();
-  Tensor y = product_ ? product_(x, w, b) : tessera::linear(x, w, b);
+  Tensor y = packed     ? autograd::Function::apply<PackedWeightProduct>({x}, stored, in_features_, b)[0]
+             : product_ ? product_(x, stored, b)
+                        : tessera::linear(x, stored, b);
   if (!lora_) return y;
   const Tensor low_rank = tessera::linear(tessera::linear(x, lora_a().tensor(), Tensor()), lora_b().tensor(), Tensor());
   return tessera::add(y, tessera::mul(low_rank, lora_->scaling()));

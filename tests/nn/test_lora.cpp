@@ -15,6 +15,7 @@
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "tensor/ops.h"
+#include "tensor/storage.h"
 
 using namespace tessera;
 
@@ -127,6 +128,25 @@ TEST_CASE("NF4 Linear: a frozen packed weight, the dequantised weight's product,
   CHECK(x.grad().defined());
   CHECK_FALSE(packed.weight().grad().defined());
   CHECK(packed.dense_weight(DType::bf16).dtype() == DType::bf16);
+
+  // Between forward and backward nothing dense is held: the product saves the
+  // packed weight and dequantises it again for the input's gradient.
+  {
+    nn::Linear wide(256, 128, {.bias = false});
+    wide.quantize_nf4();
+    Tensor input = lora_input({4, 256}, 8);
+    input.set_requires_grad(true);
+    auto counters = std::make_shared<MemoryCounters>();
+    Tensor output;
+    {
+      const MemoryScope scope(counters);
+      output = wide(input);
+    }
+    CHECK(counters->snapshot().live_bytes == output.nbytes());  // the output alone, not a 128 KiB weight
+    autograd::backward(tessera::sum(output));
+    const Tensor expected = ops::matmul(ops::ones({4, 128}), wide.dense_weight(DType::f32));
+    CHECK(lora_values(input.grad()) == lora_values(expected));
+  }
 
   // load_dense_weight packs given rows.
   const Tensor rows = lora_input({9, 70}, 4);
