@@ -1,5 +1,6 @@
 // The plan of a run: its fully_shard calls planned on meta for the run's
 // mesh, and the sweep over world sizes with its table, files and chart.
+#include "train/lora_fine_tuning.h"
 #include "train/run_plan.h"
 
 #include <fmt/format.h>
@@ -79,6 +80,7 @@ void add_stats(tessera::dist::CommStats& total, const tessera::dist::CommStats& 
 // ranks, as the run would refuse it; nothing when it can.
 std::optional<std::string> tensor_parallel_refusal(const TrainConfig& config, int64_t tensor_parallel) {
   if (tensor_parallel == 1) return std::nullopt;
+  if (config.lora_rank > 0) return std::string("LoRA adapters under tensor parallelism are not supported");
   if (config.seq_len % tensor_parallel != 0) {
     return fmt::format("--seq-len {} does not divide by tp {}", config.seq_len, tensor_parallel);
   }
@@ -191,6 +193,7 @@ fsdp::PlanMesh run_mesh(const TrainConfig& config) { return fsdp::plan_mesh(conf
 
 std::unique_ptr<tessera::nn::CausalLM> plan_model(const TrainConfig& config, int64_t tensor_parallel) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
+  prepare_fine_tuning(*model, config);  // as shard_model_meta: adapters and NF4 before any sharding
   if (tensor_parallel > 1) {
     tessera::tp::parallelize_causal_lm(*model,
                                        tessera::dist::DeviceMesh::planning(config.device, {tensor_parallel}, {"tp"}, {0}),

@@ -240,6 +240,12 @@ void TrainConfig::validate() const {
                 "--sweep-out and --sweep-svg write the sweep: pass --plan --sweep");
   TESSERA_CHECK(sweep_out.empty() || sweep_out.ends_with(".json") || sweep_out.ends_with(".csv"),
                 "--sweep-out {}: its extension picks the format, .json or .csv", sweep_out);
+  TESSERA_CHECK(lora_alpha == 0.0 || lora_rank > 0, "--lora-alpha scales LoRA's adapters: pass --lora R");
+  TESSERA_CHECK(!nf4 || lora_rank > 0, "--nf4 freezes the projections in 4 bits; the adapters of --lora R are what "
+                "trains: pass --lora R");
+  TESSERA_CHECK(!nf4 || !init_from.empty(), "--nf4 quantises pretrained weights: pass --init-from");
+  TESSERA_CHECK(lora_rank == 0 || tp == 1, "--lora with --tp {}: LoRA adapters under tensor parallelism are not "
+                "supported; drop --tp", tp);
   TESSERA_CHECK(export_format == "safetensors" || export_format == "hf",
                 "--format must be safetensors or hf, got '{}'", export_format);
   TESSERA_CHECK(export_format == "safetensors" || !export_path.empty(), "--format {} is the format of --export DIR: "
@@ -471,6 +477,15 @@ void add_checkpoint_flags(CLI::App& app, TrainConfig& config) {
                  "directory (GPT-2 or Llama: config.json and model.safetensors or its shards), whose config sets the "
                  "model and whose tokenizer, when it has one, becomes --tokenizer")
       ->check(non_empty_path());
+  app.add_option("--lora", config.lora_rank,
+                 "Fine-tune with LoRA adapters of rank R on every attention and MLP projection; every other "
+                 "parameter is frozen (docs/fine_tuning.md)")
+      ->check(integer_in(1, kMaxModelWidth));
+  app.add_option("--lora-alpha", config.lora_alpha, "LoRA's alpha: the adapters are scaled by alpha / R (default 2 R)")
+      ->check(number_in(0.0, 1e6, true));
+  app.add_flag("--nf4", config.nf4,
+               "With --lora and --init-from: store the frozen projections in NF4 (4-bit NormalFloat, QLoRA), "
+               "gathered by FSDP as packed bytes");
   app.add_flag("--overwrite", config.overwrite,
                "Replace output files an earlier launch left (--log-json of a fresh run, --trace, --export, "
                "--loss-plot, --sweep-out, --sweep-svg); never an input, never a checkpoint");

@@ -124,10 +124,18 @@ struct TrainConfig {
   // "" = none; else start from the weights of this .safetensors file, or of
   // this Hugging Face model directory (which then sets the model's shape).
   std::string init_from;
+  // Fine-tuning (train/lora_fine_tuning.h): LoRA adapters of rank
+  // lora_rank (0 = none) scaled by lora_alpha / rank on every attention and
+  // MLP projection, every other parameter frozen; with nf4, the frozen
+  // projections are stored and gathered in NF4 (QLoRA).
+  int64_t lora_rank = 0;
+  double lora_alpha = 0.0;  // 0: twice the rank (torchtune's recipes: rank 8, alpha 16)
+  bool nf4 = false;
   // Replace output files an earlier launch left (a fresh run's log, the
   // trace, the export). Without it such a file is refused before step 1.
   bool overwrite = false;
 
+  double lora_scale_alpha() const { return lora_alpha > 0.0 ? lora_alpha : 2.0 * static_cast<double>(lora_rank); }
   ModelConfig model_config() const { return llama ? ModelConfig(*llama) : ModelConfig(model); }
   ModelFamily family() const { return llama ? ModelFamily::llama : ModelFamily::gpt; }
   // Every rank's micro-batches: the global batch of one optimizer step.

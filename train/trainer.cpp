@@ -24,6 +24,7 @@
 #include "train/config_json.h"
 #include "train/graceful_stop.h"
 #include "train/huggingface/hf_checkpoint.h"
+#include "train/lora_fine_tuning.h"
 #if TESSERA_HAVE_CUDA
 #include "tensor/cuda/runtime.h"
 #endif
@@ -133,6 +134,7 @@ DataLoader build_data(const TrainConfig& config) {
 std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& config,
                                                         const std::optional<Distributed>& distributed) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
+  prepare_fine_tuning(*model, config);  // adapters and NF4 before any sharding lays the parameters out
   // Tensor parallelism first, then FSDP over each piece (torchtitan's order).
   if (distributed && distributed->tp_mesh) {
     tessera::tp::parallelize_causal_lm(*model, *distributed->tp_mesh, {.async_chunks = config.async_tp});
@@ -156,7 +158,12 @@ std::unique_ptr<tessera::nn::CausalLM> build_model_meta(const TrainConfig& confi
 }
 
 std::unique_ptr<tessera::optim::AdamW> build_optimizer(tessera::nn::CausalLM& model, const TrainConfig& config) {
-  auto groups = tessera::optim::weight_decay_groups(model.named_parameters(), config.weight_decay);
+  // Frozen parameters (fine-tuning's base) get no optimizer state.
+  std::vector<tessera::nn::NamedParameter> trainable;
+  for (auto& named : model.named_parameters()) {
+    if (named.second->requires_grad()) trainable.push_back(std::move(named));
+  }
+  auto groups = tessera::optim::weight_decay_groups(std::move(trainable), config.weight_decay);
   return std::make_unique<tessera::optim::AdamW>(std::move(groups),
                                                  tessera::optim::AdamWOptions{.lr = config.lr,
                                                                               .beta1 = 0.9,
@@ -520,7 +527,9 @@ void Trainer::resume_from(const std::string& dir) {
 void Trainer::init_from(const std::string& path) {
   settle_optimizer_step();
   if (is_hf_model_dir(path)) {  // the run's model was built from its config.json (train_config.cpp)
-    load_hf_weights(path, read_hf_model_info(path), tessera::checkpoint::model_state(*model_, ""));
+    PretrainedWeightsTarget target(*model_);
+    load_hf_weights(path, read_hf_model_info(path), target.state());
+    target.quantize_loaded();
     return;
   }
   const nlohmann::json model = model_config_to_json(config_.model_config());
@@ -535,7 +544,9 @@ void Trainer::init_from(const std::string& path) {
     }
     check_same_family(*saved, config_.model_config(), "init-from: " + path);
   }
-  tessera::checkpoint::import_safetensors(path, tessera::checkpoint::model_state(*model_, ""));
+  PretrainedWeightsTarget target(*model_);
+  tessera::checkpoint::import_safetensors(path, target.state());
+  target.quantize_loaded();
   TESSERA_CHECK(!saved || *saved == model, "init-from: {} holds a model {}, this run's is {}", path, saved->dump(),
                 model.dump());
 }
@@ -548,12 +559,12 @@ void Trainer::export_to(const std::string& path) {
   if (config_.export_format == "hf") {
     // The export carries the source directory's token ids and generation config, and the run's tokenizer.
     const HfExportSources sources{is_hf_model_dir(config_.init_from) ? config_.init_from : "", config_.tokenizer};
-    export_hf(path, config_.model_config(), tessera::checkpoint::model_state(*model_, ""),
+    export_hf(path, config_.model_config(), merged_model_state(*model_),
               {.group = distributed_ ? distributed_->world : nullptr, .publish = publish, .sources = sources});
     return;
   }
   tessera::checkpoint::export_safetensors(
-      path, tessera::checkpoint::model_state(*model_, ""),
+      path, merged_model_state(*model_),
       {.group = distributed_ ? distributed_->world : nullptr,
        .metadata = {{kGptConfigMetadataKey, model_config_to_json(config_.model_config()).dump()},
                     {kStepMetadataKey, std::to_string(step_)}},

@@ -293,6 +293,8 @@ TEST_CASE("train config JSON records the run's settings") {
   config.param_dtype = tessera::DType::bf16;
   config.deterministic = true;
   config.ac = tessera::nn::ActivationCheckpointPolicy::parse("every:3");
+  config.lora_rank = 4;
+  config.nf4 = true;
   const json recorded = tessera::train::train_config_to_json(config);
   const json expected = {{"preset", "nano"},
                          {"seq_len", 24},
@@ -314,6 +316,9 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"tp", 1},
                          {"async_tp", 0},
                          {"ac", "every:3"},
+                         {"lora_rank", 4},
+                         {"lora_alpha", 8.0},
+                         {"nf4", true},
                          {"reshard_after_forward", 2},
                          {"param_dtype", "bf16"},
                          {"reduce_dtype", nullptr},
