@@ -6,6 +6,7 @@
 #include "autograd/function.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/recompute_memo.h"
 #include "nn/init.h"
 #include "nn/nf4_all_gather.h"
 #include "tensor/ops.h"
@@ -38,7 +39,11 @@ class PackedWeightProduct final : public autograd::Function {
   PackedWeightProduct(Tensor packed, int64_t in_features, Tensor bias)
       : packed_(std::move(packed)), in_features_(in_features), bias_(std::move(bias)) {}
   autograd::TensorList forward(autograd::FunctionContext&, const autograd::TensorList& inputs) override {
-    return {ops::linear(inputs[0], ops::nf4_dequantize(packed_, in_features_, inputs[0].dtype()), bias_)};
+    // Memoized as tessera::linear is: selective checkpointing keeps this product too.
+    const Tensor& x = inputs[0];
+    return autograd::memoized(autograd::MemoizedOp::linear, {&x, &packed_, &bias_}, [&] {
+      return autograd::TensorList{ops::linear(x, ops::nf4_dequantize(packed_, in_features_, x.dtype()), bias_)};
+    });
   }
   autograd::TensorList backward(autograd::FunctionContext&, const autograd::TensorList& gradients) override {
     return {ops::matmul(gradients[0], ops::nf4_dequantize(packed_, in_features_, gradients[0].dtype()))};

@@ -30,6 +30,14 @@
 //     mask), the final norm's output and statistics, the logits (Vp e) and
 //     the loss's log-sum-exp; per sequence GPT's position ids (8 T bytes);
 //     the loss itself.
+//   LoRA (--lora r, train/lora_fine_tuning.h), a block also keeps each
+//     adapter's x A^T (GPT 4 r e, Llama 7 r e); selective also each adapter's
+//     two products (r + its output width) and, GPT's MLP running unfused, its
+//     first product (4 C). The frozen embedding's output needs no gradient:
+//     the first block's norm records nothing, so its statistics (GPT 2, Llama
+//     1) are not held, nor the embedding's output unless a checkpoint keeps it
+//     as the first block's input, nor GPT's dropout mask and position ids;
+//     and the frozen head keeps no input (the final norm's output, C e).
 // Checked exactly against the allocator in tests/train/test_activation_plan.cpp;
 // bench/activation_memory measures GPT-2 124M and Llama beside it.
 #pragma once
@@ -48,6 +56,7 @@ struct ActivationShape {
   int64_t seq_len = 1;  // T
   DType dtype = DType::f32;  // what the blocks compute in (FSDP's param_dtype)
   tessera::nn::ActivationCheckpointPolicy checkpointing = {};
+  int64_t lora_rank = 0;  // train --lora: adapters on the block projections, everything else frozen
 };
 
 struct ActivationBytes {

@@ -13,6 +13,7 @@
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "train/activation_plan.h"
+#include "train/lora_fine_tuning.h"
 #include "train/model_family.h"
 #include "train/resource_limits.h"
 #include "train/train_config.h"
@@ -23,10 +24,12 @@ using tessera::train::ModelConfig;
 
 namespace {
 
+// `fine_tuning`: --lora (and --nf4) applied as train applies them.
 int64_t measured_activation_bytes(const ModelConfig& shape, const ActivationCheckpointPolicy& policy, int64_t batch,
-                                  int64_t seq) {
+                                  int64_t seq, const train::TrainConfig& fine_tuning = {}) {
   manual_seed(21);
   std::unique_ptr<nn::CausalLM> model = train::build_model(shape, kCPU);
+  train::prepare_fine_tuning(*model, fine_tuning);
   nn::apply_activation_checkpointing(model->blocks(), policy);
   const int64_t vocab = train::vocab_size(shape);
   std::vector<int64_t> ids;
@@ -74,6 +77,35 @@ TEST_CASE("the plan is what forward holds, to the byte, GPT and Llama under off,
         const int64_t planned =
             train::plan_activation_bytes(shape, {.batch = batch, .seq_len = seq, .checkpointing = policy});
         CHECK(measured_activation_bytes(shape, policy, batch, seq) == planned);
+      }
+    }
+  }
+}
+
+TEST_CASE("LoRA and QLoRA: the plan is what forward holds, to the byte, under off, full, every:2 and selective") {
+  nn::GPTConfig dropout = nn::GPTConfig::preset("tiny");
+  dropout.n_layer = 3;
+  dropout.dropout = 0.1;
+  nn::LlamaConfig grouped = nn::LlamaConfig::preset("llama-tiny");
+  grouped.n_layer = 3;
+  nn::LlamaConfig one_kv = nn::LlamaConfig::preset("llama-nano");
+  one_kv.n_layer = 3;
+  const std::vector<std::pair<const char*, ModelConfig>> models = {
+      {"gpt tiny", nn::GPTConfig::preset("tiny")}, {"gpt with dropout", dropout}, {"llama, grouped kv", grouped},
+      {"llama, one kv head", one_kv}};
+  for (const auto& [name, shape] : models) {
+    for (const bool nf4 : {false, true}) {
+      train::TrainConfig fine_tuning;
+      fine_tuning.lora_rank = 3;
+      fine_tuning.nf4 = nf4;
+      for (const char* policy_text : {"off", "full", "every:2", "selective"}) {
+        CAPTURE(name);
+        CAPTURE(nf4);
+        CAPTURE(policy_text);
+        const ActivationCheckpointPolicy policy = ActivationCheckpointPolicy::parse(policy_text);
+        const int64_t planned = train::plan_activation_bytes(
+            shape, {.batch = 2, .seq_len = 8, .checkpointing = policy, .lora_rank = 3});
+        CHECK(measured_activation_bytes(shape, policy, 2, 8, fine_tuning) == planned);
       }
     }
   }
