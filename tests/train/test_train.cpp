@@ -295,6 +295,13 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--tp", "2", "--nproc", "2", "--seq-len", "15"}, "--seq-len 15 does not divide by --tp 2"},
       {{"--tp", "2", "--nproc", "4", "--reshard-after-forward", "2"},
        "--reshard-after-forward 2: a group size is refused with --tp (true or false)"},
+      {{"--nf4"}, "--nf4 freezes the projections in 4 bits; the adapters of --lora R are what trains: pass --lora R"},
+      {{"--lora", "4", "--nf4"}, "--nf4 quantises pretrained weights: pass --init-from"},
+      {{"--lora-alpha", "8"}, "--lora-alpha scales LoRA's adapters: pass --lora R"},
+      {{"--lora", "0"}, "--lora: must be in [1,"},
+      {{"--lora", "2", "--lora-alpha", "0"}, "--lora-alpha: must be in (0,"},
+      {{"--lora", "2", "--tp", "2", "--nproc", "2"},
+       "--lora with --tp 2: LoRA adapters under tensor parallelism are not supported; drop --tp"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);
