@@ -243,7 +243,7 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(lora_alpha == 0.0 || lora_rank > 0, "--lora-alpha scales LoRA's adapters: pass --lora R");
   TESSERA_CHECK(!nf4 || lora_rank > 0, "--nf4 freezes the projections in 4 bits; the adapters of --lora R are what "
                 "trains: pass --lora R");
-  TESSERA_CHECK(!nf4 || !init_from.empty(), "--nf4 quantises pretrained weights: pass --init-from");
+  TESSERA_CHECK(!nf4 || !init_from.empty() || plan, "--nf4 quantises pretrained weights: pass --init-from");
   TESSERA_CHECK(lora_rank == 0 || tp == 1, "--lora with --tp {}: LoRA adapters under tensor parallelism are not "
                 "supported; drop --tp", tp);
   TESSERA_CHECK(export_format == "safetensors" || export_format == "hf",
@@ -602,6 +602,11 @@ std::string describe(const TrainConfig& c) {
   const char* offload = !c.cpu_offload             ? ""
                         : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"
                                                    : ", cpu offload";
+  const std::string tuning =
+      c.lora_rank == 0 ? ""
+                       : fmt::format("\ntune     LoRA rank {} (alpha {:g}) on every block projection, everything else "
+                                     "frozen{}",
+                                     c.lora_rank, c.lora_scale_alpha(), c.nf4 ? ", the projections in NF4 (QLoRA)" : "");
   return fmt::format(
       "model    {}: {} ({:.3f} M parameters)\n"
       "batch    {} x {} tokens x {} micro-batches{} x {} {} = {} tokens per step, {} steps\n"
@@ -621,7 +626,7 @@ std::string describe(const TrainConfig& c) {
       c.device.is_cuda() && c.nproc > 1
           ? fmt::format("cuda:0 to cuda:{}, one per rank; {}", c.nproc - 1, tessera::describe_device(c.device))
           : tessera::describe_device(c.device),
-      c.seed);
+      c.seed) + tuning;
 }
 
 tessera::fsdp::FullyShardOptions fully_shard_options(const TrainConfig& config, bool root,
