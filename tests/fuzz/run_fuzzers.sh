@@ -146,7 +146,7 @@ link_only_sources=(
   tensor/ops/copy.cpp tensor/ops/creation.cpp tensor/ops/views.cpp
   tensor/cpu/allocator.cpp tensor/cpu/attention.cpp tensor/cpu/elementwise.cpp tensor/cpu/gemm.cpp tensor/cpu/indexing.cpp
   tensor/cpu/kernel_table.cpp tensor/cpu/matmul.cpp tensor/cpu/normalization.cpp tensor/cpu/optimizer.cpp
-  tensor/cpu/reduction.cpp
+  tensor/cpu/quantization.cpp tensor/cpu/reduction.cpp
 )
 target_sources=()
 for target in "${targets[@]}"; do target_sources+=("tests/fuzz/fuzz_$target.cpp"); done
