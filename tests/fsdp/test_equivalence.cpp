@@ -61,6 +61,19 @@ TrainingSetup llama() {
 // 7 features, 13 hidden, 5 classes: every matrix shards unevenly.
 TrainingSetup mlp() { return {.model = mlp_recipe(7, 13, 5)}; }
 
+// The setup with `change` applied to its model as built, before sharding.
+TrainingSetup with_model_change(TrainingSetup setup, const std::string& what,
+                                const std::function<void(nn::Module&)>& change) {
+  const ModelRecipe original = setup.model;
+  setup.model.name += ", " + what;
+  setup.model.build_on_meta = [original, change](DType dtype) {
+    std::shared_ptr<nn::Module> model = original.build_on_meta(dtype);
+    change(*model);
+    return model;
+  };
+  return setup;
+}
+
 // For a case whose summation order differs from unsharded training's: f64
 // AdamW and f32 SGD, each against its own unsharded run; returns those two.
 std::vector<TrainingResult> check_across_orders(const TrainingSetup& setup, int64_t micro_batches,
@@ -152,16 +165,11 @@ TEST_CASE("fsdp: activation checkpointing trains bitwise as without it, with not
 }
 
 TEST_CASE("fsdp: frozen parameters train as unsharded, bitwise, and stay as they were; 2 and 3 ranks") {
-  TrainingSetup setup = tiny();
-  const ModelRecipe trainable = setup.model;
-  setup.model.name += ", qkv and wpe frozen";
-  setup.model.build_on_meta = [trainable](DType dtype) {
-    std::shared_ptr<nn::Module> model = trainable.build_on_meta(dtype);
-    for (const auto& [name, parameter] : model->named_parameters()) {
+  const TrainingSetup setup = with_model_change(tiny(), "qkv and wpe frozen", [](nn::Module& model) {
+    for (const auto& [name, parameter] : model.named_parameters()) {
       if (name.find("attn.qkv.") != std::string::npos || name == "wpe.weight") parameter->set_requires_grad(false);
     }
-    return model;
-  };
+  });
   for (int world : {2, 3}) {
     CAPTURE(world);
     const TrainingResult expected = train_unsharded(setup, world);
@@ -189,20 +197,8 @@ TEST_CASE("fsdp: QLoRA (NF4 base, LoRA adapters) on 1, 2, 3 and 8 ranks is bitwi
   // The Llama's projections packed in NF4 and frozen with rank-2 adapters,
   // every other parameter frozen: wk and wv have 8 rows (8 ranks hold one
   // each, 3 ranks 3, 3, 2), w2's rows are 40 wide (one partial NF4 block).
-  TrainingSetup setup = llama();
-  const ModelRecipe dense = setup.model;
-  setup.model.name += ", QLoRA rank 2";
-  setup.model.build_on_meta = [dense](DType dtype) {
-    std::shared_ptr<nn::Module> model = dense.build_on_meta(dtype);
-    for (const auto& [name, parameter] : model->named_parameters()) parameter->set_requires_grad(false);
-    for (const auto& [name, module] : model->named_modules()) {
-      auto* linear = dynamic_cast<nn::Linear*>(module);
-      if (linear == nullptr || !name.starts_with("layers.")) continue;
-      linear->quantize_nf4();
-      linear->add_lora({.rank = 2, .alpha = 4.0}, nn::InitContext{7, name});
-    }
-    return model;
-  };
+  TrainingSetup setup =
+      with_model_change(llama(), "QLoRA rank 2", [](nn::Module& model) { apply_qlora(model, "layers.", 7); });
   setup.steps = 4;
   TrainingSetup one_step = setup;
   one_step.steps = 1;

@@ -22,6 +22,7 @@
 #include "tests/fsdp/layer_stack.h"
 #include "tests/fsdp/plan_text.h"
 #include "tests/fsdp/sharded_gpt.h"
+#include "tests/fsdp/training_harness.h"
 
 using namespace tessera;
 using namespace tessera::fsdp;
@@ -311,15 +312,7 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
       if (name.find("attn.qkv.") != std::string::npos || name == "wpe.weight") parameter->set_requires_grad(false);
     }
   };
-  const auto adapt = [](nn::GPT& model) {
-    for (const auto& [name, parameter] : model.named_parameters()) parameter->set_requires_grad(false);
-    for (const auto& [name, module] : model.named_modules()) {
-      auto* linear = dynamic_cast<nn::Linear*>(module);
-      if (linear == nullptr || !name.starts_with("blocks.")) continue;
-      linear->quantize_nf4();
-      linear->add_lora({.rank = 2, .alpha = 4.0}, nn::InitContext{3, name});
-    }
-  };
+  const auto adapt = [](nn::GPT& model) { apply_qlora(model, "blocks.", 3); };
   const auto transform = [&](const Case& c) {
     return c.frozen ? std::function<void(nn::GPT&)>(freeze) : c.qlora ? std::function<void(nn::GPT&)>(adapt)
                                                                        : std::function<void(nn::GPT&)>();

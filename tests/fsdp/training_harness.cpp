@@ -277,6 +277,16 @@ ModelRecipe mlp_recipe(int64_t features, int64_t hidden, int64_t classes) {
               }};
 }
 
+void apply_qlora(nn::Module& model, const std::string& blocks_prefix, uint64_t seed) {
+  for (const auto& [name, parameter] : model.named_parameters()) parameter->set_requires_grad(false);
+  for (const auto& [name, module] : model.named_modules()) {
+    auto* linear = dynamic_cast<nn::Linear*>(module);
+    if (linear == nullptr || !name.starts_with(blocks_prefix)) continue;
+    linear->quantize_nf4();
+    linear->add_lora({.rank = 2, .alpha = 4.0}, nn::InitContext{seed, name});
+  }
+}
+
 TrainingSetup in_f64(TrainingSetup setup) {
   setup.dtype = DType::f64;
   return setup;

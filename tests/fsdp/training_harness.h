@@ -97,6 +97,11 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
 // fully_shard: one micro-batch per rank and step (grad_accum 1), no clipping.
 TrainingResult train_naive_fsdp(const TrainingSetup& setup, int world, bool deterministic);
 
+// QLoRA on `model` as built (on meta, before sharding): every parameter
+// frozen, then each nn::Linear whose name starts with `blocks_prefix` packed
+// in NF4 with a rank-2 adapter (alpha 4) seeded by `seed` and its name.
+void apply_qlora(nn::Module& model, const std::string& blocks_prefix, uint64_t seed);
+
 // The setup with the model in f64 / with SGD.
 TrainingSetup in_f64(TrainingSetup setup);
 TrainingSetup with_sgd(TrainingSetup setup);
