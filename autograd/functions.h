@@ -92,6 +92,13 @@ using ops::argmax;
 // linear algebra
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// float8 training's product (torchao's tensorwise recipe): x and weight cast
+// to f8e4m3 at scales from their amax (weight_scale, when given, for the
+// weight: FSDP's float8 all-gather computes it over every rank's shard), the
+// output's gradient to f8e5m2, each GEMM of float8 operands summed in f32
+// and unscaled; the bias and its gradient in x's dtype. Not exact: a float8
+// layer is checked against this formula, not by finite differences.
+Tensor float8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& weight_scale = Tensor());
 // linear(gelu(linear(x, fc_weight, fc_bias), tanh), proj_weight, proj_bias):
 // GPT-2's MLP core as one node, so that its backward can fuse the GELU into
 // the GEMMs around it (cuda: cuBLASLt epilogues; see tensor/ops.h,

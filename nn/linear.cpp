@@ -64,9 +64,10 @@ Tensor Linear::forward(const Tensor& x) {
   const int64_t in = packed ? in_features_ : stored.size(1);
   TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == in, "Linear: expected input [..., {}], got {}", in, x.sizes());
   const Tensor b = has_bias_ && !defers_bias_ ? bias().tensor() : Tensor();
-  Tensor y = packed     ? autograd::Function::apply<PackedWeightProduct>({x}, stored, in_features_, b)[0]
-             : product_ ? product_(x, stored, b)
-                        : tessera::linear(x, stored, b);
+  Tensor y = packed          ? autograd::Function::apply<PackedWeightProduct>({x}, stored, in_features_, b)[0]
+             : float8_scale_ ? tessera::float8_linear(x, stored, b, float8_scale_->scale)
+             : product_      ? product_(x, stored, b)
+                             : tessera::linear(x, stored, b);
   if (!lora_) return y;
   const Tensor low_rank = tessera::linear(tessera::linear(x, lora_a().tensor(), Tensor()), lora_b().tensor(), Tensor());
   return tessera::add(y, tessera::mul(low_rank, lora_->scaling()));
@@ -95,6 +96,15 @@ void Linear::quantize_nf4() {
   w.set_all_gather_extension(std::make_shared<NF4AllGather>(in_features_));
   if (has_bias_) bias().set_requires_grad(false);
   nf4_ = true;
+}
+
+void Linear::use_float8() {
+  TESSERA_CHECK(!float8_scale_, "Linear: use_float8: the layer trains in float8 already");
+  TESSERA_CHECK(!nf4_, "Linear: use_float8: an NF4 weight is frozen in 4 bits; float8 is for trained weights");
+  TESSERA_CHECK(!weight().is_sharded() && !product_,
+                "Linear: use_float8 comes before fully_shard and without a replaced product (tensor parallelism)");
+  float8_scale_ = std::make_shared<Float8WeightScale>();
+  weight().set_all_gather_extension(std::make_shared<Float8AllGather>(float8_scale_));
 }
 
 void Linear::load_dense_weight(const Tensor& rows) {

@@ -1,6 +1,6 @@
 // nn::Linear: y = x W^T + b with W: [out, in], b: [out] (optional).
 //
-// Two adaptations for fine-tuning (QLoRA: Dettmers et al. 2023; LoRA: Hu et
+// Adaptations, set before fully_shard; two for fine-tuning (QLoRA: Dettmers et al. 2023; LoRA: Hu et
 // al. 2021), set before fully_shard:
 // - quantize_nf4(): W is frozen and stored packed in NF4 (u8 rows,
 //   tensor/nf4_format.h), dequantised for each product; FSDP gathers the
@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 
+#include "nn/float8_all_gather.h"
 #include "nn/module.h"
 
 namespace tessera::nn {
@@ -74,9 +75,18 @@ class Linear : public Module {
   const LoRAOptions& lora() const;  // throws without an adapter
   Parameter& lora_a() const { return *parameter("lora_a"); }
   Parameter& lora_b() const { return *parameter("lora_b"); }
-  // No adapter, no packed weight, no replaced product: what fused callers
-  // (MLP's GELU fusion) may multiply with the weight directly.
-  bool is_plain() const { return !nf4_ && !lora_ && !product_; }
+  // float8 training (torchao's tensorwise recipe, autograd float8_linear):
+  // the product casts input and weight to f8e4m3 and the output's gradient
+  // to f8e5m2; under fully_shard the weight is gathered in float8 at a scale
+  // fsdp::precompute_float8_scales computes over every rank's shard
+  // (nn/float8_all_gather.h). Without that scale, the product takes the
+  // weight's own amax. Before fully_shard; not with NF4.
+  void use_float8();
+  bool uses_float8() const { return float8_scale_ != nullptr; }
+
+  // No adapter, no packed weight, no float8, no replaced product: what fused
+  // callers (MLP's GELU fusion) may multiply with the weight directly.
+  bool is_plain() const { return !nf4_ && !lora_ && !product_ && !float8_scale_; }
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -102,6 +112,7 @@ class Linear : public Module {
   DType dtype_;
   bool nf4_ = false;
   std::optional<LoRAOptions> lora_;
+  std::shared_ptr<Float8WeightScale> float8_scale_;
 };
 
 }  // namespace tessera::nn

@@ -328,6 +328,21 @@ Tensor nf4_dequantize(const Tensor& packed, int64_t in_features, DType dtype);
 // packed rows' device), allocating nothing.
 void nf4_dequantize_into(Tensor& out, const Tensor& packed);
 
+// ---- float8 scaling (tensorwise, as torchao's float8 training) ---------------
+// Scales are 0-d f32 tensors on the data's device. A scale maps a largest
+// magnitude onto the format's largest finite value (448 for f8e4m3, 57344 for
+// f8e5m2): max_finite / max(amax, 1e-12).
+double float8_max_finite(DType format);
+Tensor float8_amax(const Tensor& x);  // max |x| as a 0-d f32; 0 for no elements
+Tensor float8_scale_from_amax(const Tensor& amax, DType format);
+Tensor float8_scale(const Tensor& x, DType format);  // float8_scale_from_amax(float8_amax(x), format)
+// (x * scale) in f32, cast to `format` (rounding to nearest even, saturating).
+Tensor to_float8(const Tensor& x, const Tensor& scale, DType format);
+// linear(a, b) = a [..., K] b^T ([N, K]) of float8 operands, the exact
+// products summed in f32, times `inverse_scale` (0-d f32: 1 / (scale_a
+// scale_b)), returned in `dtype`.
+Tensor float8_linear_product(const Tensor& a, const Tensor& b, const Tensor& inverse_scale, DType dtype);
+
 // ---- printing ---------------------------------------------------------------
 // "tensor([[1.0000, 2.0000], ...], shape=[2, 2], dtype=f32, device=cpu)";
 // large tensors are summarised with "..." like NumPy.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dist/backends/local_backend.h"
+#include "fsdp/float8_scales.h"
 #include "fsdp/naive_fsdp.h"
 #include "nn/linear.h"
 #include "nn/models/gpt.h"
@@ -222,6 +223,38 @@ TEST_CASE("fsdp: QLoRA (NF4 base, LoRA adapters) on 1, 2, 3 and 8 ranks is bitwi
     }
     CHECK(adapters == 2 * 7 * 2);
     CHECK(packed == 7 * 2);
+  }
+}
+
+TEST_CASE("fsdp: float8 training with float8 all-gathers on 1, 2, 3, 5 ranks is bitwise single-rank float8") {
+  // Every block projection trains in float8. The single process scales each
+  // weight by its own amax; the FSDP ranks gather f8e4m3 codes at the scale
+  // precompute_float8_scales derives from every rank's shard: the same codes,
+  // so the same training, bit for bit.
+  TrainingSetup setup = with_model_change(llama(), "float8 projections", [](nn::Module& model) {
+    for (const auto& [name, module] : model.named_modules()) {
+      auto* linear = dynamic_cast<nn::Linear*>(module);
+      if (linear != nullptr && name.starts_with("layers.")) linear->use_float8();
+    }
+  });
+  setup.steps = 4;
+  int scaled = 0;
+  setup.after_weights_change = [&scaled](nn::Module& model) {
+    scaled = static_cast<int>(precompute_float8_scales(model));
+  };
+  const TrainingResult plain = train_unsharded(llama(), 2);
+  for (int world : {1, 2, 3, 5}) {
+    CAPTURE(world);
+    const TrainingResult expected = train_unsharded(setup, world);
+    const TrainingResult sharded = train_fsdp(setup, {.world = world});
+    check_bitwise(expected, sharded);
+    CHECK(scaled == 2 * 7);
+  }
+  // float8 is not f32: the same model trains to other, near, losses.
+  const TrainingResult float8 = train_unsharded(setup, 2);
+  CHECK(float8.losses != std::vector<double>(plain.losses.begin(), plain.losses.begin() + 4));
+  for (size_t step = 0; step < float8.losses.size(); ++step) {
+    CHECK(float8.losses[step] == doctest::Approx(plain.losses[step]).epsilon(0.02));
   }
 }
 

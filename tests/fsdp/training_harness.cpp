@@ -181,6 +181,7 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
   model->to_empty(kCPU);
   model->reset_parameters(setup.seed);
   auto optimizer = build_optimizer(model->named_parameters(), setup);
+  if (setup.after_weights_change) setup.after_weights_change(*model);
 
   TrainingResult result;
   for (int64_t step = 0; step < setup.steps; ++step) {
@@ -192,6 +193,7 @@ TrainingResult train_fsdp_on(const dist::ProcessGroupPtr& world, const TrainingS
       loss_sum += forward_backward(*model, setup, step, accumulation * world->size() + world->rank());
     }
     result.grad_norms.push_back(finish_step(*model, *optimizer, setup, setup.grad_accum));
+    if (setup.after_weights_change) setup.after_weights_change(*model);
     Tensor total = ops::scalar_tensor(loss_sum, {.dtype = DType::f64});
     world->all_reduce(total, dist::ReduceOp::sum);
     result.losses.push_back(total.item() / static_cast<double>(world->size() * setup.grad_accum));

@@ -64,6 +64,9 @@ struct TrainingSetup {
   bool unused_parameters = false;
   // Intra-op threads of the unsharded run and of every rank (see IntraOpThreads).
   int threads = 1;
+  // FSDP runs: called on the model once its weights are set and after every
+  // optimizer step (float8 training's precomputed scales).
+  std::function<void(nn::Module& model)> after_weights_change = nullptr;
 };
 
 struct ShardingSetup {
