@@ -17,6 +17,7 @@
 #include "autograd/grad_mode.h"
 #include "dist/comm_stats.h"
 #include "dist/init.h"
+#include "fsdp/float8_scales.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/fully_shard.h"
 #include "nn/linear.h"
@@ -301,6 +302,49 @@ TEST_CASE("NF4 weights: quantise-then-shard is shard-then-quantise, gathered bit
       sharded.reshard();
       CHECK(linear.weight().tensor().dtype() == DType::u8);
     });
+  }
+}
+
+TEST_CASE("float8 weights gather half the bytes of bf16, as codes at the scale of every rank's shard") {
+  const Tensor dense = ops::mul(ops::randn({13, 64}, PhiloxKey{22, 0}), 0.1);
+  for (int world : {2, 3}) {
+    std::vector<int64_t> bytes_sent(2, 0);
+    for (const bool float8 : {false, true}) {
+      dist::run_local(world, [&](const dist::ProcessGroupPtr& group) {
+        CAPTURE(world);
+        nn::Linear linear(64, 13, {.bias = false});
+        Tensor weight = linear.weight().tensor();
+        ops::copy_(weight, dense);
+        if (float8) linear.use_float8();
+        fsdp::FSDPModule sharded = fully_shard(
+            linear, {.mesh = dist::DeviceMesh(group, kCPU, {world}), .mp_policy = {.param_dtype = DType::bf16}});
+        if (float8) {
+          CHECK(fsdp::precompute_float8_scales(linear) == 1);
+          // The whole weight's scale on every rank, from one all-reduce.
+          CHECK(linear.weight().all_gather_extension() != nullptr);
+        }
+        {
+          const autograd::NoGradGuard no_grad;
+          linear(ops::zeros({1, 64}, {.dtype = DType::bf16}));
+        }
+        sharded.reset_communication_stats();
+        sharded.unshard();
+        const dist::CommStats stats = sharded.communication_stats();
+        if (group->rank() == 0) bytes_sent[float8 ? 1 : 0] = stats[dist::CollectiveKind::all_gather].bytes_sent;
+        if (float8) {
+          // The unsharded weight: the whole weight's codes at its own scale, unscaled.
+          const Tensor scale = ops::float8_scale(dense, DType::f8e4m3);
+          const Tensor expected = ops::to(ops::div(ops::to(ops::to_float8(dense, scale, DType::f8e4m3), DType::f32),
+                                                   scale), DType::bf16);
+          CHECK(linear.weight().tensor().to_vector<float>() == expected.to_vector<float>());
+        }
+        sharded.reshard();
+      });
+    }
+    CAPTURE(world);
+    CHECK(bytes_sent[0] == dist::collective_volume(dist::CollectiveKind::all_gather,
+                                                   fsdp::padded_shard_rows(13, world) * 64 * 2, world, false).sent);
+    CHECK(2 * bytes_sent[1] == bytes_sent[0]);
   }
 }
 
