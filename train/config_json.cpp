@@ -198,6 +198,7 @@ nlohmann::json train_config_to_json(const TrainConfig& config) {
           {"tp", config.tp},
           {"async_tp", config.async_tp},
           {"ac", config.ac.str()},
+          {"float8", config.float8},
           {"lora_rank", config.lora_rank},
           {"lora_alpha", config.lora_scale_alpha()},
           {"nf4", config.nf4},

@@ -1,5 +1,6 @@
 // The plan of a run: its fully_shard calls planned on meta for the run's
 // mesh, and the sweep over world sizes with its table, files and chart.
+#include "train/float8_training.h"
 #include "train/lora_fine_tuning.h"
 #include "train/run_plan.h"
 
@@ -193,7 +194,8 @@ fsdp::PlanMesh run_mesh(const TrainConfig& config) { return fsdp::plan_mesh(conf
 
 std::unique_ptr<tessera::nn::CausalLM> plan_model(const TrainConfig& config, int64_t tensor_parallel) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
-  prepare_fine_tuning(*model, config);  // as shard_model_meta: adapters and NF4 before any sharding
+  prepare_fine_tuning(*model, config);  // as shard_model_meta: adapters, NF4 and float8 before any sharding
+  prepare_float8(*model, config);
   if (tensor_parallel > 1) {
     tessera::tp::parallelize_causal_lm(*model,
                                        tessera::dist::DeviceMesh::planning(config.device, {tensor_parallel}, {"tp"}, {0}),

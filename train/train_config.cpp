@@ -246,6 +246,11 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(!nf4 || !init_from.empty() || plan, "--nf4 quantises pretrained weights: pass --init-from");
   TESSERA_CHECK(lora_rank == 0 || tp == 1, "--lora with --tp {}: LoRA adapters under tensor parallelism are not "
                 "supported; drop --tp", tp);
+  TESSERA_CHECK(!float8 || !nf4, "--float8 trains weights in 8 bits; --nf4 freezes them in 4: pick one");
+  TESSERA_CHECK(!float8 || async_tp == 0, "--float8 with --async-tp: the fused collective products do not take "
+                "float8 operands yet; drop --async-tp");
+  TESSERA_CHECK(!float8 || !overlap_offloaded_step, "--float8 with --offload-step overlapped: the weights change "
+                "during the forward their float8 scales are taken for; use --offload-step whole");
   TESSERA_CHECK(export_format == "safetensors" || export_format == "hf",
                 "--format must be safetensors or hf, got '{}'", export_format);
   TESSERA_CHECK(export_format == "safetensors" || !export_path.empty(), "--format {} is the format of --export DIR: "
@@ -477,6 +482,10 @@ void add_checkpoint_flags(CLI::App& app, TrainConfig& config) {
                  "directory (GPT-2 or Llama: config.json and model.safetensors or its shards), whose config sets the "
                  "model and whose tokenizer, when it has one, becomes --tokenizer")
       ->check(non_empty_path());
+  app.add_flag("--float8", config.float8,
+               "Train every block projection in float8 (e4m3 forward, e5m2 gradients, tensorwise scales), its weight "
+               "gathered by FSDP as float8 codes (half of bf16's bytes); the head and embeddings are skipped "
+               "(docs/float8.md)");
   app.add_option("--lora", config.lora_rank,
                  "Fine-tune with LoRA adapters of rank R on every attention and MLP projection; every other "
                  "parameter is frozen (docs/fine_tuning.md)")
@@ -602,6 +611,10 @@ std::string describe(const TrainConfig& c) {
   const char* offload = !c.cpu_offload             ? ""
                         : c.overlap_offloaded_step ? ", cpu offload (optimizer step overlapped with forward)"
                                                    : ", cpu offload";
+  const std::string float8_line =
+      c.float8 ? "\nfloat8   every block projection in float8 (e4m3 forward, e5m2 gradients), gathered as float8; "
+                 "skipped: the head and the embeddings"
+               : "";
   const std::string tuning =
       c.lora_rank == 0 ? ""
                        : fmt::format("\ntune     LoRA rank {} (alpha {:g}) on every block projection, everything else "
@@ -626,7 +639,7 @@ std::string describe(const TrainConfig& c) {
       c.device.is_cuda() && c.nproc > 1
           ? fmt::format("cuda:0 to cuda:{}, one per rank; {}", c.nproc - 1, tessera::describe_device(c.device))
           : tessera::describe_device(c.device),
-      c.seed) + tuning;
+      c.seed) + float8_line + tuning;
 }
 
 tessera::fsdp::FullyShardOptions fully_shard_options(const TrainConfig& config, bool root,

@@ -128,6 +128,10 @@ struct TrainConfig {
   // lora_rank (0 = none) scaled by lora_alpha / rank on every attention and
   // MLP projection, every other parameter frozen; with nf4, the frozen
   // projections are stored and gathered in NF4 (QLoRA).
+  // float8 training (torchao's tensorwise recipe, train/lora_fine_tuning.h's
+  // neighbour): every block projection computes in float8 and FSDP gathers
+  // its weight as float8 codes; the head and the embeddings stay as they are.
+  bool float8 = false;
   int64_t lora_rank = 0;
   double lora_alpha = 0.0;  // 0: twice the rank (torchtune's recipes: rank 8, alpha 16)
   bool nf4 = false;

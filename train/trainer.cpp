@@ -19,11 +19,13 @@
 #include "checkpoint/state_dict.h"
 #include "dist/backends/local_backend.h"
 #include "dist/init.h"
+#include "fsdp/float8_scales.h"
 #include "dist/launch/fault_injection.h"
 #include "dist/launch/launch_environment.h"
 #include "train/config_json.h"
 #include "train/graceful_stop.h"
 #include "train/huggingface/hf_checkpoint.h"
+#include "train/float8_training.h"
 #include "train/lora_fine_tuning.h"
 #if TESSERA_HAVE_CUDA
 #include "tensor/cuda/runtime.h"
@@ -135,6 +137,7 @@ std::unique_ptr<tessera::nn::CausalLM> shard_model_meta(const TrainConfig& confi
                                                         const std::optional<Distributed>& distributed) {
   std::unique_ptr<tessera::nn::CausalLM> model = build_model(config.model_config(), tessera::kMeta);
   prepare_fine_tuning(*model, config);  // adapters and NF4 before any sharding lays the parameters out
+  prepare_float8(*model, config);
   // Tensor parallelism first, then FSDP over each piece (torchtitan's order).
   if (distributed && distributed->tp_mesh) {
     tessera::tp::parallelize_causal_lm(*model, *distributed->tp_mesh, {.async_chunks = config.async_tp});
@@ -255,6 +258,7 @@ StepMetrics Trainer::train_step() {
   // An overlapped optimizer step clears each group's gradients itself, and
   // may still be stepping the last groups: the lr is set once it is done.
   if (!overlapped_step_) optimizer_->zero_grad();
+  refresh_float8_scales();
 
   const int64_t micro_batches = config_.grad_accum;
   const int64_t ranks = world_size();
@@ -392,8 +396,15 @@ int Trainer::agreed_stop_request() const {
   return static_cast<int>(largest.to_vector<int64_t>()[0]);
 }
 
+// The weights changed since the last forward (a step, a load): their float8
+// scales are taken again, for every weight in one all-reduce.
+void Trainer::refresh_float8_scales() {
+  if (config_.float8) fsdp::precompute_float8_scales(*model_);
+}
+
 double Trainer::evaluate() {
   settle_optimizer_step();
+  refresh_float8_scales();
   dist::TraceSpan span(tracer(), rank(), "compute", "evaluate", "train");
   tessera::autograd::NoGradGuard no_grad;
   model_->eval();

@@ -166,6 +166,7 @@ class Trainer {
   // it runs on a host thread, overlapped with the next forward
   // (fsdp/offloaded_optimizer_step.h); rethrows its error.
   void settle_optimizer_step();
+  void refresh_float8_scales();
 
   TrainConfig config_;
   DataLoader data_;
