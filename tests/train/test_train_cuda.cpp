@@ -20,6 +20,7 @@
 #include "tensor/storage.h"
 #include "tests/train/cuda_device.h"
 #include "train/activation_plan.h"
+#include "train/huggingface/hf_checkpoint.h"
 #include "train/model_family.h"
 #include "train/resource_limits.h"
 #include "train/train_config.h"
@@ -63,6 +64,7 @@ std::vector<StepRecord> run_steps(const TrainConfig& config) {
   std::vector<StepRecord> records;
   tessera::train::init_distributed(config, [&](const tessera::train::Distributed& distributed) {
     tessera::train::Trainer trainer(config, tessera::train::build_data(config), distributed);
+    if (!config.init_from.empty()) trainer.init_from(config.init_from);
     for (int64_t step = 0; step < config.steps; ++step) {
       const int64_t mallocs = tessera::cuda::CachingAllocator::of(0).stats().device_mallocs;
       const int64_t reads = tessera::cuda::transfer_stats().device_to_host;
@@ -332,6 +334,42 @@ TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of
   REQUIRE(!two_ranks.empty());
   CHECK(two_ranks == one_rank);
   CHECK(jittered == two_ranks);
+}
+#endif
+
+#if TESSERA_HAVE_CUDA_SIM
+TEST_CASE("--float8 and QLoRA on simulated GPUs: 2 deterministic FSDP ranks end with the weights of 1 rank with 2 "
+          "micro-batches, bit for bit, jittered too") {
+  const std::string golden = std::string(TESSERA_HF_GOLDEN_DIR) + "/llama";
+  for (const bool qlora : {false, true}) {
+    CAPTURE(qlora);
+    TrainConfig config = tiny_cuda_config(kCuda);
+    if (qlora) {  // the golden Hugging Face Llama, loaded, its projections NF4 with rank-2 adapters
+      config.llama = std::get<tessera::nn::LlamaConfig>(tessera::train::read_hf_model_info(golden).config);
+      config.init_from = golden;
+      config.data = tessera::train::kSyntheticData;
+      config.lora_rank = 2;
+      config.nf4 = true;
+    } else {  // the tiny GPT's projections in float8, gathered as float8 codes
+      config.float8 = true;
+    }
+    config.steps = 3;
+    config.warmup = 1;
+    config.clip = 0.0;
+    config.deterministic = true;
+    config.nproc = 2;
+    std::vector<std::vector<float>> two_ranks, jittered, one_rank;
+    const std::vector<std::pair<double, double>> logged = rank0_steps(config, &two_ranks);
+    tessera::cuda::sim::set_stream_jitter(7, 200);
+    CHECK(rank0_steps(config, &jittered) == logged);
+    tessera::cuda::sim::set_stream_jitter(0, 0);
+    config.nproc = 1;
+    config.grad_accum = 2;
+    rank0_steps(config, &one_rank);
+    REQUIRE(!two_ranks.empty());
+    CHECK(two_ranks == one_rank);
+    CHECK(jittered == two_ranks);
+  }
 }
 #endif
 
