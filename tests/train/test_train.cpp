@@ -302,6 +302,8 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--lora", "2", "--lora-alpha", "0"}, "--lora-alpha: must be in (0,"},
       {{"--lora", "2", "--tp", "2", "--nproc", "2"},
        "--lora with --tp 2: LoRA adapters under tensor parallelism are not supported; drop --tp"},
+      {{"--float8", "--lora", "2", "--nf4", "--plan"}, "--float8 trains weights in 8 bits; --nf4 freezes them in 4"},
+      {{"--float8", "--tp", "2", "--nproc", "2", "--async-tp", "2"}, "--float8 with --async-tp"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);
