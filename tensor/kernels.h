@@ -107,6 +107,14 @@ struct KernelTable {
   bool (*matmul_row_sums)(const Tensor& out, const Tensor& row_sums, const Tensor& a, const Tensor& b) = nullptr;
 
   // Row-wise over the last dim of contiguous x.
+  // out [M, N] = a [M, K] b^T ([N, K]), a and b contiguous float8 (f8e4m3
+  // or f8e5m2, not both f8e5m2), times a_scale * b_scale (0-d f32 on the
+  // device) as one f32 factor, rounded once to out's dtype (f32, bf16, f16).
+  // Returns false (nothing done) where the device has no FP8 GEMM for these
+  // operands; ops::float8_linear_product computes the same contract then.
+  bool (*float8_matmul)(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale,
+                        const Tensor& b_scale) = nullptr;
+
   void (*softmax)(const Tensor& out, const Tensor& x, bool log);
   void (*softmax_backward)(const Tensor& grad_in, const Tensor& grad_out, const Tensor& y, bool log);
   // x [rows, C] contiguous; weight/bias [C] or undefined; mean may be

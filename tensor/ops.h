@@ -339,9 +339,12 @@ Tensor float8_scale(const Tensor& x, DType format);  // float8_scale_from_amax(f
 // (x * scale) in f32, cast to `format` (rounding to nearest even, saturating).
 Tensor to_float8(const Tensor& x, const Tensor& scale, DType format);
 // linear(a, b) = a [..., K] b^T ([N, K]) of float8 operands, the exact
-// products summed in f32, times `inverse_scale` (0-d f32: 1 / (scale_a
-// scale_b)), returned in `dtype`.
-Tensor float8_linear_product(const Tensor& a, const Tensor& b, const Tensor& inverse_scale, DType dtype);
+// products summed in f32, times a_scale * b_scale (0-d f32s: the inverses of
+// the scales the operands were cast at) taken as one f32 factor, rounded
+// once to `dtype`. On cuda this is one cuBLASLt FP8 GEMM where the device
+// has one and the shapes fit (KernelTable::float8_matmul).
+Tensor float8_linear_product(const Tensor& a, const Tensor& b, const Tensor& a_scale, const Tensor& b_scale,
+                             DType dtype);
 
 // ---- printing ---------------------------------------------------------------
 // "tensor([[1.0000, 2.0000], ...], shape=[2, 2], dtype=f32, device=cpu)";

@@ -15,8 +15,9 @@ using autograd::needs_grad;
 using autograd::Node;
 using autograd::TensorList;
 
-Tensor inverse_of(const Tensor& scale_a, const Tensor& scale_b) {
-  return ops::div(ops::full({}, 1.0, {.dtype = DType::f32, .device = scale_a.device()}), ops::mul(scale_a, scale_b));
+// 1 / scale in f32: what a product of operands cast at `scale` is multiplied by.
+Tensor inverse_of(const Tensor& scale) {
+  return ops::div(ops::full({}, 1.0, {.dtype = DType::f32, .device = scale.device()}), scale);
 }
 
 // x: [..., in] -> [N, in].
@@ -36,13 +37,13 @@ class Float8LinearBackward final : public Node {
     const Tensor g_q = ops::to_float8(g, g_scale, DType::f8e5m2);
     TensorList result(3);
     if (needs_grad(*this, 0)) {  // g W: [..., out] x [out, in]
-      result[0] = ops::reshape(ops::float8_linear_product(g_q, ops::transpose(w_q_, 0, 1), inverse_of(g_scale, w_scale_),
-                                                          x_dtype_),
+      result[0] = ops::reshape(ops::float8_linear_product(g_q, ops::transpose(w_q_, 0, 1), inverse_of(g_scale),
+                                                          inverse_of(w_scale_), x_dtype_),
                                x_shape_);
     }
     if (needs_grad(*this, 1)) {  // g^T x over every row: [out, N] x [N, in]
       result[1] = ops::float8_linear_product(ops::transpose(rows_of(g_q), 0, 1), ops::transpose(rows_of(x_q_), 0, 1),
-                                             inverse_of(g_scale, x_scale_), w_dtype_);
+                                             inverse_of(g_scale), inverse_of(x_scale_), w_dtype_);
     }
     if (needs_grad(*this, 2)) result[2] = ops::to(ops::sum(rows_of(ops::to(g, DType::f32)), {0}), bias_dtype_);
     return result;
@@ -69,7 +70,7 @@ Tensor float8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   const Tensor w_q = ops::to_float8(weight, w_scale, DType::f8e4m3);
   // Selective checkpointing keeps the product; the casts are recomputed.
   Tensor y = autograd::memoized(autograd::MemoizedOp::linear, {&x, &weight, &bias}, [&] {
-    const Tensor product = ops::float8_linear_product(x_q, w_q, inverse_of(x_scale, w_scale), x.dtype());
+    const Tensor product = ops::float8_linear_product(x_q, w_q, inverse_of(x_scale), inverse_of(w_scale), x.dtype());
     return TensorList{bias.defined() ? ops::to(ops::add(product, bias), x.dtype()) : product};
   })[0];
   if (autograd::any_requires_grad({&x, &weight, &bias})) {

@@ -76,7 +76,18 @@ struct GemmDescriptor {
   void* aux = nullptr;
   int64_t aux_ld = 0;
   int64_t aux_batch_stride = 0;
+  // FP8 (A and B f8e4m3 or f8e5m2, not both f8e5m2; sm_89 and newer):
+  // CUBLASLT_MATMUL_DESC_A_SCALE_POINTER / _B_SCALE_POINTER, one f32 each on
+  // the device, multiplying the product: pre = alpha * (a_scale * b_scale) *
+  // op(A) op(B). cuBLASLt's FP8 kernels take op(A) = T, op(B) = N only, k and
+  // the leading dimensions multiples of 16, compute CUBLAS_COMPUTE_32F, C and
+  // D f32, bf16 or f16; tessera asks for m and n multiples of 16 too.
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
 };
+
+// Whether `dtype` is one of cuBLASLt's FP8 matrix types.
+inline bool is_fp8(DType dtype) { return dtype == DType::f8e4m3 || dtype == DType::f8e5m2; }
 
 // cublasLtMatmul on `stream` (a cuda stream of the device holding the
 // buffers). Throws tessera::Error naming the descriptor field cuBLASLt would

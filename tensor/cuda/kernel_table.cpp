@@ -640,6 +640,31 @@ bool matmul_gelu_backward_kernel(const Tensor& out, const Tensor& a, const Tenso
   return true;
 }
 
+// FP8 on cuBLASLt: out [M, N] row-major is the column-major [N x M]
+// op(A) op(B) with A = b ([N, K] row-major: a column-major [K x N], op T)
+// and B = a (a column-major [K x M], op N): "TN", K contiguous on both sides
+// as cuBLASLt's FP8 kernels want it.
+bool float8_matmul_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale,
+                          const Tensor& b_scale) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  const bool fits = m % 16 == 0 && n % 16 == 0 && k % 16 == 0 && out.is_contiguous() &&
+                    (out.dtype() == DType::f32 || out.dtype() == DType::bf16 || out.dtype() == DType::f16);
+  if (!fits || !has_fp8_gemm(out.device().index)) return false;
+  TESSERA_CHECK(a.is_contiguous() && b.is_contiguous() && b.size(1) == k && out.size(0) == m && out.size(1) == n,
+                "cuda::float8_matmul: needs contiguous a [M, K], b [N, K], out [M, N], got {}, {}, {}", a.sizes(),
+                b.sizes(), out.sizes());
+  GemmDescriptor descriptor;
+  descriptor.op_a = GemmOp::transpose, descriptor.op_b = GemmOp::none;
+  descriptor.m = n, descriptor.n = m, descriptor.k = k;
+  descriptor.a = GemmMatrix{b.cuda_data(), b.dtype(), k, n, k, 0};
+  descriptor.b = GemmMatrix{a.cuda_data(), a.dtype(), k, m, k, 0};
+  descriptor.d = GemmMatrix{out.cuda_data(), out.dtype(), n, m, n, 0};
+  descriptor.c = GemmMatrix{nullptr, out.dtype(), n, m, n, 0};
+  descriptor.a_scale = b_scale.cuda_data(), descriptor.b_scale = a_scale.cuda_data();
+  cuda::gemm(descriptor, current_stream(out.device()));
+  return true;
+}
+
 // cuBLASLt's B is a (op(B) = a^T, [K x M]): BGRADB's sum over k of op(B) is
 // the row sums of a.
 bool matmul_row_sums_kernel(const Tensor& out, const Tensor& row_sums, const Tensor& a, const Tensor& b) {
@@ -866,6 +891,7 @@ const KernelTable& kernel_table() {
       .matmul_gelu = matmul_gelu_kernel,
       .matmul_gelu_backward = matmul_gelu_backward_kernel,
       .matmul_row_sums = matmul_row_sums_kernel,
+      .float8_matmul = float8_matmul_kernel,
       .softmax = softmax_kernel,
       .softmax_backward = softmax_backward_kernel,
       .norm = norm_kernel,

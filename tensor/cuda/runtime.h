@@ -21,6 +21,9 @@ const char* runtime_name();
 // One line on what runs cuda:`index`: the GPU's name, compute capability and
 // memory, or the simulator's target architecture and that it is simulated.
 std::string describe_device(int index);
+// Whether cuBLASLt multiplies FP8 matrices on cuda:`index`: compute
+// capability 8.9 (Ada) or newer; the simulator's sm_90 and sm_100 targets.
+bool has_fp8_gemm(int index);
 // cudaGetDeviceCount: the GPUs this process sees (the simulator's 8).
 int device_count();
 // cuda:`index` is one of them; otherwise an Error naming what exists.

@@ -3,6 +3,7 @@
 // the scaled cast, and the product of two scaled float8 operands in f32.
 // Scales are 0-d f32 tensors on the data's device: nothing waits for the host.
 #include "tensor/float8_bits.h"
+#include "tensor/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/raw_op_guard.h"
 
@@ -62,14 +63,28 @@ Tensor to_float8(const Tensor& x, const Tensor& scale, DType format) {
   return to(mul(to(x, DType::f32), scale), format);
 }
 
-Tensor float8_linear_product(const Tensor& a, const Tensor& b, const Tensor& inverse_scale, DType dtype) {
-  check_raw_op_inputs("float8_linear_product", {{"a", a}, {"b", b}, {"inverse_scale", inverse_scale}});
+Tensor float8_linear_product(const Tensor& a, const Tensor& b, const Tensor& a_scale, const Tensor& b_scale,
+                             DType dtype) {
+  check_raw_op_inputs("float8_linear_product", {{"a", a}, {"b", b}, {"a_scale", a_scale}, {"b_scale", b_scale}});
   TESSERA_CHECK(is_float8(a.dtype()) && is_float8(b.dtype()),
                 "float8_linear_product: multiplies float8 operands, got {} and {}", dtype_name(a.dtype()),
                 dtype_name(b.dtype()));
-  check_scale(inverse_scale, a, "float8_linear_product");
-  // Products of two float8 values are exact in f32; the sums round as any f32 GEMM's.
-  return to(mul(linear(to(a, DType::f32), to(b, DType::f32), Tensor()), inverse_scale), dtype);
+  TESSERA_CHECK(a.dim() >= 1 && b.dim() == 2 && a.size(-1) == b.size(1),
+                "float8_linear_product: expected a [..., K] and b [N, K], got {} and {}", a.sizes(), b.sizes());
+  check_scale(a_scale, a, "float8_linear_product");
+  check_scale(b_scale, a, "float8_linear_product");
+  Shape out_shape = a.sizes();
+  out_shape.back() = b.size(0);
+  // The device's FP8 GEMM where it has one for these operands (cuBLASLt on sm_89+ and its simulator twin) ...
+  const KernelTable* table = a.is_meta() ? nullptr : &kernels(a.device());
+  if (table != nullptr && table->float8_matmul != nullptr && !(a.dtype() == DType::f8e5m2 && b.dtype() == DType::f8e5m2)) {
+    const Tensor rows = contiguous(reshape(a, {-1, a.size(-1)}));
+    const Tensor out = empty({rows.size(0), b.size(0)}, {.dtype = dtype, .device = a.device()});
+    if (table->float8_matmul(out, rows, contiguous(b), a_scale, b_scale)) return reshape(out, out_shape);
+  }
+  // ... else the same contract from ops: the exact float8 products summed in
+  // f32, times a_scale * b_scale as one f32 factor, rounded once to dtype.
+  return to(mul(linear(to(a, DType::f32), to(b, DType::f32), Tensor()), mul(a_scale, b_scale)), dtype);
 }
 
 }  // namespace tessera::ops

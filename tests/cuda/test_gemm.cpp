@@ -24,6 +24,7 @@
 #include "autograd/gradcheck.h"
 #include "tensor/cuda/blas_lt.h"
 #if TESSERA_HAVE_CUDA_SIM
+#include "tensor/cuda/sim/architecture.h"
 #include "tensor/cuda/sim/launch.h"
 #endif
 #include "tensor/error.h"
@@ -426,6 +427,86 @@ TEST_CASE("gemm: ops::linear with a bias is one cublasLtMatmul (simulator counte
     CHECK(gemm.device_bytes_read == (32 * 32 + 48 * 32 + 48) * element);  // x, W, bias, once each
     CHECK(gemm.device_bytes_written == 32 * 48 * element);
   }
+}
+
+TEST_CASE("gemm: FP8 products run as one cuBLASLt FP8 GEMM on sm_90, the cpu's contract; on sm_80 the same values") {
+  // Float8 operands [M, K] and [N, K] with their inverse scales, as float8_linear makes them.
+  const Tensor a_values = random({32, 48}, 61), b_values = random({16, 48}, 62);
+  const Tensor a_scale = ops::float8_scale(a_values, DType::f8e4m3);
+  const Tensor b_scale = ops::float8_scale(b_values, DType::f8e5m2);
+  const Tensor a = ops::to_float8(a_values, a_scale, DType::f8e4m3);
+  const Tensor b = ops::to_float8(b_values, b_scale, DType::f8e5m2);
+  const Tensor a_inverse = ops::div(ops::full({}, 1.0), a_scale), b_inverse = ops::div(ops::full({}, 1.0), b_scale);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor on_cpu = ops::float8_linear_product(a, b, a_inverse, b_inverse, dtype);
+    current_stream(kCuda)->synchronize();
+    cuda::sim::reset_kernel_counters();
+    const Tensor on_cuda = ops::float8_linear_product(ops::to(a, kCuda), ops::to(b, kCuda), ops::to(a_inverse, kCuda),
+                                                      ops::to(b_inverse, kCuda), dtype);
+    current_stream(kCuda)->synchronize();
+    const auto counters = cuda::sim::kernel_counters();
+    REQUIRE(counters.count("cublasLtMatmul") == 1);
+    CHECK(counters.at("cublasLtMatmul").launches == 1);
+    CHECK(counters.at("cublasLtMatmul").device_bytes_read == (32 * 48 + 16 * 48) * 1 + 2 * 4);  // 1 byte an element
+    // The exact float8 products summed in f32 in each side's order: within K f32 ulps of the largest term sums.
+    const std::vector<double> cpu = values_of(on_cpu), cuda = values_of(on_cuda);
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      worst = std::max(worst, std::fabs(cpu[i] - cuda[i]));
+      scale = std::max(scale, std::fabs(cpu[i]));
+    }
+    CHECK(worst <= (dtype == DType::f32 ? 48 * 6e-8 : 8e-3) * scale);
+  }
+  // An A100 (sm_80) has no FP8 GEMM: the same contract from ops, no cublasLtMatmul of float8.
+  cuda::sim::set_target_architecture(cuda::sim::architecture_named("sm_80"));
+  const Tensor fallback = ops::float8_linear_product(ops::to(a, kCuda), ops::to(b, kCuda), ops::to(a_inverse, kCuda),
+                                                    ops::to(b_inverse, kCuda), DType::f32);
+  cuda::sim::set_target_architecture(cuda::sim::sm_90());
+  const std::vector<double> cpu = values_of(ops::float8_linear_product(a, b, a_inverse, b_inverse, DType::f32));
+  const std::vector<double> from_ops = values_of(fallback);
+  for (size_t i = 0; i < cpu.size(); ++i) CHECK(std::fabs(from_ops[i] - cpu[i]) <= 1e-5 * (1.0 + std::fabs(cpu[i])));
+  // Shapes cuBLASLt's FP8 kernels do not take (K = 40) go through ops too.
+  const Tensor odd = ops::to_float8(random({16, 40}, 63), a_scale, DType::f8e4m3);
+  CHECK(ops::float8_linear_product(ops::to(odd, kCuda), ops::to(odd, kCuda), ops::to(a_inverse, kCuda),
+                                   ops::to(a_inverse, kCuda), DType::f32).sizes() == Shape{16, 16});
+}
+
+TEST_CASE("gemm: the simulator refuses FP8 GEMMs cuBLASLt refuses: not TN, K not a multiple of 16, e5m2 x e5m2") {
+  const Tensor a = ops::to(ops::zeros({32, 32}, {.dtype = DType::f8e4m3}), kCuda);
+  const Tensor e5m2 = ops::to(ops::zeros({32, 32}, {.dtype = DType::f8e5m2}), kCuda);
+  const Tensor out = ops::empty({32, 32}, {.device = kCuda});
+  const Tensor scale = ops::ones({}, {.device = kCuda});
+  GemmDescriptor good;
+  good.op_a = cuda::GemmOp::transpose, good.op_b = cuda::GemmOp::none;
+  good.m = good.n = good.k = 32;
+  good.a = cuda::GemmMatrix{a.cuda_data(), DType::f8e4m3, 32, 32, 32, 0};
+  good.b = cuda::GemmMatrix{a.cuda_data(), DType::f8e4m3, 32, 32, 32, 0};
+  good.d = cuda::GemmMatrix{out.cuda_data(), DType::f32, 32, 32, 32, 0};
+  good.c = cuda::GemmMatrix{nullptr, DType::f32, 32, 32, 32, 0};
+  good.a_scale = good.b_scale = scale.cuda_data();
+  run(good);
+  const auto refuses = [](GemmDescriptor g, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(run(g), doctest::Contains(message), Error);
+  };
+  GemmDescriptor g = good;
+  g.op_a = cuda::GemmOp::none;
+  refuses(g, "FP8 takes op_a CUBLAS_OP_T and op_b CUBLAS_OP_N");
+  g = good;
+  g.k = 24, g.a.rows = 24, g.b.rows = 24;
+  refuses(g, "each must be a multiple of 16");
+  g = good;
+  g.a.data = g.b.data = e5m2.cuda_data();
+  g.a.dtype = g.b.dtype = DType::f8e5m2;
+  refuses(g, "FP8 multiplies e4m3 by e4m3 or e5m2");
+  g = good;
+  g.b_scale = nullptr;
+  refuses(g, "FP8 needs CUBLASLT_MATMUL_DESC_A_SCALE_POINTER");
+  g = good;
+  g.d.dtype = DType::f64, g.c.dtype = DType::f64;
+  refuses(g, "FP8 writes D as f32, bf16 or f16");
+  current_stream(kCuda)->synchronize();
 }
 
 TEST_CASE("gemm: the simulator refuses what cuBLASLt refuses, naming the field") {

@@ -316,6 +316,7 @@ TEST_CASE("train config JSON records the run's settings") {
                          {"tp", 1},
                          {"async_tp", 0},
                          {"ac", "every:3"},
+                         {"float8", false},
                          {"lora_rank", 4},
                          {"lora_alpha", 8.0},
                          {"nf4", true},

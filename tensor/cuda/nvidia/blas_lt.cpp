@@ -35,6 +35,8 @@ cudaDataType_t data_type(DType dtype) {
     case DType::f64: return CUDA_R_64F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
+    case DType::f8e4m3: return CUDA_R_8F_E4M3;
+    case DType::f8e5m2: return CUDA_R_8F_E5M2;
     default: fail("cublasLtMatmul: no cuBLASLt matrix type for {}", dtype_name(dtype));
   }
 }
@@ -113,7 +115,8 @@ ShapeKey shape_key(const GemmDescriptor& g, int device) {
   const uint32_t aligned = std::min({alignment(g.a.data), alignment(g.b.data), alignment(g.c.data),
                                      alignment(g.d.data), alignment(g.bias), alignment(g.aux)});
   return {device, static_cast<int>(g.op_a) * 2 + static_cast<int>(g.op_b), static_cast<int>(g.compute),
-          g.m, g.n, g.k, g.batch_count, static_cast<int>(g.a.dtype), static_cast<int>(g.d.dtype),
+          g.m, g.n, g.k, g.batch_count, static_cast<int>(g.a.dtype) * 32 + static_cast<int>(g.b.dtype),
+          static_cast<int>(g.d.dtype),
           static_cast<int>(g.epilogue), g.beta != 0.0, g.a.ld, g.b.ld, g.c.ld, g.d.ld, g.a.batch_stride,
           g.b.batch_stride, g.d.batch_stride, g.aux_ld, g.bias_batch_stride, aligned};
 }
@@ -142,6 +145,8 @@ void gemm(const GemmDescriptor& g, const std::shared_ptr<Stream>& stream) {
     set(desc.value, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld, "EPILOGUE_AUX_LD");
     set(desc.value, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, g.aux_batch_stride, "EPILOGUE_AUX_BATCH_STRIDE");
   }
+  if (g.a_scale != nullptr) set(desc.value, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale, "A_SCALE_POINTER");
+  if (g.b_scale != nullptr) set(desc.value, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale, "B_SCALE_POINTER");
   // With beta == 0, C is not read: D stands in for it.
   const GemmMatrix& c = g.c.data != nullptr ? g.c : g.d;
   MatrixLayout a, b, c_layout, d;

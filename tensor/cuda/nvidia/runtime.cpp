@@ -22,6 +22,13 @@ std::string describe_device(int index) {
                      properties.multiProcessorCount);
 }
 
+bool has_fp8_gemm(int index) {
+  int major = 0, minor = 0;
+  nvidia::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index), "cudaDeviceGetAttribute");
+  nvidia::check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index), "cudaDeviceGetAttribute");
+  return major * 10 + minor >= 89;
+}
+
 namespace {
 
 thread_local int t_current_device = 0;

@@ -37,6 +37,11 @@
 // DGELU with op(A) = op(B) = N, BGRADB with op(B) = T; 2026-11-26); other
 // combinations are accepted here unproven.
 //
+// FP8 (f8e4m3 / f8e5m2 A and B): validated by cuBLASLt's FP8 rules
+// (check_fp8), computed as the exact float8 products summed in f32, times
+// a_scale * b_scale taken as one f32, rounded once to D: the contract, not
+// yet held to a GPU's bits.
+//
 // TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): each f32 input is rounded to 10
 // mantissa bits to nearest, ties to even (PTX's cvt.rn.tf32.f32); products
 // and sums stay f32. An H100 (cuBLASLt 13.0, tools/gpu_check.sh, 2026-11-26)
@@ -58,6 +63,7 @@
 #include "tensor/cuda/sim/stream_order_checker.h"
 #include "tensor/error.h"
 #include "tensor/float16_bits.h"
+#include "tensor/float8_bits.h"
 
 namespace tessera::cuda {
 
@@ -110,8 +116,10 @@ int64_t extent_elements(int64_t rows, int64_t cols, int64_t ld, int64_t batch_st
 // --- validation, as cublasLtMatmul and its descriptors refuse ---
 
 void check_layout(const char* name, const GemmMatrix& x, int64_t rows, int64_t cols, const std::string& why) {
-  TESSERA_CHECK(x.dtype == DType::f32 || x.dtype == DType::f64 || x.dtype == DType::bf16 || x.dtype == DType::f16,
-                "cuda sim: cublasLtMatmul: {}.dtype {} is not a matrix type tessera's GEMMs use (f32, f64, bf16, f16)",
+  TESSERA_CHECK(x.dtype == DType::f32 || x.dtype == DType::f64 || x.dtype == DType::bf16 || x.dtype == DType::f16 ||
+                    is_fp8(x.dtype),
+                "cuda sim: cublasLtMatmul: {}.dtype {} is not a matrix type tessera's GEMMs use (f32, f64, bf16, f16, "
+                "f8e4m3, f8e5m2)",
                 name, dtype_name(x.dtype));
   TESSERA_CHECK(x.rows == rows && x.cols == cols,
                 "cuda sim: cublasLtMatmul: {} layout is [{} x {}] (rows x cols) but {} needs [{} x {}]", name, x.rows,
@@ -124,8 +132,45 @@ void check_layout(const char* name, const GemmMatrix& x, int64_t rows, int64_t c
                 x.batch_stride);
 }
 
+// cuBLASLt's FP8 matmul (cublasLt.h and the cuBLAS guide's FP8 section):
+// e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3; TN only; k and every leading
+// dimension multiples of 16; f32 compute; C = D in f32, bf16 or f16; the
+// scales as device pointers. m and n multiples of 16 are tessera's own rule
+// (the shapes its FP8 path sends), unproven on a GPU as the only ones.
+void check_fp8(const GemmDescriptor& g) {
+  const DType a = g.a.dtype, b = g.b.dtype, d = g.d.dtype;
+  TESSERA_CHECK(is_fp8(a) && is_fp8(b) && !(a == DType::f8e5m2 && b == DType::f8e5m2),
+                "cuda sim: cublasLtMatmul: FP8 multiplies e4m3 by e4m3 or e5m2 (either side), got A {} and B {}",
+                dtype_name(a), dtype_name(b));
+  TESSERA_CHECK(g.op_a == GemmOp::transpose && g.op_b == GemmOp::none,
+                "cuda sim: cublasLtMatmul: FP8 takes op_a CUBLAS_OP_T and op_b CUBLAS_OP_N (\"TN\"), got {} and {}",
+                op_name(g.op_a), op_name(g.op_b));
+  TESSERA_CHECK(g.k % 16 == 0 && g.m % 16 == 0 && g.n % 16 == 0,
+                "cuda sim: cublasLtMatmul: FP8 with m, n, k = {}, {}, {}: each must be a multiple of 16", g.m, g.n,
+                g.k);
+  TESSERA_CHECK(g.a.ld % 16 == 0 && g.b.ld % 16 == 0 && g.d.ld % 16 == 0,
+                "cuda sim: cublasLtMatmul: FP8 with leading dimensions {}, {}, {} (A, B, D): each must be a multiple "
+                "of 16", g.a.ld, g.b.ld, g.d.ld);
+  TESSERA_CHECK(g.compute == GemmCompute::f32, "cuda sim: cublasLtMatmul: FP8 computes in CUBLAS_COMPUTE_32F, not {}",
+                compute_name(g.compute));
+  TESSERA_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16,
+                "cuda sim: cublasLtMatmul: FP8 writes D as f32, bf16 or f16 here, not {}", dtype_name(d));
+  TESSERA_CHECK(g.epilogue == GemmEpilogue::none,
+                "cuda sim: cublasLtMatmul: tessera's FP8 GEMMs take no epilogue, got {}", epilogue_name(g.epilogue));
+  TESSERA_CHECK(g.a_scale != nullptr && g.b_scale != nullptr,
+                "cuda sim: cublasLtMatmul: FP8 needs CUBLASLT_MATMUL_DESC_A_SCALE_POINTER and _B_SCALE_POINTER");
+}
+
 void check_types(const GemmDescriptor& g) {
   const DType a = g.a.dtype, b = g.b.dtype, c = g.c.dtype, d = g.d.dtype;
+  if (is_fp8(a) || is_fp8(b)) {
+    check_fp8(g);
+    TESSERA_CHECK(c == d || g.c.data == nullptr, "cuda sim: cublasLtMatmul: C is {} and D is {}; cuBLASLt needs "
+                  "Ctype == Dtype", dtype_name(c), dtype_name(d));
+    return;
+  }
+  TESSERA_CHECK(g.a_scale == nullptr && g.b_scale == nullptr,
+                "cuda sim: cublasLtMatmul: A and B scale pointers are for FP8 matrices; A is {}", dtype_name(a));
   TESSERA_CHECK(a == b, "cuda sim: cublasLtMatmul: A is {} and B is {}; cuBLASLt multiplies matrices of one type",
                 dtype_name(a), dtype_name(b));
   TESSERA_CHECK(c == d, "cuda sim: cublasLtMatmul: C is {} and D is {}; cuBLASLt needs Ctype == Dtype", dtype_name(c),
@@ -247,6 +292,8 @@ void validate(const GemmDescriptor& g) {
   check_aligned("D", g.d.data, g.d.dtype);
   check_aligned("bias", g.bias, g.d.dtype);
   check_aligned("aux", g.aux, g.d.dtype);
+  check_aligned("A scale", g.a_scale, DType::f32);
+  check_aligned("B scale", g.b_scale, DType::f32);
 }
 
 // --- the buffers a call touches ---
@@ -277,6 +324,8 @@ std::vector<BufferUse> buffers_of(const GemmDescriptor& g) {
     GemmMatrix aux{g.aux, g.d.dtype, g.m, g.n, g.aux_ld, g.aux_batch_stride};
     buffers.push_back(matrix_use("aux", aux, g.batch_count, writes_aux(g.epilogue) ? BufferAccess::write : BufferAccess::read));
   }
+  if (g.a_scale != nullptr) buffers.push_back(BufferUse{"A scale f32", g.a_scale, 4, BufferAccess::read});
+  if (g.b_scale != nullptr) buffers.push_back(BufferUse{"B scale f32", g.b_scale, 4, BufferAccess::read});
   std::erase_if(buffers, [](const BufferUse& buffer) { return buffer.bytes == 0; });
   return buffers;
 }
@@ -298,6 +347,10 @@ Acc load(const void* base, DType dtype, int64_t index) {
     case DType::f64: return static_cast<Acc>(static_cast<const double*>(base)[index]);
     case DType::bf16: return static_cast<Acc>(float16_bits::float_from_bfloat16(static_cast<const uint16_t*>(base)[index]));
     case DType::f16: return static_cast<Acc>(float16_bits::float_from_half(static_cast<const uint16_t*>(base)[index]));
+    case DType::f8e4m3:
+      return static_cast<Acc>(float8_bits::float_from_code(static_cast<const uint8_t*>(base)[index], float8_bits::e4m3()));
+    case DType::f8e5m2:
+      return static_cast<Acc>(float8_bits::float_from_code(static_cast<const uint8_t*>(base)[index], float8_bits::e5m2()));
     default: return Acc(0);
   }
 }
@@ -371,6 +424,11 @@ Acc rounded_to_16_bit(DType dtype, Acc value) {
 template <typename Acc>
 void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
   const bool tf32 = g.compute == GemmCompute::f32_fast_tf32;
+  // FP8: the products of two float8 values are exact in f32; the scales
+  // multiply as one f32 factor.
+  const Acc scales = g.a_scale == nullptr ? Acc(1)
+                                          : static_cast<Acc>(*static_cast<const float*>(g.a_scale) *
+                                                             *static_cast<const float*>(g.b_scale));
   const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
   const size_t m = static_cast<size_t>(g.m), n = static_cast<size_t>(g.n);
   void* d = const_cast<void*>(g.d.data);  // D shares GemmMatrix with the inputs; it is the output
@@ -388,7 +446,7 @@ void run_gemm(const GemmDescriptor& g, GemmBackend backend) {
     const int64_t aux_first = batch * g.aux_batch_stride, bias_first = batch * g.bias_batch_stride;
     for (int64_t j = 0; j < g.n; ++j) {
       for (int64_t i = 0; i < g.m; ++i) {
-        Acc value = alpha * product[static_cast<size_t>(j * g.m + i)];
+        Acc value = alpha * (scales * product[static_cast<size_t>(j * g.m + i)]);
         if (g.beta != 0.0) value += beta * load<Acc>(g.c.data, g.c.dtype, c_first + i + j * g.c.ld);
         // BIAS and DGELU round the product to a 16-bit D first, as measured (top of this file).
         if (g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::dgelu) {
@@ -433,6 +491,7 @@ void count(const GemmDescriptor& g, int64_t scheduled) {
   if (g.epilogue == GemmEpilogue::bgradb) written += bias_copies * g.n * d_bytes;
   if (writes_aux(g.epilogue)) written += d_elements * d_bytes;
   if (g.epilogue == GemmEpilogue::dgelu) read += d_elements * d_bytes;
+  if (g.a_scale != nullptr) read += 2 * 4;  // the FP8 scales, one f32 each
   sim::count_library_call("cublasLtMatmul", read, written, 2 * g.batch_count * g.m * g.n * g.k);
   sim::schedule_counts(scheduled, read + written, 0, 2 * g.batch_count * g.m * g.n * g.k);
 }

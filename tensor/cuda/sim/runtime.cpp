@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -23,6 +24,8 @@ std::string describe_device(int index) {
                      index, sim::target_architecture().name,
                      static_cast<double>(sim::device_capacity(index)) / (1 << 30));
 }
+bool has_fp8_gemm(int) { return std::string_view(sim::target_architecture().name) != "sm_80"; }
+
 namespace {
 thread_local int t_current_device = 0;
 }  // namespace
