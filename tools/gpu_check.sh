@@ -20,6 +20,8 @@
 #      the PREDICTED step of bench/gpt2_step_prediction; B = 16 again with
 #      --cpu-offload (stage `offload`), AdamW's host step whole before the
 #      next forward and then overlapped with it: step times and device peaks;
+#      B = 16 again with --float8 (stage `float8`): the block projections'
+#      GEMMs in FP8 through cuBLASLt, beside the bf16 step;
 #   7. PyTorch's GPT-2 124M on the same GPU and shapes (eager, torch.compile),
 #      and the GEMM and copy rates the prediction is calibrated with;
 #   8. compute-sanitizer's memcheck, synccheck, initcheck and racecheck;
@@ -39,7 +41,7 @@
 # Everything goes to one report file (and the raw logs beside it).
 #
 #   bash tools/gpu_check.sh [--out-dir DIR] [--budget SECONDS] [--archive FILE.tar.gz] [--sim] [--build DIR]
-#                           [--stages suite,tiny,nccl,multi,tp,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
+#                           [--stages suite,tiny,nccl,multi,tp,gpt2,float8,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,profile]
 #                           [--profile-kernels REGEX]
 #
 # --stages runs only those (the build always): a second lease need not
@@ -62,7 +64,7 @@ sim=0
 build=build-gpucheck/build
 bundle=.gpu-bundle
 archive=
-default_stages=,suite,tiny,nccl,multi,tp,gpt2,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,
+default_stages=,suite,tiny,nccl,multi,tp,gpt2,float8,offload,ncu,torch,memcheck,synccheck,initcheck,racecheck,
 all_stages=${default_stages}profile,
 stages=$default_stages
 profile_kernels='attention_mma'
@@ -528,6 +530,7 @@ kernel_profile() {
 }
 
 ! wanted gpt2 || gpt2_timing $gpt2_small_batch
+! wanted float8 || gpt2_timing $gpt2_small_batch float8 --float8
 if wanted offload; then
   gpt2_timing $gpt2_small_batch offload --cpu-offload
   gpt2_timing $gpt2_small_batch offload_overlapped --cpu-offload --offload-step overlapped
