@@ -619,7 +619,8 @@ std::string describe(const TrainConfig& c) {
       c.lora_rank == 0 ? ""
                        : fmt::format("\ntune     LoRA rank {} (alpha {:g}) on every block projection, everything else "
                                      "frozen{}",
-                                     c.lora_rank, c.lora_scale_alpha(), c.nf4 ? ", the projections in NF4 (QLoRA)" : "");
+                                     c.lora_rank, c.lora_scale_alpha(),
+                                     c.nf4 ? ", the projections in NF4 (QLoRA)" : "");
   return fmt::format(
       "model    {}: {} ({:.3f} M parameters)\n"
       "batch    {} x {} tokens x {} micro-batches{} x {} {} = {} tokens per step, {} steps\n"

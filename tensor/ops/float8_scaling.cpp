@@ -77,7 +77,8 @@ Tensor float8_linear_product(const Tensor& a, const Tensor& b, const Tensor& a_s
   out_shape.back() = b.size(0);
   // The device's FP8 GEMM where it has one for these operands (cuBLASLt on sm_89+ and its simulator twin) ...
   const KernelTable* table = a.is_meta() ? nullptr : &kernels(a.device());
-  if (table != nullptr && table->float8_matmul != nullptr && !(a.dtype() == DType::f8e5m2 && b.dtype() == DType::f8e5m2)) {
+  const bool both_e5m2 = a.dtype() == DType::f8e5m2 && b.dtype() == DType::f8e5m2;  // no FP8 GEMM takes these
+  if (table != nullptr && table->float8_matmul != nullptr && !both_e5m2) {
     const Tensor rows = contiguous(reshape(a, {-1, a.size(-1)}));
     const Tensor out = empty({rows.size(0), b.size(0)}, {.dtype = dtype, .device = a.device()});
     if (table->float8_matmul(out, rows, contiguous(b), a_scale, b_scale)) return reshape(out, out_shape);

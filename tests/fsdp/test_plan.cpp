@@ -336,7 +336,8 @@ TEST_CASE("plan: for small worlds it is what fully_shard on run_local ranks allo
       const auto aligned = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
       for (const auto& parameter : block.parameters()) {
         const int64_t rows = padded_shard_rows(parameter->sizes()[0], c.world);
-        const int64_t row_bytes = (parameter->numel() / parameter->sizes()[0]) * element_size(parameter->tensor().dtype());
+        const int64_t row_bytes =
+            (parameter->numel() / parameter->sizes()[0]) * element_size(parameter->tensor().dtype());
         slot += aligned(rows * row_bytes);
       }
       CHECK(plan.units[1].all_gather_slot_bytes == slot);

@@ -329,7 +329,7 @@ TEST_CASE("resume and --init-from refuse a model of another family, by name, bef
                        tessera::Error);
 }
 
-TEST_CASE("QLoRA: resume on 3 ranks is bitwise the run through; the checkpoint holds the packed base and the adapters") {
+TEST_CASE("QLoRA: resume on 3 ranks is bitwise the run through; the checkpoint holds the packed base, the adapters") {
   TempDir tmp;
   const std::string golden = (std::filesystem::path(TESSERA_HF_GOLDEN_DIR) / "llama").string();
   TrainConfig config = resume_config(3, 1, 0.0);

@@ -348,9 +348,11 @@ Acc load(const void* base, DType dtype, int64_t index) {
     case DType::bf16: return static_cast<Acc>(float16_bits::float_from_bfloat16(static_cast<const uint16_t*>(base)[index]));
     case DType::f16: return static_cast<Acc>(float16_bits::float_from_half(static_cast<const uint16_t*>(base)[index]));
     case DType::f8e4m3:
-      return static_cast<Acc>(float8_bits::float_from_code(static_cast<const uint8_t*>(base)[index], float8_bits::e4m3()));
-    case DType::f8e5m2:
-      return static_cast<Acc>(float8_bits::float_from_code(static_cast<const uint8_t*>(base)[index], float8_bits::e5m2()));
+    case DType::f8e5m2: {
+      const uint8_t code = static_cast<const uint8_t*>(base)[index];
+      return static_cast<Acc>(
+          float8_bits::float_from_code(code, dtype == DType::f8e4m3 ? float8_bits::e4m3() : float8_bits::e5m2()));
+    }
     default: return Acc(0);
   }
 }
