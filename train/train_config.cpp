@@ -247,8 +247,8 @@ void TrainConfig::validate() const {
   TESSERA_CHECK(lora_rank == 0 || tp == 1, "--lora with --tp {}: LoRA adapters under tensor parallelism are not "
                 "supported; drop --tp", tp);
   TESSERA_CHECK(!float8 || !nf4, "--float8 trains weights in 8 bits; --nf4 freezes them in 4: pick one");
-  TESSERA_CHECK(!float8 || async_tp == 0, "--float8 with --async-tp: the fused collective products do not take "
-                "float8 operands yet; drop --async-tp");
+  TESSERA_CHECK(!float8 || tp == 1, "--float8 with --tp {}: each rank's piece of an activation would take its own "
+                "amax, not the whole tensor's; float8 under tensor parallelism is not supported yet: drop --tp", tp);
   TESSERA_CHECK(!float8 || !overlap_offloaded_step, "--float8 with --offload-step overlapped: the weights change "
                 "during the forward their float8 scales are taken for; use --offload-step whole");
   TESSERA_CHECK(export_format == "safetensors" || export_format == "hf",

@@ -303,7 +303,7 @@ TEST_CASE("command line: bad values exit non-zero with a message naming the flag
       {{"--lora", "2", "--tp", "2", "--nproc", "2"},
        "--lora with --tp 2: LoRA adapters under tensor parallelism are not supported; drop --tp"},
       {{"--float8", "--lora", "2", "--nf4", "--plan"}, "--float8 trains weights in 8 bits; --nf4 freezes them in 4"},
-      {{"--float8", "--tp", "2", "--nproc", "2", "--async-tp", "2"}, "--float8 with --async-tp"},
+      {{"--float8", "--tp", "2", "--nproc", "2"}, "--float8 with --tp 2: each rank's piece of an activation"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(message);
