@@ -224,6 +224,13 @@ TEST_CASE("fsdp: QLoRA (NF4 base, LoRA adapters) on 1, 2, 3 and 8 ranks is bitwi
     CHECK(adapters == 2 * 7 * 2);
     CHECK(packed == 7 * 2);
   }
+  // Checkpointed blocks (the packed product and the adapters recomputed, or replayed) train the same bits.
+  for (const char* policy : {"full", "selective"}) {
+    CAPTURE(policy);
+    const nn::ActivationCheckpointPolicy checkpointing = nn::ActivationCheckpointPolicy::parse(policy);
+    check_bitwise(train_unsharded(setup, 3),
+                  train_fsdp(setup, {.world = 3, .activation_checkpointing = checkpointing}));
+  }
 }
 
 TEST_CASE("fsdp: float8 training with float8 all-gathers on 1, 2, 3, 5 ranks is bitwise single-rank float8") {
@@ -249,6 +256,12 @@ TEST_CASE("fsdp: float8 training with float8 all-gathers on 1, 2, 3, 5 ranks is 
     const TrainingResult sharded = train_fsdp(setup, {.world = world});
     check_bitwise(expected, sharded);
     CHECK(scaled == 2 * 7);
+  }
+  for (const char* policy : {"full", "selective"}) {
+    CAPTURE(policy);
+    const nn::ActivationCheckpointPolicy checkpointing = nn::ActivationCheckpointPolicy::parse(policy);
+    check_bitwise(train_unsharded(setup, 2),
+                  train_fsdp(setup, {.world = 2, .activation_checkpointing = checkpointing}));
   }
   // float8 is not f32: the same model trains to other, near, losses.
   const TrainingResult float8 = train_unsharded(setup, 2);
