@@ -4,14 +4,16 @@
 # parameters on seeds 1, 2 and 3, and with --float8 (bf16 parameters too) on
 # seed 1. The losses are averaged over windows of 50 steps; the float8 run's
 # window means are compared with the band the three bf16 runs span.
-# Usage: bench/float8_loss_band.sh BUILD_DIR [STEPS]   (prints the log)
+# Usage: bench/float8_loss_band.sh BUILD_DIR [STEPS [TRAIN FLAGS...]]   (prints the log)
+# (extra flags reshape the model, e.g. --n-embd 256 --n-head 8)
 set -euo pipefail
 build=$1
 steps=${2:-1000}
+extra=("${@:3}")
 dir=$(mktemp -d /tmp/tessera-float8-band-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 common=(--model llama --preset llama-tiny --param-dtype bf16 --steps "$steps" --batch 8 --seq-len 64 --eval-every 0
-  --warmup 50)
+  --warmup 50 "${extra[@]}")
 echo "commit $(git -C "$(dirname "$0")" rev-parse HEAD), $(date -u +%Y-%m-%d), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 echo "train ${common[*]} [--seed S] [--float8]"
 for seed in 1 2 3; do

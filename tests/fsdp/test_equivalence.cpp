@@ -19,6 +19,7 @@
 //   summation order. These cases run twice instead, in f64 with AdamW and in
 //   f32 with SGD (tolerances and why they hold: equivalence.h).
 #include <algorithm>
+#include <atomic>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -245,10 +246,8 @@ TEST_CASE("fsdp: float8 training with float8 all-gathers on 1, 2, 3, 5 ranks is 
     }
   });
   setup.steps = 4;
-  int scaled = 0;
-  setup.after_weights_change = [&scaled](nn::Module& model) {
-    scaled = static_cast<int>(precompute_float8_scales(model));
-  };
+  std::atomic<int64_t> scaled{0};  // every rank's thread writes it
+  setup.after_weights_change = [&scaled](nn::Module& model) { scaled = precompute_float8_scales(model); };
   const TrainingResult plain = train_unsharded(llama(), 2);
   for (int world : {1, 2, 3, 5}) {
     CAPTURE(world);
