@@ -315,9 +315,12 @@ TEST_CASE("--ac full and selective on simulated GPUs, dropout on, FSDP 2 and FSD
   }
 }
 
-TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of 1 rank with 2 micro-batches, bit for "
-          "bit; jitter changes no bit and no checker speaks") {
-  TrainConfig config = tiny_cuda_config(kCuda);
+namespace {
+
+// `config` for 3 steps on 2 deterministic FSDP ranks, again under stream
+// jitter (seeded by `jitter_seed`), and on 1 rank with 2 micro-batches: the
+// same logged steps and the same weights, bit for bit.
+void check_two_ranks_are_one(TrainConfig config, uint64_t jitter_seed) {
   config.steps = 3;
   config.warmup = 1;
   config.clip = 0.0;  // clipping sums the norm per shard, which changes its last bits
@@ -325,7 +328,7 @@ TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of
   config.nproc = 2;
   std::vector<std::vector<float>> two_ranks, jittered, one_rank;
   const std::vector<std::pair<double, double>> logged = rank0_steps(config, &two_ranks);
-  tessera::cuda::sim::set_stream_jitter(5, 200);
+  tessera::cuda::sim::set_stream_jitter(jitter_seed, 200);
   CHECK(rank0_steps(config, &jittered) == logged);
   tessera::cuda::sim::set_stream_jitter(0, 0);
   config.nproc = 1;
@@ -334,6 +337,13 @@ TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of
   REQUIRE(!two_ranks.empty());
   CHECK(two_ranks == one_rank);
   CHECK(jittered == two_ranks);
+}
+
+}  // namespace
+
+TEST_CASE("deterministic FSDP on simulated GPUs: 2 ranks end with the weights of 1 rank with 2 micro-batches, bit for "
+          "bit; jitter changes no bit and no checker speaks") {
+  check_two_ranks_are_one(tiny_cuda_config(kCuda), 5);
 }
 #endif
 
@@ -353,22 +363,7 @@ TEST_CASE("--float8 and QLoRA on simulated GPUs: 2 deterministic FSDP ranks end 
     } else {  // the tiny GPT's projections in float8, gathered as float8 codes
       config.float8 = true;
     }
-    config.steps = 3;
-    config.warmup = 1;
-    config.clip = 0.0;
-    config.deterministic = true;
-    config.nproc = 2;
-    std::vector<std::vector<float>> two_ranks, jittered, one_rank;
-    const std::vector<std::pair<double, double>> logged = rank0_steps(config, &two_ranks);
-    tessera::cuda::sim::set_stream_jitter(7, 200);
-    CHECK(rank0_steps(config, &jittered) == logged);
-    tessera::cuda::sim::set_stream_jitter(0, 0);
-    config.nproc = 1;
-    config.grad_accum = 2;
-    rank0_steps(config, &one_rank);
-    REQUIRE(!two_ranks.empty());
-    CHECK(two_ranks == one_rank);
-    CHECK(jittered == two_ranks);
+    check_two_ranks_are_one(config, 7);
   }
 }
 #endif
