@@ -340,6 +340,7 @@ PayloadSlotLayout payload_slot_layout(const std::vector<nn::PayloadSize>& payloa
   const bool one_dtype = !payloads.empty() && std::all_of(payloads.begin(), payloads.end(), [&](const auto& payload) {
     return payload.dtype == payloads.front().dtype;
   });
+  layout.mixed = !one_dtype;
   layout.buffer_dtype = one_dtype ? payloads.front().dtype : DType::u8;
   for (const nn::PayloadSize& payload : payloads) {
     layout.offsets.push_back(layout.slot_units);
@@ -400,9 +401,7 @@ void FSDPParamGroup::unshard_payloads(bool async_op) {
   std::vector<nn::PayloadSize> sizes;
   for (const PayloadPiece& piece : layout.pieces) sizes.push_back({piece.dtype, piece.numel});
   const PayloadSlotLayout slot_layout = payload_slot_layout(sizes);
-  // A byte slot of mixed payloads has alignment gaps (zeroed below).
-  const bool one_dtype = std::all_of(sizes.begin(), sizes.end(),
-                                     [&](const nn::PayloadSize& size) { return size.dtype == sizes.front().dtype; });
+  const bool one_dtype = !slot_layout.mixed;
   layout.buffer_dtype = slot_layout.buffer_dtype;
   layout.slot_units = slot_layout.slot_units;
   for (size_t position = 0; position < layout.pieces.size(); ++position) {

@@ -80,6 +80,7 @@ struct FlatLayout {
 // group lays out its all-gathers so, and the sharding plan counts them so.
 struct PayloadSlotLayout {
   DType buffer_dtype = DType::u8;
+  bool mixed = false;            // the payloads' dtypes differ: a byte slot with zeroed alignment gaps
   int64_t slot_units = 0;        // in units of buffer_dtype
   std::vector<int64_t> offsets;  // per payload, in units of buffer_dtype
   int64_t slot_bytes() const { return slot_units * static_cast<int64_t>(element_size(buffer_dtype)); }
